@@ -1,0 +1,170 @@
+"""A census of the tensor storages alive in the process, counted once each.
+
+gc sees Python tensor objects, but not everything that keeps storage alive: gradients live in
+C++ until Python asks for them, and the tensors an autograd graph saves for backward are reachable
+only through ``grad_fn`` nodes. The census walks all three, and counts each storage once (keyed by
+device and data pointer), because a small view of a big tensor keeps the whole storage alive.
+
+Nothing here touches an object through its Python class: tensors are recognised by ``type()``, and
+their storage is read with subclass ``__torch_function__`` overrides disabled, so no user code runs.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+StorageKey = tuple[str, int]
+"""A storage's identity while it lives: its device (``"cpu"``, ``"cuda:0"``) and data pointer."""
+
+_tensor_type_cache: dict[type, bool] = {}
+_saved_names_cache: dict[type, tuple[str, ...]] = {}
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def is_tensor_type(cls: type) -> bool:
+    """Whether ``cls`` is ``torch.Tensor`` or a subclass, decided once per class without ``isinstance``.
+
+    ``isinstance(o, Tensor)`` reads ``o.__class__``, which a proxy or a lazy module can override to run
+    arbitrary code; ``issubclass`` on ``type(o)`` cannot.
+    """
+    known = _tensor_type_cache.get(cls)
+    if known is None:
+        try:
+            known = issubclass(cls, _torch()._C.TensorBase)
+        except Exception:
+            known = False
+        _tensor_type_cache[cls] = known
+    return known
+
+
+@dataclass(frozen=True)
+class Found:
+    """One tensor the census met, and how it was reached."""
+
+    key: StorageKey
+    nbytes: int
+    tensor: Any
+    via: str = "gc"
+    """``"gc"`` for a Python-visible tensor, ``"grad"`` for a gradient, ``"graph"`` for a saved tensor."""
+    owner: Any = None
+    """For ``"grad"`` and ``"graph"``: the Python-visible tensor that keeps this one alive."""
+
+
+def storage_key(tensor: Any) -> tuple[StorageKey, int] | None:
+    """The key and size of ``tensor``'s storage, or None where it has none (sparse, meta, wrappers)."""
+    torch = _torch()
+    try:
+        with torch._C.DisableTorchFunctionSubclass():
+            storage = torch._C.TensorBase.untyped_storage(tensor)
+            pointer = storage.data_ptr()
+            nbytes = storage.nbytes()
+            device = str(storage.device)
+    except Exception:
+        return None
+    if pointer == 0 or nbytes == 0:
+        return None
+    return (device, pointer), nbytes
+
+
+def _saved_names(node: Any) -> tuple[str, ...]:
+    cls = type(node)
+    names = _saved_names_cache.get(cls)
+    if names is None:
+        # AccumulateGrad's ``variable`` is the leaf the graph accumulates into, kept alive by it.
+        names = tuple(n for n in dir(cls) if n.startswith("_saved_") or n in ("saved_tensors", "variable"))
+        _saved_names_cache[cls] = names
+    return names
+
+
+def _graph_tensors(root: Any, visited: set[int], keep: list[Any]) -> Iterator[Any]:
+    """Tensors saved for backward by the graph under ``root``, each node visited once overall.
+
+    ``keep`` holds every node visited so that ids stay unique while the walk lasts.
+    """
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in visited:
+            continue
+        visited.add(id(node))
+        keep.append(node)
+        for name in _saved_names(node):
+            try:
+                value = getattr(node, name)
+            except Exception:  # freed by backward(), or not a tensor slot
+                continue
+            if type(value) in (tuple, list):
+                yield from (v for v in value if is_tensor_type(type(v)))
+            elif is_tensor_type(type(value)):
+                yield value
+        try:
+            stack.extend(child for child, _ in node.next_functions)
+        except Exception:
+            continue
+
+
+def walk(device: str | None = None, objects: Iterable[Any] | None = None) -> Iterator[Found]:
+    """Yield every live tensor storage on ``device`` (all devices if None), with a tensor that uses it.
+
+    A storage may be yielded more than once (views, saved copies of a live tensor); callers dedupe
+    by key. Found items hold strong references: drop them before the caller returns.
+    """
+    torch = _torch()
+    if objects is None:
+        objects = gc.get_objects()
+    visited_nodes: set[int] = set()
+    keep_nodes: list[Any] = []
+    try:
+        for obj in objects:
+            if not is_tensor_type(type(obj)):
+                continue
+            found = storage_key(obj)
+            if found is not None and (device is None or found[0][0] == device):
+                yield Found(found[0], found[1], obj)
+            with torch._C.DisableTorchFunctionSubclass():
+                try:
+                    is_leaf = obj.is_leaf
+                    grad = obj._grad if (is_leaf or obj.retains_grad) else None
+                    grad_fn = obj.grad_fn
+                except Exception:
+                    continue
+            if grad is not None:
+                found = storage_key(grad)
+                if found is not None and (device is None or found[0][0] == device):
+                    yield Found(found[0], found[1], grad, "grad", obj)
+            if grad_fn is not None and id(grad_fn) not in visited_nodes:
+                for saved in _graph_tensors(grad_fn, visited_nodes, keep_nodes):
+                    found = storage_key(saved)
+                    if found is not None and (device is None or found[0][0] == device):
+                        yield Found(found[0], found[1], saved, "graph", obj)
+    finally:
+        keep_nodes.clear()
+
+
+@dataclass
+class Census:
+    """Live storages by key, with their sizes. Holds no reference to any tensor."""
+
+    device: str | None
+    storages: dict[StorageKey, int] = field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of all storages counted, each once."""
+        return sum(self.storages.values())
+
+
+def take_census(device: str | None = None) -> Census:
+    """Count the live tensor storages on ``device`` (a string such as ``"cpu"`` or ``"cuda:0"``)."""
+    census = Census(device)
+    for found in walk(device):
+        census.storages.setdefault(found.key, found.nbytes)
+    return census

@@ -1,0 +1,231 @@
+"""Where memory is measured: one meter per device, all with the same small interface.
+
+- CUDA: the caching allocator's ``memory_allocated`` after a synchronize, the peak from its peak
+  statistics. Reserved memory is reported beside it but never counted as a leak: the allocator
+  keeps freed blocks cached on purpose.
+- Other accelerators (XPU, MPS) through ``torch.accelerator`` and ``torch.mps`` where present.
+- CPU: torch keeps no CPU allocator statistics, so allocated bytes are a census of live tensor
+  storages (see :mod:`pytest_vramleak.census`) and the peak comes from the allocation events of
+  torch's legacy profiler, which records CPU allocations and frees on the calling thread without
+  printing anything.
+
+Every meter takes its torch module as an argument so unit tests can drive the logic with a fake.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .census import take_census
+
+
+class DeviceUnavailable(Exception):
+    """The requested device is not present in this process."""
+
+
+class Meter(Protocol):
+    """Measures one device's memory."""
+
+    name: str
+
+    def settle(self) -> None:
+        """Collect garbage and wait for queued work, so a measurement sees only what is still held."""
+
+    def allocated_bytes(self) -> int:
+        """Bytes of tensor memory allocated on the device now."""
+
+    def start_peak(self) -> None:
+        """Start watching for the highest allocation from now on."""
+
+    def stop_peak(self) -> int | None:
+        """Most bytes allocated above the level at ``start_peak``; None where it cannot be known."""
+
+    def details(self) -> dict[str, int]:
+        """Other figures worth showing beside allocated bytes (e.g. ``reserved_bytes``)."""
+
+
+def resolve_device(spec: str | None, torch: Any) -> str:
+    """Turn ``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps`` or ``xpu`` into a device name.
+
+    ``auto`` is the current accelerator where there is one, else ``cpu``. A device that is not
+    present raises :class:`DeviceUnavailable` with the reason.
+    """
+    spec = (spec or "auto").strip().lower()
+    if spec == "auto":
+        accelerator = getattr(torch, "accelerator", None)
+        if accelerator is not None and accelerator.is_available():
+            current = accelerator.current_accelerator()
+            kind = current.type
+            return f"{kind}:{accelerator.current_device_index()}" if kind != "mps" else "mps"
+        if torch.cuda.is_available():
+            return f"cuda:{torch.cuda.current_device()}"
+        return "cpu"
+    if spec == "cpu":
+        return "cpu"
+    kind, _, index_text = spec.partition(":")
+    if kind not in ("cuda", "mps", "xpu"):
+        raise ValueError(f"unknown device {spec!r}; use auto, cpu, cuda, cuda:N, mps or xpu")
+    if index_text and not index_text.isdigit():
+        raise ValueError(f"unknown device {spec!r}; the index after ':' must be a number")
+    backend = getattr(torch, kind, None)
+    if backend is None or not backend.is_available():
+        raise DeviceUnavailable(f"device {kind} is not available in this process")
+    if kind == "mps":
+        return "mps"
+    count = backend.device_count()
+    index = int(index_text) if index_text else backend.current_device()
+    if index >= count:
+        raise DeviceUnavailable(f"device {kind}:{index} is not available ({count} {kind} device(s) present)")
+    return f"{kind}:{index}"
+
+
+@dataclass
+class CudaMeter:
+    """The caching allocator of one CUDA device (or any backend with CUDA's memory API)."""
+
+    name: str
+    backend: Any
+    """``torch.cuda``, or a fake with the same functions in unit tests."""
+    _peak_base: int = 0
+
+    @property
+    def index(self) -> int:
+        return int(self.name.partition(":")[2] or 0)
+
+    def settle(self) -> None:
+        gc.collect()
+        self.backend.synchronize(self.index)
+
+    def allocated_bytes(self) -> int:
+        return int(self.backend.memory_allocated(self.index))
+
+    def start_peak(self) -> None:
+        self.settle()
+        self.backend.reset_peak_memory_stats(self.index)
+        self._peak_base = self.allocated_bytes()
+
+    def stop_peak(self) -> int | None:
+        self.backend.synchronize(self.index)
+        return max(0, int(self.backend.max_memory_allocated(self.index)) - self._peak_base)
+
+    def details(self) -> dict[str, int]:
+        return {"reserved_bytes": int(self.backend.memory_reserved(self.index))}
+
+
+@dataclass
+class MpsMeter:
+    """Apple's MPS device through ``torch.mps``, which keeps no peak statistics."""
+
+    backend: Any
+    name: str = "mps"
+
+    def settle(self) -> None:
+        gc.collect()
+        self.backend.synchronize()
+
+    def allocated_bytes(self) -> int:
+        return int(self.backend.current_allocated_memory())
+
+    def start_peak(self) -> None:
+        self.settle()
+
+    def stop_peak(self) -> int | None:
+        return None
+
+    def details(self) -> dict[str, int]:
+        return {"driver_allocated_bytes": int(self.backend.driver_allocated_memory())}
+
+
+_unknown_block_warning_spent = False
+
+
+def _spend_unknown_block_warning(torch: Any, enable: Any, disable: Any) -> None:
+    """Use up c10's once-per-process "Memory block of unknown size" message where nobody sees it.
+
+    The CPU allocator prints it straight to file descriptor 2 the first time a block allocated
+    before profiling is freed while profiling; left alone it would land in a user's test output.
+    """
+    global _unknown_block_warning_spent
+    if _unknown_block_warning_spent:
+        return
+    _unknown_block_warning_spent = True
+    block = torch.ones(16)
+    saved_stderr = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            enable()
+            try:
+                del block
+            finally:
+                disable()
+    finally:
+        os.dup2(saved_stderr, 2)
+        os.close(saved_stderr)
+
+
+@dataclass
+class CpuMeter:
+    """CPU tensors: a census of live storages, and the profiler's allocation events for the peak."""
+
+    torch: Any
+    name: str = "cpu"
+    _profiling: bool = False
+
+    def settle(self) -> None:
+        gc.collect()
+
+    def allocated_bytes(self) -> int:
+        return take_census("cpu").total_bytes
+
+    def start_peak(self) -> None:
+        autograd = self.torch._C._autograd
+        self._profiling = False
+        if autograd._profiler_enabled():
+            return  # the test's own profiler is running; ours would fail to start
+        profiler = self.torch._C._profiler
+        config = profiler.ProfilerConfig(
+            profiler.ProfilerState.CPU, False, True, False, False, False, profiler._ExperimentalConfig()
+        )
+        _spend_unknown_block_warning(
+            self.torch,
+            lambda: autograd._enable_profiler_legacy(config),
+            lambda: autograd._disable_profiler_legacy(autograd._ProfilerDisableOptions(True, True)),
+        )
+        autograd._enable_profiler_legacy(config)
+        self._profiling = True
+
+    def stop_peak(self) -> int | None:
+        if not self._profiling:
+            return None
+        self._profiling = False
+        autograd = self.torch._C._autograd
+        try:
+            events = autograd._disable_profiler_legacy(autograd._ProfilerDisableOptions(True, True))
+        except RuntimeError:
+            return None  # the test stopped or replaced the profiler itself
+        level = peak = 0
+        for thread_events in events:
+            for event in thread_events:
+                if event.kind() == "memory_alloc":
+                    level += event.cpu_memory_usage()
+                    peak = max(peak, level)
+        return peak
+
+    def details(self) -> dict[str, int]:
+        return {}
+
+
+def make_meter(name: str, torch: Any) -> Meter:
+    """The meter for a resolved device name (see :func:`resolve_device`)."""
+    kind = name.partition(":")[0]
+    if kind == "cpu":
+        return CpuMeter(torch)
+    if kind == "cuda":
+        return CudaMeter(name, torch.cuda)
+    if kind == "mps":
+        return MpsMeter(torch.mps)
+    return CudaMeter(name, getattr(torch, kind))  # xpu keeps CUDA's memory API

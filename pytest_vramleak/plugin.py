@@ -1,0 +1,464 @@
+"""The pytest layer: options, markers, the ``vramleak`` fixture and the hooks that run checks.
+
+Everything that measures, decides or names lives in plain modules; this one only wires them into
+pytest's test phases:
+
+- setup: after the test's fixtures are set up, collect garbage and take the baseline snapshot;
+- call: watch the peak while the test body runs (when a peak budget asks for it, or for free on
+  accelerators);
+- teardown: after function-scoped fixtures are torn down, snapshot again; a leak fails the test
+  in its teardown phase, reported as LEAKED with the holders named.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from .devices import DeviceUnavailable, Meter, make_meter, resolve_device
+from .report import TestResult, write_json
+from .sizes import SizeError, format_size, parse_size
+from .snapshot import Snapshot, diff, take_snapshot
+from .steps import StepResult, StepWatcher
+from .verdict import Budget, judge_budget
+
+MARKER = "vram_budget"
+EXEMPT_MARKER = "allow_vram_leak"
+DEFAULT_WARMUP = 2
+_DEVICE_SPECS = "auto|cpu|cuda|cuda:N|mps|xpu"
+
+_HELP = {
+    "vramleak": "check every test for leaked tensor memory, as if marked vram_budget()",
+    "vramleak_device": f"device to measure: {_DEVICE_SPECS} (default auto: the current accelerator, else cpu)",
+    "vramleak_report": "write a JSON report of every checked test to this path",
+    "vramleak_warmup": f"unmeasured warm-up steps of the vramleak fixture (default {DEFAULT_WARMUP})",
+    "vramleak_tolerance": "growth across measured steps that is not yet a leak, e.g. '64 KiB' (default 0)",
+}
+
+
+class VramLeak(pytest.fail.Exception):
+    """A test leaked or went over its peak budget."""
+
+    __module__ = "builtins"  # shown as "VramLeak: ..." like pytest's own "Failed: ..."
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The effective options, CLI first, then ini."""
+
+    every_test: bool
+    device: str
+    report_path: str | None
+    warmup: int
+    tolerance: int
+
+
+@dataclass
+class Check:
+    """One test's check in progress."""
+
+    budget: Budget | None
+    """None for a test checked only through the vramleak fixture."""
+    meter: Meter | None = None
+    baseline: Snapshot | None = None
+    peak_bytes: int | None = None
+    unchecked_reason: str | None = None
+    error: str | None = None
+    steps: list[StepResult] = field(default_factory=list)
+    step_leaked: bool = False
+    result: TestResult | None = None
+
+
+SETTINGS = pytest.StashKey[Settings]()
+RESULTS = pytest.StashKey[list[dict[str, Any]]]()
+CHECK = pytest.StashKey[Check]()
+BUDGET = pytest.StashKey[Budget | None]()
+
+
+def vram_budget(peak: Any = None, *, leak: Any = 0, device: str | None = None) -> Any:
+    """Put a test under a leak budget and a peak-memory budget: ``@vram_budget("2 GiB", leak="1 MiB")``.
+
+    The same as ``@pytest.mark.vram_budget(...)``; sizes are bytes or strings such as ``"512 MiB"``.
+    Also usable bare, ``@vram_budget``, for the defaults (no peak limit, no leak allowed).
+    """
+    if callable(peak):
+        return getattr(pytest.mark, MARKER)(peak)
+    return getattr(pytest.mark, MARKER)(peak, leak=leak, device=device)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("vramleak", "tensor memory leak checks (pytest-vramleak)")
+    group.addoption("--vramleak", action="store_true", default=None, help=_HELP["vramleak"])
+    group.addoption("--vramleak-device", default=None, metavar="DEVICE", help=_HELP["vramleak_device"])
+    group.addoption("--vramleak-report", default=None, metavar="PATH", help=_HELP["vramleak_report"])
+    group.addoption("--vramleak-warmup", default=None, metavar="N", help=_HELP["vramleak_warmup"])
+    group.addoption("--vramleak-tolerance", default=None, metavar="SIZE", help=_HELP["vramleak_tolerance"])
+    parser.addini("vramleak", _HELP["vramleak"], type="bool", default=False)
+    parser.addini("vramleak_device", _HELP["vramleak_device"], default="auto")
+    parser.addini("vramleak_report", _HELP["vramleak_report"], default="")
+    parser.addini("vramleak_warmup", _HELP["vramleak_warmup"], default=str(DEFAULT_WARMUP))
+    parser.addini("vramleak_tolerance", _HELP["vramleak_tolerance"], default="0")
+
+
+def _option(config: pytest.Config, ini_name: str) -> tuple[Any, str]:
+    """The value of a setting and where it came from, for error messages."""
+    cli_name = "--" + ini_name.replace("_", "-")
+    value = config.getoption(ini_name)
+    if value is not None:
+        return value, cli_name
+    return config.getini(ini_name), f"ini option {ini_name}"
+
+
+def _check_device_spec(spec: str) -> str:
+    spec = spec.strip().lower()
+    kind, _, index = spec.partition(":")
+    if spec in ("auto", "cpu", "mps", "xpu", "cuda") or (kind in ("cuda", "xpu") and index.isdigit()):
+        return spec
+    raise ValueError(f"unknown device {spec!r}; expected {_DEVICE_SPECS}")
+
+
+def read_settings(config: pytest.Config) -> Settings:
+    """Read and validate every option; a bad value is a usage error naming its source."""
+    every_test, _ = _option(config, "vramleak")
+    device, source = _option(config, "vramleak_device")
+    try:
+        device = _check_device_spec(str(device))
+    except ValueError as error:
+        raise pytest.UsageError(f"{source}: {error}") from None
+    report_path, _ = _option(config, "vramleak_report")
+    warmup_text, source = _option(config, "vramleak_warmup")
+    try:
+        warmup = int(str(warmup_text).strip())
+        if warmup < 0:
+            raise ValueError
+    except ValueError:
+        raise pytest.UsageError(f"{source}: expected a whole number of steps >= 0, got {warmup_text!r}") from None
+    tolerance_text, source = _option(config, "vramleak_tolerance")
+    try:
+        tolerance = parse_size(str(tolerance_text))
+    except SizeError as error:
+        raise pytest.UsageError(f"{source}: {error}") from None
+    return Settings(bool(every_test), device, report_path or None, warmup, tolerance)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}(peak=None, *, leak=0, device=None): fail the test if it leaves more than `leak` bytes "
+        "of tensor memory allocated after teardown, or holds more than `peak` bytes above its baseline "
+        "during the call. Sizes are bytes or strings like '512 MiB'. device: auto|cpu|cuda|cuda:N|mps|xpu.",
+    )
+    config.addinivalue_line("markers", f"{EXEMPT_MARKER}: exempt this test from the leak check of --vramleak.")
+    config.stash[SETTINGS] = read_settings(config)
+    config.stash[RESULTS] = []
+    config.pluginmanager.register(_Recorder(config.stash[RESULTS]), "vramleak-recorder")
+
+
+_torch_import_error: list[str] = []
+
+
+def _import_torch() -> Any | None:
+    """torch, or None where it is not installed (the reason is kept for skip messages)."""
+    try:
+        import torch
+    except ImportError as error:
+        if not _torch_import_error:
+            _torch_import_error.append(str(error))
+        return None
+    return torch
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    settings = config.stash[SETTINGS]
+    scope = "every test (--vramleak)" if settings.every_test else f"tests marked {MARKER}"
+    device = settings.device
+    if settings.every_test or "torch" in sys.modules:
+        torch = _import_torch()
+        if torch is None:
+            return "vramleak: torch is not installed; checked tests will be skipped"
+        try:
+            device = resolve_device(settings.device, torch)
+        except (DeviceUnavailable, ValueError) as error:
+            device = f"{settings.device} ({error})"
+    report = f", report {settings.report_path}" if settings.report_path else ""
+    return f"vramleak: device {device}, checking {scope}, step warm-up {settings.warmup}{report}"
+
+
+def _parse_marker(item: pytest.Item, mark: pytest.Mark) -> Budget:
+    where = f"{item.nodeid}: @pytest.mark.{MARKER}"
+    if len(mark.args) > 1:
+        raise pytest.UsageError(f"{where} takes one positional argument (peak), got {len(mark.args)}: {mark.args!r}")
+    unknown = sorted(set(mark.kwargs) - {"peak", "leak", "device"})
+    if unknown:
+        raise pytest.UsageError(f"{where}: unknown keyword {unknown[0]!r}; use peak, leak or device")
+    if mark.args and "peak" in mark.kwargs:
+        raise pytest.UsageError(f"{where}: peak given both by position and by keyword")
+    values = {"peak": mark.args[0] if mark.args else mark.kwargs.get("peak"), "leak": mark.kwargs.get("leak", 0)}
+    sizes: dict[str, int | None] = {}
+    for name, value in values.items():
+        try:
+            sizes[name] = None if value is None and name == "peak" else parse_size(value)
+        except SizeError as error:
+            raise pytest.UsageError(f"{where}({name}={value!r}): {error}") from None
+    device = mark.kwargs.get("device")
+    if device is not None:
+        try:
+            device = _check_device_spec(device) if isinstance(device, str) else _check_device_spec(repr(device))
+        except ValueError as error:
+            raise pytest.UsageError(f"{where}(device={device!r}): {error}") from None
+    leak = sizes["leak"]
+    assert leak is not None  # parse_size never returns None
+    return Budget(peak=sizes["peak"], leak=leak, device=device)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    every_test = config.stash[SETTINGS].every_test
+    for item in items:
+        mark = item.get_closest_marker(MARKER)
+        if item.get_closest_marker(EXEMPT_MARKER) is not None:
+            item.stash[BUDGET] = None
+        elif mark is not None:
+            item.stash[BUDGET] = _parse_marker(item, mark)
+        elif every_test:
+            item.stash[BUDGET] = Budget()
+
+
+def _meter_for(item: pytest.Item, device_spec: str | None) -> Meter:
+    """The meter for a test, or a skip naming what is missing."""
+    torch = _import_torch()
+    if torch is None:
+        pytest.skip(f"vramleak: torch is not installed ({_torch_import_error[0]})")
+    spec = device_spec or item.config.stash[SETTINGS].device
+    try:
+        return make_meter(resolve_device(spec, torch), torch)
+    except DeviceUnavailable as error:
+        pytest.skip(f"vramleak: {error}")
+
+
+def _result(item: pytest.Item, check: Check, outcome: str) -> TestResult:
+    budget = check.budget or Budget(leak=None)  # type: ignore[arg-type]
+    return TestResult(
+        nodeid=item.nodeid,
+        device=check.meter.name if check.meter else None,
+        outcome=outcome,
+        baseline_bytes=check.baseline.allocated_bytes if check.baseline else None,
+        peak_bytes=check.peak_bytes,
+        budget={"peak": budget.peak, "leak": budget.leak},
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    budget = item.stash.get(BUDGET, None)
+    if budget is not None:
+        check = Check(budget)
+        item.stash[CHECK] = check
+        check.meter = _meter_for(item, budget.device)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
+    check = item.stash.get(CHECK, None)
+    if check is None or check.meter is None or check.budget is None or check.error:
+        return (yield)
+    meter = check.meter
+    try:
+        check.baseline = take_snapshot(meter=meter)
+        watch_peak = check.budget.peak is not None or meter.name != "cpu"
+        if watch_peak:
+            meter.start_peak()
+    except Exception as error:  # the plugin's own failure: report it on this test, run the test anyway
+        check.error = f"{type(error).__name__}: {error}"
+        return (yield)
+    try:
+        return (yield)
+    finally:
+        if watch_peak:
+            try:
+                check.peak_bytes = meter.stop_peak()
+            except Exception as error:
+                check.error = f"{type(error).__name__}: {error}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    check = item.stash.get(CHECK, None)
+    if check is None:
+        return report
+    if report.when in ("setup", "call") and check.unchecked_reason is None:
+        if check.step_leaked:
+            check.unchecked_reason = "memory grew across the steps of the vramleak fixture"
+        elif report.failed:
+            check.unchecked_reason = f"the test failed in {report.when}"
+        elif report.skipped:
+            check.unchecked_reason = "the test was skipped" if not hasattr(report, "wasxfail") else "the test xfailed"
+    if report.when == "teardown":
+        result = check.result or _result(item, check, "leaked" if check.step_leaked else "unchecked")
+        if result.outcome == "unchecked" and result.reason is None:
+            result.reason = check.error or check.unchecked_reason or ("teardown failed" if report.failed else None)
+        if check.steps:
+            last = check.steps[-1]
+            result.steps = list(last.steps)
+            result.growth_bytes = last.verdict.growth_bytes
+            result.device = result.device or last.device
+        report.vramleak = result.to_json()  # type: ignore[attr-defined]
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
+    outcome = yield
+    check = item.stash.get(CHECK, None)
+    if check is None or check.meter is None:
+        return outcome
+    if check.error:
+        check.result = _result(item, check, "unchecked")
+        check.result.reason = f"vramleak internal error: {check.error}"
+        raise VramLeak(f"vramleak could not check this test: {check.error}", pytrace=False)
+    if check.unchecked_reason or check.baseline is None or check.budget is None:
+        return outcome
+    try:
+        message = _judge(item, check)
+    except Exception as error:
+        check.result = _result(item, check, "unchecked")
+        check.result.reason = f"vramleak internal error: {type(error).__name__}: {error}"
+        raise VramLeak(f"vramleak could not check this test: {type(error).__name__}: {error}", pytrace=False) from None
+    if message:
+        raise VramLeak(message, pytrace=False)
+    return outcome
+
+
+def _judge(item: pytest.Item, check: Check) -> str | None:
+    """Measure after teardown; the failure text when the budget is broken, else None."""
+    meter, baseline, budget = check.meter, check.baseline, check.budget
+    assert meter is not None and baseline is not None and budget is not None
+    end = take_snapshot(meter=meter)
+    verdict = judge_budget(budget, meter.name, end.allocated_bytes - baseline.allocated_bytes, check.peak_bytes)
+    if verdict.outcome == "leaked":
+        # Re-measure once, as PyTorch's own check does: finalizers run by the first collection
+        # can release more memory.
+        end = take_snapshot(meter=meter)
+        verdict = judge_budget(budget, meter.name, end.allocated_bytes - baseline.allocated_bytes, check.peak_bytes)
+    result = _result(item, check, verdict.outcome)
+    result.end_bytes = end.allocated_bytes
+    result.leaked_bytes = end.allocated_bytes - baseline.allocated_bytes
+    result.details = dict(end.details)
+    check.result = result
+    if verdict.outcome == "passed":
+        return None
+    lines = [verdict.message, _figures(result)]
+    if verdict.outcome == "leaked":
+        leak = diff(baseline, end, meter=meter)
+        result.tensors = [group.to_json() for group in leak.groups]
+        lines += ["leaked tensors:", leak.render()]
+    return "\n".join(lines)
+
+
+def _figures(result: TestResult) -> str:
+    def size(value: int | None) -> str:
+        return "not measured" if value is None else format_size(value)
+
+    text = f"baseline {size(result.baseline_bytes)}, after teardown {size(result.end_bytes)}, peak above baseline {size(result.peak_bytes)}"
+    if "reserved_bytes" in result.details:
+        text += f", reserved by the caching allocator {format_size(result.details['reserved_bytes'])}"
+    return text
+
+
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> tuple[str, str, Any] | None:
+    result = getattr(report, "vramleak", None)
+    if report.when != "teardown" or not report.failed or not result:
+        return None
+    if result["outcome"] == "leaked":
+        return "failed", "L", ("LEAKED", {"red": True})
+    if result["outcome"] == "over_budget":
+        return "failed", "B", ("OVER BUDGET", {"red": True})
+    return None
+
+
+class _Recorder:
+    """Collects each test's result from its teardown report, in the process that writes reports.
+
+    Under pytest-xdist the reports arrive from the workers with the result attached, so the
+    controller sees every worker's tests.
+    """
+
+    def __init__(self, results: list[dict[str, Any]]) -> None:
+        self.results = results
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        result = getattr(report, "vramleak", None)
+        if report.when == "teardown" and result:
+            self.results.append(result)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    config = session.config
+    settings = config.stash.get(SETTINGS, None)
+    if settings is None or settings.report_path is None or hasattr(config, "workerinput"):
+        return
+    write_json(settings.report_path, config.stash[RESULTS])
+
+
+class VramLeakFixture:
+    """Checks repeated steps for memory growth: ``for i in vramleak.steps(10): train_step()``.
+
+    The first ``warmup`` steps are not measured (ini ``vramleak_warmup``, default 2); memory is
+    measured after each later step, and the test fails when it keeps growing (see the README for
+    the rule). ``vramleak.results`` holds every check's figures.
+    """
+
+    def __init__(self, watcher: StepWatcher, on_result: Callable[[StepResult], None]) -> None:
+        self._watcher = watcher
+        self._on_result = on_result
+
+    @property
+    def results(self) -> list[StepResult]:
+        """The step checks run so far in this test."""
+        return self._watcher.results
+
+    def steps(self, n: int, *, warmup: int | None = None) -> Iterator[int]:
+        """Yield ``0 .. n-1``; after the last step, fail the test if memory kept growing."""
+        yield from self._watcher.steps(n, warmup=warmup)
+        self._finish(self._watcher.results[-1])
+
+    def check(self, step: Callable[[int], Any], *, steps: int = 10, warmup: int | None = None) -> StepResult:
+        """Call ``step(i)`` ``steps`` times and fail the test if memory kept growing."""
+        for index in self.steps(steps, warmup=warmup):
+            step(index)
+        return self._watcher.results[-1]
+
+    def _finish(self, result: StepResult) -> None:
+        self._on_result(result)
+        if result.grows:
+            lines = [result.verdict.message, "after each measured step, above the warm-up baseline: " + ", ".join(format_size(s) for s in result.steps)]
+            if result.leak is not None:
+                lines += ["tensors created since warm-up and still alive:", result.leak.render()]
+            raise VramLeak("\n".join(lines), pytrace=False)
+
+
+@pytest.fixture
+def vramleak(request: pytest.FixtureRequest) -> VramLeakFixture:
+    """Check repeated training or inference steps for memory that keeps growing.
+
+    ``for i in vramleak.steps(n, warmup=2): ...`` or ``vramleak.check(step_fn, steps=n)``; the
+    first ``warmup`` steps are not measured, and the test fails when memory grows across the rest.
+    """
+    settings = request.config.stash[SETTINGS]
+    budget = request.node.stash.get(BUDGET, None)
+    check = request.node.stash.get(CHECK, None)
+    meter = check.meter if check is not None and check.meter is not None else _meter_for(request.node, budget.device if budget else None)
+    if check is None:
+        check = request.node.stash[CHECK] = Check(None, meter)
+    watcher = StepWatcher(meter.name, warmup=settings.warmup, tolerance=settings.tolerance, meter=meter)
+
+    def on_result(result: StepResult) -> None:
+        check.steps.append(result)
+        check.step_leaked = check.step_leaked or result.grows
+
+    return VramLeakFixture(watcher, on_result)

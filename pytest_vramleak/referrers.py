@@ -1,0 +1,422 @@
+"""Name what keeps an object alive: the chain of references from a root, every edge named.
+
+The search walks gc's referrer graph backwards, one level at a time, from all targets at once:
+one ``gc.get_referrers(*frontier)`` call per level, so its cost is one heap traversal per level in C
+rather than one per node visited (objgraph's ``find_backref_chain`` calls it per node).
+
+Roots are modules in ``sys.modules`` (``objgraph.is_proper_module``), frames still on the stack, and
+objects nothing in gc refers to (kept alive from C, e.g. a registered hook). Edge names come from
+exact-type checks and C-level descriptors, never from ``repr``, ``__getattr__`` or ``__eq__`` of the
+objects on the way: naming a holder must not run the user's code.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import types
+from collections.abc import Sequence
+from typing import Any
+
+import objgraph
+
+_PACKAGE_DIR = __file__.rsplit("/", 1)[0]
+_MODULE_NAMESPACES = ("_modules", "_parameters", "_buffers")
+_LRU_WRAPPER_NAME = "_lru_cache_wrapper"
+_MAX_KEY_TEXT = 60
+
+
+def _own_frames() -> set[int]:
+    """Ids of this package's frames on the stack, which hold the targets while searching."""
+    ids: set[int] = set()
+    frame: types.FrameType | None = sys._getframe()
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+            ids.add(id(frame))
+        frame = frame.f_back
+    return ids
+
+
+class FrameLocal:
+    """A root: a local variable of a frame still running, e.g. the test body around a step loop.
+
+    A running frame's locals are not visible to ``gc.get_referrers``, so they are checked directly.
+    """
+
+    __slots__ = ("frame", "name", "value")
+
+    def __init__(self, frame: types.FrameType, name: str, value: Any) -> None:
+        self.frame = frame
+        self.name = name
+        self.value = value
+
+
+def _running_locals(frames: Sequence[types.FrameType]) -> dict[int, FrameLocal]:
+    found: dict[int, FrameLocal] = {}
+    for frame in frames:
+        try:
+            local_values = frame.f_locals
+        except Exception:
+            continue
+        if type(local_values) is not dict or local_values is frame.f_globals:
+            continue  # a module's top level: the module itself is the root
+        for name, value in dict.items(local_values):
+            found.setdefault(id(value), FrameLocal(frame, name, value))
+    return found
+
+
+def is_module_root(obj: Any) -> bool:
+    """A module in ``sys.modules``: objgraph's notion of a gc root, asked only of real modules."""
+    return issubclass(type(obj), types.ModuleType) and objgraph.is_proper_module(obj)
+
+
+SMALL_FRONTIER = 32
+"""Up to this many objects a level asks ``gc.get_referrers``, whose cost grows with heap size times
+the number of objects asked about; above it one pass over the heap with a set lookup is cheaper."""
+
+
+def _referrers(frontier: tuple[Any, ...], frontier_ids: set[int]) -> list[Any]:
+    if len(frontier) <= SMALL_FRONTIER:
+        return gc.get_referrers(*frontier)
+    found = []
+    for obj in gc.get_objects():
+        for referent in gc.get_referents(obj):
+            if id(referent) in frontier_ids:
+                found.append(obj)
+                break
+    return found
+
+
+def find_chains(
+    targets: Sequence[Any],
+    *,
+    max_depth: int = 24,
+    max_frontier: int = 5_000,
+    exclude_types: tuple[type, ...] = (),
+) -> list[list[Any]]:
+    """For each target, a shortest chain ``[root, ..., target]`` of objects holding it.
+
+    The search stops as soon as every target has a root, and only keeps expanding the holders
+    of targets still without one. Where no root is found within ``max_depth`` levels the chain
+    starts at the farthest holder reached, or is ``[target]`` alone when nothing in gc holds it.
+    Objects of ``exclude_types`` (the caller's own records) never count as holders. The returned
+    chains hold strong references: drop them once named.
+    """
+    own = _own_frames()
+    stack: list[types.FrameType] = []
+    frame: types.FrameType | None = sys._getframe()
+    while frame is not None:
+        if id(frame) not in own:
+            stack.append(frame)
+        frame = frame.f_back
+    on_stack = {id(f) for f in stack}
+    running_locals = _running_locals(stack)
+    del frame
+    held_by: dict[int, list[Any]] = {}  # id(holder) -> the objects it holds one level nearer a target
+    origins: dict[int, int] = {id(t): 1 << i for i, t in enumerate(targets)}  # bit i: leads to targets[i]
+    unrooted = (1 << len(targets)) - 1
+    ignore = {id(held_by), id(origins), id(targets), id(running_locals), id(stack)} | own
+    roots: dict[int, Any] = {}
+    dead_ends: dict[int, Any] = {}
+    frontier: tuple[Any, ...] = tuple(targets)
+    depth = 0
+    gc.collect()  # cycles freed now would otherwise show up as holders
+    while frontier and unrooted and depth < max_depth:
+        depth += 1
+        ignore.add(id(frontier))
+        frontier_ids = {id(o) for o in frontier}
+        has_holder: set[int] = set()
+        next_level: list[Any] = []
+        for obj in frontier:
+            local = running_locals.get(id(obj))
+            if local is not None:
+                roots[id(local)] = local
+                held_by[id(local)] = [obj]
+                has_holder.add(id(obj))
+                unrooted &= ~origins[id(obj)]
+        referrers = _referrers(frontier, frontier_ids)
+        ignore.add(id(referrers))
+        for holder in referrers:
+            if id(holder) in ignore or id(holder) in on_stack or type(holder) in exclude_types:
+                continue
+            if type(holder) is tuple and len(holder) == len(frontier) and all(a is b for a, b in zip(holder, frontier)):
+                continue  # the argument tuple of the get_referrers call
+            held = [r for r in gc.get_referents(holder) if id(r) in frontier_ids]
+            if not held:
+                continue
+            has_holder.update(id(h) for h in held)
+            held_by.setdefault(id(holder), []).extend(held)
+            leads_to = 0
+            for h in held:
+                leads_to |= origins[id(h)]
+            if id(holder) in origins:
+                origins[id(holder)] |= leads_to
+                continue
+            origins[id(holder)] = leads_to
+            if is_module_root(holder):
+                roots[id(holder)] = holder
+                unrooted &= ~leads_to
+            elif len(next_level) < max_frontier:
+                next_level.append(holder)
+        for obj in frontier:
+            if id(obj) not in has_holder:
+                dead_ends[id(obj)] = obj
+        del referrers
+        # Holders that lead only to targets already rooted need not be followed further.
+        frontier = tuple(h for h in next_level if origins[id(h)] & unrooted)
+        del next_level
+    for obj in frontier:
+        dead_ends.setdefault(id(obj), obj)
+
+    chains_by_target: dict[int, list[Any]] = {}
+    wanted = {id(t) for t in targets}
+    for starts in (roots, dead_ends):  # a real root beats a dead end
+        chains_by_target.update(
+            (key, chain)
+            for key, chain in _walk_down(list(starts.values()), held_by, wanted - chains_by_target.keys()).items()
+        )
+    chains = [chains_by_target.get(id(target), [target]) for target in targets]
+    held_by.clear()
+    roots.clear()
+    dead_ends.clear()
+    running_locals.clear()
+    chains_by_target.clear()
+    return chains
+
+
+def _walk_down(starts: list[Any], held_by: dict[int, list[Any]], wanted: set[int]) -> dict[int, list[Any]]:
+    """Shortest chains from ``starts`` down the recorded edges to each wanted target."""
+    previous: dict[int, Any] = {id(s): None for s in starts}
+    objects: dict[int, Any] = {id(s): s for s in starts}
+    found: dict[int, list[Any]] = {}
+    level = list(starts)
+    while level and len(found) < len(wanted):
+        next_level = []
+        for obj in level:
+            if id(obj) in wanted and id(obj) not in found:
+                chain = [obj]
+                while previous[id(chain[-1])] is not None:
+                    chain.append(previous[id(chain[-1])])
+                found[id(obj)] = chain[::-1]
+            for child in held_by.get(id(obj), ()):
+                if id(child) not in previous:
+                    previous[id(child)] = obj
+                    objects[id(child)] = child
+                    next_level.append(child)
+        level = next_level
+    previous.clear()
+    objects.clear()
+    return found
+
+
+def _instance_dict(obj: Any) -> dict[str, Any] | None:
+    """``obj.__dict__`` read through its C descriptor, never through ``__getattribute__``."""
+    for klass in type(obj).__mro__:
+        descriptor = type.__dict__["__dict__"].__get__(klass).get("__dict__")
+        if descriptor is None:
+            continue
+        if type(descriptor) in (types.GetSetDescriptorType, types.MemberDescriptorType):
+            try:
+                value = descriptor.__get__(obj, type(obj))
+            except Exception:
+                return None
+            return value if type(value) is dict else None
+        return None
+    return None
+
+
+def _slot_name(obj: Any, child: Any) -> str | None:
+    for klass in type(obj).__mro__:
+        for name, descriptor in type.__dict__["__dict__"].__get__(klass).items():
+            if type(descriptor) is types.MemberDescriptorType and name != "__dict__":
+                try:
+                    if descriptor.__get__(obj, type(obj)) is child:
+                        return name
+                except Exception:
+                    continue
+    return None
+
+
+def _key_of(mapping: dict[Any, Any], child: Any) -> tuple[bool, Any]:
+    for key, value in dict.items(mapping):
+        if value is child:
+            return True, key
+    return False, None
+
+
+def key_text(key: Any) -> str:
+    """A dict key as source text, for key types whose ``repr`` is the interpreter's own."""
+    if type(key) in (str, int, float, bool, bytes) or key is None:
+        text = repr(key)
+        return text if len(text) <= _MAX_KEY_TEXT else text[: _MAX_KEY_TEXT - 4] + "...'"
+    if type(key) is tuple:
+        return "(" + ", ".join(key_text(k) for k in key) + ("," if len(key) == 1 else "") + ")"
+    return f"<{type(key).__qualname__} key>"
+
+
+def _is_nn_module(obj: Any) -> bool:
+    nn = sys.modules.get("torch.nn")
+    return nn is not None and issubclass(type(obj), nn.Module)
+
+
+def _short_path(filename: str) -> str:
+    import os
+
+    try:
+        relative = os.path.relpath(filename)
+    except ValueError:
+        return filename
+    return filename if relative.startswith("..") else relative
+
+
+def frame_text(frame: types.FrameType) -> str:
+    """``function:line`` of a frame, the place its locals belong to."""
+    return f"{frame.f_code.co_name}:{frame.f_lineno}"
+
+
+def _module_name(module: Any) -> str:
+    namespace = _instance_dict(module) or {}
+    name = namespace.get("__name__")
+    return name if type(name) is str else "<module>"
+
+
+def root_text(root: Any) -> str:
+    """How a chain's first object reads: a module's name, a frame, or what holds it from C."""
+    if issubclass(type(root), types.ModuleType):
+        return _module_name(root)
+    if type(root) is FrameLocal:
+        return f"{frame_text(root.frame)} local '{root.name}'"
+    if type(root) is types.FrameType:
+        return f"frame {frame_text(root)}"
+    if type(root) is type:
+        return f"class {root.__qualname__}"
+    return f"<{type(root).__qualname__} held outside Python's gc>"
+
+
+def edge_text(parent: Any, child: Any, mode: Any) -> tuple[str, Any]:
+    """How the reference ``parent -> child`` reads, and the mode for the next edge.
+
+    ``mode`` carries what the previous edge knew about ``parent``: that a dict is an object's
+    namespace (``"attr"``), an ``nn.Module``'s namespace, a frame's locals, or a function's closure.
+    """
+    kind = type(parent)
+    if kind is FrameLocal:
+        return "", None
+    if issubclass(kind, dict):
+        found, key = _key_of(parent, child)
+        if not found:
+            return " -> dict key", None
+        if mode == "module-attr" and key in _MODULE_NAMESPACES:
+            return "", "attr"
+        if mode in ("attr", "module-attr") and type(key) is str:
+            return f".{key}", None
+        if mode == "local" and type(key) is str:
+            return f" local '{key}'", None
+        return f"[{key_text(key)}]", None
+    if kind in (list, tuple):
+        if type(mode) is tuple and mode[0] == "closure":
+            function = mode[1]
+            for index, cell in enumerate(parent):
+                if cell is child and index < len(function.__code__.co_freevars):
+                    return f" -> closure var '{function.__code__.co_freevars[index]}'", "cell"
+        for index, item in enumerate(parent):
+            if item is child:
+                return f"[{index}]", None
+        return f" -> {kind.__name__} item", None
+    if kind is types.CellType:
+        return ("" if mode == "cell" else " -> cell contents"), None
+    if kind in (set, frozenset):
+        return " -> set element", None
+    if issubclass(kind, types.ModuleType):
+        return "", "attr"
+    if kind is type or issubclass(kind, type):
+        return ("", "attr") if child is type.__dict__["__dict__"].__get__(parent) or type(child) is dict else (" -> class internals", None)
+    if kind is types.FunctionType:
+        if child is parent.__closure__:
+            return "", ("closure", parent)
+        for name in ("__defaults__", "__kwdefaults__", "__globals__"):
+            if getattr(parent, name) is child:
+                return f".{name}", ("attr" if name == "__globals__" else None)
+        if child is _instance_dict(parent):
+            return "", "attr"
+        return " -> function internals", None
+    if kind is types.MethodType:
+        if child is parent.__self__:
+            return ".__self__", None
+        return ".__func__", None
+    if kind is types.FrameType:
+        try:
+            local_names = parent.f_locals
+        except Exception:
+            local_names = {}
+        if child is local_names:
+            return "", "local"
+        found, key = _key_of(local_names, child) if type(local_names) is dict else (False, None)
+        if found:
+            return f" local '{key}'", None
+        if child is parent.f_back:
+            return " -> calling frame", None
+        return " -> frame internals", None
+    if kind is types.TracebackType:
+        if child is parent.tb_frame:
+            return f".tb_frame ({frame_text(child)})", None
+        return ".tb_next", None
+    if issubclass(kind, BaseException):
+        for name in ("__traceback__", "__context__", "__cause__", "args"):
+            if BaseException.__dict__[name].__get__(parent, kind) is child:
+                return f".{name}", None
+    if kind.__name__ == _LRU_WRAPPER_NAME and kind.__module__ == "functools":
+        return (" -> lru_cache" if type(child) is dict else " -> lru_cache entry"), None
+    namespace = _instance_dict(parent)
+    if child is namespace:
+        return "", ("module-attr" if _is_nn_module(parent) else "attr")
+    if namespace is not None:
+        found, key = _key_of(namespace, child)
+        if found and type(key) is str:
+            return f".{key}", None
+    slot = _slot_name(parent, child)
+    if slot is not None:
+        return f".{slot}", None
+    return f" -> <{kind.__qualname__}>", None
+
+
+def chain_text(chain: Sequence[Any]) -> str:
+    """Render ``[root, ..., target]`` as one line, e.g. ``tests.test_cache.CACHE['user-42']``."""
+    text = [root_text(chain[0])]
+    mode: Any = None
+    for parent, child in zip(chain, chain[1:]):
+        try:
+            edge, mode = edge_text(parent, child, mode)
+        except Exception:
+            edge, mode = f" -> <{type(child).__qualname__}>", None
+        text.append(edge)
+    return "".join(text)
+
+
+def name_holders(targets: Sequence[Any], *, max_depth: int = 24, exclude_types: tuple[type, ...] = ()) -> list[str | None]:
+    """One line per target naming the chain of references that keeps it alive.
+
+    None for a target that nothing visible to gc refers to: it is held from C++ (an autograd
+    graph, a registry in an extension).
+    """
+    chains = find_chains(targets, max_depth=max_depth, exclude_types=exclude_types)
+    try:
+        return [chain_text(chain) if len(chain) > 1 else None for chain in chains]
+    finally:
+        chains.clear()
+
+
+def without_python_holders(objects: Sequence[Any], *, exclude_types: tuple[type, ...] = ()) -> set[int]:
+    """Ids of the objects that no gc-tracked object refers to, in one heap traversal."""
+    own = _own_frames()
+    wanted = {id(o) for o in objects}
+    held: set[int] = set()
+    referrers = gc.get_referrers(*objects)
+    for holder in referrers:
+        if id(holder) in own or type(holder) in exclude_types or holder is objects:
+            continue
+        if type(holder) is tuple and len(holder) == len(objects) and all(a is b for a, b in zip(holder, objects)):
+            continue
+        held.update(id(r) for r in gc.get_referents(holder) if id(r) in wanted)
+    del referrers
+    return wanted - held

@@ -1,0 +1,81 @@
+"""Rendering results: the failure text people read and the JSON report CI reads."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .sizes import format_size
+
+REPORT_VERSION = 1
+MAX_GROUPS_SHOWN = 10
+GRAPH_FIX = "store loss.item() or tensor.detach() instead, or run the step under torch.no_grad()"
+
+
+def render_groups(groups: Sequence[Any]) -> str:
+    """Each leaked group, its holders, and a note on autograd graphs it keeps alive."""
+    if not groups:
+        return "no live tensor accounts for it: the memory is held outside Python tensors (C++ caches, extensions)"
+    lines = []
+    for group in groups[:MAX_GROUPS_SHOWN]:
+        lines.append(group.title())
+        for chain in group.held_by:
+            lines.append(f"    held by {chain}")
+        if not group.held_by:
+            lines.append("    held by: no chain found")
+        if group.graph_bytes and group.kind != "graph":
+            lines.append(
+                f"    keeps an autograd graph alive: {format_size(group.graph_bytes)} in "
+                f"{group.graph_tensors} saved tensors; {GRAPH_FIX}"
+            )
+        elif group.kind == "graph":
+            lines.append(f"    the tensor above keeps its autograd graph alive; {GRAPH_FIX}")
+    if len(groups) > MAX_GROUPS_SHOWN:
+        rest = groups[MAX_GROUPS_SHOWN:]
+        lines.append(f"... and {len(rest)} more groups, {format_size(sum(g.bytes for g in rest))}")
+    return "\n".join(lines)
+
+
+@dataclass
+class TestResult:
+    """One checked test's entry in the JSON report; numbers not measured stay None."""
+
+    nodeid: str
+    device: str | None
+    outcome: str
+    """``passed``, ``leaked``, ``over_budget`` or ``unchecked``."""
+    baseline_bytes: int | None = None
+    end_bytes: int | None = None
+    leaked_bytes: int | None = None
+    peak_bytes: int | None = None
+    budget: dict[str, int | None] = field(default_factory=lambda: {"peak": None, "leak": None})
+    steps: list[int] | None = None
+    growth_bytes: int | None = None
+    tensors: list[dict[str, Any]] = field(default_factory=list)
+    reason: str | None = None
+    """Why a test is unchecked, or the plugin's own error."""
+    details: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def write_json(path: str | os.PathLike[str], results: Iterable[dict[str, Any]]) -> None:
+    """Write the report atomically: a reader sees the old file or the whole new one, never half."""
+    document = {"version": REPORT_VERSION, "tests": sorted(results, key=lambda r: r["nodeid"])}
+    target = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(target))
+    os.makedirs(directory, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=".vramleak-", suffix=".json", dir=directory)
+    try:
+        with os.fdopen(handle, "w") as stream:
+            json.dump(document, stream, indent=2)
+            stream.write("\n")
+        os.replace(temporary, target)
+    except BaseException:
+        os.unlink(temporary)
+        raise

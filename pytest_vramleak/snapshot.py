@@ -1,0 +1,223 @@
+"""The engine: snapshot a device's memory, diff two snapshots, and name what holds the difference.
+
+Usable without pytest::
+
+    from pytest_vramleak import take_snapshot, diff
+
+    before = take_snapshot("cpu")
+    train_one_epoch()
+    leak = diff(before)
+    if leak.leaked_bytes:
+        print(leak.render())
+
+A snapshot keeps storage keys (device and data pointer) and byte counts, never tensors, so holding
+one keeps nothing of the user's alive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .census import Found, StorageKey, take_census, walk
+from .devices import Meter, make_meter, resolve_device
+from .referrers import name_holders, without_python_holders
+from .sizes import format_size
+
+MAX_CHAINS_PER_GROUP = 3
+HELD_FROM_CPP = "<no Python reference: held from C++, e.g. by a hook or cache inside torch or an extension>"
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A device's memory at one moment: allocated bytes and the keys of the live storages."""
+
+    device: str
+    allocated_bytes: int
+    storage_keys: frozenset[StorageKey]
+    details: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class TensorGroup:
+    """Leaked tensors of one dtype, shape and device, and what keeps them alive."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    device: str
+    bytes: int = 0
+    count: int = 0
+    held_by: list[str] = field(default_factory=list)
+    graph_bytes: int = 0
+    """Bytes of tensors saved by autograd graphs that these tensors keep alive."""
+    graph_tensors: int = 0
+    kind: str = "tensor"
+    """``tensor``, ``grad`` (a gradient of a live tensor) or ``graph`` (saved by an autograd graph)."""
+
+    def title(self) -> str:
+        """One line: what the tensors are, how many, how many bytes."""
+        shape = "[" + ", ".join(str(s) for s in self.shape) + "]"
+        if self.kind == "graph":
+            return (
+                f"autograd graph of a {self.dtype}{shape} tensor on {self.device}: "
+                f"{self.graph_tensors} saved tensors, {format_size(self.graph_bytes)}"
+            )
+        what = " gradient" if self.kind == "grad" else ""
+        noun = "tensor" if self.count == 1 else "tensors"
+        return f"{self.dtype}{shape}{what} on {self.device}: {self.count} {noun}, {format_size(self.bytes)}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "device": self.device,
+            "bytes": self.bytes,
+            "count": self.count,
+            "held_by": list(self.held_by),
+            "kind": self.kind,
+            "graph_bytes": self.graph_bytes,
+        }
+
+
+@dataclass
+class Leak:
+    """The difference between two snapshots, described without references to any tensor."""
+
+    device: str
+    baseline_bytes: int
+    end_bytes: int
+    groups: list[TensorGroup] = field(default_factory=list)
+    details: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def leaked_bytes(self) -> int:
+        return self.end_bytes - self.baseline_bytes
+
+    def render(self) -> str:
+        """The groups and their holders as text, one group per paragraph."""
+        from .report import render_groups
+
+        return render_groups(self.groups)
+
+
+def meter_for(device: str | None = "auto") -> Meter:
+    """The meter of a device given as ``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps`` or ``xpu``."""
+    torch = _torch()
+    return make_meter(resolve_device(device, torch), torch)
+
+
+def take_snapshot(device: str | None = "auto", *, meter: Meter | None = None) -> Snapshot:
+    """Collect garbage, wait for the device, and record its allocated bytes and live storages."""
+    meter = meter or meter_for(device)
+    meter.settle()
+    census = take_census(meter.name)
+    allocated = census.total_bytes if meter.name == "cpu" else meter.allocated_bytes()
+    return Snapshot(meter.name, allocated, frozenset(census.storages), meter.details())
+
+
+def diff(before: Snapshot, after: Snapshot | None = None, *, meter: Meter | None = None, name: bool = True) -> Leak:
+    """What was allocated after ``before`` and is still alive, grouped and with its holders named.
+
+    ``after`` defaults to a snapshot taken now. With ``name=False`` the tensors are grouped but
+    the (slower) search for their holders is skipped.
+    """
+    meter = meter or meter_for(before.device)
+    if after is None:
+        after = take_snapshot(meter=meter)
+    new_keys = after.storage_keys - before.storage_keys
+    groups = describe(new_keys, after.device, name=name) if new_keys else []
+    return Leak(after.device, before.allocated_bytes, after.allocated_bytes, groups, after.details)
+
+
+def _locate(keys: Iterable[StorageKey], device: str) -> dict[StorageKey, list[Found]]:
+    wanted = set(keys)
+    located: dict[StorageKey, list[Found]] = {}
+    for found in walk(device):
+        if found.key in wanted:
+            located.setdefault(found.key, []).append(found)
+    return located
+
+
+def _group_key(tensor: Any) -> tuple[str, tuple[int, ...], str]:
+    torch = _torch()
+    with torch._C.DisableTorchFunctionSubclass():
+        return str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), str(tensor.device)
+
+
+def _primary(finds: list[Found], orphans: set[int]) -> Found:
+    """Which find explains a storage: a tensor Python holds, else a gradient, else an autograd graph.
+
+    A tensor gc sees but nothing in Python refers to, whose storage an autograd graph saved, is
+    the graph's: torch keeps the Python object of a saved tensor alive once it has been unpacked.
+    """
+    by_via = {f.via: f for f in reversed(finds)}
+    held = [f for f in finds if f.via == "gc" and id(f.tensor) not in orphans]
+    if held:
+        return held[0]
+    if "grad" in by_via:
+        return by_via["grad"]
+    if "graph" in by_via:
+        return by_via["graph"]
+    return finds[0]
+
+
+def describe(keys: Iterable[StorageKey], device: str, *, name: bool = True) -> list[TensorGroup]:
+    """Group the live storages in ``keys`` by dtype, shape and device, and name their holders.
+
+    A storage saved only by an autograd graph is added to the group of the tensor whose graph
+    holds it (``graph_bytes``); a gradient is named through the tensor it belongs to.
+    """
+    located = _locate(keys, device)
+    groups: dict[tuple[Any, ...], TensorGroup] = {}
+    targets: list[Any] = []
+    target_groups: list[tuple[TensorGroup, str]] = []
+    owner_groups: dict[int, TensorGroup] = {}
+    primaries: list[Found] = []
+    try:
+        gc_tensors = [f.tensor for finds in located.values() for f in finds if f.via == "gc"]
+        orphans = without_python_holders(gc_tensors, exclude_types=(Found,)) if gc_tensors else set()
+        del gc_tensors
+        primaries = [_primary(finds, orphans) for finds in located.values()]
+        primaries.sort(key=lambda f: f.via == "graph")  # owners' groups first
+        for found in primaries:
+            if found.via == "graph":
+                group = owner_groups.get(id(found.owner))
+                if group is None:
+                    dtype, shape, where = _group_key(found.owner)
+                    group = groups.setdefault((dtype, shape, where, "graph"), TensorGroup(dtype, shape, where, kind="graph"))
+                    owner_groups[id(found.owner)] = group
+                    group.count += 1
+                    targets.append(found.owner)
+                    target_groups.append((group, ""))
+                group.graph_bytes += found.nbytes
+                group.graph_tensors += 1
+                continue
+            dtype, shape, where = _group_key(found.tensor)
+            group = groups.setdefault((dtype, shape, where, found.via), TensorGroup(dtype, shape, where, kind=found.via))
+            group.bytes += found.nbytes
+            group.count += 1
+            owner_groups.setdefault(id(found.tensor), group)
+            if sum(1 for g, _ in target_groups if g is group) < MAX_CHAINS_PER_GROUP:
+                targets.append(found.tensor if found.via == "gc" else found.owner)
+                target_groups.append((group, ".grad" if found.via == "grad" else ""))
+        if name and targets:
+            for (group, suffix), text in zip(target_groups, name_holders(targets, exclude_types=(Found,))):
+                line = (text + suffix) if text is not None else HELD_FROM_CPP
+                if line not in group.held_by:
+                    group.held_by.append(line)
+    finally:
+        located.clear()
+        primaries.clear()
+        targets.clear()
+        owner_groups.clear()
+    for group in groups.values():
+        if group.kind == "graph":
+            group.bytes = group.graph_bytes
+    return sorted(groups.values(), key=lambda g: -(g.bytes + (0 if g.kind == "graph" else g.graph_bytes)))

@@ -1,0 +1,77 @@
+"""Watching repeated steps (training or inference iterations) for memory that keeps growing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .devices import Meter
+from .snapshot import Leak, Snapshot, diff, meter_for, take_snapshot
+from .verdict import GrowthVerdict, judge_growth
+
+
+@dataclass
+class StepResult:
+    """What a step check measured and decided."""
+
+    device: str
+    warmup: int
+    steps: list[int]
+    """Bytes above the warm-up baseline after each measured step."""
+    verdict: GrowthVerdict
+    leak: Leak | None = None
+    """The tensors still alive from after warm-up, with their holders; only when memory grew."""
+
+    @property
+    def grows(self) -> bool:
+        return self.verdict.grows
+
+
+@dataclass
+class StepWatcher:
+    """Runs steps, measures memory after each, and decides whether it keeps growing.
+
+    ``warmup`` steps run first unmeasured, so state created lazily (optimizer moments, cuBLAS
+    workspaces, caches filled on first use) is part of the baseline rather than a leak.
+    """
+
+    device: str | None = "auto"
+    warmup: int = 2
+    tolerance: int = 0
+    meter: Meter | None = None
+    results: list[StepResult] = field(default_factory=list)
+
+    def steps(self, n: int, *, warmup: int | None = None) -> Iterator[int]:
+        """Yield ``0 .. n-1``; after the loop, ``self.results[-1]`` holds the verdict.
+
+        The first ``warmup`` iterations are not measured; at least two must remain.
+        """
+        warmup = self.warmup if warmup is None else warmup
+        if type(n) is not int or type(warmup) is not int or warmup < 0:
+            raise ValueError(f"steps(n, warmup=k) takes whole numbers, got n={n!r}, warmup={warmup!r}")
+        if n - warmup < 2:
+            raise ValueError(f"steps({n}, warmup={warmup}) leaves {max(0, n - warmup)} measured steps; at least 2 are needed")
+        meter = self.meter or meter_for(self.device)
+        baseline: Snapshot | None = take_snapshot(meter=meter) if warmup == 0 else None
+        measured: list[int] = []
+        for index in range(n):
+            yield index
+            if index < warmup - 1:
+                continue
+            if index == warmup - 1:
+                baseline = take_snapshot(meter=meter)
+                continue
+            meter.settle()
+            measured.append(meter.allocated_bytes())
+        assert baseline is not None
+        figures = [m - baseline.allocated_bytes for m in measured]
+        verdict = judge_growth(figures, self.tolerance, meter.name)
+        leak = diff(baseline, meter=meter) if verdict.grows else None
+        self.results.append(StepResult(meter.name, warmup, figures, verdict, leak))
+
+    def check(self, step: Callable[[int], Any], *, steps: int = 10, warmup: int | None = None) -> StepResult:
+        """Call ``step(i)`` for ``i`` in ``0 .. steps-1`` and return the result of the check."""
+        for index in self.steps(steps, warmup=warmup):
+            step(index)
+        return self.results[-1]
