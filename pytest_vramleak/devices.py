@@ -56,12 +56,11 @@ def resolve_device(spec: str | None, torch: Any) -> str:
     spec = (spec or "auto").strip().lower()
     if spec == "auto":
         accelerator = getattr(torch, "accelerator", None)
-        if accelerator is not None and accelerator.is_available():
-            current = accelerator.current_accelerator()
-            kind = current.type
+        if accelerator is None:  # torch older than 2.6
+            return f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+        if accelerator.is_available():
+            kind = accelerator.current_accelerator().type
             return f"{kind}:{accelerator.current_device_index()}" if kind != "mps" else "mps"
-        if torch.cuda.is_available():
-            return f"cuda:{torch.cuda.current_device()}"
         return "cpu"
     if spec == "cpu":
         return "cpu"

@@ -77,6 +77,8 @@ the number of objects asked about; above it one pass over the heap with a set lo
 
 def _referrers(frontier: tuple[Any, ...], frontier_ids: set[int]) -> list[Any]:
     if len(frontier) <= SMALL_FRONTIER:
+        # Splatting an exact tuple passes that same tuple as the arguments, so the only extra
+        # referrer the call sees is ``frontier`` itself, which the caller ignores.
         return gc.get_referrers(*frontier)
     found = []
     for obj in gc.get_objects():
@@ -139,8 +141,6 @@ def find_chains(
         for holder in referrers:
             if id(holder) in ignore or id(holder) in on_stack or type(holder) in exclude_types:
                 continue
-            if type(holder) is tuple and len(holder) == len(frontier) and all(a is b for a, b in zip(holder, frontier)):
-                continue  # the argument tuple of the get_referrers call
             held = [r for r in gc.get_referents(holder) if id(r) in frontier_ids]
             if not held:
                 continue
@@ -407,16 +407,20 @@ def name_holders(targets: Sequence[Any], *, max_depth: int = 24, exclude_types: 
 
 
 def without_python_holders(objects: Sequence[Any], *, exclude_types: tuple[type, ...] = ()) -> set[int]:
-    """Ids of the objects that no gc-tracked object refers to, in one heap traversal."""
+    """Ids of the objects that nothing in Python refers to (no gc-tracked object, no running frame)."""
     own = _own_frames()
-    wanted = {id(o) for o in objects}
+    wanted = tuple(objects)
+    wanted_ids = {id(o) for o in wanted}
     held: set[int] = set()
-    referrers = gc.get_referrers(*objects)
+    frame: types.FrameType | None = sys._getframe()
+    while frame is not None:
+        if id(frame) not in own and type(frame.f_locals) is dict and frame.f_locals is not frame.f_globals:
+            held.update(id(v) for v in dict.values(frame.f_locals) if id(v) in wanted_ids)
+        frame = frame.f_back
+    referrers = _referrers(wanted, wanted_ids)
     for holder in referrers:
-        if id(holder) in own or type(holder) in exclude_types or holder is objects:
+        if id(holder) in own or type(holder) in exclude_types or holder is objects or holder is wanted:
             continue
-        if type(holder) is tuple and len(holder) == len(objects) and all(a is b for a, b in zip(holder, objects)):
-            continue
-        held.update(id(r) for r in gc.get_referents(holder) if id(r) in wanted)
+        held.update(id(r) for r in gc.get_referents(holder) if id(r) in wanted_ids)
     del referrers
-    return wanted - held
+    return wanted_ids - held

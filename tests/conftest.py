@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+
+def read_report(path: Path) -> dict[str, dict[str, Any]]:
+    """The JSON report's tests by test name."""
+    document = json.loads(path.read_text())
+    assert document["version"] == 1
+    return {entry["nodeid"].rsplit("::", 1)[-1]: entry for entry in document["tests"]}
+
+
+@pytest.fixture
+def run_checked(pytester: pytest.Pytester):
+    """Run pytester's files with a JSON report; return the run's result and the report by test name."""
+
+    def run(*args: str) -> tuple[pytest.RunResult, dict[str, dict[str, Any]]]:
+        report = pytester.path / "vramleak.json"
+        result = pytester.runpytest("-p", "no:cacheprovider", f"--vramleak-report={report}", *args)
+        return result, read_report(report)
+
+    return run

@@ -1,0 +1,71 @@
+"""A fake CUDA backend with the memory API of ``torch.cuda``, for testing the CUDA code paths on CPU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class FakeCuda:
+    """Per-device allocated, reserved and peak figures that a test moves by hand."""
+
+    devices: int = 1
+    allocated: dict[int, int] = field(default_factory=dict)
+    reserved: dict[int, int] = field(default_factory=dict)
+    peak: dict[int, int] = field(default_factory=dict)
+    synchronized: list[int] = field(default_factory=list)
+    available: bool = True
+
+    def is_available(self) -> bool:
+        return self.available
+
+    def device_count(self) -> int:
+        return self.devices
+
+    def current_device(self) -> int:
+        return 0
+
+    def synchronize(self, index: int = 0) -> None:
+        self.synchronized.append(index)
+
+    def allocate(self, index: int, nbytes: int) -> None:
+        self.allocated[index] = self.allocated.get(index, 0) + nbytes
+        self.reserved[index] = max(self.reserved.get(index, 0), self.allocated[index])
+        self.peak[index] = max(self.peak.get(index, 0), self.allocated[index])
+
+    def free(self, index: int, nbytes: int) -> None:
+        self.allocated[index] -= nbytes
+
+    def memory_allocated(self, index: int = 0) -> int:
+        return self.allocated.get(index, 0)
+
+    def memory_reserved(self, index: int = 0) -> int:
+        return self.reserved.get(index, 0)
+
+    def max_memory_allocated(self, index: int = 0) -> int:
+        return self.peak.get(index, 0)
+
+    def reset_peak_memory_stats(self, index: int = 0) -> None:
+        self.peak[index] = self.allocated.get(index, 0)
+
+
+class FakeAccelerator:
+    def __init__(self, kind: str | None) -> None:
+        self.kind = kind
+
+    def is_available(self) -> bool:
+        return self.kind is not None
+
+    def current_accelerator(self) -> object:
+        return type("Device", (), {"type": self.kind})()
+
+    def current_device_index(self) -> int:
+        return 0
+
+
+class FakeTorch:
+    """Just enough of ``torch`` for device resolution."""
+
+    def __init__(self, cuda: FakeCuda, accelerator: str | None = "cuda") -> None:
+        self.cuda = cuda
+        self.accelerator = FakeAccelerator(accelerator)

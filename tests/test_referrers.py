@@ -1,0 +1,196 @@
+"""Naming what holds an object, one kind of edge at a time, without running the holders' code."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import types
+from typing import Any
+
+import pytest
+import torch
+
+from pytest_vramleak.referrers import key_text, name_holders, without_python_holders
+
+HERE = __name__
+
+
+def holder_of(get_target: Any) -> str | None:
+    """Name the holder of ``get_target()``, held by no local variable of the caller meanwhile."""
+    return name_holders([get_target()])[0]
+
+
+def test_module_global_dict_key() -> None:
+    module = types.ModuleType("vramleak_fake_cache")
+    module.CACHE = {"user-42": torch.ones(3)}  # type: ignore[attr-defined]
+    sys.modules[module.__name__] = module
+    try:
+        assert holder_of(lambda: module.CACHE["user-42"]) == "vramleak_fake_cache.CACHE['user-42']"  # type: ignore[attr-defined]
+    finally:
+        del sys.modules[module.__name__]
+
+
+class Model(torch.nn.Module):
+    shared = torch.ones(2)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = torch.nn.Sequential(torch.nn.Linear(2, 2))
+        self.register_buffer("running", torch.zeros(2))
+        self.history: list[torch.Tensor] = []
+
+
+MODEL = Model()
+MODEL.history.extend(torch.ones(1) for _ in range(4))
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [
+        (lambda: MODEL.history[3], f"{HERE}.MODEL.history[3]"),
+        (lambda: MODEL.encoder[0].weight, f"{HERE}.MODEL.encoder.0.weight"),
+        (lambda: MODEL.running, f"{HERE}.MODEL.running"),
+        (lambda: Model.shared, f"{HERE}.Model.shared"),
+    ],
+    ids=["list index", "submodule and parameter", "buffer", "class attribute"],
+)
+def test_attributes_modules_and_indexes(target: Any, expected: str) -> None:
+    assert holder_of(target) == expected
+
+
+def make_callback() -> Any:
+    outputs: list[torch.Tensor] = []
+
+    def callback() -> None:
+        outputs.append(torch.ones(1))
+
+    return callback
+
+
+CALLBACK = make_callback()
+CALLBACK()
+
+
+def test_closure_variable() -> None:
+    assert holder_of(lambda: CALLBACK.__closure__[0].cell_contents[0]) == f"{HERE}.CALLBACK -> closure var 'outputs'[0]"
+
+
+@functools.cache
+def features(n: int) -> torch.Tensor:
+    return torch.ones(n)
+
+
+@functools.lru_cache(maxsize=8)
+def bounded_features(n: int) -> torch.Tensor:
+    return torch.ones(n)
+
+
+def test_lru_cache_wrappers() -> None:
+    assert holder_of(lambda: features(5)) == f"{HERE}.features -> lru_cache[5]"
+    assert holder_of(lambda: bounded_features(5)) == f"{HERE}.bounded_features -> lru_cache entry"
+
+
+def fail_with_local() -> None:
+    activations = torch.ones(7)  # noqa: F841 - kept alive by the traceback
+    raise ValueError("boom")
+
+
+try:
+    fail_with_local()
+except ValueError as error:
+    STORED_ERROR = error
+
+
+def test_exception_traceback_frame_local() -> None:
+    line = STORED_ERROR.__traceback__.tb_next.tb_frame.f_lineno  # type: ignore[union-attr]
+    assert holder_of(lambda: STORED_ERROR.__traceback__.tb_next.tb_frame.f_locals["activations"]) == f"{HERE}.STORED_ERROR.__traceback__.tb_next.tb_frame (fail_with_local:{line}) local 'activations'"
+
+
+def test_running_frame_local() -> None:
+    kept = [torch.ones(2)]
+    line = sys._getframe().f_lineno + 1
+    assert holder_of(lambda: kept[0]) == f"test_running_frame_local:{line} local 'kept'[0]"
+
+
+class Slotted:
+    __slots__ = ("tensor",)
+
+    def __init__(self) -> None:
+        self.tensor = torch.ones(1)
+
+
+SLOTTED = Slotted()
+
+
+def test_slot_attribute() -> None:
+    assert holder_of(lambda: SLOTTED.tensor) == f"{HERE}.SLOTTED.tensor"
+
+
+class Hostile:
+    """Every hook a careless scan might call raises."""
+
+    def __init__(self) -> None:
+        self.payload = torch.ones(3)
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"__getattr__({name!r}) ran")
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in ("payload", "__dict__"):
+            raise AssertionError(f"__getattribute__({name!r}) ran")
+        return object.__getattribute__(self, name)
+
+    def __eq__(self, other: object) -> bool:
+        raise AssertionError("__eq__ ran")
+
+    def __hash__(self) -> int:
+        raise AssertionError("__hash__ ran")
+
+    def __repr__(self) -> str:
+        raise AssertionError("__repr__ ran")
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        raise AssertionError("__class__ ran")
+
+
+class HostileKey:
+    __hash__ = object.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        raise AssertionError("__eq__ ran")
+
+    def __repr__(self) -> str:
+        raise AssertionError("__repr__ ran")
+
+
+HOSTILE = Hostile()
+HOSTILE_KEYS = {HostileKey(): torch.ones(2)}
+
+
+def test_naming_runs_no_user_code() -> None:
+    assert holder_of(lambda: object.__getattribute__(HOSTILE, "__dict__")["payload"]) == f"{HERE}.HOSTILE.payload"
+    assert holder_of(lambda: next(iter(HOSTILE_KEYS.values()))) == f"{HERE}.HOSTILE_KEYS[<HostileKey key>]"
+
+
+def test_several_targets_sharing_a_path() -> None:
+    assert name_holders([MODEL.history[1], MODEL.running]) == [f"{HERE}.MODEL.history[1]", f"{HERE}.MODEL.running"]
+
+
+KEPT = [torch.ones(1)]
+
+
+def test_object_nothing_refers_to() -> None:
+    local = torch.ones(1)
+    assert without_python_holders([KEPT[0]]) == set()
+    assert without_python_holders([local]) == set()
+    lonely = [object()]
+    assert without_python_holders(lonely) == {id(lonely[0])}
+
+
+@pytest.mark.parametrize(
+    ("key", "text"),
+    [("a", "'a'"), (3, "3"), (None, "None"), ((1, "b"), "(1, 'b')"), ((1,), "(1,)"), (b"x", "b'x'"), ("x" * 100, "'" + "x" * 55 + "...'")],
+)
+def test_key_text(key: Any, text: str) -> None:
+    assert key_text(key) == text

@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import pytest
+
+from pytest_vramleak import Budget, judge_budget, judge_growth
+
+MIB = 1024**2
+
+
+@pytest.mark.parametrize(
+    ("leaked", "outcome"),
+    [(MIB - 1, "passed"), (MIB, "passed"), (MIB + 1, "leaked")],
+)
+def test_leak_budget_at_its_limit(leaked: int, outcome: str) -> None:
+    assert judge_budget(Budget(leak=MIB), "cpu", leaked, None).outcome == outcome
+
+
+@pytest.mark.parametrize(
+    ("peak", "outcome"),
+    [(MIB - 1, "passed"), (MIB, "passed"), (MIB + 1, "over_budget"), (None, "passed")],
+)
+def test_peak_budget_at_its_limit(peak: int | None, outcome: str) -> None:
+    assert judge_budget(Budget(peak=MIB), "cpu", 0, peak).outcome == outcome
+
+
+def test_leak_message_names_amount_device_and_budget() -> None:
+    verdict = judge_budget(Budget(leak=64 * 1024), "cpu", 4 * MIB, None)
+    assert verdict.message == "leaked 4.0 MiB on cpu, allowed 64.0 KiB"
+
+
+def test_leak_and_peak_together_report_both() -> None:
+    verdict = judge_budget(Budget(peak=MIB), "cuda:0", 2 * MIB, 3 * MIB)
+    assert verdict.outcome == "leaked"
+    assert verdict.message == "leaked 2.0 MiB on cuda:0, allowed 0 B; peaked at 3.0 MiB above baseline on cuda:0, allowed 1.0 MiB"
+
+
+K = 1000
+
+
+@pytest.mark.parametrize(
+    ("name", "steps"),
+    [
+        ("steady", [K * i for i in range(1, 9)]),
+        ("every other step", [0, K, K, 2 * K, 2 * K, 3 * K, 3 * K, 4 * K]),
+        ("every third step", [0, 0, K, K, K, 2 * K, 2 * K, 2 * K, 3 * K]),
+        ("two measured steps", [0, K]),
+        ("odd count", [K, 2 * K, 3 * K, 4 * K, 5 * K]),
+    ],
+)
+def test_growth_is_flagged(name: str, steps: list[int]) -> None:
+    assert judge_growth(steps, tolerance=0).grows, name
+
+
+@pytest.mark.parametrize(
+    ("name", "steps"),
+    [
+        ("flat", [0] * 8),
+        ("flat after lazy state in warm-up", [0, 0, 0, 0, 0, 0]),
+        ("bounded buffer fills, then plateaus", [K, 2 * K, 3 * K, 3 * K, 3 * K, 3 * K, 3 * K, 3 * K]),
+        ("gradient accumulation: up, up, up, freed", [K, 2 * K, 3 * K, 0, K, 2 * K, 3 * K, 0]),
+        ("alternating temporaries", [K, 0, K, 0, K, 0, K, 0]),
+        ("one spike at the end", [0, 0, 0, 0, 0, 0, 0, 5 * K]),
+        ("memory released", [5 * K, 4 * K, 3 * K, 2 * K, K, 0]),
+    ],
+)
+def test_non_growth_is_not_flagged(name: str, steps: list[int]) -> None:
+    assert not judge_growth(steps, tolerance=0).grows, name
+
+
+@pytest.mark.parametrize(("tolerance", "grows"), [(4 * K - 1, True), (4 * K, False), (4 * K + 1, False)])
+def test_growth_tolerance_at_its_limit(tolerance: int, grows: bool) -> None:
+    # the band rises by 4 K between the halves
+    assert judge_growth([K * i for i in range(1, 9)], tolerance).grows is grows
+
+
+def test_growth_figures() -> None:
+    verdict = judge_growth([1024 * i for i in range(1, 9)], 0)
+    assert verdict.growth_bytes == 8 * 1024
+    assert verdict.per_step_bytes == 1024
+    assert verdict.message == "memory grew 1.0 KiB per step over 8 measured steps (8.0 KiB in total) on cpu, tolerance 0 B"
+
+
+def test_growth_needs_two_steps() -> None:
+    with pytest.raises(ValueError, match="at least 2 measured steps"):
+        judge_growth([K], 0)
