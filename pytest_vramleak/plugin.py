@@ -424,6 +424,13 @@ class VramLeakFixture:
 
     def steps(self, n: int, *, warmup: int | None = None) -> Iterator[int]:
         """Yield ``0 .. n-1``; after the last step, fail the test if memory kept growing."""
+        try:
+            self._watcher.check_arguments(n, warmup)
+        except ValueError as error:
+            pytest.fail(f"vramleak.{error}", pytrace=False)
+        return self._run(n, warmup)
+
+    def _run(self, n: int, warmup: int | None) -> Iterator[int]:
         yield from self._watcher.steps(n, warmup=warmup)
         self._finish(self._watcher.results[-1])
 

@@ -42,16 +42,21 @@ class StepWatcher:
     meter: Meter | None = None
     results: list[StepResult] = field(default_factory=list)
 
+    def check_arguments(self, n: int, warmup: int | None) -> int:
+        """The effective warm-up for ``steps(n, warmup=...)``; ValueError for arguments that cannot work."""
+        warmup = self.warmup if warmup is None else warmup
+        if type(n) is not int or type(warmup) is not int or warmup < 0:
+            raise ValueError(f"steps(n, warmup=k) takes whole numbers, got n={n!r}, warmup={warmup!r}")
+        if n - warmup < 2:
+            raise ValueError(f"steps({n}, warmup={warmup}) leaves {max(0, n - warmup)} measured step(s); at least 2 are needed")
+        return warmup
+
     def steps(self, n: int, *, warmup: int | None = None) -> Iterator[int]:
         """Yield ``0 .. n-1``; after the loop, ``self.results[-1]`` holds the verdict.
 
         The first ``warmup`` iterations are not measured; at least two must remain.
         """
-        warmup = self.warmup if warmup is None else warmup
-        if type(n) is not int or type(warmup) is not int or warmup < 0:
-            raise ValueError(f"steps(n, warmup=k) takes whole numbers, got n={n!r}, warmup={warmup!r}")
-        if n - warmup < 2:
-            raise ValueError(f"steps({n}, warmup={warmup}) leaves {max(0, n - warmup)} measured steps; at least 2 are needed")
+        warmup = self.check_arguments(n, warmup)
         meter = self.meter or meter_for(self.device)
         baseline: Snapshot | None = take_snapshot(meter=meter) if warmup == 0 else None
         measured: list[int] = []

@@ -6,6 +6,13 @@ from typing import Any
 
 import pytest
 
+# Imported here, before any pytester run, so that inline runs share them: pytester restores
+# sys.modules after each run, and torch and its lazily imported parts (the optimizers pull in
+# torch._dynamo) cannot be imported a second time in one process.
+import torch
+import torch._dynamo  # noqa: F401
+import torch.optim  # noqa: F401
+
 pytest_plugins = ["pytester"]
 
 

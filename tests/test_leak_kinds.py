@@ -1,0 +1,200 @@
+"""End to end: each kind of leak fails its test with the holder named; each non-leak passes."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+def literal(pattern: str) -> str:
+    """``pattern`` for fnmatch_lines with its brackets matched literally; ``*`` stays a wildcard."""
+    return pattern.replace("[", "[[]")
+
+
+LEAK_KINDS = {
+    "module_global": (
+        """
+        CACHE = {}
+
+        @pytest.mark.vram_budget
+        def test_it():
+            CACHE["user-42"] = torch.ones(1024, 256)
+        """,
+        "held by test_it.CACHE['user-42']",
+    ),
+    "attribute_and_list_index": (
+        """
+        class Model:
+            def __init__(self):
+                self.history = []
+
+        MODEL = Model()
+
+        @pytest.mark.vram_budget
+        def test_it():
+            for step in range(4):
+                MODEL.history.append(torch.ones(256))
+        """,
+        "held by test_it.MODEL.history[0]",
+    ),
+    "class_attribute": (
+        """
+        class Registry:
+            last = None
+
+        @pytest.mark.vram_budget
+        def test_it():
+            Registry.last = torch.ones(512)
+        """,
+        "held by test_it.Registry.last",
+    ),
+    "tuple_index": (
+        """
+        PAIRS = []
+
+        @pytest.mark.vram_budget
+        def test_it():
+            PAIRS.append((1, torch.ones(512)))
+        """,
+        "held by test_it.PAIRS[0][1]",
+    ),
+    "closure_variable": (
+        """
+        def make_logger():
+            seen = []
+            def log(t):
+                seen.append(t)
+            return log
+
+        LOG = make_logger()
+
+        @pytest.mark.vram_budget
+        def test_it():
+            LOG(torch.ones(512))
+        """,
+        "held by test_it.LOG -> closure var 'seen'[0]",
+    ),
+    "forward_hook": (
+        """
+        MODEL = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+
+        @pytest.mark.vram_budget
+        def test_it():
+            outputs = []
+            MODEL[0].register_forward_hook(lambda module, args, out: outputs.append(out.detach()))
+            with torch.no_grad():
+                MODEL(torch.ones(4, 8))
+        """,
+        "held by test_it.MODEL.0._forward_hooks[*] -> closure var 'outputs'[0]",
+    ),
+    "exception_traceback": (
+        """
+        ERRORS = []
+
+        def forward():
+            activations = torch.ones(1024)
+            raise RuntimeError("bad batch")
+
+        @pytest.mark.vram_budget
+        def test_it():
+            try:
+                forward()
+            except RuntimeError as error:
+                ERRORS.append(error)
+        """,
+        "held by test_it.ERRORS[0].__traceback__.tb_next.tb_frame (forward:*) local 'activations'",
+    ),
+    "lru_cache": (
+        """
+        import functools
+
+        @functools.lru_cache(maxsize=None)
+        def embed(n):
+            return torch.ones(n)
+
+        @pytest.mark.vram_budget
+        def test_it():
+            embed(1000)
+        """,
+        "held by test_it.embed -> lru_cache[1000]",
+    ),
+    "module_parameter_and_buffer_names": (
+        """
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.blocks = torch.nn.ModuleList()
+
+        NET = Net()
+
+        @pytest.mark.vram_budget
+        def test_it():
+            block = torch.nn.Linear(16, 16)
+            block.register_buffer("scale", torch.ones(64))
+            NET.blocks.append(block)
+        """,
+        "held by test_it.NET.blocks.0.weight",
+    ),
+    "autograd_graph": (
+        """
+        LOSSES = []
+
+        @pytest.mark.vram_budget
+        def test_it():
+            weight = torch.randn(128, 128, requires_grad=True)
+            for _ in range(3):
+                batch = torch.randn(32, 128)
+                LOSSES.append((batch @ weight).relu().sum())
+        """,
+        "    keeps an autograd graph alive: * in * saved tensors; store loss.item() or tensor.detach() instead, or run the step under torch.no_grad()",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(LEAK_KINDS))
+def test_leak_kind_fails_and_names_its_holder(pytester: pytest.Pytester, kind: str) -> None:
+    source, holder_line = LEAK_KINDS[kind]
+    pytester.makepyfile(test_it="import pytest, torch\n" + textwrap.dedent(source))
+    result = pytester.runpytest("-p", "no:cacheprovider", "-rf")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["leaked * on cpu, allowed 0 B", "leaked tensors:", f"*{literal(holder_line)}*"])
+    result.stdout.fnmatch_lines(["LEAKED test_it.py::test_it - VramLeak: leaked * on cpu, allowed 0 B"])
+
+
+def test_parameter_and_buffer_named_with_module_path(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+
+        NET = torch.nn.ModuleDict()
+
+        @pytest.mark.vram_budget
+        def test_it():
+            block = torch.nn.BatchNorm1d(64)
+            NET["norm"] = block
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["*held by test_it.NET.norm.weight"])
+    result.stdout.fnmatch_lines(["*held by test_it.NET.norm.running_mean"])
+
+
+def test_autograd_graph_bytes_are_reported(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        LOSSES = []
+
+        @pytest.mark.vram_budget
+        def test_it():
+            for _ in range(4):
+                x = torch.randn(64, 256, requires_grad=True)
+                LOSSES.append((x * 2).exp().sum())
+        """
+    )
+    result, report = run_checked()
+    (group,) = report["test_it"]["tensors"]
+    assert group["held_by"][0].startswith("test_it.LOSSES[")
+    # each step keeps x and exp's output (64 KiB each) and the scalar 2 (8 bytes) alive through its graph
+    assert group["graph_bytes"] == 4 * (2 * 64 * 256 * 4 + 8)
+    result.stdout.fnmatch_lines(["*keeps an autograd graph alive: 512.0 KiB in 12 saved tensors*"])
