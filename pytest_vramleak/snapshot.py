@@ -200,7 +200,8 @@ def describe(keys: Iterable[StorageKey], device: str, *, name: bool = True) -> l
                 group.graph_tensors += 1
                 continue
             dtype, shape, where = _group_key(found.tensor)
-            group = groups.setdefault((dtype, shape, where, found.via), TensorGroup(dtype, shape, where, kind=found.via))
+            kind = "tensor" if found.via == "gc" else found.via
+            group = groups.setdefault((dtype, shape, where, kind), TensorGroup(dtype, shape, where, kind=kind))
             group.bytes += found.nbytes
             group.count += 1
             owner_groups.setdefault(id(found.tensor), group)

@@ -1,0 +1,340 @@
+"""The marker, options, reports and safety guarantees of the pytest layer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+def test_baseline_excludes_fixtures_that_outlive_or_free_at_teardown(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+
+        @pytest.fixture(scope="module")
+        def model():
+            return torch.nn.Linear(512, 512)
+
+        @pytest.fixture
+        def workspace():
+            buffers = [torch.ones(1024, 256)]
+            yield buffers
+            buffers.clear()
+
+        @pytest.mark.vram_budget
+        def test_uses_module_model(model):
+            assert model(torch.ones(1, 512)).shape == (1, 512)
+
+        @pytest.mark.vram_budget
+        def test_fills_function_fixture(workspace):
+            workspace.append(torch.ones(1024, 256))  # freed by the fixture's teardown
+        """
+    )
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=2)
+
+
+def test_a_failing_test_keeps_its_own_failure(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        CACHE = []
+
+        @pytest.mark.vram_budget
+        def test_it():
+            CACHE.append(torch.ones(1024))
+            assert 1 == 2
+        """
+    )
+    result, report = run_checked("-rA")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["FAILED test_it.py::test_it - assert 1 == 2"])
+    result.stdout.no_fnmatch_line("*VramLeak*")
+    assert report["test_it"]["outcome"] == "unchecked"
+    assert report["test_it"]["reason"] == "the test failed in call"
+
+
+def test_every_test_option_and_exemption(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        CACHE = []
+
+        def test_leaks():
+            CACHE.append(torch.ones(1024))
+
+        @pytest.mark.allow_vram_leak
+        def test_exempt():
+            CACHE.append(torch.ones(1024))
+
+        def test_clean():
+            torch.ones(1024).sum()
+        """
+    )
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=3)
+    result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak")
+    result.assert_outcomes(passed=3, failed=1)
+    result.stdout.fnmatch_lines(["LEAKED test_it.py::test_leaks - VramLeak: leaked 4.0 KiB on cpu, allowed 0 B"])
+    pytester.makeini("[pytest]\nvramleak = true\n")
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=3, failed=1)
+
+
+def test_leak_budget_and_peak_budget(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        from pytest_vramleak import vram_budget
+        CACHE = []
+
+        @vram_budget(leak="8 KiB")
+        def test_within_leak_budget():
+            CACHE.append(torch.ones(1024))
+
+        @vram_budget("1 MiB")
+        def test_over_peak():
+            scratch = torch.ones(1024, 1024)
+            del scratch
+
+        @pytest.mark.vram_budget(peak="8 MiB")
+        def test_within_peak():
+            scratch = torch.ones(1024, 1024)
+            del scratch
+        """
+    )
+    result, report = run_checked()
+    result.assert_outcomes(passed=3, failed=1)
+    result.stdout.fnmatch_lines(
+        ["peaked at 4.0 MiB above baseline on cpu, allowed 1.0 MiB", "OVER BUDGET test_it.py::test_over_peak - VramLeak: peaked at 4.0 MiB*"]
+    )
+    assert report["test_within_leak_budget"]["outcome"] == "passed"
+    assert report["test_within_leak_budget"]["leaked_bytes"] == 4096
+    assert report["test_over_peak"]["outcome"] == "over_budget"
+    assert report["test_over_peak"]["peak_bytes"] == 4 * 1024**2
+    assert report["test_within_peak"]["outcome"] == "passed"
+
+
+def test_json_report_schema(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        CACHE = {}
+
+        @pytest.mark.vram_budget(leak=100)
+        def test_leaks():
+            CACHE["user-42"] = torch.ones(2, 512)
+        """
+    )
+    path = pytester.path / "out" / "report.json"
+    pytester.runpytest("-p", "no:cacheprovider", f"--vramleak-report={path}")
+    document = json.loads(path.read_text())
+    assert document == {
+        "version": 1,
+        "tests": [
+            {
+                "nodeid": "test_it.py::test_leaks",
+                "device": "cpu",
+                "outcome": "leaked",
+                "baseline_bytes": document["tests"][0]["baseline_bytes"],
+                "end_bytes": document["tests"][0]["baseline_bytes"] + 4096,
+                "leaked_bytes": 4096,
+                "peak_bytes": None,
+                "budget": {"peak": None, "leak": 100},
+                "steps": None,
+                "growth_bytes": None,
+                "tensors": [
+                    {
+                        "dtype": "float32",
+                        "shape": [2, 512],
+                        "device": "cpu",
+                        "bytes": 4096,
+                        "count": 1,
+                        "held_by": ["test_it.CACHE['user-42']"],
+                        "kind": "tensor",
+                        "graph_bytes": 0,
+                    }
+                ],
+                "reason": None,
+                "details": {},
+            }
+        ],
+    }
+    assert [p.name for p in path.parent.iterdir()] == ["report.json"]  # no temporary file left
+
+
+@pytest.mark.parametrize(
+    ("marker", "message"),
+    [
+        ("vram_budget(leak=-1)", "test_it.py::test_it: @pytest.mark.vram_budget(leak=-1): size must not be negative, got -1"),
+        ("vram_budget('12 parsecs')", "test_it.py::test_it: @pytest.mark.vram_budget(peak='12 parsecs'): unknown unit 'parsecs' in '12 parsecs'*"),
+        ("vram_budget(leak=1.5)", "test_it.py::test_it: @pytest.mark.vram_budget(leak=1.5): expected bytes as an int or a string*got float 1.5"),
+        ("vram_budget(leek=0)", "test_it.py::test_it: @pytest.mark.vram_budget: unknown keyword 'leek'; use peak, leak or device"),
+        ("vram_budget(1, 2)", "test_it.py::test_it: @pytest.mark.vram_budget takes one positional argument (peak), got 2: (1, 2)"),
+        ("vram_budget(1, peak=2)", "test_it.py::test_it: @pytest.mark.vram_budget: peak given both by position and by keyword"),
+        ("vram_budget(device='tpu')", "test_it.py::test_it: @pytest.mark.vram_budget(device='tpu'): unknown device 'tpu'*"),
+    ],
+)
+def test_bad_marker_is_a_usage_error(pytester: pytest.Pytester, marker: str, message: str) -> None:
+    pytester.makepyfile(test_it=f"import pytest\n@pytest.mark.{marker}\ndef test_it():\n    pass\n")
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {message.replace('[', '[[]')}"])
+
+
+@pytest.mark.parametrize(
+    ("args", "ini", "message"),
+    [
+        (["--vramleak-tolerance=lots"], "", "ERROR: --vramleak-tolerance: cannot read 'lots' as a size*"),
+        ([], "vramleak_tolerance = -5 KiB", "ERROR: ini option vramleak_tolerance: size must not be negative, got '-5 KiB'"),
+        (["--vramleak-warmup=two"], "", "ERROR: --vramleak-warmup: expected a whole number of steps >= 0, got 'two'"),
+        ([], "vramleak_warmup = -1", "ERROR: ini option vramleak_warmup: expected a whole number of steps >= 0, got '-1'"),
+        (["--vramleak-device=gpu"], "", "ERROR: --vramleak-device: unknown device 'gpu'; expected auto|cpu|cuda|cuda:N|mps|xpu"),
+        ([], "vramleak_device = gpu", "ERROR: ini option vramleak_device: unknown device 'gpu'*"),
+    ],
+)
+def test_bad_option_names_its_source(pytester: pytest.Pytester, args: list[str], ini: str, message: str) -> None:
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    pytester.makepyfile(test_it="def test_it():\n    pass\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+
+
+@pytest.mark.parametrize(
+    ("option", "ini", "header"),
+    [
+        ("--vramleak-device=cpu", "vramleak_device = cpu", "vramleak: device cpu, checking every test (--vramleak), step warm-up 2"),
+        ("--vramleak-warmup=5", "vramleak_warmup = 5", "vramleak: device cpu, checking every test (--vramleak), step warm-up 5"),
+        ("--vramleak-report=r.json", "vramleak_report = r.json", "vramleak: device cpu, checking every test (--vramleak), step warm-up 2, report r.json"),
+    ],
+)
+def test_each_option_has_a_working_ini_twin(pytester: pytest.Pytester, option: str, ini: str, header: str) -> None:
+    pytester.makepyfile(test_it="def test_it():\n    pass\n")
+    pytester.runpytest("-p", "no:cacheprovider", "--vramleak", option).stdout.fnmatch_lines([header])
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    pytester.runpytest("-p", "no:cacheprovider", "--vramleak").stdout.fnmatch_lines([header])
+
+
+def test_tolerance_ini_twin_reaches_the_fixture(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import torch
+
+        def test_it(vramleak):
+            kept = []
+            for step in vramleak.steps(8):
+                kept.append(torch.ones(256))
+        """
+    )
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(failed=1)
+    pytester.runpytest("-p", "no:cacheprovider", "--vramleak-tolerance=4 KiB").assert_outcomes(passed=1)
+    pytester.makeini("[pytest]\nvramleak_tolerance = 4 KiB\n")
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+def test_absent_device_skips_with_reason(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest
+
+        @pytest.mark.vram_budget(device="cuda:7")
+        def test_it():
+            pass
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED * vramleak: device cuda is not available in this process"])
+
+
+def test_runs_without_warnings_and_keeps_no_reference(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import gc, weakref
+        import pytest, torch
+        CACHE = {}
+        REFS = []
+
+        @pytest.mark.vram_budget
+        def test_leaks():
+            CACHE["x"] = torch.ones(1024)
+            REFS.append(weakref.ref(CACHE["x"]))
+
+        def test_leaked_tensor_is_freed_once_dropped():
+            CACHE.clear()
+            gc.collect()
+            assert REFS[0]() is None
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-W", "error", "-p", "no:randomly")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.no_fnmatch_line("*warnings summary*")
+    result.stdout.no_fnmatch_line("*Warning*")
+
+
+def test_internal_error_becomes_a_message_on_the_test(pytester: pytest.Pytester, run_checked, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pytest_vramleak.snapshot
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("census exploded")
+
+    monkeypatch.setattr(pytest_vramleak.snapshot, "take_census", broken)
+    pytester.makepyfile(
+        test_it="""
+        import pytest
+
+        @pytest.mark.vram_budget
+        def test_one():
+            pass
+
+        def test_two():
+            pass
+        """
+    )
+    result, report = run_checked()
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["vramleak could not check this test: RuntimeError: census exploded"])
+    assert report["test_one"]["outcome"] == "unchecked"
+    assert report["test_one"]["reason"] == "vramleak internal error: RuntimeError: census exploded"
+
+
+def test_without_torch_marked_tests_skip_with_reason(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest("import sys\nsys.modules['torch'] = None\n")
+    pytester.makepyfile(
+        test_it="""
+        import pytest
+
+        @pytest.mark.vram_budget("1 GiB")
+        def test_marked():
+            pass
+
+        def test_fixture(vramleak):
+            pass
+
+        def test_plain():
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs")
+    result.assert_outcomes(passed=1, skipped=2)
+    result.stdout.fnmatch_lines(["SKIPPED * vramleak: torch is not installed (import of torch halted; None in sys.modules)"] * 2)
+
+
+def test_markers_and_fixture_are_documented(pytester: pytest.Pytester) -> None:
+    pytester.runpytest("--markers").stdout.fnmatch_lines(["@pytest.mark.vram_budget(peak=None, *, leak=0, device=None): *", "@pytest.mark.allow_vram_leak: *"])
+    pytester.makepyfile(test_it="def test_it():\n    pass\n")
+    pytester.runpytest("--fixtures").stdout.fnmatch_lines(["vramleak -- *", "    Check repeated training or inference steps*"])
+
+
+def test_plugin_can_be_disabled(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        CACHE = []
+
+        @pytest.mark.vram_budget
+        def test_it():
+            CACHE.append(torch.ones(1024))
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:vramleak")
+    result.assert_outcomes(passed=1)
