@@ -12,7 +12,7 @@ their storage is read with subclass ``__torch_function__`` overrides disabled, s
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,23 +111,29 @@ def _graph_tensors(root: Any, visited: set[int], keep: list[Any]) -> Iterator[An
             continue
 
 
-def walk(device: str | None = None, objects: Iterable[Any] | None = None) -> Iterator[Found]:
+def walk(device: str | None = None, *, defer_owners: frozenset[int] | set[int] = frozenset()) -> Iterator[Found]:
     """Yield every live tensor storage on ``device`` (all devices if None), with a tensor that uses it.
 
-    A storage may be yielded more than once (views, saved copies of a live tensor); callers dedupe
-    by key. Found items hold strong references: drop them before the caller returns.
+    Tensors Python sees come first, then their gradients and the tensors their autograd graphs
+    saved. A graph shared by several tensors is walked once and credited to the first of them;
+    tensors whose ids are in ``defer_owners`` are credited last. A storage may be yielded more
+    than once (views, saved copies of a live tensor); callers dedupe by key. Found items hold
+    strong references: drop them before the caller returns.
     """
     torch = _torch()
-    if objects is None:
-        objects = gc.get_objects()
     visited_nodes: set[int] = set()
     keep_nodes: list[Any] = []
+    graph_roots: list[tuple[Any, Any]] = []
+
+    def on_device(found: tuple[StorageKey, int] | None) -> bool:
+        return found is not None and (device is None or found[0][0] == device)
+
     try:
-        for obj in objects:
+        for obj in gc.get_objects():
             if not is_tensor_type(type(obj)):
                 continue
             found = storage_key(obj)
-            if found is not None and (device is None or found[0][0] == device):
+            if found is not None and on_device(found):
                 yield Found(found[0], found[1], obj)
             with torch._C.DisableTorchFunctionSubclass():
                 try:
@@ -138,15 +144,19 @@ def walk(device: str | None = None, objects: Iterable[Any] | None = None) -> Ite
                     continue
             if grad is not None:
                 found = storage_key(grad)
-                if found is not None and (device is None or found[0][0] == device):
+                if found is not None and on_device(found):
                     yield Found(found[0], found[1], grad, "grad", obj)
-            if grad_fn is not None and id(grad_fn) not in visited_nodes:
-                for saved in _graph_tensors(grad_fn, visited_nodes, keep_nodes):
-                    found = storage_key(saved)
-                    if found is not None and (device is None or found[0][0] == device):
-                        yield Found(found[0], found[1], saved, "graph", obj)
+            if grad_fn is not None:
+                graph_roots.append((obj, grad_fn))
+        graph_roots.sort(key=lambda root: id(root[0]) in defer_owners)
+        for owner, grad_fn in graph_roots:
+            for saved in _graph_tensors(grad_fn, visited_nodes, keep_nodes):
+                found = storage_key(saved)
+                if found is not None and on_device(found):
+                    yield Found(found[0], found[1], saved, "graph", owner)
     finally:
         keep_nodes.clear()
+        graph_roots.clear()
 
 
 @dataclass

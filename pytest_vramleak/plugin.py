@@ -445,7 +445,7 @@ class VramLeakFixture:
         if result.grows:
             lines = [result.verdict.message, "after each measured step, above the warm-up baseline: " + ", ".join(format_size(s) for s in result.steps)]
             if result.leak is not None:
-                lines += ["tensors created since warm-up and still alive:", result.leak.render()]
+                lines += ["tensors created after warm-up that outlived their step:", result.leak.render()]
             raise VramLeak("\n".join(lines), pytrace=False)
 
 

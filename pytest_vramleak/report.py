@@ -27,13 +27,11 @@ def render_groups(groups: Sequence[Any]) -> str:
             lines.append(f"    held by {chain}")
         if not group.held_by:
             lines.append("    held by: no chain found")
-        if group.graph_bytes and group.kind != "graph":
+        if group.graph_bytes:
             lines.append(
                 f"    keeps an autograd graph alive: {format_size(group.graph_bytes)} in "
                 f"{group.graph_tensors} saved tensors; {GRAPH_FIX}"
             )
-        elif group.kind == "graph":
-            lines.append(f"    the tensor above keeps its autograd graph alive; {GRAPH_FIX}")
     if len(groups) > MAX_GROUPS_SHOWN:
         rest = groups[MAX_GROUPS_SHOWN:]
         lines.append(f"... and {len(rest)} more groups, {format_size(sum(g.bytes for g in rest))}")

@@ -16,11 +16,12 @@ one keeps nothing of the user's alive.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .census import Found, StorageKey, take_census, walk
+from .census import Found, StorageKey, is_tensor_type, take_census, walk
 from .devices import Meter, make_meter, resolve_device
 from .referrers import name_holders, without_python_holders
 from .sizes import format_size
@@ -136,13 +137,28 @@ def diff(before: Snapshot, after: Snapshot | None = None, *, meter: Meter | None
     return Leak(after.device, before.allocated_bytes, after.allocated_bytes, groups, after.details)
 
 
-def _locate(keys: Iterable[StorageKey], device: str) -> dict[StorageKey, list[Found]]:
+def _locate(keys: Iterable[StorageKey], device: str, defer_owners: set[int] | None = None) -> dict[StorageKey, list[Found]]:
     wanted = set(keys)
     located: dict[StorageKey, list[Found]] = {}
-    for found in walk(device):
+    for found in walk(device, defer_owners=defer_owners or set()):
         if found.key in wanted:
             located.setdefault(found.key, []).append(found)
     return located
+
+
+def _graph_owners() -> list[Any]:
+    """Tensors Python sees that have an autograd graph: the candidates for owning saved tensors."""
+    torch = _torch()
+    owners = []
+    with torch._C.DisableTorchFunctionSubclass():
+        for obj in gc.get_objects():
+            if is_tensor_type(type(obj)):
+                try:
+                    if obj.grad_fn is not None:
+                        owners.append(obj)
+                except Exception:
+                    continue
+    return owners
 
 
 def _group_key(tensor: Any) -> tuple[str, tuple[int, ...], str]:
@@ -174,7 +190,12 @@ def describe(keys: Iterable[StorageKey], device: str, *, name: bool = True) -> l
     A storage saved only by an autograd graph is added to the group of the tensor whose graph
     holds it (``graph_bytes``); a gradient is named through the tensor it belongs to.
     """
-    located = _locate(keys, device)
+    # A graph shared by several tensors is credited to one of them; a tensor that only the graph
+    # itself keeps alive (an intermediate result) is a poor owner to show, so it goes last.
+    owners = _graph_owners()
+    orphan_owners = without_python_holders(owners, exclude_types=(Found,)) if owners else set()
+    owners.clear()
+    located = _locate(keys, device, orphan_owners)
     groups: dict[tuple[Any, ...], TensorGroup] = {}
     targets: list[Any] = []
     target_groups: list[tuple[TensorGroup, str]] = []

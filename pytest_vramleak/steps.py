@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .devices import Meter
-from .snapshot import Leak, Snapshot, diff, meter_for, take_snapshot
+from .snapshot import Leak, Snapshot, describe, meter_for, take_snapshot
 from .verdict import GrowthVerdict, judge_growth
 
 
@@ -21,7 +21,7 @@ class StepResult:
     """Bytes above the warm-up baseline after each measured step."""
     verdict: GrowthVerdict
     leak: Leak | None = None
-    """The tensors still alive from after warm-up, with their holders; only when memory grew."""
+    """Tensors created after warm-up that outlived a step, with their holders; only when memory grew."""
 
     @property
     def grows(self) -> bool:
@@ -60,19 +60,31 @@ class StepWatcher:
         meter = self.meter or meter_for(self.device)
         baseline: Snapshot | None = take_snapshot(meter=meter) if warmup == 0 else None
         measured: list[int] = []
+        penultimate: Snapshot | None = None
         for index in range(n):
             yield index
             if index < warmup - 1:
                 continue
             if index == warmup - 1:
                 baseline = take_snapshot(meter=meter)
-                continue
-            meter.settle()
-            measured.append(meter.allocated_bytes())
-        assert baseline is not None
+            elif index == n - 2:
+                # Storages alive both here and at the end outlived a step: those are the growth.
+                # The last step's own temporaries (its batch, its loss) are not.
+                penultimate = take_snapshot(meter=meter)
+                measured.append(penultimate.allocated_bytes)
+            else:
+                meter.settle()
+                measured.append(meter.allocated_bytes())
+        assert baseline is not None and penultimate is not None
         figures = [m - baseline.allocated_bytes for m in measured]
         verdict = judge_growth(figures, self.tolerance, meter.name)
-        leak = diff(baseline, meter=meter) if verdict.grows else None
+        leak = None
+        if verdict.grows:
+            end = take_snapshot(meter=meter)
+            new = end.storage_keys - baseline.storage_keys
+            lasting = new & penultimate.storage_keys
+            groups = describe(lasting or new, meter.name)
+            leak = Leak(meter.name, baseline.allocated_bytes, end.allocated_bytes, groups, end.details)
         self.results.append(StepResult(meter.name, warmup, figures, verdict, leak))
 
     def check(self, step: Callable[[int], Any], *, steps: int = 10, warmup: int | None = None) -> StepResult:
