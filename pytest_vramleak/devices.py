@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import os
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from .census import take_census
@@ -88,6 +89,9 @@ class CudaMeter:
     name: str
     backend: Any
     """``torch.cuda``, or a fake with the same functions in unit tests."""
+    clear_workspaces: Callable[[], None] | None = None
+    """cuBLAS keeps a workspace per handle and stream in the caching allocator, created by the first
+    matmul; PyTorch's own leak check clears them before measuring, and so does this meter."""
     _peak_base: int = 0
 
     @property
@@ -96,6 +100,8 @@ class CudaMeter:
 
     def settle(self) -> None:
         gc.collect()
+        if self.clear_workspaces is not None:
+            self.clear_workspaces()
         self.backend.synchronize(self.index)
 
     def allocated_bytes(self) -> int:
@@ -224,7 +230,7 @@ def make_meter(name: str, torch: Any) -> Meter:
     if kind == "cpu":
         return CpuMeter(torch)
     if kind == "cuda":
-        return CudaMeter(name, torch.cuda)
+        return CudaMeter(name, torch.cuda, getattr(torch._C, "_cuda_clearCublasWorkspaces", None))
     if kind == "mps":
         return MpsMeter(torch.mps)
     return CudaMeter(name, getattr(torch, kind))  # xpu keeps CUDA's memory API

@@ -298,7 +298,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         elif report.skipped:
             check.unchecked_reason = "the test was skipped" if not hasattr(report, "wasxfail") else "the test xfailed"
     if report.when == "teardown":
-        result = check.result or _result(item, check, "leaked" if check.step_leaked else "unchecked")
+        if check.step_leaked:
+            outcome = "leaked"
+        elif check.steps and check.unchecked_reason is None and not report.failed:
+            outcome = "passed"  # checked through the fixture alone
+        else:
+            outcome = "unchecked"
+        result = check.result or _result(item, check, outcome)
         if result.outcome == "unchecked" and result.reason is None:
             result.reason = check.error or check.unchecked_reason or ("teardown failed" if report.failed else None)
         if check.steps:

@@ -51,6 +51,14 @@ def test_cuda_meter_reads_allocated_bytes_after_synchronizing() -> None:
     assert meter.details() == {"reserved_bytes": 3 * MIB}
 
 
+def test_cuda_meter_clears_cublas_workspaces_before_measuring() -> None:
+    cuda = FakeCuda()
+    cuda.allocate(0, 8 * MIB)  # a cuBLAS workspace created by the test's first matmul
+    meter = CudaMeter("cuda:0", cuda, clear_workspaces=lambda: cuda.free(0, 8 * MIB))
+    meter.settle()
+    assert meter.allocated_bytes() == 0
+
+
 def test_cuda_meter_peak_is_measured_above_the_level_at_start() -> None:
     cuda = FakeCuda()
     meter = CudaMeter("cuda:0", cuda)

@@ -1,0 +1,94 @@
+"""Real CUDA leaks and non-leaks, checked on a GPU; skipped where there is none."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+HEADER = "import pytest, torch\n"
+
+
+def run(pytester: pytest.Pytester, source: str, *args: str) -> pytest.RunResult:
+    pytester.makepyfile(test_it=HEADER + source)
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak-device=cuda", *args)
+
+
+def test_cuda_cache_leak_is_named(pytester: pytest.Pytester) -> None:
+    result = run(
+        pytester,
+        """
+CACHE = {}
+
+@pytest.mark.vram_budget
+def test_it():
+    CACHE["user-42"] = torch.ones(1024, 1024, device="cuda")
+""",
+    )
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["leaked 4.0 MiB on cuda:0, allowed 0 B", "*reserved by the caching allocator*", "float32[[]1024, 1024] on cuda:0: 1 tensor, 4.0 MiB", "*held by test_it.CACHE['user-42']"])
+
+
+def test_cuda_step_growth_is_flagged(pytester: pytest.Pytester) -> None:
+    result = run(
+        pytester,
+        """
+def test_it(vramleak):
+    model = torch.nn.Linear(256, 256).cuda()
+    total = 0
+    for step in vramleak.steps(8):
+        total = total + model(torch.randn(64, 256, device="cuda")).sum()
+""",
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["memory grew * per step over 6 measured steps * on cuda:0*", "*keeps an autograd graph alive*"])
+
+
+def test_cuda_non_leaks_pass(pytester: pytest.Pytester) -> None:
+    result = run(
+        pytester,
+        """
+@pytest.mark.vram_budget
+def test_first_matmul_creates_cublas_workspace():
+    a = torch.randn(512, 512, device="cuda")
+    (a @ a).sum().item()
+
+@pytest.mark.vram_budget
+def test_cached_but_freed_blocks():
+    blocks = [torch.empty(64 * 1024 * 1024, device="cuda") for _ in range(4)]
+    del blocks
+
+@pytest.mark.vram_budget("64 MiB")
+def test_peak_within_budget():
+    scratch = torch.empty(8 * 1024 * 1024, device="cuda")
+    del scratch
+
+def test_adam_training(vramleak):
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 1)).cuda()
+    optimizer = torch.optim.Adam(model.parameters())
+    for step in vramleak.steps(10):
+        x = torch.randn(128, 256, device="cuda")
+        optimizer.zero_grad()
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+""",
+    )
+    result.assert_outcomes(passed=4)
+
+
+def test_cuda_peak_over_budget(pytester: pytest.Pytester) -> None:
+    result = run(
+        pytester,
+        """
+@pytest.mark.vram_budget("16 MiB")
+def test_it():
+    scratch = torch.empty(16 * 1024 * 1024, device="cuda")
+    del scratch
+""",
+    )
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["peaked at 64.0 MiB above baseline on cuda:0, allowed 16.0 MiB"])
