@@ -12,6 +12,7 @@ their storage is read with subclass ``__torch_function__`` overrides disabled, s
 from __future__ import annotations
 
 import gc
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -165,6 +166,8 @@ class Census:
 
     device: str | None
     storages: dict[StorageKey, int] = field(default_factory=dict)
+    identities: dict[StorageKey, weakref.ref[Any]] = field(default_factory=dict)
+    """Weak references to the storage objects, to tell a storage from a later one at the same address."""
 
     @property
     def total_bytes(self) -> int:
@@ -172,9 +175,28 @@ class Census:
         return sum(self.storages.values())
 
 
-def take_census(device: str | None = None) -> Census:
-    """Count the live tensor storages on ``device`` (a string such as ``"cpu"`` or ``"cuda:0"``)."""
+def storage_ref(tensor: Any) -> weakref.ref[Any] | None:
+    """A weak reference to ``tensor``'s storage object, which torch keeps while the storage lives."""
+    torch = _torch()
+    try:
+        with torch._C.DisableTorchFunctionSubclass():
+            return weakref.ref(torch._C.TensorBase.untyped_storage(tensor))
+    except Exception:
+        return None
+
+
+def take_census(device: str | None = None, *, identify: bool = False) -> Census:
+    """Count the live tensor storages on ``device`` (a string such as ``"cpu"`` or ``"cuda:0"``).
+
+    With ``identify``, also keep a weak reference to each storage: an allocator reuses addresses,
+    so a key alone cannot tell a storage from a later one at the same address.
+    """
     census = Census(device)
     for found in walk(device):
-        census.storages.setdefault(found.key, found.nbytes)
+        if found.key not in census.storages:
+            census.storages[found.key] = found.nbytes
+            if identify:
+                reference = storage_ref(found.tensor)
+                if reference is not None:
+                    census.identities[found.key] = reference
     return census

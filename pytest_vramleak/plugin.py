@@ -12,7 +12,6 @@ pytest's test phases:
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +39,7 @@ _HELP = {
 }
 
 
-class VramLeak(pytest.fail.Exception):
+class VramLeak(pytest.fail.Exception):  # type: ignore[name-defined,misc]
     """A test leaked or went over its peak budget."""
 
     __module__ = "builtins"  # shown as "VramLeak: ..." like pytest's own "Failed: ..."
@@ -175,15 +174,13 @@ def _import_torch() -> Any | None:
 def pytest_report_header(config: pytest.Config) -> str:
     settings = config.stash[SETTINGS]
     scope = "every test (--vramleak)" if settings.every_test else f"tests marked {MARKER}"
-    device = settings.device
-    if settings.every_test or "torch" in sys.modules:
-        torch = _import_torch()
-        if torch is None:
-            return "vramleak: torch is not installed; checked tests will be skipped"
-        try:
-            device = resolve_device(settings.device, torch)
-        except (DeviceUnavailable, ValueError) as error:
-            device = f"{settings.device} ({error})"
+    torch = _import_torch()
+    if torch is None:
+        return "vramleak: torch is not installed; checked tests will be skipped"
+    try:
+        device = resolve_device(settings.device, torch)
+    except (DeviceUnavailable, ValueError) as error:
+        device = f"{settings.device} ({error})"
     report = f", report {settings.report_path}" if settings.report_path else ""
     return f"vramleak: device {device}, checking {scope}, step warm-up {settings.warmup}{report}"
 
@@ -408,7 +405,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     settings = config.stash.get(SETTINGS, None)
     if settings is None or settings.report_path is None or hasattr(config, "workerinput"):
         return
-    write_json(settings.report_path, config.stash[RESULTS])
+    results: list[dict[str, Any]] = config.stash[RESULTS]
+    write_json(settings.report_path, results)
 
 
 class VramLeakFixture:

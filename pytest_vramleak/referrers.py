@@ -231,7 +231,7 @@ def _slot_name(obj: Any, child: Any) -> str | None:
             if type(descriptor) is types.MemberDescriptorType and name != "__dict__":
                 try:
                     if descriptor.__get__(obj, type(obj)) is child:
-                        return name
+                        return str(name)
                 except Exception:
                     continue
     return None

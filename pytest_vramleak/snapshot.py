@@ -17,6 +17,7 @@ one keeps nothing of the user's alive.
 from __future__ import annotations
 
 import gc
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,21 @@ class Snapshot:
     allocated_bytes: int
     storage_keys: frozenset[StorageKey]
     details: dict[str, int] = field(default_factory=dict)
+    identities: dict[StorageKey, weakref.ref[Any]] = field(default_factory=dict, repr=False)
+    """Weak references to the storages, so a later storage at a reused address is told apart."""
+
+    def new_since(self, earlier: Snapshot) -> set[StorageKey]:
+        """Keys of storages alive here that were not alive at ``earlier``."""
+        return {key for key in self.storage_keys if not earlier.holds_same(key, self)}
+
+    def holds_same(self, key: StorageKey, other: Snapshot) -> bool:
+        """Whether the storage ``other`` has at ``key`` is the one this snapshot saw there."""
+        if key not in self.storage_keys:
+            return False
+        mine, theirs = self.identities.get(key), other.identities.get(key)
+        if mine is None or theirs is None:
+            return True  # no identity recorded: trust the key
+        return mine() is not None and mine() is theirs()
 
 
 @dataclass
@@ -118,9 +134,9 @@ def take_snapshot(device: str | None = "auto", *, meter: Meter | None = None) ->
     """Collect garbage, wait for the device, and record its allocated bytes and live storages."""
     meter = meter or meter_for(device)
     meter.settle()
-    census = take_census(meter.name)
+    census = take_census(meter.name, identify=True)
     allocated = census.total_bytes if meter.name == "cpu" else meter.allocated_bytes()
-    return Snapshot(meter.name, allocated, frozenset(census.storages), meter.details())
+    return Snapshot(meter.name, allocated, frozenset(census.storages), meter.details(), census.identities)
 
 
 def diff(before: Snapshot, after: Snapshot | None = None, *, meter: Meter | None = None, name: bool = True) -> Leak:
@@ -132,7 +148,7 @@ def diff(before: Snapshot, after: Snapshot | None = None, *, meter: Meter | None
     meter = meter or meter_for(before.device)
     if after is None:
         after = take_snapshot(meter=meter)
-    new_keys = after.storage_keys - before.storage_keys
+    new_keys = after.new_since(before)
     groups = describe(new_keys, after.device, name=name) if new_keys else []
     return Leak(after.device, before.allocated_bytes, after.allocated_bytes, groups, after.details)
 

@@ -81,8 +81,8 @@ class StepWatcher:
         leak = None
         if verdict.grows:
             end = take_snapshot(meter=meter)
-            new = end.storage_keys - baseline.storage_keys
-            lasting = new & penultimate.storage_keys
+            new = end.new_since(baseline)
+            lasting = {key for key in new if penultimate.holds_same(key, end)}
             groups = describe(lasting or new, meter.name)
             leak = Leak(meter.name, baseline.allocated_bytes, end.allocated_bytes, groups, end.details)
         self.results.append(StepResult(meter.name, warmup, figures, verdict, leak))

@@ -41,3 +41,23 @@ def test_step_watcher_outside_pytest() -> None:
     assert grows.grows and grows.steps == [1024, 2048, 3072, 4096, 5120]
     assert grows.leak is not None and grows.leak.groups[0].count == 4  # the last step's tensor has not outlived a step
     assert not flat.grows and flat.leak is None
+
+
+def test_a_later_storage_at_a_reused_address_counts_as_new() -> None:
+    from pytest_vramleak.census import storage_key
+
+    KEPT.append(torch.ones(20_000))
+    old_key = storage_key(KEPT[0])
+    before = take_snapshot("cpu")
+    KEPT.clear()
+    for _ in range(100):  # the allocator hands a freed block of the same size out again
+        KEPT.append(torch.ones(20_000))
+        if storage_key(KEPT[-1]) == old_key:
+            break
+    try:
+        assert storage_key(KEPT[-1]) == old_key, "the allocator did not reuse the address"
+        after = take_snapshot("cpu")
+        assert old_key is not None and old_key[0] in after.new_since(before)
+        assert len(diff(before, after).groups[0].held_by) == 1
+    finally:
+        KEPT.clear()
