@@ -23,6 +23,7 @@ from .report import TestResult, write_json
 from .sizes import SizeError, format_size, parse_size
 from .snapshot import Snapshot, diff, take_snapshot
 from .steps import StepResult, StepWatcher
+from .tracker import Tracker
 from .verdict import Budget, judge_budget
 
 MARKER = "vram_budget"
@@ -63,6 +64,7 @@ class Check:
     budget: Budget | None
     """None for a test checked only through the vramleak fixture."""
     meter: Meter | None = None
+    tracker: Tracker | None = None
     baseline: Snapshot | None = None
     peak_bytes: int | None = None
     unchecked_reason: str | None = None
@@ -76,6 +78,7 @@ SETTINGS = pytest.StashKey[Settings]()
 RESULTS = pytest.StashKey[list[dict[str, Any]]]()
 CHECK = pytest.StashKey[Check]()
 BUDGET = pytest.StashKey[Budget | None]()
+TRACKERS = pytest.StashKey[dict[str, Tracker]]()
 
 
 def vram_budget(peak: Any = None, *, leak: Any = 0, device: str | None = None) -> Any:
@@ -154,6 +157,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{EXEMPT_MARKER}: exempt this test from the leak check of --vramleak.")
     config.stash[SETTINGS] = read_settings(config)
     config.stash[RESULTS] = []
+    config.stash[TRACKERS] = {}
     config.pluginmanager.register(_Recorder(config.stash[RESULTS]), "vramleak-recorder")
 
 
@@ -248,13 +252,28 @@ def _result(item: pytest.Item, check: Check, outcome: str) -> TestResult:
     )
 
 
+def _tracker(config: pytest.Config, device: str) -> Tracker:
+    trackers = config.stash[TRACKERS]
+    if device not in trackers:
+        trackers[device] = Tracker(device)
+    return trackers[device]
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     budget = item.stash.get(BUDGET, None)
-    if budget is not None:
-        check = Check(budget)
-        item.stash[CHECK] = check
-        check.meter = _meter_for(item, budget.device)
+    if budget is None and "vramleak" not in getattr(item, "fixturenames", ()):
+        for tracker in item.config.stash[TRACKERS].values():
+            tracker.stale = True  # this test runs untracked; the index must be rebuilt after it
+        return
+    check = Check(budget)
+    item.stash[CHECK] = check
+    check.meter = _meter_for(item, budget.device if budget else None)
+    check.tracker = _tracker(item.config, check.meter.name)
+    try:
+        check.tracker.begin()
+    except Exception as error:
+        check.error = f"{type(error).__name__}: {error}"
 
 
 @pytest.hookimpl(wrapper=True)
@@ -264,7 +283,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
         return (yield)
     meter = check.meter
     try:
-        check.baseline = take_snapshot(meter=meter)
+        check.baseline = take_snapshot(meter=meter, tracker=check.tracker)
         watch_peak = check.budget.peak is not None or meter.name != "cpu"
         if watch_peak:
             meter.start_peak()
@@ -315,47 +334,57 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
-    outcome = yield
     check = item.stash.get(CHECK, None)
     if check is None or check.meter is None:
-        return outcome
-    if check.error:
-        check.result = _result(item, check, "unchecked")
-        check.result.reason = f"vramleak internal error: {check.error}"
-        raise VramLeak(f"vramleak could not check this test: {check.error}", pytrace=False)
-    if check.unchecked_reason or check.baseline is None or check.budget is None:
-        return outcome
+        return (yield)
     try:
-        message = _judge(item, check)
-    except Exception as error:
-        check.result = _result(item, check, "unchecked")
-        check.result.reason = f"vramleak internal error: {type(error).__name__}: {error}"
-        raise VramLeak(f"vramleak could not check this test: {type(error).__name__}: {error}", pytrace=False) from None
-    if message:
-        raise VramLeak(message, pytrace=False)
-    return outcome
+        outcome = yield
+        if check.error:
+            check.result = _result(item, check, "unchecked")
+            check.result.reason = f"vramleak internal error: {check.error}"
+            raise VramLeak(f"vramleak could not check this test: {check.error}", pytrace=False)
+        if check.unchecked_reason or check.baseline is None or check.budget is None:
+            return outcome
+        try:
+            message = _judge(item, check)
+        except Exception as error:
+            check.result = _result(item, check, "unchecked")
+            check.result.reason = f"vramleak internal error: {type(error).__name__}: {error}"
+            raise VramLeak(f"vramleak could not check this test: {type(error).__name__}: {error}", pytrace=False) from None
+        if message:
+            raise VramLeak(message, pytrace=False)
+        return outcome
+    finally:
+        if check.tracker is not None:
+            check.tracker.end()
 
 
 def _judge(item: pytest.Item, check: Check) -> str | None:
-    """Measure after teardown; the failure text when the budget is broken, else None."""
-    meter, baseline, budget = check.meter, check.baseline, check.budget
-    assert meter is not None and baseline is not None and budget is not None
-    end = take_snapshot(meter=meter)
-    verdict = judge_budget(budget, meter.name, end.allocated_bytes - baseline.allocated_bytes, check.peak_bytes)
+    """Measure after teardown; the failure text when the budget is broken, else None.
+
+    The common case (nothing left behind) costs two tracker views, each proportional to what the
+    test allocated and to the number of live tensors, not to the size of the heap; only a test
+    over its budget pays for the holder search.
+    """
+    meter, baseline, budget, tracker = check.meter, check.baseline, check.budget, check.tracker
+    assert meter is not None and baseline is not None and budget is not None and tracker is not None
+    end = take_snapshot(meter=meter, tracker=tracker)
+    verdict = judge_budget(budget, meter.name, end.leaked_since(baseline), check.peak_bytes)
     if verdict.outcome == "leaked":
         # Re-measure once, as PyTorch's own check does: finalizers run by the first collection
         # can release more memory.
-        end = take_snapshot(meter=meter)
-        verdict = judge_budget(budget, meter.name, end.allocated_bytes - baseline.allocated_bytes, check.peak_bytes)
+        end = take_snapshot(meter=meter, tracker=tracker)
+        verdict = judge_budget(budget, meter.name, end.leaked_since(baseline), check.peak_bytes)
     result = _result(item, check, verdict.outcome)
     result.end_bytes = end.allocated_bytes
-    result.leaked_bytes = end.allocated_bytes - baseline.allocated_bytes
+    result.leaked_bytes = end.leaked_since(baseline)
     result.details = dict(end.details)
     check.result = result
     if verdict.outcome == "passed":
         return None
     lines = [verdict.message, _figures(result)]
     if verdict.outcome == "leaked":
+        tracker.end()  # naming holders needs the whole heap
         leak = diff(baseline, end, meter=meter)
         result.tensors = [group.to_json() for group in leak.groups]
         lines += ["leaked tensors:", leak.render()]
@@ -402,6 +431,8 @@ class _Recorder:
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
+    for tracker in config.stash.get(TRACKERS, {}).values():
+        tracker.end()  # never leave the heap frozen behind a session
     settings = config.stash.get(SETTINGS, None)
     if settings is None or settings.report_path is None or hasattr(config, "workerinput"):
         return
@@ -466,7 +497,8 @@ def vramleak(request: pytest.FixtureRequest) -> VramLeakFixture:
     meter = check.meter if check is not None and check.meter is not None else _meter_for(request.node, budget.device if budget else None)
     if check is None:
         check = request.node.stash[CHECK] = Check(None, meter)
-    watcher = StepWatcher(meter.name, warmup=settings.warmup, tolerance=settings.tolerance, meter=meter)
+    tracker = check.tracker
+    watcher = StepWatcher(meter.name, warmup=settings.warmup, tolerance=settings.tolerance, meter=meter, tracker=tracker)
 
     def on_result(result: StepResult) -> None:
         check.steps.append(result)

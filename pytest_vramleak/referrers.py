@@ -12,6 +12,7 @@ objects on the way: naming a holder must not run the user's code.
 
 from __future__ import annotations
 
+import collections
 import gc
 import sys
 import types
@@ -89,10 +90,43 @@ def _referrers(frontier: tuple[Any, ...], frontier_ids: set[int]) -> list[Any]:
     return found
 
 
+BACKWARD_LEVELS = 8
+"""Levels searched backwards from the targets, one heap traversal each, before the search turns
+around: a single forward pass from the roots finds every remaining chain, however long, in one
+walk of the heap, so the cost never grows as heap size times chain length."""
+
+
+def _search_forward(
+    wanted: set[int], roots: Sequence[Any], ignore: set[int], exclude_types: tuple[type, ...]
+) -> dict[int, list[Any]]:
+    """Shortest chains from ``roots`` to the wanted ids, breadth first along ``gc.get_referents``."""
+    parent: dict[int, Any] = {id(r): None for r in roots}
+    queue = collections.deque(roots)
+    found: dict[int, list[Any]] = {}
+    remaining = set(wanted)
+    while queue and remaining:
+        node = queue.popleft()
+        for child in gc.get_referents(node):
+            ident = id(child)
+            if ident in parent or ident in ignore or type(child) in exclude_types:
+                continue
+            parent[ident] = node
+            if ident in remaining:
+                remaining.discard(ident)
+                chain = [child]
+                while parent[id(chain[-1])] is not None:
+                    chain.append(parent[id(chain[-1])])
+                found[ident] = chain[::-1]
+            queue.append(child)
+    parent.clear()
+    queue.clear()
+    return found
+
+
 def find_chains(
     targets: Sequence[Any],
     *,
-    max_depth: int = 24,
+    max_depth: int = BACKWARD_LEVELS,
     max_frontier: int = 5_000,
     exclude_types: tuple[type, ...] = (),
 ) -> list[list[Any]]:
@@ -170,11 +204,16 @@ def find_chains(
 
     chains_by_target: dict[int, list[Any]] = {}
     wanted = {id(t) for t in targets}
-    for starts in (roots, dead_ends):  # a real root beats a dead end
-        chains_by_target.update(
-            (key, chain)
-            for key, chain in _walk_down(list(starts.values()), held_by, wanted - chains_by_target.keys()).items()
-        )
+    chains_by_target.update(_walk_down(list(roots.values()), held_by, wanted))
+    if unrooted:
+        module_roots = [m for m in list(sys.modules.values()) if is_module_root(m)]
+        starts = module_roots + list(running_locals.values())
+        ignore.update((id(module_roots), id(starts), id(chains_by_target), id(wanted)))
+        chains_by_target.update(_search_forward(wanted - chains_by_target.keys(), starts, ignore, exclude_types))
+        module_roots.clear()
+        starts.clear()
+    # a real root beats a dead end: the farthest holder reached that nothing in Python holds
+    chains_by_target.update(_walk_down(list(dead_ends.values()), held_by, wanted - chains_by_target.keys()))
     chains = [chains_by_target.get(id(target), [target]) for target in targets]
     held_by.clear()
     roots.clear()

@@ -26,6 +26,7 @@ from .census import Found, StorageKey, is_tensor_type, take_census, walk
 from .devices import Meter, make_meter, resolve_device
 from .referrers import name_holders, without_python_holders
 from .sizes import format_size
+from .tracker import Tracker
 
 MAX_CHAINS_PER_GROUP = 3
 HELD_FROM_CPP = "<no Python reference: held from C++, e.g. by a hook or cache inside torch or an extension>"
@@ -39,27 +40,48 @@ def _torch() -> Any:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """A device's memory at one moment: allocated bytes and the keys of the live storages."""
+    """A device's memory at one moment: allocated bytes and the live storages, by key and size."""
 
     device: str
     allocated_bytes: int
-    storage_keys: frozenset[StorageKey]
+    storages: dict[StorageKey, int]
     details: dict[str, int] = field(default_factory=dict)
     identities: dict[StorageKey, weakref.ref[Any]] = field(default_factory=dict, repr=False)
     """Weak references to the storages, so a later storage at a reused address is told apart."""
 
+    @property
+    def storage_keys(self) -> frozenset[StorageKey]:
+        return frozenset(self.storages)
+
     def new_since(self, earlier: Snapshot) -> set[StorageKey]:
         """Keys of storages alive here that were not alive at ``earlier``."""
-        return {key for key in self.storage_keys if not earlier.holds_same(key, self)}
+        return {key for key in self.storages if not earlier.holds_same(key, self)}
 
     def holds_same(self, key: StorageKey, other: Snapshot) -> bool:
         """Whether the storage ``other`` has at ``key`` is the one this snapshot saw there."""
-        if key not in self.storage_keys:
+        if key not in self.storages:
             return False
         mine, theirs = self.identities.get(key), other.identities.get(key)
         if mine is None or theirs is None:
             return True  # no identity recorded: trust the key
         return mine() is not None and mine() is theirs()
+
+    def leaked_since(self, earlier: Snapshot) -> int:
+        """Bytes allocated after ``earlier`` and still allocated here.
+
+        On accelerators, the allocator's growth (as PyTorch's own leak check measures it). On
+        CPU, the bytes of storages that are new since ``earlier``, plus in-place growth of older
+        ones: freeing older memory does not offset a leak.
+        """
+        if self.device != "cpu":
+            return self.allocated_bytes - earlier.allocated_bytes
+        leaked = 0
+        for key, nbytes in self.storages.items():
+            if not earlier.holds_same(key, self):
+                leaked += nbytes
+            else:
+                leaked += max(0, nbytes - earlier.storages[key])
+        return leaked
 
 
 @dataclass
@@ -110,12 +132,10 @@ class Leak:
     device: str
     baseline_bytes: int
     end_bytes: int
+    leaked_bytes: int
+    """See :meth:`Snapshot.leaked_since`."""
     groups: list[TensorGroup] = field(default_factory=list)
     details: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def leaked_bytes(self) -> int:
-        return self.end_bytes - self.baseline_bytes
 
     def render(self) -> str:
         """The groups and their holders as text, one group per paragraph."""
@@ -130,13 +150,23 @@ def meter_for(device: str | None = "auto") -> Meter:
     return make_meter(resolve_device(device, torch), torch)
 
 
-def take_snapshot(device: str | None = "auto", *, meter: Meter | None = None) -> Snapshot:
-    """Collect garbage, wait for the device, and record its allocated bytes and live storages."""
+def take_snapshot(device: str | None = "auto", *, meter: Meter | None = None, tracker: Tracker | None = None) -> Snapshot:
+    """Collect garbage, wait for the device, and record its allocated bytes and live storages.
+
+    Without a ``tracker`` this walks the whole heap; with one (see :mod:`pytest_vramleak.tracker`)
+    it reads only the tensors the tracker knows of and those created since it began.
+    """
     meter = meter or meter_for(device)
     meter.settle()
-    census = take_census(meter.name, identify=True)
-    allocated = census.total_bytes if meter.name == "cpu" else meter.allocated_bytes()
-    return Snapshot(meter.name, allocated, frozenset(census.storages), meter.details(), census.identities)
+    if tracker is not None:
+        view = tracker.view()
+        storages = {r.key: r.nbytes for r in view.storages.values()}
+        identities = {r.key: r.ref for r in view.storages.values()}
+    else:
+        census = take_census(meter.name, identify=True)
+        storages, identities = census.storages, census.identities
+    allocated = sum(storages.values()) if meter.name == "cpu" else meter.allocated_bytes()
+    return Snapshot(meter.name, allocated, storages, meter.details(), identities)
 
 
 def diff(before: Snapshot, after: Snapshot | None = None, *, meter: Meter | None = None, name: bool = True) -> Leak:
@@ -150,7 +180,7 @@ def diff(before: Snapshot, after: Snapshot | None = None, *, meter: Meter | None
         after = take_snapshot(meter=meter)
     new_keys = after.new_since(before)
     groups = describe(new_keys, after.device, name=name) if new_keys else []
-    return Leak(after.device, before.allocated_bytes, after.allocated_bytes, groups, after.details)
+    return Leak(after.device, before.allocated_bytes, after.allocated_bytes, after.leaked_since(before), groups, after.details)
 
 
 def _locate(keys: Iterable[StorageKey], device: str, defer_owners: set[int] | None = None) -> dict[StorageKey, list[Found]]:

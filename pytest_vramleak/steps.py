@@ -8,6 +8,7 @@ from typing import Any
 
 from .devices import Meter
 from .snapshot import Leak, Snapshot, describe, meter_for, take_snapshot
+from .tracker import Tracker
 from .verdict import GrowthVerdict, judge_growth
 
 
@@ -40,6 +41,8 @@ class StepWatcher:
     warmup: int = 2
     tolerance: int = 0
     meter: Meter | None = None
+    tracker: Tracker | None = None
+    """Tracks storages cheaply between steps; one is made for the loop when none is given."""
     results: list[StepResult] = field(default_factory=list)
 
     def check_arguments(self, n: int, warmup: int | None) -> int:
@@ -58,33 +61,39 @@ class StepWatcher:
         """
         warmup = self.check_arguments(n, warmup)
         meter = self.meter or meter_for(self.device)
-        baseline: Snapshot | None = take_snapshot(meter=meter) if warmup == 0 else None
-        measured: list[int] = []
-        penultimate: Snapshot | None = None
-        for index in range(n):
-            yield index
-            if index < warmup - 1:
-                continue
-            if index == warmup - 1:
-                baseline = take_snapshot(meter=meter)
-            elif index == n - 2:
-                # Storages alive both here and at the end outlived a step: those are the growth.
-                # The last step's own temporaries (its batch, its loss) are not.
-                penultimate = take_snapshot(meter=meter)
-                measured.append(penultimate.allocated_bytes)
-            else:
-                meter.settle()
-                measured.append(meter.allocated_bytes())
-        assert baseline is not None and penultimate is not None
+        tracker = self.tracker or Tracker(meter.name)
+        owns_tracker = not tracker.active
+        if owns_tracker:
+            tracker.begin()
+        try:
+            baseline: Snapshot | None = take_snapshot(meter=meter, tracker=tracker) if warmup == 0 else None
+            snapshots: list[Snapshot] = []
+            measured: list[int] = []
+            for index in range(n):
+                yield index
+                if index == warmup - 1:
+                    baseline = take_snapshot(meter=meter, tracker=tracker)
+                elif index >= warmup:
+                    snapshots.append(take_snapshot(meter=meter, tracker=tracker))
+                    if len(snapshots) > 2:
+                        del snapshots[0]  # only the last two are needed for naming
+                    measured.append(snapshots[-1].allocated_bytes)
+        finally:
+            if owns_tracker:
+                tracker.end()
+        assert baseline is not None and len(snapshots) == 2
         figures = [m - baseline.allocated_bytes for m in measured]
         verdict = judge_growth(figures, self.tolerance, meter.name)
         leak = None
         if verdict.grows:
-            end = take_snapshot(meter=meter)
+            penultimate, end = snapshots
+            # Storages alive both after the next-to-last step and at the end outlived a step:
+            # those are the growth. The last step's own temporaries (its batch, its loss) are not.
             new = end.new_since(baseline)
             lasting = {key for key in new if penultimate.holds_same(key, end)}
-            groups = describe(lasting or new, meter.name)
-            leak = Leak(meter.name, baseline.allocated_bytes, end.allocated_bytes, groups, end.details)
+            with tracker.unfrozen():  # naming holders needs the whole heap
+                groups = describe(lasting or new, meter.name)
+            leak = Leak(meter.name, baseline.allocated_bytes, end.allocated_bytes, end.leaked_since(baseline), groups, end.details)
         self.results.append(StepResult(meter.name, warmup, figures, verdict, leak))
 
     def check(self, step: Callable[[int], Any], *, steps: int = 10, warmup: int | None = None) -> StepResult:

@@ -1,0 +1,72 @@
+"""Time plain pytest against pytest --vramleak (and --memray where installed) on a generated suite.
+
+    python benchmarks/run.py                  # 180 tests, 5 alternating rounds
+    python benchmarks/run.py --tests 300 --rounds 7
+
+Prints the median wall time of each configuration and its ratio to plain pytest, whole runs
+(interpreter start and torch import included) and the time pytest reports for the session.
+Runs alternate (plain, vramleak, memray, plain, ...) so that machine noise hits all alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from suite import write_suite  # noqa: E402
+
+SESSION_TIME = re.compile(r" in ([0-9.]+)s")
+
+
+def run(folder: Path, args: list[str]) -> tuple[float, float]:
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+    )
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"pytest {' '.join(args)} failed:\n{done.stdout[-3000:]}{done.stderr[-2000:]}")
+    session = SESSION_TIME.findall(done.stdout)
+    return wall, float(session[-1]) if session else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tests", type=int, default=180)
+    parser.add_argument("--rounds", type=int, default=5)
+    options = parser.parse_args()
+    configurations = {"plain": ["-p", "no:vramleak"], "--vramleak": ["--vramleak"]}
+    if importlib.util.find_spec("pytest_memray") is not None:
+        configurations["--memray"] = ["-p", "no:vramleak", "--memray"]
+    with tempfile.TemporaryDirectory() as directory:
+        folder = Path(directory)
+        count = write_suite(folder, options.tests)
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name in configurations}
+        for name, args in configurations.items():
+            run(folder, args)  # warm the file cache and byte-code
+        for _ in range(options.rounds):
+            for name, args in configurations.items():
+                times[name].append(run(folder, args))
+    plain_wall = statistics.median(w for w, _ in times["plain"])
+    plain_session = statistics.median(s for _, s in times["plain"])
+    print(f"{count} small torch tests, median of {options.rounds} alternating rounds")
+    print(f"{'configuration':<14} {'whole run':>10} {'ratio':>7} {'session':>9} {'ratio':>7}")
+    for name, samples in times.items():
+        wall = statistics.median(w for w, _ in samples)
+        session = statistics.median(s for _, s in samples)
+        print(f"{name:<14} {wall:>9.2f}s {wall / plain_wall:>6.2f}x {session:>8.2f}s {session / plain_session:>6.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""Write a realistic suite of small PyTorch tests to a folder, for timing the plugin against plain pytest."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+MODULE = '''
+import pytest
+import torch
+
+torch.manual_seed({seed})
+
+
+@pytest.fixture(scope="module")
+def model():
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+
+
+@pytest.fixture
+def batch():
+    return torch.randn(16, 32), torch.randint(0, 8, (16,))
+
+
+@pytest.mark.parametrize("size", [8, 16, 32, 64])
+def test_matmul_{seed}(size):
+    a = torch.randn(size, size)
+    b = torch.randn(size, size)
+    assert torch.allclose(a @ b, torch.mm(a, b))
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_softmax_sums_to_one_{seed}(dim):
+    x = torch.randn(8, 8)
+    assert torch.allclose(x.softmax(dim).sum(dim), torch.ones(8))
+
+
+def test_forward_shape_{seed}(model, batch):
+    inputs, _ = batch
+    with torch.no_grad():
+        assert model(inputs).shape == (16, 8)
+
+
+def test_backward_fills_grads_{seed}(batch):
+    net = torch.nn.Linear(32, 8)
+    inputs, labels = batch
+    torch.nn.functional.cross_entropy(net(inputs), labels).backward()
+    assert net.weight.grad is not None
+
+
+def test_sgd_step_lowers_loss_{seed}(batch):
+    net = torch.nn.Linear(32, 8)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.5)
+    inputs, labels = batch
+    losses = []
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(inputs), labels)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+
+
+def test_conv_output_{seed}():
+    conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+    assert conv(torch.randn(2, 3, 8, 8)).shape == (2, 4, 8, 8)
+
+
+def test_layer_norm_{seed}():
+    x = torch.randn(4, 16)
+    y = torch.nn.functional.layer_norm(x, (16,))
+    assert torch.allclose(y.mean(-1), torch.zeros(4), atol=1e-5)
+'''
+
+TESTS_PER_MODULE = 12
+
+
+def write_suite(folder: Path, tests: int = 180) -> int:
+    """Write ``tests`` small tests (rounded up to whole modules) into ``folder``; return how many."""
+    folder.mkdir(parents=True, exist_ok=True)
+    modules = -(-tests // TESTS_PER_MODULE)
+    for index in range(modules):
+        (folder / f"test_suite_{index:03d}.py").write_text(textwrap.dedent(MODULE.format(seed=index)))
+    (folder / "pytest.ini").write_text("[pytest]\n")
+    return modules * TESTS_PER_MODULE

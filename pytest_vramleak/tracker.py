@@ -1,0 +1,202 @@
+"""Cheap per-test accounting of tensor storages: an index of known tensors and gc.freeze().
+
+The full census (:mod:`pytest_vramleak.census`) walks every object in the heap: with torch and
+pytest loaded that is ~10^5 objects and tens of milliseconds, too slow to run twice per test.
+The tracker gets the same answer from far less work:
+
+- an index of weak references to every tensor known to be alive, built by one full heap walk the
+  first time it is needed and kept up to date after that;
+- ``gc.freeze()`` when a test's setup starts, so that afterwards ``gc.get_objects()`` and
+  ``gc.collect()`` only see objects created since: a scan costs what the test allocated, not what
+  the process holds;
+- at each measurement, the storages (and gradients, and tensors saved by autograd graphs) of the
+  indexed tensors plus those of any tensor created since the freeze, which then joins the index.
+
+Why this cannot miss a leak that the full census would see. A storage the full census counts is
+reached from a Python tensor object T (directly, as T's gradient, or through T's autograd graph).
+Either T existed when the test's setup started, and then it is in the index (the index holds
+every tensor alive at the previous tracked moment, and a tensor created between two tracked
+moments is created while the heap is frozen, so it is not frozen itself and the scan finds it);
+or T was created later, and then T is not frozen and the young scan finds it. Either way T's
+storage is read at the measurement. Storages are compared by identity (a weak reference to the
+storage object, which torch keeps while the storage lives), so a new storage at an address freed
+by an older one is still new, and a storage that grew in place (``resize_``) counts its growth.
+Between tests nothing is frozen: the index is rebuilt with a full walk whenever tracking stops
+for a while (untracked tests ran in between), and when anyone else froze the heap.
+
+Objects frozen during a test are not collected until it ends; cyclic garbage older than the test
+is collected after it, by Python's own schedule.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from .census import StorageKey, _graph_tensors, _torch, is_tensor_type
+
+
+@dataclass(frozen=True)
+class Record:
+    """One storage: a weak reference to its object, its size, and its key (device, address)."""
+
+    ref: weakref.ref[Any]
+    nbytes: int
+    key: StorageKey
+
+
+@dataclass
+class View:
+    """The storages alive on a device at one moment, by ``id`` of the storage object."""
+
+    device: str
+    storages: dict[int, Record] = field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(r.nbytes for r in self.storages.values())
+
+    def new_since(self, earlier: View) -> dict[int, int]:
+        """Bytes per storage that were not allocated at ``earlier`` (new storages, in-place growth)."""
+        new: dict[int, int] = {}
+        for ident, record in self.storages.items():
+            before = earlier.storages.get(ident)
+            if before is None or before.ref() is not record.ref():
+                new[ident] = record.nbytes
+            elif record.nbytes > before.nbytes:
+                new[ident] = record.nbytes - before.nbytes
+        return new
+
+    def keys(self, idents: Iterable[int]) -> set[StorageKey]:
+        return {self.storages[i].key for i in idents if i in self.storages}
+
+
+class Tracker:
+    """Tracks tensor storages on one device across a test; see the module docstring."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.stale = True
+        """Set when code ran untracked since :meth:`end`: the next :meth:`begin` rebuilds the index."""
+        self._index: dict[int, weakref.ref[Any]] = {}
+        self._froze = False
+
+    def begin(self) -> None:
+        """Freeze the heap (as a test's setup starts), after rebuilding the index if it is stale.
+
+        Where the heap is frozen already (the test suite froze it itself), nothing is frozen and
+        each view walks the whole heap: slower, never wrong.
+        """
+        # get_freeze_count() walks the frozen objects: cheap here, where normally none are.
+        frozen_by_others = gc.get_freeze_count() > 0
+        if self.stale or frozen_by_others:
+            self._rebuild()
+        if not frozen_by_others:
+            gc.freeze()
+            self._froze = True
+
+    def end(self) -> None:
+        """Unfreeze the heap; what the test left is indexed and stays tracked."""
+        if self._froze:
+            self._froze = False
+            self.stale = False
+            gc.unfreeze()
+        else:
+            self.stale = True
+
+    @property
+    def active(self) -> bool:
+        return self._froze
+
+    @contextmanager
+    def unfrozen(self) -> Iterator[None]:
+        """Unfreeze the heap for a while (a holder search needs all of it), then freeze it again.
+
+        The young tensors join the index first, so the next view still finds every tensor.
+        """
+        if not self._froze:
+            yield
+            return
+        self._add(gc.get_objects())
+        gc.unfreeze()
+        try:
+            yield
+        finally:
+            gc.freeze()
+
+    def _rebuild(self) -> None:
+        self._index.clear()
+        self._add(gc.get_objects())
+        self.stale = False
+
+    def _add(self, objects: Iterable[Any]) -> None:
+        index = self._index
+        for obj in objects:
+            if is_tensor_type(type(obj)):
+                ref = index.get(id(obj))
+                if ref is None or ref() is not obj:
+                    index[id(obj)] = weakref.ref(obj)
+
+    def view(self) -> View:
+        """Collect garbage the test created, and read every tracked storage on the device."""
+        if self._froze:
+            gc.collect()  # the young generations only: frozen objects are not examined
+            self._add(gc.get_objects())
+        else:  # the heap was frozen by someone else: walk all of it
+            gc.collect()
+            self._rebuild()
+        return self._read()
+
+    def _read(self) -> View:
+        torch = _torch()
+        view = View(self.device)
+        storages = view.storages
+        want_type, _, want_index = self.device.partition(":")
+        index_number = int(want_index) if want_index else None
+        untyped_storage = torch._C.TensorBase.untyped_storage
+        graph_roots: list[Any] = []
+        dead: list[int] = []
+
+        def record(tensor: Any) -> None:
+            try:
+                storage = untyped_storage(tensor)
+                device = storage.device
+                if device.type != want_type or (index_number is not None and device.index != index_number):
+                    return
+                nbytes = storage.nbytes()
+                pointer = storage.data_ptr()
+            except Exception:  # sparse, meta and wrapper tensors have no storage to read
+                return
+            if pointer and nbytes and id(storage) not in storages:
+                storages[id(storage)] = Record(weakref.ref(storage), nbytes, (str(device), pointer))
+
+        with torch._C.DisableTorchFunctionSubclass():
+            for ident, ref in self._index.items():
+                tensor = ref()
+                if tensor is None:
+                    dead.append(ident)
+                    continue
+                record(tensor)
+                try:
+                    grad = tensor._grad if (tensor.is_leaf or tensor.retains_grad) else None
+                    grad_fn = tensor.grad_fn
+                except Exception:
+                    continue
+                if grad is not None:
+                    record(grad)
+                if grad_fn is not None:
+                    graph_roots.append(grad_fn)
+            visited: set[int] = set()
+            keep: list[Any] = []
+            for grad_fn in graph_roots:
+                for saved in _graph_tensors(grad_fn, visited, keep):
+                    record(saved)
+            keep.clear()
+            graph_roots.clear()
+        for ident in dead:
+            del self._index[ident]
+        return view
