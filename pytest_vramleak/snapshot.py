@@ -157,9 +157,9 @@ def take_snapshot(device: str | None = "auto", *, meter: Meter | None = None, tr
     it reads only the tensors the tracker knows of and those created since it began.
     """
     meter = meter or meter_for(device)
-    meter.settle()
+    meter.settle()  # collects garbage
     if tracker is not None:
-        view = tracker.view()
+        view = tracker.view(collect=False)
         storages = {r.key: r.nbytes for r in view.storages.values()}
         identities = {r.key: r.ref for r in view.storages.values()}
     else:

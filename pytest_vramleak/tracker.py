@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from .census import StorageKey, _graph_tensors, _torch, is_tensor_type
+from .census import StorageKey, _graph_tensors, _torch, live_tensors
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ class Tracker:
         if not self._froze:
             yield
             return
-        self._add(gc.get_objects())
+        self._add_live()
         gc.unfreeze()
         try:
             yield
@@ -130,24 +130,24 @@ class Tracker:
 
     def _rebuild(self) -> None:
         self._index.clear()
-        self._add(gc.get_objects())
+        self._add_live()
         self.stale = False
 
-    def _add(self, objects: Iterable[Any]) -> None:
+    def _add_live(self) -> None:
+        """Index the tensors in the unfrozen generations: all of them, or those created since the freeze."""
         index = self._index
-        for obj in objects:
-            if is_tensor_type(type(obj)):
-                ref = index.get(id(obj))
-                if ref is None or ref() is not obj:
-                    index[id(obj)] = weakref.ref(obj)
+        for tensor in live_tensors():
+            ref = index.get(id(tensor))
+            if ref is None or ref() is not tensor:
+                index[id(tensor)] = weakref.ref(tensor)
 
-    def view(self) -> View:
-        """Collect garbage the test created, and read every tracked storage on the device."""
+    def view(self, *, collect: bool = True) -> View:
+        """Read every tracked storage on the device, after collecting garbage unless told not to."""
+        if collect:
+            gc.collect()  # while frozen, the young generations only: frozen objects are not examined
         if self._froze:
-            gc.collect()  # the young generations only: frozen objects are not examined
-            self._add(gc.get_objects())
+            self._add_live()
         else:  # the heap was frozen by someone else: walk all of it
-            gc.collect()
             self._rebuild()
         return self._read()
 

@@ -1,0 +1,190 @@
+"""End to end: the cheap per-test accounting sees every way a test can leave a storage behind."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+LEAKS = {
+    "gradient_on_module_scoped_model": """
+        @pytest.fixture(scope="module")
+        def model():
+            return torch.nn.Linear(64, 64)
+
+        def test_warm(model):
+            pass
+
+        @pytest.mark.vram_budget
+        def test_it(model):
+            model(torch.ones(2, 64)).sum().backward()
+        """,
+    "storage_swapped_under_an_old_tensor": """
+        WEIGHT = torch.nn.Parameter(torch.zeros(16))
+
+        @pytest.mark.vram_budget
+        def test_it():
+            WEIGHT.data = torch.ones(4096)
+        """,
+    "old_tensor_resized_in_place": """
+        BUFFER = torch.zeros(16)
+
+        @pytest.mark.vram_budget
+        def test_it():
+            BUFFER.resize_(1 << 16)
+        """,
+    "external_memory": """
+        KEPT = []
+
+        @pytest.mark.vram_budget
+        def test_it():
+            KEPT.append(torch.frombuffer(bytearray(1 << 16), dtype=torch.uint8))
+        """,
+    "tensor_made_on_another_thread": """
+        import threading
+        KEPT = []
+
+        @pytest.mark.vram_budget
+        def test_it():
+            worker = threading.Thread(target=lambda: KEPT.append(torch.ones(1 << 14)))
+            worker.start()
+            worker.join()
+        """,
+    "storage_swapped_under_a_tensor_an_unchecked_test_made": """
+        KEPT = []
+
+        def test_unchecked():
+            KEPT.append(torch.zeros(16))
+
+        @pytest.mark.vram_budget
+        def test_it():
+            KEPT[0].set_(torch.ones(4096).untyped_storage())
+        """,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(LEAKS))
+@pytest.mark.parametrize("every_test", [False, True], ids=["marked", "every-test"])
+def test_leak_is_seen(pytester: pytest.Pytester, run_checked, kind: str, every_test: bool) -> None:
+    pytester.makepyfile(test_it="import pytest, torch\n" + textwrap.dedent(LEAKS[kind]))
+    result, report = run_checked(*(["--vramleak"] if every_test else []))
+    assert report["test_it"]["outcome"] == "leaked", result.stdout.str()
+    assert report["test_it"]["leaked_bytes"] > 0
+
+
+NOT_LEAKS = {
+    "view_of_a_tensor_an_unchecked_test_made": """
+        KEPT = []
+        VIEWS = []
+
+        def test_unchecked():
+            KEPT.append(torch.zeros(4096))
+
+        @pytest.mark.vram_budget
+        def test_it():
+            VIEWS.append(KEPT[0][:10])
+        """,
+    "view_of_a_fixture_tensor": """
+        VIEWS = []
+
+        @pytest.fixture
+        def table():
+            return torch.zeros(4096)
+
+        @pytest.mark.vram_budget
+        def test_it(table):
+            VIEWS.append(table[:10])
+        """,
+    "cyclic_garbage_made_by_the_test": """
+        class Node:
+            pass
+
+        @pytest.mark.vram_budget
+        def test_it():
+            node = Node()
+            node.me = node
+            node.payload = torch.ones(1 << 16)
+        """,
+    "test_freezes_the_heap_itself": """
+        import gc
+
+        @pytest.mark.vram_budget
+        def test_it():
+            gc.freeze()
+            try:
+                scratch = torch.ones(1 << 16)
+                del scratch
+            finally:
+                gc.unfreeze()
+        """,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(NOT_LEAKS))
+def test_non_leak_passes(pytester: pytest.Pytester, run_checked, kind: str) -> None:
+    pytester.makepyfile(test_it="import pytest, torch\n" + textwrap.dedent(NOT_LEAKS[kind]))
+    result, report = run_checked()
+    assert report["test_it"]["outcome"] == "passed", result.stdout.str()
+
+
+def test_garbage_from_an_earlier_test_cannot_mask_a_leak(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import gc
+        import pytest, torch
+
+        CACHE = []
+
+        class Node:
+            pass
+
+        def test_makes_garbage():
+            gc.disable()  # keep the 4 MiB cycle alive until the next test collects it
+            node = Node()
+            node.me = node
+            node.payload = torch.ones(1024, 1024)
+
+        @pytest.mark.vram_budget
+        def test_it():
+            try:
+                gc.collect()  # would free the earlier test's 4 MiB while this test leaks 4 KiB
+                CACHE.append(torch.ones(1024))
+            finally:
+                gc.enable()
+        """
+    )
+    result, report = run_checked("-p", "no:randomly")
+    assert report["test_it"]["outcome"] == "leaked"
+    assert report["test_it"]["leaked_bytes"] == 4096
+    result.stdout.fnmatch_lines(["*held by test_it.CACHE[[]0]"])
+
+
+def test_heap_is_never_left_frozen(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import gc
+        import pytest, torch
+
+        @pytest.mark.vram_budget
+        def test_fails():
+            assert False
+
+        @pytest.fixture
+        def broken():
+            raise RuntimeError("set-up failed")
+
+        @pytest.mark.vram_budget
+        def test_setup_error(broken):
+            pass
+
+        @pytest.mark.vram_budget
+        def test_leaks():
+            test_leaks.kept = torch.ones(16)
+
+        def test_after():
+            assert gc.get_freeze_count() == 0
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
+    # test_leaks passes its call and fails its teardown; test_after passes only if nothing is frozen
+    result.assert_outcomes(passed=2, failed=2, errors=1)
