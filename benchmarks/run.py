@@ -1,17 +1,21 @@
-"""Time plain pytest against pytest --vramleak (and --memray where installed) on a generated suite.
+"""Time plain pytest against pytest --vramleak on a generated suite, beside other ways to check.
 
     python benchmarks/run.py                  # 180 tests, 5 alternating rounds
     python benchmarks/run.py --tests 300 --rounds 7
 
-Prints the median wall time of each configuration and its ratio to plain pytest, whole runs
-(interpreter start and torch import included) and the time pytest reports for the session.
-Runs alternate (plain, vramleak, memray, plain, ...) so that machine noise hits all alike.
+Configurations: plain pytest; ``--vramleak`` (every test checked); a naive check in PyTorch's
+style (``naive_check.py``: collect garbage and count live tensors around every test); and
+``--memray`` where pytest-memray is installed. Prints the median wall time of each and its ratio
+to plain pytest, for whole runs (interpreter start and torch import included) and for the time
+pytest reports for the session. Runs alternate (plain, vramleak, naive, memray, plain, ...) so
+that machine noise hits all alike.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import re
 import statistics
 import subprocess
@@ -28,11 +32,13 @@ SESSION_TIME = re.compile(r" in ([0-9.]+)s")
 
 def run(folder: Path, args: list[str]) -> tuple[float, float]:
     start = time.perf_counter()
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
         cwd=folder,
         capture_output=True,
         text=True,
+        env=environment,
     )
     wall = time.perf_counter() - start
     if done.returncode != 0:
@@ -46,7 +52,11 @@ def main() -> None:
     parser.add_argument("--tests", type=int, default=180)
     parser.add_argument("--rounds", type=int, default=5)
     options = parser.parse_args()
-    configurations = {"plain": ["-p", "no:vramleak"], "--vramleak": ["--vramleak"]}
+    configurations = {
+        "plain": ["-p", "no:vramleak"],
+        "--vramleak": ["--vramleak"],
+        "naive check": ["-p", "no:vramleak", "-p", "naive_check"],
+    }
     if importlib.util.find_spec("pytest_memray") is not None:
         configurations["--memray"] = ["-p", "no:vramleak", "--memray"]
     with tempfile.TemporaryDirectory() as directory:

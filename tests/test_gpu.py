@@ -92,3 +92,34 @@ def test_it():
     )
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["peaked at 64.0 MiB above baseline on cuda:0, allowed 16.0 MiB"])
+
+
+def test_cuda_garbage_from_an_earlier_test_cannot_mask_a_leak(pytester: pytest.Pytester) -> None:
+    result = run(
+        pytester,
+        """
+import gc
+CACHE = []
+
+class Node:
+    pass
+
+def test_makes_garbage():
+    gc.disable()
+    node = Node()
+    node.me = node
+    node.payload = torch.ones(1024, 1024, device="cuda")
+
+@pytest.mark.vram_budget
+def test_it():
+    try:
+        gc.collect()
+        CACHE.append(torch.ones(1024, device="cuda"))
+    finally:
+        gc.enable()
+""",
+        "-p",
+        "no:randomly",
+    )
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["leaked 4.0 KiB on cuda:0, allowed 0 B"])
