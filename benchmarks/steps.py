@@ -113,6 +113,7 @@ def main() -> None:
         times = json.loads((folder / "times.json").read_text())
         setup = json.loads((folder / "setup.json").read_text())
     bare, watched = statistics.median(times["bare"]), statistics.median(times["watched"])
+    print("rounds, bare:", " ".join(f"{t:.3f}" for t in times["bare"]), "watched:", " ".join(f"{t:.3f}" for t in times["watched"]))
     print(f"{options.steps} training steps of {1000 * bare / options.steps:.1f} ms, median of {options.rounds} rounds")
     print(f"bare loop {bare:.3f}s, under vramleak.steps {watched:.3f}s: {watched / bare:.2f}x")
     bare_setup = statistics.median(setup["bare"])

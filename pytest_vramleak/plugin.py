@@ -22,6 +22,7 @@ from .devices import DeviceUnavailable, Meter, make_meter, resolve_device
 from .report import TestResult, write_json
 from .sizes import SizeError, format_size, parse_size
 from .snapshot import Snapshot, diff, take_snapshot
+from .sites import SiteRecorder
 from .steps import StepResult, StepWatcher
 from .tracker import Tracker
 from .verdict import Budget, judge_budget
@@ -65,6 +66,7 @@ class Check:
     """None for a test checked only through the vramleak fixture."""
     meter: Meter | None = None
     tracker: Tracker | None = None
+    sites: SiteRecorder | None = None
     baseline: Snapshot | None = None
     peak_bytes: int | None = None
     unchecked_reason: str | None = None
@@ -279,20 +281,24 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     check = item.stash.get(CHECK, None)
-    if check is None or check.meter is None or check.budget is None or check.error:
+    if check is None or check.meter is None or check.error:
         return (yield)
     meter = check.meter
+    watch_peak = False
     try:
-        check.baseline = take_snapshot(meter=meter, tracker=check.tracker)
-        watch_peak = check.budget.peak is not None or meter.name != "cpu"
-        if watch_peak:
-            meter.start_peak()
+        if check.budget is not None:
+            check.baseline = take_snapshot(meter=meter, tracker=check.tracker)
+            watch_peak = check.budget.peak is not None or meter.name != "cpu"
+            if watch_peak:
+                meter.start_peak()
+        check.sites = SiteRecorder().__enter__()
     except Exception as error:  # the plugin's own failure: report it on this test, run the test anyway
         check.error = f"{type(error).__name__}: {error}"
         return (yield)
     try:
         return (yield)
     finally:
+        check.sites.__exit__(None, None, None)
         if watch_peak:
             try:
                 check.peak_bytes = meter.stop_peak()
@@ -357,6 +363,8 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     finally:
         if check.tracker is not None:
             check.tracker.end()
+        if check.sites is not None:
+            check.sites.clear()  # the record of sites holds nothing once the check ends
 
 
 def _judge(item: pytest.Item, check: Check) -> str | None:
@@ -385,7 +393,7 @@ def _judge(item: pytest.Item, check: Check) -> str | None:
     lines = [verdict.message, _figures(result)]
     if verdict.outcome == "leaked":
         tracker.end()  # naming holders needs the whole heap
-        leak = diff(baseline, end, meter=meter)
+        leak = diff(baseline, end, meter=meter, sites=check.sites)
         result.tensors = [group.to_json() for group in leak.groups]
         lines += ["leaked tensors:", leak.render()]
     return "\n".join(lines)
@@ -498,7 +506,9 @@ def vramleak(request: pytest.FixtureRequest) -> VramLeakFixture:
     if check is None:
         check = request.node.stash[CHECK] = Check(None, meter)
     tracker = check.tracker
-    watcher = StepWatcher(meter.name, warmup=settings.warmup, tolerance=settings.tolerance, meter=meter, tracker=tracker)
+    watcher = StepWatcher(
+        meter.name, warmup=settings.warmup, tolerance=settings.tolerance, meter=meter, tracker=tracker, sites=lambda: check.sites
+    )
 
     def on_result(result: StepResult) -> None:
         check.steps.append(result)

@@ -23,6 +23,8 @@ def render_groups(groups: Sequence[Any]) -> str:
     lines = []
     for group in groups[:MAX_GROUPS_SHOWN]:
         lines.append(group.title())
+        for site in group.allocated_at:
+            lines.append(f"    allocated at {site}")
         for chain in group.held_by:
             lines.append(f"    held by {chain}")
         if not group.held_by:

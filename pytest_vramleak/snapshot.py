@@ -26,6 +26,7 @@ from .census import Found, StorageKey, is_tensor_type, take_census, walk
 from .devices import Meter, make_meter, resolve_device
 from .referrers import name_holders, without_python_holders
 from .sizes import format_size
+from .sites import SiteRecorder, describe_stack
 from .tracker import Tracker
 
 MAX_CHAINS_PER_GROUP = 3
@@ -97,6 +98,8 @@ class TensorGroup:
     graph_bytes: int = 0
     """Bytes of tensors saved by autograd graphs that these tensors keep alive."""
     graph_tensors: int = 0
+    allocated_at: list[str] = field(default_factory=list)
+    """Where the tensors were created (``file:line in function()``, then callers), where recorded."""
     kind: str = "tensor"
     """``tensor``, ``grad`` (a gradient of a live tensor) or ``graph`` (saved by an autograd graph)."""
 
@@ -120,6 +123,7 @@ class TensorGroup:
             "bytes": self.bytes,
             "count": self.count,
             "held_by": list(self.held_by),
+            "allocated_at": list(self.allocated_at),
             "kind": self.kind,
             "graph_bytes": self.graph_bytes,
         }
@@ -169,17 +173,25 @@ def take_snapshot(device: str | None = "auto", *, meter: Meter | None = None, tr
     return Snapshot(meter.name, allocated, storages, meter.details(), identities)
 
 
-def diff(before: Snapshot, after: Snapshot | None = None, *, meter: Meter | None = None, name: bool = True) -> Leak:
+def diff(
+    before: Snapshot,
+    after: Snapshot | None = None,
+    *,
+    meter: Meter | None = None,
+    name: bool = True,
+    sites: SiteRecorder | None = None,
+) -> Leak:
     """What was allocated after ``before`` and is still alive, grouped and with its holders named.
 
     ``after`` defaults to a snapshot taken now. With ``name=False`` the tensors are grouped but
-    the (slower) search for their holders is skipped.
+    the (slower) search for their holders is skipped. With a :class:`SiteRecorder` that was active
+    meanwhile, each group says where its tensors were allocated.
     """
     meter = meter or meter_for(before.device)
     if after is None:
         after = take_snapshot(meter=meter)
     new_keys = after.new_since(before)
-    groups = describe(new_keys, after.device, name=name) if new_keys else []
+    groups = describe(new_keys, after.device, name=name, sites=sites) if new_keys else []
     return Leak(after.device, before.allocated_bytes, after.allocated_bytes, after.leaked_since(before), groups, after.details)
 
 
@@ -230,7 +242,19 @@ def _primary(finds: list[Found], orphans: set[int]) -> Found:
     return finds[0]
 
 
-def describe(keys: Iterable[StorageKey], device: str, *, name: bool = True) -> list[TensorGroup]:
+def _allocation_site(sites: SiteRecorder | None, tensor: Any) -> str | None:
+    if sites is None:
+        return None
+    torch = _torch()
+    try:
+        with torch._C.DisableTorchFunctionSubclass():
+            stack = sites.site_of(torch._C.TensorBase.untyped_storage(tensor))
+    except Exception:
+        return None
+    return describe_stack(stack) if stack else None
+
+
+def describe(keys: Iterable[StorageKey], device: str, *, name: bool = True, sites: SiteRecorder | None = None) -> list[TensorGroup]:
     """Group the live storages in ``keys`` by dtype, shape and device, and name their holders.
 
     A storage saved only by an autograd graph is added to the group of the tensor whose graph
@@ -265,6 +289,9 @@ def describe(keys: Iterable[StorageKey], device: str, *, name: bool = True) -> l
                     target_groups.append((group, ""))
                 group.graph_bytes += found.nbytes
                 group.graph_tensors += 1
+                site = _allocation_site(sites, found.owner)
+                if group.kind == "graph" and site is not None and site not in group.allocated_at:
+                    group.allocated_at.append(site)
                 continue
             dtype, shape, where = _group_key(found.tensor)
             kind = "tensor" if found.via == "gc" else found.via
@@ -272,6 +299,9 @@ def describe(keys: Iterable[StorageKey], device: str, *, name: bool = True) -> l
             group.bytes += found.nbytes
             group.count += 1
             owner_groups.setdefault(id(found.tensor), group)
+            site = _allocation_site(sites, found.tensor)
+            if site is not None and site not in group.allocated_at and len(group.allocated_at) < MAX_CHAINS_PER_GROUP:
+                group.allocated_at.append(site)
             if sum(1 for g, _ in target_groups if g is group) < MAX_CHAINS_PER_GROUP:
                 targets.append(found.tensor if found.via == "gc" else found.owner)
                 target_groups.append((group, ".grad" if found.via == "grad" else ""))

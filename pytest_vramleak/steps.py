@@ -8,8 +8,13 @@ from typing import Any
 
 from .devices import Meter
 from .snapshot import Leak, Snapshot, describe, meter_for, take_snapshot
+from .sites import SiteRecorder
 from .tracker import Tracker
 from .verdict import GrowthVerdict, judge_growth
+
+
+RECORDED_STEPS = 2
+"""Measured steps whose allocation sites are recorded; the rest of a loop runs without."""
 
 
 @dataclass
@@ -43,6 +48,8 @@ class StepWatcher:
     meter: Meter | None = None
     tracker: Tracker | None = None
     """Tracks storages cheaply between steps; one is made for the loop when none is given."""
+    sites: Callable[[], SiteRecorder | None] | None = None
+    """The recorder of allocation sites active around the loop, if any."""
     results: list[StepResult] = field(default_factory=list)
 
     def check_arguments(self, n: int, warmup: int | None) -> int:
@@ -65,6 +72,7 @@ class StepWatcher:
         owns_tracker = not tracker.active
         if owns_tracker:
             tracker.begin()
+        recorder = self.sites() if self.sites else None
         try:
             baseline: Snapshot | None = take_snapshot(meter=meter, tracker=tracker) if warmup == 0 else None
             snapshots: list[Snapshot] = []
@@ -78,7 +86,13 @@ class StepWatcher:
                     if len(snapshots) > 2:
                         del snapshots[0]  # only the last two are needed for naming
                     measured.append(snapshots[-1].allocated_bytes)
+                if recorder is not None and index == warmup + RECORDED_STEPS - 1:
+                    # Recording every torch call costs about a fifth of a small step; what a loop
+                    # leaks, it leaks in its first measured steps too.
+                    recorder.pause()
         finally:
+            if recorder is not None:
+                recorder.resume()
             if owns_tracker:
                 tracker.end()
         assert baseline is not None and len(snapshots) == 2
@@ -92,7 +106,7 @@ class StepWatcher:
             new = end.new_since(baseline)
             lasting = {key for key in new if penultimate.holds_same(key, end)}
             with tracker.unfrozen():  # naming holders needs the whole heap
-                groups = describe(lasting or new, meter.name)
+                groups = describe(lasting or new, meter.name, sites=self.sites() if self.sites else None)
             leak = Leak(meter.name, baseline.allocated_bytes, end.allocated_bytes, end.leaked_since(baseline), groups, end.details)
         self.results.append(StepResult(meter.name, warmup, figures, verdict, leak))
 

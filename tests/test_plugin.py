@@ -149,6 +149,7 @@ def test_json_report_schema(pytester: pytest.Pytester) -> None:
                         "bytes": 4096,
                         "count": 1,
                         "held_by": ["test_it.CACHE['user-42']"],
+                        "allocated_at": ["test_it.py:6 in test_leaks()"],
                         "kind": "tensor",
                         "graph_bytes": 0,
                     }

@@ -1,0 +1,165 @@
+"""Where leaked tensors were allocated: the innermost frame of the user's code, and its callers.
+
+While a checked test's body runs, a ``TorchFunctionMode`` notes the Python stack of every tensor
+a torch function or tensor method returns, keyed by the tensor's storage; the record holds weak
+references only and is dropped when the check ends. Tensors created in C++ without a torch call
+from Python (gradients made by ``backward()``) have no site.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+from typing import Any
+
+from .census import is_tensor_type
+
+MAX_CALLERS = 3
+_LIBRARY, _RUNNER, _USER = 0, 1, 2
+
+
+def _directories() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Library code a site never points into (torch, this plugin), and the test runner's code
+    (pytest, pluggy), where a stack stops."""
+    import pluggy
+    import pytest
+    import torch
+
+    def folder(module: Any) -> str:
+        return os.path.dirname(module.__file__ or "") + os.sep
+
+    runner = (folder(pytest), os.path.dirname(folder(pytest).rstrip(os.sep)) + os.sep + "_pytest" + os.sep, folder(pluggy))
+    return (folder(torch), os.path.dirname(__file__) + os.sep), runner
+
+
+Site = tuple[str, int, str]
+"""A place in the user's code: file name, line, function. Plain tuples, which gc stops tracking,
+so a long recording adds nothing to what later collections have to examine."""
+
+
+def site_text(site: Site) -> str:
+    """``file:line in function()``."""
+    filename, line, function = site
+    return f"{_short_path(filename)}:{line} in {function}()"
+
+
+def _short_path(filename: str) -> str:
+    try:
+        relative = os.path.relpath(filename)
+    except ValueError:
+        return filename
+    return filename if relative.startswith("..") else relative
+
+
+_frame_kinds: dict[types.CodeType, int] = {}
+
+
+def _kind(code: types.CodeType) -> int:
+    kind = _frame_kinds.get(code)
+    if kind is None:
+        library, runner = _directories()
+        filename = code.co_filename
+        if filename.startswith(runner):
+            kind = _RUNNER
+        elif filename.startswith(library) or filename.startswith("<"):
+            kind = _LIBRARY
+        else:
+            kind = _USER
+        _frame_kinds[code] = kind
+    return kind
+
+
+def user_stack(frame: types.FrameType | None) -> tuple[Site, ...]:
+    """The innermost frames of ``frame``'s stack that belong to the user's code, torch's own frames
+    between them left out, up to the test runner's frames."""
+    stack: list[Site] = []
+    while frame is not None and len(stack) <= MAX_CALLERS:
+        kind = _kind(frame.f_code)
+        if kind == _USER:
+            stack.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
+        elif kind == _RUNNER and stack:
+            break
+        frame = frame.f_back
+    return tuple(stack)
+
+
+def describe_stack(stack: tuple[Site, ...]) -> str:
+    """``a.py:3 in f(), called from test_b.py:9 in test_x()``."""
+    if not stack:
+        return "unknown"
+    return ", called from ".join(site_text(site) for site in stack)
+
+
+class SiteRecorder:
+    """Records the allocation site of every tensor torch returns to Python while it is active."""
+
+    def __init__(self) -> None:
+        # id(storage) -> (data pointer, size, stack): an id and a data pointer together are reused
+        # only when a new storage takes both the old storage object's place and its memory.
+        self._sites: dict[int, tuple[int, int, tuple[Site, ...]]] = {}
+        self._mode: Any = None
+        self._paused = False
+
+    def __enter__(self) -> SiteRecorder:
+        import torch
+        from torch.overrides import TorchFunctionMode
+
+        sites = self._sites
+        untyped_storage = torch._C.TensorBase.untyped_storage
+
+        def note(value: Any, frame: types.FrameType) -> None:
+            if not is_tensor_type(type(value)):
+                return
+            try:
+                storage = untyped_storage(value)
+                identity = (storage.data_ptr(), storage.nbytes())
+            except Exception:
+                return
+            known = sites.get(id(storage))
+            if known is None or known[:2] != identity:  # in-place results keep their first site
+                sites[id(storage)] = (*identity, user_stack(frame))
+
+        class Mode(TorchFunctionMode):
+            def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                result = func(*args, **(kwargs or {}))
+                if type(result) in (tuple, list):
+                    for item in result:
+                        note(item, sys._getframe(1))
+                else:
+                    note(result, sys._getframe(1))
+                return result
+
+        self._mode = Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        mode, self._mode = self._mode, None
+        if mode is not None and not self._paused:
+            mode.__exit__(*exc_info)
+        self._paused = False
+
+    def pause(self) -> None:
+        """Stop recording for a while (a long loop whose first steps were recorded)."""
+        if self._mode is not None and not self._paused:
+            try:
+                self._mode.__exit__(None, None, None)
+            except Exception:  # another mode entered since sits above ours: keep recording
+                return
+            self._paused = True
+
+    def resume(self) -> None:
+        if self._mode is not None and self._paused:
+            self._mode.__enter__()
+            self._paused = False
+
+    def site_of(self, storage: Any) -> tuple[Site, ...] | None:
+        """The stack where ``storage`` was allocated, if it was recorded."""
+        known = self._sites.get(id(storage))
+        if known is None or known[:2] != (storage.data_ptr(), storage.nbytes()):
+            return None
+        return known[2]
+
+    def clear(self) -> None:
+        self._sites.clear()
