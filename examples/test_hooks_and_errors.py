@@ -6,18 +6,20 @@ import pytest
 import torch
 from models import Classifier
 
-ACTIVATIONS: list[torch.Tensor] = []
+MODELS: list[Classifier] = []
 FAILED_BATCHES: list[Exception] = []
 
 
 @pytest.mark.vram_budget
 def test_hook_appends_activations():
-    """Leaks: a forward hook stores every activation in a module-level list and is never removed."""
+    """Leaks: a model kept for later tests carries a forward hook that stores every activation."""
     model = Classifier()
-    model.encoder.register_forward_hook(lambda module, args, output: ACTIVATIONS.append(output.detach()))
+    activations = []
+    model.encoder.register_forward_hook(lambda module, args, output: activations.append(output.detach()))
     with torch.no_grad():
         for _ in range(3):
             model(torch.randn(64, 128))
+    MODELS.append(model)
 
 
 @pytest.mark.vram_budget

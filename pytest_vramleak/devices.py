@@ -23,6 +23,21 @@ from typing import Any, Protocol
 from .census import take_census
 
 
+_CPU_OUT_OF_MEMORY = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is an allocator running out of memory: ``torch.OutOfMemoryError`` on
+    accelerators, the CPU allocator's ``RuntimeError`` on CPU."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    out_of_memory = getattr(torch, "OutOfMemoryError", None)
+    if out_of_memory is not None and isinstance(error, out_of_memory):
+        return True
+    return type(error) is RuntimeError and any(text in str(error) for text in _CPU_OUT_OF_MEMORY)
+
+
 class DeviceUnavailable(Exception):
     """The requested device is not present in this process."""
 

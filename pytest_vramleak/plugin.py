@@ -12,16 +12,17 @@ pytest's test phases:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from .devices import DeviceUnavailable, Meter, make_meter, resolve_device
+from .devices import DeviceUnavailable, Meter, is_out_of_memory, make_meter, resolve_device
 from .report import TestResult, write_json
 from .sizes import SizeError, format_size, parse_size
-from .snapshot import Snapshot, diff, take_snapshot
+from .snapshot import Snapshot, diff, memory_contents, take_snapshot
 from .sites import SiteRecorder
 from .steps import StepResult, StepWatcher
 from .tracker import Tracker
@@ -312,6 +313,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     check = item.stash.get(CHECK, None)
     if check is None:
         return report
+    if report.when == "call" and call.excinfo is not None and check.meter is not None and is_out_of_memory(call.excinfo.value):
+        try:
+            with check.tracker.unfrozen() if check.tracker is not None else contextlib.nullcontext():
+                report.sections.append(("vramleak: what filled the memory", memory_contents(check.meter, call.excinfo.value)))
+        except Exception as error:  # never let the forensics replace the test's own failure
+            report.sections.append(("vramleak: what filled the memory", f"could not be read: {type(error).__name__}: {error}"))
     if report.when in ("setup", "call") and check.unchecked_reason is None:
         if check.step_leaked:
             check.unchecked_reason = "memory grew across the steps of the vramleak fixture"

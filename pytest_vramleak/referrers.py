@@ -129,6 +129,7 @@ def find_chains(
     max_depth: int = BACKWARD_LEVELS,
     max_frontier: int = 5_000,
     exclude_types: tuple[type, ...] = (),
+    frames: Sequence[types.FrameType] = (),
 ) -> list[list[Any]]:
     """For each target, a shortest chain ``[root, ..., target]`` of objects holding it.
 
@@ -146,7 +147,8 @@ def find_chains(
             stack.append(frame)
         frame = frame.f_back
     on_stack = {id(f) for f in stack}
-    running_locals = _running_locals(stack)
+    # Frames the caller names (those of an error being reported) count as roots like running ones.
+    running_locals = _running_locals([*frames, *stack])
     del frame
     held_by: dict[int, list[Any]] = {}  # id(holder) -> the objects it holds one level nearer a target
     origins: dict[int, int] = {id(t): 1 << i for i, t in enumerate(targets)}  # bit i: leads to targets[i]
@@ -432,13 +434,19 @@ def chain_text(chain: Sequence[Any]) -> str:
     return "".join(text)
 
 
-def name_holders(targets: Sequence[Any], *, max_depth: int = 24, exclude_types: tuple[type, ...] = ()) -> list[str | None]:
+def name_holders(
+    targets: Sequence[Any],
+    *,
+    max_depth: int = BACKWARD_LEVELS,
+    exclude_types: tuple[type, ...] = (),
+    frames: Sequence[types.FrameType] = (),
+) -> list[str | None]:
     """One line per target naming the chain of references that keeps it alive.
 
     None for a target that nothing visible to gc refers to: it is held from C++ (an autograd
     graph, a registry in an extension).
     """
-    chains = find_chains(targets, max_depth=max_depth, exclude_types=exclude_types)
+    chains = find_chains(targets, max_depth=max_depth, exclude_types=exclude_types, frames=frames)
     try:
         return [chain_text(chain) if len(chain) > 1 else None for chain in chains]
     finally:

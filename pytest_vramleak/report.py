@@ -13,7 +13,6 @@ from .sizes import format_size
 
 REPORT_VERSION = 1
 MAX_GROUPS_SHOWN = 10
-GRAPH_FIX = "store loss.item() or tensor.detach() instead, or run the step under torch.no_grad()"
 
 
 def render_groups(groups: Sequence[Any]) -> str:
@@ -21,6 +20,7 @@ def render_groups(groups: Sequence[Any]) -> str:
     if not groups:
         return "no live tensor accounts for it: the memory is held outside Python tensors (C++ caches, extensions)"
     lines = []
+    stated: set[str] = set()
     for group in groups[:MAX_GROUPS_SHOWN]:
         lines.append(group.title())
         for site in group.allocated_at:
@@ -29,11 +29,9 @@ def render_groups(groups: Sequence[Any]) -> str:
             lines.append(f"    held by {chain}")
         if not group.held_by:
             lines.append("    held by: no chain found")
-        if group.graph_bytes:
-            lines.append(
-                f"    keeps an autograd graph alive: {format_size(group.graph_bytes)} in "
-                f"{group.graph_tensors} saved tensors; {GRAPH_FIX}"
-            )
+        for finding in group.diagnoses:
+            lines.append(f"    diagnosis: {finding}" if finding not in stated else "    diagnosis: as above")
+            stated.add(finding)
     if len(groups) > MAX_GROUPS_SHOWN:
         rest = groups[MAX_GROUPS_SHOWN:]
         lines.append(f"... and {len(rest)} more groups, {format_size(sum(g.bytes for g in rest))}")

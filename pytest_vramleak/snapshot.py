@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import gc
 import weakref
-from collections.abc import Iterable
+import types
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .census import Found, StorageKey, is_tensor_type, take_census, walk
 from .devices import Meter, make_meter, resolve_device
+from .diagnosis import diagnose
 from .referrers import name_holders, without_python_holders
+from .report import render_groups
 from .sizes import format_size
 from .sites import SiteRecorder, describe_stack
 from .tracker import Tracker
@@ -100,6 +103,8 @@ class TensorGroup:
     graph_tensors: int = 0
     allocated_at: list[str] = field(default_factory=list)
     """Where the tensors were created (``file:line in function()``, then callers), where recorded."""
+    diagnoses: list[str] = field(default_factory=list)
+    """The leak patterns recognised, each with its cause and fix (see :mod:`pytest_vramleak.diagnosis`)."""
     kind: str = "tensor"
     """``tensor``, ``grad`` (a gradient of a live tensor) or ``graph`` (saved by an autograd graph)."""
 
@@ -124,6 +129,7 @@ class TensorGroup:
             "count": self.count,
             "held_by": list(self.held_by),
             "allocated_at": list(self.allocated_at),
+            "diagnoses": list(self.diagnoses),
             "kind": self.kind,
             "graph_bytes": self.graph_bytes,
         }
@@ -143,8 +149,6 @@ class Leak:
 
     def render(self) -> str:
         """The groups and their holders as text, one group per paragraph."""
-        from .report import render_groups
-
         return render_groups(self.groups)
 
 
@@ -193,6 +197,31 @@ def diff(
     new_keys = after.new_since(before)
     groups = describe(new_keys, after.device, name=name, sites=sites) if new_keys else []
     return Leak(after.device, before.allocated_bytes, after.allocated_bytes, after.leaked_since(before), groups, after.details)
+
+
+LARGEST_SHOWN = 5
+
+
+def memory_contents(meter: Meter, error: BaseException | None = None) -> str:
+    """What fills a device now: its allocator's figures and its largest live storages, with holders.
+
+    Used when a test runs out of memory, while the failed test's frames are still alive: the
+    locals of the frames in ``error``'s traceback are named as such.
+    """
+    frames = []
+    traceback = error.__traceback__ if error is not None else None
+    while traceback is not None:
+        frames.append(traceback.tb_frame)
+        traceback = traceback.tb_next
+    census = take_census(meter.name)
+    largest = sorted(census.storages, key=census.storages.__getitem__, reverse=True)[:LARGEST_SHOWN]
+    figures = [f"tensor storages alive on {meter.name}: {format_size(census.total_bytes)} in {len(census.storages)} storages"]
+    if meter.name != "cpu":
+        figures.append(f"allocated by the caching allocator: {format_size(meter.allocated_bytes())}")
+        figures += [f"{name.replace('_', ' ')}: {format_size(value)}" for name, value in meter.details().items()]
+    groups = describe(largest, meter.name, frames=frames[::-1])
+    frames.clear()
+    return "\n".join([*figures, "largest tensors:", render_groups(groups)])
 
 
 def _locate(keys: Iterable[StorageKey], device: str, defer_owners: set[int] | None = None) -> dict[StorageKey, list[Found]]:
@@ -254,7 +283,14 @@ def _allocation_site(sites: SiteRecorder | None, tensor: Any) -> str | None:
     return describe_stack(stack) if stack else None
 
 
-def describe(keys: Iterable[StorageKey], device: str, *, name: bool = True, sites: SiteRecorder | None = None) -> list[TensorGroup]:
+def describe(
+    keys: Iterable[StorageKey],
+    device: str,
+    *,
+    name: bool = True,
+    sites: SiteRecorder | None = None,
+    frames: Sequence[types.FrameType] = (),
+) -> list[TensorGroup]:
     """Group the live storages in ``keys`` by dtype, shape and device, and name their holders.
 
     A storage saved only by an autograd graph is added to the group of the tensor whose graph
@@ -306,7 +342,7 @@ def describe(keys: Iterable[StorageKey], device: str, *, name: bool = True, site
                 targets.append(found.tensor if found.via == "gc" else found.owner)
                 target_groups.append((group, ".grad" if found.via == "grad" else ""))
         if name and targets:
-            for (group, suffix), text in zip(target_groups, name_holders(targets, exclude_types=(Found,))):
+            for (group, suffix), text in zip(target_groups, name_holders(targets, exclude_types=(Found,), frames=frames)):
                 line = (text + suffix) if text is not None else HELD_FROM_CPP
                 if line not in group.held_by:
                     group.held_by.append(line)
@@ -318,4 +354,5 @@ def describe(keys: Iterable[StorageKey], device: str, *, name: bool = True, site
     for group in groups.values():
         if group.kind == "graph":
             group.bytes = group.graph_bytes
+        group.diagnoses = diagnose(group)
     return sorted(groups.values(), key=lambda g: -(g.bytes + (0 if g.kind == "graph" else g.graph_bytes)))

@@ -18,9 +18,10 @@ LEAK_KINDS = {
 
         @pytest.mark.vram_budget
         def test_it():
-            CACHE["user-42"] = torch.ones(1024, 256)
+            CACHE["user-42"] = torch.ones(1024, 256)  # here
         """,
         "held by test_it.CACHE['user-42']",
+        None,
     ),
     "attribute_and_list_index": (
         """
@@ -33,9 +34,10 @@ LEAK_KINDS = {
         @pytest.mark.vram_budget
         def test_it():
             for step in range(4):
-                MODEL.history.append(torch.ones(256))
+                MODEL.history.append(torch.ones(256))  # here
         """,
         "held by test_it.MODEL.history[0]",
+        "a module-level container gained 4 entries and never let them go*",
     ),
     "class_attribute": (
         """
@@ -44,9 +46,10 @@ LEAK_KINDS = {
 
         @pytest.mark.vram_budget
         def test_it():
-            Registry.last = torch.ones(512)
+            Registry.last = torch.ones(512)  # here
         """,
         "held by test_it.Registry.last",
+        None,
     ),
     "tuple_index": (
         """
@@ -54,9 +57,10 @@ LEAK_KINDS = {
 
         @pytest.mark.vram_budget
         def test_it():
-            PAIRS.append((1, torch.ones(512)))
+            PAIRS.append((1, torch.ones(512)))  # here
         """,
         "held by test_it.PAIRS[0][1]",
+        None,
     ),
     "closure_variable": (
         """
@@ -70,9 +74,10 @@ LEAK_KINDS = {
 
         @pytest.mark.vram_budget
         def test_it():
-            LOG(torch.ones(512))
+            LOG(torch.ones(512))  # here
         """,
         "held by test_it.LOG -> closure var 'seen'[0]",
+        "a closure (a callback, a logger) captured it and lives on*",
     ),
     "forward_hook": (
         """
@@ -83,16 +88,17 @@ LEAK_KINDS = {
             outputs = []
             MODEL[0].register_forward_hook(lambda module, args, out: outputs.append(out.detach()))
             with torch.no_grad():
-                MODEL(torch.ones(4, 8))
+                MODEL(torch.ones(4, 8))  # here
         """,
         "held by test_it.MODEL.0._forward_hooks[*] -> closure var 'outputs'[0]",
+        "a module hook keeps what it is given*handle.remove()*",
     ),
     "exception_traceback": (
         """
         ERRORS = []
 
         def forward():
-            activations = torch.ones(1024)
+            activations = torch.ones(1024)  # here
             raise RuntimeError("bad batch")
 
         @pytest.mark.vram_budget
@@ -103,6 +109,7 @@ LEAK_KINDS = {
                 ERRORS.append(error)
         """,
         "held by test_it.ERRORS[0].__traceback__.tb_next.tb_frame (forward:*) local 'activations'",
+        "a stored exception keeps its traceback*traceback.clear_frames*",
     ),
     "lru_cache": (
         """
@@ -110,13 +117,14 @@ LEAK_KINDS = {
 
         @functools.lru_cache(maxsize=None)
         def embed(n):
-            return torch.ones(n)
+            return torch.ones(n)  # here
 
         @pytest.mark.vram_budget
         def test_it():
             embed(1000)
         """,
         "held by test_it.embed -> lru_cache[1000]",
+        "functools.lru_cache / functools.cache keeps every result*",
     ),
     "module_parameter_and_buffer_names": (
         """
@@ -129,11 +137,12 @@ LEAK_KINDS = {
 
         @pytest.mark.vram_budget
         def test_it():
-            block = torch.nn.Linear(16, 16)
+            block = torch.nn.Linear(16, 16)  # here
             block.register_buffer("scale", torch.ones(64))
             NET.blocks.append(block)
         """,
         "held by test_it.NET.blocks.0.weight",
+        None,
     ),
     "autograd_graph": (
         """
@@ -144,20 +153,27 @@ LEAK_KINDS = {
             weight = torch.randn(128, 128, requires_grad=True)
             for _ in range(3):
                 batch = torch.randn(32, 128)
-                LOSSES.append((batch @ weight).relu().sum())
+                LOSSES.append((batch @ weight).relu().sum())  # here
         """,
-        "    keeps an autograd graph alive: * in * saved tensors; store loss.item() or tensor.detach() instead, or run the step under torch.no_grad()",
+        "held by test_it.LOSSES[0]",
+        "autograd graph kept alive: * in * saved tensors*store loss.item() or tensor.detach() instead, or run the step under torch.no_grad()",
     ),
 }
 
 
 @pytest.mark.parametrize("kind", sorted(LEAK_KINDS))
-def test_leak_kind_fails_and_names_its_holder(pytester: pytest.Pytester, kind: str) -> None:
-    source, holder_line = LEAK_KINDS[kind]
-    pytester.makepyfile(test_it="import pytest, torch\n" + textwrap.dedent(source))
+def test_leak_kind_fails_names_its_holder_site_and_cause(pytester: pytest.Pytester, kind: str) -> None:
+    source, holder_line, diagnosis = LEAK_KINDS[kind]
+    text = "import pytest, torch\n" + textwrap.dedent(source)
+    site_line = next(number for number, line in enumerate(text.splitlines(), 1) if line.endswith("# here"))
+    pytester.makepyfile(test_it=text)
     result = pytester.runpytest("-p", "no:cacheprovider", "-rf")
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["leaked * on cpu, allowed 0 B", "leaked tensors:", f"*{literal(holder_line)}*"])
+    result.stdout.fnmatch_lines(
+        ["leaked * on cpu, allowed 0 B", "leaked tensors:", f"    allocated at test_it.py:{site_line} in *", f"*{literal(holder_line)}*"]
+    )
+    if diagnosis is not None:
+        result.stdout.fnmatch_lines([f"    diagnosis: {literal(diagnosis)}"])
     result.stdout.fnmatch_lines(["LEAKED test_it.py::test_it - VramLeak: leaked * on cpu, allowed 0 B"])
 
 
@@ -197,4 +213,4 @@ def test_autograd_graph_bytes_are_reported(pytester: pytest.Pytester, run_checke
     assert group["held_by"][0].startswith("test_it.LOSSES[")
     # each step keeps x and exp's output (64 KiB each) and the scalar 2 (8 bytes) alive through its graph
     assert group["graph_bytes"] == 4 * (2 * 64 * 256 * 4 + 8)
-    result.stdout.fnmatch_lines(["*keeps an autograd graph alive: 512.0 KiB in 12 saved tensors*"])
+    result.stdout.fnmatch_lines(["*diagnosis: autograd graph kept alive: 512.0 KiB in 12 saved tensors*"])

@@ -94,7 +94,7 @@ LEAKS = {
                 x, y = batch()
                 total = total + torch.nn.functional.mse_loss(model(x), y)
         """,
-        ["*test_it:* local 'total'", "*keeps an autograd graph alive*"],
+        ["*test_it:* local 'total'", "*diagnosis: autograd graph kept alive*"],
     ),
     "steady_growth": (
         """

@@ -1,0 +1,63 @@
+"""Recognise the common PyTorch leak patterns in a leaked group, and say the cause and the fix."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from .sizes import format_size
+
+_HOOK_DICTS = re.compile(r"\._(forward|forward_pre|backward|backward_pre|full_backward|full_backward_pre|state_dict)_hooks\[")
+_TORCH_CACHES = ("torch._dynamo", "torch._inductor", "torch.fx", "torch._functorch")
+
+
+def diagnose(group: Any) -> list[str]:
+    """One or two lines per pattern the group matches, cause first, then the fix."""
+    chains: Sequence[str] = group.held_by
+    found: list[str] = []
+    if group.graph_bytes:
+        found.append(
+            f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors "
+            "behind a tensor that still has its grad_fn (a loss or output stored with its graph); "
+            "store loss.item() or tensor.detach() instead, or run the step under torch.no_grad()"
+        )
+    if any(_HOOK_DICTS.search(chain) for chain in chains):
+        found.append(
+            "a module hook keeps what it is given: keep the handle register_*_hook() returns and call "
+            "handle.remove() when done, or clear what the hook appends to"
+        )
+    if any(" -> lru_cache" in chain for chain in chains):
+        found.append(
+            "functools.lru_cache / functools.cache keeps every result it returned: give it a maxsize, "
+            "call .cache_clear(), or do not cache tensors"
+        )
+    if any(".__traceback__" in chain or ".tb_frame" in chain or chain.startswith("sys.last_") for chain in chains):
+        pinned_by_pytest = any(chain.startswith("sys.last_") for chain in chains)
+        found.append(
+            ("pytest keeps the last failed test's traceback (sys.last_traceback), and with it that test's frames"
+             if pinned_by_pytest
+             else "a stored exception keeps its traceback, whose frames keep their local tensors")
+            + ": store str(error) instead, or call traceback.clear_frames(error.__traceback__)"
+        )
+    elif any(" -> closure var " in chain for chain in chains) and not any(_HOOK_DICTS.search(c) for c in chains):
+        found.append(
+            "a closure (a callback, a logger) captured it and lives on: drop the callback when done, or "
+            "capture a detached copy or a Python number instead"
+        )
+    if group.count > 1 and chains and all(_module_container_entry(chain) for chain in chains) and not found:
+        found.append(
+            f"a module-level container gained {group.count} entries and never let them go (a cache "
+            "without eviction, a history list): bound it, evict old entries, or clear it after use"
+        )
+    if any(chain.startswith(_TORCH_CACHES) for chain in chains):
+        found = [
+            "held by a cache PyTorch keeps itself (compiled graphs): not the test's leak; "
+            "torch._dynamo.reset() frees it"
+        ]
+    return found
+
+
+def _module_container_entry(chain: str) -> bool:
+    """``pkg.module.NAME[...]`` or ``pkg.module.obj.attr[...]``: an entry of a container reached from a module."""
+    return bool(re.fullmatch(r"[A-Za-z_][\w.]*(\[[^\]]*\])", chain))
