@@ -38,6 +38,17 @@ def is_out_of_memory(error: BaseException) -> bool:
     return type(error) is RuntimeError and any(text in str(error) for text in _CPU_OUT_OF_MEMORY)
 
 
+def clear_torch_caches(torch: Any) -> None:
+    """Free what PyTorch caches for itself and its own test suite clears before measuring: the
+    autocast cache, and compiled graphs where ``torch._dynamo`` is in use."""
+    torch.clear_autocast_cache()
+    import sys
+
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        dynamo.reset()
+
+
 class DeviceUnavailable(Exception):
     """The requested device is not present in this process."""
 

@@ -13,13 +13,14 @@ pytest's test phases:
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from .devices import DeviceUnavailable, Meter, is_out_of_memory, make_meter, resolve_device
+from .devices import DeviceUnavailable, Meter, clear_torch_caches, is_out_of_memory, make_meter, resolve_device
 from .report import TestResult, write_json
 from .sizes import SizeError, format_size, parse_size
 from .snapshot import Snapshot, diff, memory_contents, take_snapshot
@@ -39,6 +40,7 @@ _HELP = {
     "vramleak_report": "write a JSON report of every checked test to this path",
     "vramleak_warmup": f"unmeasured warm-up steps of the vramleak fixture (default {DEFAULT_WARMUP})",
     "vramleak_tolerance": "growth across measured steps that is not yet a leak, e.g. '64 KiB' (default 0)",
+    "vramleak_sites": "record where leaked tensors were allocated: on or off (default on)",
 }
 
 
@@ -57,6 +59,7 @@ class Settings:
     report_path: str | None
     warmup: int
     tolerance: int
+    sites: bool = True
 
 
 @dataclass
@@ -74,6 +77,7 @@ class Check:
     error: str | None = None
     steps: list[StepResult] = field(default_factory=list)
     step_leaked: bool = False
+    cycle_bytes: int | None = None
     result: TestResult | None = None
 
 
@@ -102,11 +106,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--vramleak-report", default=None, metavar="PATH", help=_HELP["vramleak_report"])
     group.addoption("--vramleak-warmup", default=None, metavar="N", help=_HELP["vramleak_warmup"])
     group.addoption("--vramleak-tolerance", default=None, metavar="SIZE", help=_HELP["vramleak_tolerance"])
+    group.addoption("--vramleak-sites", default=None, metavar="on|off", help=_HELP["vramleak_sites"])
     parser.addini("vramleak", _HELP["vramleak"], type="bool", default=False)
     parser.addini("vramleak_device", _HELP["vramleak_device"], default="auto")
     parser.addini("vramleak_report", _HELP["vramleak_report"], default="")
     parser.addini("vramleak_warmup", _HELP["vramleak_warmup"], default=str(DEFAULT_WARMUP))
     parser.addini("vramleak_tolerance", _HELP["vramleak_tolerance"], default="0")
+    parser.addini("vramleak_sites", _HELP["vramleak_sites"], default="on")
 
 
 def _option(config: pytest.Config, ini_name: str) -> tuple[Any, str]:
@@ -147,7 +153,11 @@ def read_settings(config: pytest.Config) -> Settings:
         tolerance = parse_size(str(tolerance_text))
     except SizeError as error:
         raise pytest.UsageError(f"{source}: {error}") from None
-    return Settings(bool(every_test), device, report_path or None, warmup, tolerance)
+    sites_text, source = _option(config, "vramleak_sites")
+    if str(sites_text).strip().lower() not in ("on", "off"):
+        raise pytest.UsageError(f"{source}: expected on or off, got {sites_text!r}")
+    sites = str(sites_text).strip().lower() == "on"
+    return Settings(bool(every_test), device, report_path or None, warmup, tolerance, sites)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -161,6 +171,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SETTINGS] = read_settings(config)
     config.stash[RESULTS] = []
     config.stash[TRACKERS] = {}
+    config.stash[FIXTURES] = []
     config.pluginmanager.register(_Recorder(config.stash[RESULTS]), "vramleak-recorder")
 
 
@@ -292,14 +303,21 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
             watch_peak = check.budget.peak is not None or meter.name != "cpu"
             if watch_peak:
                 meter.start_peak()
-        check.sites = SiteRecorder().__enter__()
+        if item.config.stash[SETTINGS].sites:
+            check.sites = SiteRecorder().__enter__()
     except Exception as error:  # the plugin's own failure: report it on this test, run the test anyway
         check.error = f"{type(error).__name__}: {error}"
         return (yield)
     try:
         return (yield)
     finally:
-        check.sites.__exit__(None, None, None)
+        if check.sites is not None:
+            check.sites.__exit__(None, None, None)
+        if check.baseline is not None:
+            try:
+                check.cycle_bytes = _cycle_bytes(check)
+            except Exception as error:
+                check.error = f"{type(error).__name__}: {error}"
         if watch_peak:
             try:
                 check.peak_bytes = meter.stop_peak()
@@ -374,6 +392,19 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
             check.sites.clear()  # the record of sites holds nothing once the check ends
 
 
+def _cycle_bytes(check: Check) -> int:
+    """Bytes of storages the test body created that only the cycle collector frees.
+
+    Measured as the body returns: what is alive then and gone after a collection lived on
+    reference cycles. Freed late, which on a GPU raises the peak, but not leaked.
+    """
+    meter, tracker, baseline = check.meter, check.tracker, check.baseline
+    assert meter is not None and tracker is not None and baseline is not None
+    pending = take_snapshot(meter=meter, tracker=tracker, settle=False)
+    collected = take_snapshot(meter=meter, tracker=tracker)
+    return sum(pending.storages[key] for key in pending.new_since(baseline) if not pending.holds_same(key, collected))
+
+
 def _judge(item: pytest.Item, check: Check) -> str | None:
     """Measure after teardown; the failure text when the budget is broken, else None.
 
@@ -386,14 +417,16 @@ def _judge(item: pytest.Item, check: Check) -> str | None:
     end = take_snapshot(meter=meter, tracker=tracker)
     verdict = judge_budget(budget, meter.name, end.leaked_since(baseline), check.peak_bytes)
     if verdict.outcome == "leaked":
-        # Re-measure once, as PyTorch's own check does: finalizers run by the first collection
-        # can release more memory.
+        # Re-measure once, as PyTorch's own check does, after clearing what PyTorch caches for
+        # itself: finalizers run by the first collection can release more memory too.
+        clear_torch_caches(_import_torch())
         end = take_snapshot(meter=meter, tracker=tracker)
         verdict = judge_budget(budget, meter.name, end.leaked_since(baseline), check.peak_bytes)
     result = _result(item, check, verdict.outcome)
     result.end_bytes = end.allocated_bytes
     result.leaked_bytes = end.leaked_since(baseline)
     result.details = dict(end.details)
+    result.cycle_bytes = check.cycle_bytes
     check.result = result
     if verdict.outcome == "passed":
         return None
@@ -443,16 +476,89 @@ class _Recorder:
             self.results.append(result)
 
 
+@dataclass
+class FixtureMemory:
+    """Storages a module-, class-, package- or session-scoped fixture created during its setup."""
+
+    name: str
+    scope: str
+    where: str
+    storages: list[tuple[weakref.ref[Any], int]]
+
+    def alive_bytes(self) -> int:
+        return sum(size for ref, size in self.storages if ref() is not None)
+
+
+FIXTURES = pytest.StashKey[list[FixtureMemory]]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest) -> Generator[None, Any, Any]:
+    config = request.config
+    settings = config.stash[SETTINGS]
+    tracker = next((t for t in config.stash[TRACKERS].values() if t.active), None)
+    if not settings.every_test or fixturedef.scope == "function" or tracker is None:
+        return (yield)
+    torch = _import_torch()
+    meter = make_meter(tracker.device, torch)
+    before = take_snapshot(meter=meter, tracker=tracker, settle=False)
+    value = yield
+    after = take_snapshot(meter=meter, tracker=tracker, settle=False)
+    created = [(after.identities[key], after.storages[key]) for key in after.new_since(before) if key in after.identities]
+    if created:
+        where = fixturedef.baseid or "conftest"
+        config.stash[FIXTURES].append(FixtureMemory(fixturedef.argname, fixturedef.scope, where, created))
+    return value
+
+
+def _fixture_leftovers(config: pytest.Config) -> list[dict[str, Any]]:
+    """Fixtures wider than a test whose storages are still alive once every fixture is torn down."""
+    leftovers = []
+    for memory in config.stash.get(FIXTURES, []):
+        alive = memory.alive_bytes()
+        if alive:
+            leftovers.append({"fixture": memory.name, "scope": memory.scope, "where": memory.where, "bytes": alive})
+    return leftovers
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    lines = []
+    for leftover in config.stash.get(LEFTOVERS, []):
+        lines.append(
+            f"fixture {leftover['fixture']!r} ({leftover['scope']} scope, {leftover['where']}) still holds "
+            f"{format_size(leftover['bytes'])} it allocated, after its teardown"
+        )
+    cycles = sorted((r for r in config.stash.get(RESULTS, []) if r.get("cycle_bytes")), key=lambda r: -r["cycle_bytes"])
+    for result in cycles[:5]:
+        lines.append(
+            f"{result['nodeid']}: {format_size(result['cycle_bytes'])} lived in reference cycles until garbage "
+            "collection (not a leak; on a GPU it raises the peak until collected)"
+        )
+    if len(cycles) > 5:
+        lines.append(f"... and {len(cycles) - 5} more tests left tensors to the cycle collector")
+    if lines:
+        terminalreporter.write_sep("=", "vramleak summary")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
+LEFTOVERS = pytest.StashKey[list[dict[str, Any]]]()
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
     for tracker in config.stash.get(TRACKERS, {}).values():
         tracker.end()  # never leave the heap frozen behind a session
     settings = config.stash.get(SETTINGS, None)
-    if settings is None or settings.report_path is None or hasattr(config, "workerinput"):
+    if settings is None:
+        return
+    config.stash[LEFTOVERS] = _fixture_leftovers(config)
+    if settings.report_path is None or hasattr(config, "workerinput"):
         return
     results: list[dict[str, Any]] = config.stash[RESULTS]
-    write_json(settings.report_path, results)
+    leftovers: list[dict[str, Any]] = config.stash[LEFTOVERS]
+    write_json(settings.report_path, results, fixtures=leftovers)
 
 
 class VramLeakFixture:

@@ -56,15 +56,22 @@ class TestResult:
     tensors: list[dict[str, Any]] = field(default_factory=list)
     reason: str | None = None
     """Why a test is unchecked, or the plugin's own error."""
+    cycle_bytes: int | None = None
+    """Bytes of storages the test created that only the cycle collector freed (a finding, not a leak)."""
     details: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
-def write_json(path: str | os.PathLike[str], results: Iterable[dict[str, Any]]) -> None:
-    """Write the report atomically: a reader sees the old file or the whole new one, never half."""
-    document = {"version": REPORT_VERSION, "tests": sorted(results, key=lambda r: r["nodeid"])}
+def write_json(
+    path: str | os.PathLike[str], results: Iterable[dict[str, Any]], *, fixtures: Iterable[dict[str, Any]] = ()
+) -> None:
+    """Write the report atomically: a reader sees the old file or the whole new one, never half.
+
+    ``fixtures`` lists wider-scoped fixtures whose storages outlived their teardown.
+    """
+    document = {"version": REPORT_VERSION, "tests": sorted(results, key=lambda r: r["nodeid"]), "fixtures": list(fixtures)}
     target = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(target))
     os.makedirs(directory, exist_ok=True)

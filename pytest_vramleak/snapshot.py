@@ -63,7 +63,7 @@ class Snapshot:
 
     def holds_same(self, key: StorageKey, other: Snapshot) -> bool:
         """Whether the storage ``other`` has at ``key`` is the one this snapshot saw there."""
-        if key not in self.storages:
+        if key not in self.storages or key not in other.storages:
             return False
         mine, theirs = self.identities.get(key), other.identities.get(key)
         if mine is None or theirs is None:
@@ -158,14 +158,18 @@ def meter_for(device: str | None = "auto") -> Meter:
     return make_meter(resolve_device(device, torch), torch)
 
 
-def take_snapshot(device: str | None = "auto", *, meter: Meter | None = None, tracker: Tracker | None = None) -> Snapshot:
+def take_snapshot(
+    device: str | None = "auto", *, meter: Meter | None = None, tracker: Tracker | None = None, settle: bool = True
+) -> Snapshot:
     """Collect garbage, wait for the device, and record its allocated bytes and live storages.
 
     Without a ``tracker`` this walks the whole heap; with one (see :mod:`pytest_vramleak.tracker`)
-    it reads only the tensors the tracker knows of and those created since it began.
+    it reads only the tensors the tracker knows of and those created since it began. With
+    ``settle=False`` garbage is left uncollected (to see what only the cycle collector frees).
     """
     meter = meter or meter_for(device)
-    meter.settle()  # collects garbage
+    if settle:
+        meter.settle()  # collects garbage
     if tracker is not None:
         view = tracker.view(collect=False)
         storages = {r.key: r.nbytes for r in view.storages.values()}

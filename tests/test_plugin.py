@@ -156,9 +156,11 @@ def test_json_report_schema(pytester: pytest.Pytester) -> None:
                     }
                 ],
                 "reason": None,
+                "cycle_bytes": 0,
                 "details": {},
             }
         ],
+        "fixtures": [],
     }
     assert [p.name for p in path.parent.iterdir()] == ["report.json"]  # no temporary file left
 
@@ -385,3 +387,40 @@ def test_cpu_allocation_failure_counts_as_out_of_memory(error: str, expected: bo
     from pytest_vramleak.devices import is_out_of_memory
 
     assert is_out_of_memory(eval(error)) is expected
+
+
+def test_cycles_and_fixture_leftovers_are_reported_not_failed(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+
+        REGISTRY = []
+
+        @pytest.fixture(scope="module")
+        def model():
+            net = torch.nn.Linear(256, 256)
+            REGISTRY.append(net)  # outlives the fixture's teardown
+            return net
+
+        class Node:
+            pass
+
+        def test_uses_model(model):
+            model(torch.ones(1, 256))
+
+        def test_makes_cycles():
+            node = Node()
+            node.me = node
+            node.payload = torch.ones(1024, 256)
+        """
+    )
+    result, report = run_checked("--vramleak", "-p", "no:randomly")
+    result.assert_outcomes(passed=2)
+    assert report["test_makes_cycles"]["cycle_bytes"] == 1024 * 1024
+    result.stdout.fnmatch_lines(
+        [
+            "*= vramleak summary =*",
+            "fixture 'model' (module scope, test_it.py) still holds 257.0 KiB it allocated, after its teardown",
+            "test_it.py::test_makes_cycles: 1.0 MiB lived in reference cycles until garbage collection*",
+        ]
+    )
