@@ -300,16 +300,6 @@ def _is_nn_module(obj: Any) -> bool:
     return nn is not None and issubclass(type(obj), nn.Module)
 
 
-def _short_path(filename: str) -> str:
-    import os
-
-    try:
-        relative = os.path.relpath(filename)
-    except ValueError:
-        return filename
-    return filename if relative.startswith("..") else relative
-
-
 def frame_text(frame: types.FrameType) -> str:
     """``function:line`` of a frame, the place its locals belong to."""
     return f"{frame.f_code.co_name}:{frame.f_lineno}"

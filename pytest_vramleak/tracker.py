@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import gc
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,24 +55,6 @@ class View:
 
     device: str
     storages: dict[int, Record] = field(default_factory=dict)
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(r.nbytes for r in self.storages.values())
-
-    def new_since(self, earlier: View) -> dict[int, int]:
-        """Bytes per storage that were not allocated at ``earlier`` (new storages, in-place growth)."""
-        new: dict[int, int] = {}
-        for ident, record in self.storages.items():
-            before = earlier.storages.get(ident)
-            if before is None or before.ref() is not record.ref():
-                new[ident] = record.nbytes
-            elif record.nbytes > before.nbytes:
-                new[ident] = record.nbytes - before.nbytes
-        return new
-
-    def keys(self, idents: Iterable[int]) -> set[StorageKey]:
-        return {self.storages[i].key for i in idents if i in self.storages}
 
 
 class Tracker:
