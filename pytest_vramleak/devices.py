@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .census import take_census
+from .sizes import format_size
 
 
 _CPU_OUT_OF_MEMORY = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
@@ -118,13 +119,22 @@ class CudaMeter:
     clear_workspaces: Callable[[], None] | None = None
     """cuBLAS keeps a workspace per handle and stream in the caching allocator, created by the first
     matmul; PyTorch's own leak check clears them before measuring, and so does this meter."""
+    warm_up: Callable[[int], None] | None = None
+    """Creates the device's context and random-number state (a tiny random tensor, as PyTorch's
+    own check does) before the first measurement, so the first test to touch the device is not
+    blamed for them."""
     _peak_base: int = 0
+    _warm: bool = False
 
     @property
     def index(self) -> int:
         return int(self.name.partition(":")[2] or 0)
 
     def settle(self) -> None:
+        if not self._warm:
+            self._warm = True
+            if self.warm_up is not None:
+                self.warm_up(self.index)
         gc.collect()
         if self.clear_workspaces is not None:
             self.clear_workspaces()
@@ -132,6 +142,17 @@ class CudaMeter:
 
     def allocated_bytes(self) -> int:
         return int(self.backend.memory_allocated(self.index))
+
+    def driver_bytes(self) -> int | None:
+        """Device memory in use as the driver sees it, where the context already exists.
+
+        ``mem_get_info`` creates a context on a device that has none (hundreds of MiB), so it is
+        asked only of initialised devices.
+        """
+        if not self.backend.is_initialized():
+            return None
+        free, total = self.backend.mem_get_info(self.index)
+        return int(total - free)
 
     def start_peak(self) -> None:
         self.settle()
@@ -143,7 +164,68 @@ class CudaMeter:
         return max(0, int(self.backend.max_memory_allocated(self.index)) - self._peak_base)
 
     def details(self) -> dict[str, int]:
-        return {"reserved_bytes": int(self.backend.memory_reserved(self.index))}
+        figures = {"reserved_bytes": int(self.backend.memory_reserved(self.index))}
+        stats = self.backend.memory_stats(self.index)
+        if "inactive_split_bytes.all.current" in stats:
+            figures["inactive_split_bytes"] = int(stats["inactive_split_bytes.all.current"])
+        driver = self.driver_bytes()
+        if driver is not None:
+            figures["driver_used_bytes"] = driver
+        return figures
+
+
+@dataclass(frozen=True)
+class Growth:
+    """How much an accelerator's memory grew, by the allocator's count and the driver's."""
+
+    allocated: int
+    driver: int | None
+    """None where the driver's figure could not be read without creating a context."""
+    measurements: int
+
+    def note(self, allowed: int) -> str:
+        """What the two figures together mean, or an empty string when they agree."""
+        if self.driver is None:
+            return ""
+        driver = f"driver-level usage grew {format_size(self.driver)}"
+        if self.allocated > allowed and self.driver <= 0:
+            return (
+                f"{driver}: the allocator served the leaked tensors from memory it had cached, so this is "
+                "the allocator's view; the tensors are alive all the same"
+            )
+        if self.allocated <= allowed and self.driver > 0:
+            return f"{driver} while the allocator's did not (kernels or libraries loaded into the context): not the test's leak"
+        return f"{driver}, the allocator's {format_size(self.allocated)}"
+
+
+def measure_growth(meter: Any, baseline_allocated: int, baseline_driver: int | None, allowed: int, *, attempts: int = 3) -> Growth:
+    """Allocator growth since the baseline, re-measured up to ``attempts`` times while it is over
+    ``allowed`` (as PyTorch's own check does: memory freed asynchronously can still arrive), then
+    confirmed against the driver's figure."""
+    measurements = 0
+    allocated = 0
+    for measurements in range(1, attempts + 1):
+        meter.settle()
+        allocated = meter.allocated_bytes() - baseline_allocated
+        if allocated <= allowed:
+            break
+    driver_now = meter.driver_bytes()
+    driver = None if driver_now is None or baseline_driver is None else driver_now - baseline_driver
+    return Growth(allocated, driver, measurements)
+
+
+def explain_reserved(details: dict[str, int], allocated: int) -> str:
+    """Why memory reserved by the caching allocator but not allocated is not a leak."""
+    reserved = details.get("reserved_bytes")
+    if reserved is None or reserved <= allocated:
+        return ""
+    text = (
+        f"{format_size(reserved - allocated)} reserved but not allocated: blocks the caching allocator keeps "
+        "for reuse (torch.cuda.empty_cache() returns them), not a leak"
+    )
+    if details.get("inactive_split_bytes"):
+        text += f"; {format_size(details['inactive_split_bytes'])} of it in split blocks (fragmentation)"
+    return text
 
 
 @dataclass
@@ -256,7 +338,11 @@ def make_meter(name: str, torch: Any) -> Meter:
     if kind == "cpu":
         return CpuMeter(torch)
     if kind == "cuda":
-        return CudaMeter(name, torch.cuda, getattr(torch._C, "_cuda_clearCublasWorkspaces", None))
+
+        def warm_up(index: int) -> None:
+            torch.randn(1, device=f"cuda:{index}")
+
+        return CudaMeter(name, torch.cuda, getattr(torch._C, "_cuda_clearCublasWorkspaces", None), warm_up)
     if kind == "mps":
         return MpsMeter(torch.mps)
     return CudaMeter(name, getattr(torch, kind))  # xpu keeps CUDA's memory API

@@ -20,7 +20,17 @@ from typing import Any
 
 import pytest
 
-from .devices import DeviceUnavailable, Meter, clear_torch_caches, is_out_of_memory, make_meter, resolve_device
+from .devices import (
+    CudaMeter,
+    DeviceUnavailable,
+    Meter,
+    clear_torch_caches,
+    explain_reserved,
+    is_out_of_memory,
+    make_meter,
+    measure_growth,
+    resolve_device,
+)
 from .report import TestResult, write_json
 from .sizes import SizeError, format_size, parse_size
 from .snapshot import Snapshot, diff, memory_contents, take_snapshot
@@ -415,22 +425,30 @@ def _judge(item: pytest.Item, check: Check) -> str | None:
     meter, baseline, budget, tracker = check.meter, check.baseline, check.budget, check.tracker
     assert meter is not None and baseline is not None and budget is not None and tracker is not None
     end = take_snapshot(meter=meter, tracker=tracker)
-    verdict = judge_budget(budget, meter.name, end.leaked_since(baseline), check.peak_bytes)
-    if verdict.outcome == "leaked":
-        # Re-measure once, as PyTorch's own check does, after clearing what PyTorch caches for
-        # itself: finalizers run by the first collection can release more memory too.
+    leaked = end.leaked_since(baseline)
+    if leaked > budget.leak:
+        # Measure again after clearing what PyTorch caches for itself, as its own check does:
+        # finalizers run by the first collection can release more memory too.
         clear_torch_caches(_import_torch())
         end = take_snapshot(meter=meter, tracker=tracker)
-        verdict = judge_budget(budget, meter.name, end.leaked_since(baseline), check.peak_bytes)
+        leaked = end.leaked_since(baseline)
+    notes = []
+    if isinstance(meter, CudaMeter):
+        growth = measure_growth(meter, baseline.allocated_bytes, baseline.details.get("driver_used_bytes"), budget.leak)
+        leaked = growth.allocated
+        notes = [growth.note(budget.leak), explain_reserved(end.details, end.allocated_bytes)]
+        if growth.driver is not None:
+            end.details["driver_growth_bytes"] = growth.driver
+    verdict = judge_budget(budget, meter.name, leaked, check.peak_bytes)
     result = _result(item, check, verdict.outcome)
     result.end_bytes = end.allocated_bytes
-    result.leaked_bytes = end.leaked_since(baseline)
+    result.leaked_bytes = leaked
     result.details = dict(end.details)
     result.cycle_bytes = check.cycle_bytes
     check.result = result
     if verdict.outcome == "passed":
         return None
-    lines = [verdict.message, _figures(result)]
+    lines = [verdict.message, _figures(result), *(note for note in notes if note)]
     if verdict.outcome == "leaked":
         tracker.end()  # naming holders needs the whole heap
         leak = diff(baseline, end, meter=meter, sites=check.sites)

@@ -15,6 +15,13 @@ class FakeCuda:
     peak: dict[int, int] = field(default_factory=dict)
     synchronized: list[int] = field(default_factory=list)
     available: bool = True
+    initialized: bool = True
+    total: int = 80 * 1024**3
+    driver_extra: dict[int, int] = field(default_factory=dict)
+    """Device memory the driver counts outside the allocator (context, loaded kernels)."""
+    pending_frees: dict[int, list[int]] = field(default_factory=dict)
+    """Frees that land at the next synchronize, like memory released by work still queued."""
+    asked_driver: list[int] = field(default_factory=list)
 
     def is_available(self) -> bool:
         return self.available
@@ -27,6 +34,20 @@ class FakeCuda:
 
     def synchronize(self, index: int = 0) -> None:
         self.synchronized.append(index)
+        pending = self.pending_frees.get(index, [])
+        if pending:
+            self.free(index, pending.pop(0))
+
+    def is_initialized(self) -> bool:
+        return self.initialized
+
+    def mem_get_info(self, index: int = 0) -> tuple[int, int]:
+        self.asked_driver.append(index)
+        used = self.reserved.get(index, 0) + self.driver_extra.get(index, 0)
+        return self.total - used, self.total
+
+    def memory_stats(self, index: int = 0) -> dict[str, int]:
+        return {"inactive_split_bytes.all.current": max(0, self.reserved.get(index, 0) - self.allocated.get(index, 0)) // 2}
 
     def allocate(self, index: int, nbytes: int) -> None:
         self.allocated[index] = self.allocated.get(index, 0) + nbytes

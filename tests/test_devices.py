@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from pytest_vramleak import Budget, judge_budget
-from pytest_vramleak.devices import CpuMeter, CudaMeter, DeviceUnavailable, make_meter, resolve_device
+from pytest_vramleak.devices import CpuMeter, CudaMeter, DeviceUnavailable, explain_reserved, make_meter, measure_growth, resolve_device
 
 from .fakes import FakeCuda, FakeTorch
 
@@ -48,7 +48,7 @@ def test_cuda_meter_reads_allocated_bytes_after_synchronizing() -> None:
     meter.settle()
     assert cuda.synchronized == [1]
     assert meter.allocated_bytes() == 3 * MIB
-    assert meter.details() == {"reserved_bytes": 3 * MIB}
+    assert meter.details() == {"reserved_bytes": 3 * MIB, "inactive_split_bytes": 0, "driver_used_bytes": 3 * MIB}
 
 
 def test_cuda_meter_clears_cublas_workspaces_before_measuring() -> None:
@@ -87,7 +87,7 @@ def test_cuda_reserved_without_allocated_is_not_a_leak() -> None:
     baseline = meter.allocated_bytes()
     cuda.allocate(0, 8 * MIB)
     cuda.free(0, 8 * MIB)  # freed, but the caching allocator keeps the block reserved
-    assert meter.details() == {"reserved_bytes": 8 * MIB}
+    assert meter.details()["reserved_bytes"] == 8 * MIB
     assert judge_budget(Budget(), meter.name, meter.allocated_bytes() - baseline, None).outcome == "passed"
 
 
@@ -127,3 +127,125 @@ def test_cpu_meter_counts_storages_once() -> None:
     views = [big[:10], big[5:], big.view(2, -1)]
     assert meter.allocated_bytes() - before == MIB
     del big, views
+
+
+def test_first_settle_warms_the_device_once() -> None:
+    warmed: list[int] = []
+    meter = CudaMeter("cuda:1", FakeCuda(devices=2), warm_up=warmed.append)
+    meter.settle()
+    meter.settle()
+    assert warmed == [1]
+
+
+def test_allocator_and_driver_both_grew_is_a_leak() -> None:
+    cuda = FakeCuda()
+    meter = CudaMeter("cuda:0", cuda)
+    baseline, driver = meter.allocated_bytes(), meter.driver_bytes()
+    cuda.allocate(0, 4 * MIB)
+    growth = measure_growth(meter, baseline, driver, allowed=0)
+    assert (growth.allocated, growth.driver, growth.measurements) == (4 * MIB, 4 * MIB, 3)
+    assert growth.note(0) == "driver-level usage grew 4.0 MiB, the allocator's 4.0 MiB"
+
+
+def test_allocator_only_growth_is_reported_as_the_allocators_view() -> None:
+    cuda = FakeCuda()
+    meter = CudaMeter("cuda:0", cuda)
+    cuda.allocate(0, 8 * MIB)
+    cuda.free(0, 8 * MIB)  # 8 MiB cached: the next allocation needs nothing from the driver
+    baseline, driver = meter.allocated_bytes(), meter.driver_bytes()
+    cuda.allocate(0, 4 * MIB)
+    growth = measure_growth(meter, baseline, driver, allowed=0)
+    assert growth.allocated == 4 * MIB and growth.driver == 0
+    assert "the allocator's view" in growth.note(0)
+
+
+def test_driver_only_growth_is_not_the_tests_leak() -> None:
+    cuda = FakeCuda()
+    meter = CudaMeter("cuda:0", cuda)
+    baseline, driver = meter.allocated_bytes(), meter.driver_bytes()
+    cuda.driver_extra[0] = 64 * MIB  # kernels compiled at run time grow the context
+    growth = measure_growth(meter, baseline, driver, allowed=0)
+    assert growth.allocated == 0 and growth.measurements == 1
+    assert judge_budget(Budget(), "cuda:0", growth.allocated, None).outcome == "passed"
+    assert growth.note(0) == "driver-level usage grew 64.0 MiB while the allocator's did not (kernels or libraries loaded into the context): not the test's leak"
+
+
+def test_false_positive_cleared_by_measuring_again() -> None:
+    cuda = FakeCuda()
+    meter = CudaMeter("cuda:0", cuda)
+    baseline = meter.allocated_bytes()
+    cuda.allocate(0, 4 * MIB)
+    cuda.pending_frees[0] = [0, 4 * MIB]  # the free lands at the second synchronize
+    growth = measure_growth(meter, baseline, None, allowed=0)
+    assert (growth.allocated, growth.measurements, growth.driver) == (0, 2, None)
+
+
+def test_driver_figure_never_asked_of_an_uninitialised_device() -> None:
+    cuda = FakeCuda(initialized=False)
+    meter = CudaMeter("cuda:0", cuda)
+    assert meter.driver_bytes() is None
+    assert "driver_used_bytes" not in meter.details()
+    assert cuda.asked_driver == []
+
+
+def test_reserved_without_allocated_is_explained() -> None:
+    cuda = FakeCuda()
+    cuda.allocate(0, 16 * MIB)
+    cuda.free(0, 12 * MIB)
+    meter = CudaMeter("cuda:0", cuda)
+    assert explain_reserved(meter.details(), meter.allocated_bytes()) == (
+        "12.0 MiB reserved but not allocated: blocks the caching allocator keeps for reuse "
+        "(torch.cuda.empty_cache() returns them), not a leak; 6.0 MiB of it in split blocks (fragmentation)"
+    )
+    assert explain_reserved({"reserved_bytes": MIB}, MIB) == ""
+
+
+def test_each_device_is_measured_on_its_own() -> None:
+    cuda = FakeCuda(devices=2)
+    first, second = CudaMeter("cuda:0", cuda), CudaMeter("cuda:1", cuda)
+    baselines = [(m, m.allocated_bytes(), m.driver_bytes()) for m in (first, second)]
+    cuda.allocate(1, 2 * MIB)
+    growth = {m.name: measure_growth(m, b, d, allowed=0).allocated for m, b, d in baselines}
+    assert growth == {"cuda:0": 0, "cuda:1": 2 * MIB}
+
+
+def test_plugin_checks_a_cuda_device_through_the_fake(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    import pytest_vramleak.plugin as plugin
+
+    cuda = FakeCuda()
+    cuda.allocate(0, 8 * MIB)
+    cuda.free(0, 8 * MIB)  # cached, so the leak below comes from the allocator's cache
+    shared = types.ModuleType("vramleak_fake_cuda")
+    shared.CUDA = cuda  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vramleak_fake_cuda", shared)
+    monkeypatch.setattr(plugin, "resolve_device", lambda spec, torch: "cuda:0")
+    monkeypatch.setattr(plugin, "make_meter", lambda name, torch: CudaMeter(name, cuda))
+    pytester.makepyfile(
+        test_it="""
+        import pytest
+        from vramleak_fake_cuda import CUDA
+
+        @pytest.mark.vram_budget
+        def test_leaks():
+            CUDA.allocate(0, 4 * 1024 * 1024)
+
+        @pytest.mark.vram_budget
+        def test_loads_kernels():
+            CUDA.driver_extra[0] = 64 * 1024 * 1024
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "leaked 4.0 MiB on cuda:0, allowed 0 B",
+            "baseline 0 B, after teardown 4.0 MiB, peak above baseline 4.0 MiB, reserved by the caching allocator 8.0 MiB",
+            "driver-level usage grew 0 B: the allocator served the leaked tensors from memory it had cached*",
+            "4.0 MiB reserved but not allocated: blocks the caching allocator keeps for reuse*",
+            "leaked tensors:",
+            "no live tensor accounts for it*",
+        ]
+    )
