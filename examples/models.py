@@ -16,6 +16,6 @@ class Classifier(torch.nn.Module):
 
 
 def batches(count: int, size: int = 64, features: int = 128, classes: int = 10):
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator(device=torch.get_default_device()).manual_seed(0)
     for _ in range(count):
         yield torch.randn(size, features, generator=generator), torch.randint(classes, (size,), generator=generator)

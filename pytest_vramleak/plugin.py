@@ -13,6 +13,7 @@ pytest's test phases:
 from __future__ import annotations
 
 import contextlib
+import sys
 import weakref
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from .devices import (
     measure_growth,
     resolve_device,
 )
+from .release import PercentError, ReleaseScheduler, parse_percent
 from .report import TestResult, write_json
 from .sizes import SizeError, format_size, parse_size
 from .snapshot import Snapshot, diff, memory_contents, take_snapshot
@@ -51,6 +53,7 @@ _HELP = {
     "vramleak_warmup": f"unmeasured warm-up steps of the vramleak fixture (default {DEFAULT_WARMUP})",
     "vramleak_tolerance": "growth across measured steps that is not yet a leak, e.g. '64 KiB' (default 0)",
     "vramleak_sites": "record where leaked tensors were allocated: on or off (default on)",
+    "vramleak_release_above": "between tests, empty the CUDA caching allocator when its reserved memory passes this share of a device, e.g. 80%",
 }
 
 
@@ -70,6 +73,7 @@ class Settings:
     warmup: int
     tolerance: int
     sites: bool = True
+    release_above: float | None = None
 
 
 @dataclass
@@ -117,12 +121,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--vramleak-warmup", default=None, metavar="N", help=_HELP["vramleak_warmup"])
     group.addoption("--vramleak-tolerance", default=None, metavar="SIZE", help=_HELP["vramleak_tolerance"])
     group.addoption("--vramleak-sites", default=None, metavar="on|off", help=_HELP["vramleak_sites"])
+    group.addoption("--vramleak-release-above", default=None, metavar="PERCENT", help=_HELP["vramleak_release_above"])
     parser.addini("vramleak", _HELP["vramleak"], type="bool", default=False)
     parser.addini("vramleak_device", _HELP["vramleak_device"], default="auto")
     parser.addini("vramleak_report", _HELP["vramleak_report"], default="")
     parser.addini("vramleak_warmup", _HELP["vramleak_warmup"], default=str(DEFAULT_WARMUP))
     parser.addini("vramleak_tolerance", _HELP["vramleak_tolerance"], default="0")
     parser.addini("vramleak_sites", _HELP["vramleak_sites"], default="on")
+    parser.addini("vramleak_release_above", _HELP["vramleak_release_above"], default="")
 
 
 def _option(config: pytest.Config, ini_name: str) -> tuple[Any, str]:
@@ -167,7 +173,12 @@ def read_settings(config: pytest.Config) -> Settings:
     if str(sites_text).strip().lower() not in ("on", "off"):
         raise pytest.UsageError(f"{source}: expected on or off, got {sites_text!r}")
     sites = str(sites_text).strip().lower() == "on"
-    return Settings(bool(every_test), device, report_path or None, warmup, tolerance, sites)
+    release_text, source = _option(config, "vramleak_release_above")
+    try:
+        release_above = parse_percent(release_text) if str(release_text).strip() else None
+    except PercentError as error:
+        raise pytest.UsageError(f"{source}: {error}") from None
+    return Settings(bool(every_test), device, report_path or None, warmup, tolerance, sites, release_above)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -183,6 +194,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[TRACKERS] = {}
     config.stash[FIXTURES] = []
     config.pluginmanager.register(_Recorder(config.stash[RESULTS]), "vramleak-recorder")
+    fraction = config.stash[SETTINGS].release_above
+    if fraction is not None:
+        config.pluginmanager.register(_Releaser(config, fraction), "vramleak-releaser")
 
 
 _torch_import_error: list[str] = []
@@ -539,8 +553,34 @@ def _fixture_leftovers(config: pytest.Config) -> list[dict[str, Any]]:
     return leftovers
 
 
+RELEASER = pytest.StashKey[ReleaseScheduler]()
+
+
+class _Releaser:
+    """Runs the release scheduler after each test, where CUDA is in use."""
+
+    def __init__(self, config: pytest.Config, fraction: float) -> None:
+        self.config = config
+        self.fraction = fraction
+
+    def pytest_runtest_logfinish(self) -> None:
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_available():
+            return
+        scheduler = self.config.stash.get(RELEASER, None)
+        if scheduler is None:
+            scheduler = self.config.stash[RELEASER] = ReleaseScheduler(torch.cuda, self.fraction)
+        scheduler.between_tests()
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     lines = []
+    scheduler = config.stash.get(RELEASER, None)
+    if scheduler is not None and scheduler.releases:
+        lines.append(
+            f"released the CUDA caching allocator's cache {scheduler.releases} times between tests, "
+            f"{format_size(scheduler.released_bytes)} in all (--vramleak-release-above)"
+        )
     for leftover in config.stash.get(LEFTOVERS, []):
         lines.append(
             f"fixture {leftover['fixture']!r} ({leftover['scope']} scope, {leftover['where']}) still holds "

@@ -46,6 +46,12 @@ class FakeCuda:
         used = self.reserved.get(index, 0) + self.driver_extra.get(index, 0)
         return self.total - used, self.total
 
+    def get_device_properties(self, index: int = 0) -> object:
+        return type("Properties", (), {"total_memory": self.total})()
+
+    def empty_cache(self) -> None:
+        self.reserved = dict(self.allocated)
+
     def memory_stats(self, index: int = 0) -> dict[str, int]:
         return {"inactive_split_bytes.all.current": max(0, self.reserved.get(index, 0) - self.allocated.get(index, 0)) // 2}
 

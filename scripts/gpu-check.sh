@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs the examples and every test marked for GPU on a real CUDA machine, then prints a compact
+# summary of verdicts and figures. On a machine without CUDA it says so and exits 0.
+# Usage: scripts/gpu-check.sh   (from the repository root, with the project installed)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+python3 - 2>/dev/null <<'PY' || { echo "gpu-check: no CUDA device here (or no torch in this environment); nothing to check"; exit 0; }
+import sys, torch
+sys.exit(0 if torch.cuda.is_available() else 1)
+PY
+out=$(mktemp -d)
+python3 -c 'import torch; print(f"gpu-check: {torch.cuda.get_device_name(0)}, {torch.cuda.device_count()} device(s), torch {torch.__version__}, CUDA {torch.version.cuda}")'
+timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests --vramleak-report="$out/gpu.json" > "$out/gpu.log" 2>&1
+gpu_status=$?
+VRAMLEAK_EXAMPLES_DEVICE=cuda timeout 120 python3 -m pytest -q -p no:cacheprovider examples --vramleak-device=cuda --vramleak-report="$out/examples.json" > "$out/examples.log" 2>&1
+echo "gpu tests: $(tail -n 1 "$out/gpu.log")"
+echo "examples on cuda: $(tail -n 1 "$out/examples.log")"
+python3 - "$out/examples.json" <<'PY'
+import json, sys
+for test in json.load(open(sys.argv[1]))["tests"]:
+    figures = ", ".join(f"{k}={v}" for k, v in test.items() if k in ("leaked_bytes", "peak_bytes", "growth_bytes") and v is not None)
+    print(f"  {test['outcome']:<10} {test['nodeid']}  {figures}")
+PY
+if [ "$gpu_status" -ne 0 ]; then
+    echo "gpu tests failed; their log:"
+    tail -n 60 "$out/gpu.log"
+fi
+exit "$gpu_status"
