@@ -39,7 +39,7 @@ from .snapshot import Snapshot, diff, memory_contents, take_snapshot
 from .sites import SiteRecorder
 from .steps import StepResult, StepWatcher
 from .tracker import Tracker
-from .verdict import Budget, judge_budget
+from .verdict import Budget, BudgetVerdict, judge_budget
 
 MARKER = "vram_budget"
 EXEMPT_MARKER = "allow_vram_leak"
@@ -53,6 +53,7 @@ _HELP = {
     "vramleak_warmup": f"unmeasured warm-up steps of the vramleak fixture (default {DEFAULT_WARMUP})",
     "vramleak_tolerance": "growth across measured steps that is not yet a leak, e.g. '64 KiB' (default 0)",
     "vramleak_sites": "record where leaked tensors were allocated: on or off (default on)",
+    "vramleak_strict_cycles": "fail tests whose tensors lived on reference cycles until garbage collection",
     "vramleak_release_above": "between tests, empty the CUDA caching allocator when its reserved memory passes this share of a device, e.g. 80%",
 }
 
@@ -74,6 +75,7 @@ class Settings:
     tolerance: int
     sites: bool = True
     release_above: float | None = None
+    strict_cycles: bool = False
 
 
 @dataclass
@@ -121,6 +123,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--vramleak-warmup", default=None, metavar="N", help=_HELP["vramleak_warmup"])
     group.addoption("--vramleak-tolerance", default=None, metavar="SIZE", help=_HELP["vramleak_tolerance"])
     group.addoption("--vramleak-sites", default=None, metavar="on|off", help=_HELP["vramleak_sites"])
+    group.addoption("--vramleak-strict-cycles", action="store_true", default=None, help=_HELP["vramleak_strict_cycles"])
     group.addoption("--vramleak-release-above", default=None, metavar="PERCENT", help=_HELP["vramleak_release_above"])
     parser.addini("vramleak", _HELP["vramleak"], type="bool", default=False)
     parser.addini("vramleak_device", _HELP["vramleak_device"], default="auto")
@@ -128,6 +131,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("vramleak_warmup", _HELP["vramleak_warmup"], default=str(DEFAULT_WARMUP))
     parser.addini("vramleak_tolerance", _HELP["vramleak_tolerance"], default="0")
     parser.addini("vramleak_sites", _HELP["vramleak_sites"], default="on")
+    parser.addini("vramleak_strict_cycles", _HELP["vramleak_strict_cycles"], type="bool", default=False)
     parser.addini("vramleak_release_above", _HELP["vramleak_release_above"], default="")
 
 
@@ -178,7 +182,8 @@ def read_settings(config: pytest.Config) -> Settings:
         release_above = parse_percent(release_text) if str(release_text).strip() else None
     except PercentError as error:
         raise pytest.UsageError(f"{source}: {error}") from None
-    return Settings(bool(every_test), device, report_path or None, warmup, tolerance, sites, release_above)
+    strict_cycles, _ = _option(config, "vramleak_strict_cycles")
+    return Settings(bool(every_test), device, report_path or None, warmup, tolerance, sites, release_above, bool(strict_cycles))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -454,6 +459,12 @@ def _judge(item: pytest.Item, check: Check) -> str | None:
         if growth.driver is not None:
             end.details["driver_growth_bytes"] = growth.driver
     verdict = judge_budget(budget, meter.name, leaked, check.peak_bytes)
+    if item.config.stash[SETTINGS].strict_cycles and (check.cycle_bytes or 0) > budget.leak:
+        cycles = (
+            f"left {format_size(check.cycle_bytes or 0)} on {meter.name} to the cycle collector, allowed "
+            f"{format_size(budget.leak)} (--vramleak-strict-cycles): break the reference cycle, e.g. with weakref"
+        )
+        verdict = BudgetVerdict("leaked", "; ".join(m for m in (verdict.message, cycles) if m))
     result = _result(item, check, verdict.outcome)
     result.end_bytes = end.allocated_bytes
     result.leaked_bytes = leaked

@@ -424,3 +424,26 @@ def test_cycles_and_fixture_leftovers_are_reported_not_failed(pytester: pytest.P
             "test_it.py::test_makes_cycles: 1.0 MiB lived in reference cycles until garbage collection*",
         ]
     )
+
+
+def test_strict_cycles_fails_tests_that_leave_tensors_to_the_cycle_collector(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+
+        class Node:
+            pass
+
+        @pytest.mark.vram_budget
+        def test_makes_cycles():
+            node = Node()
+            node.me = node
+            node.payload = torch.ones(1024, 256)
+        """
+    )
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak-strict-cycles")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["left 1.0 MiB on cpu to the cycle collector, allowed 0 B (--vramleak-strict-cycles)*"])
+    pytester.makeini("[pytest]\nvramleak_strict_cycles = true\n")
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1, failed=1)
