@@ -199,6 +199,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[TRACKERS] = {}
     config.stash[FIXTURES] = []
     config.pluginmanager.register(_Recorder(config.stash[RESULTS]), "vramleak-recorder")
+    config.pluginmanager.register(_XdistController(config), "vramleak-xdist")
     fraction = config.stash[SETTINGS].release_above
     if fraction is not None:
         config.pluginmanager.register(_Releaser(config, fraction), "vramleak-releaser")
@@ -503,6 +504,21 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -
     return None
 
 
+WORKER_LEFTOVERS = pytest.StashKey[list[dict[str, Any]]]()
+
+
+class _XdistController:
+    """Gathers what each pytest-xdist worker found about fixtures, as its node goes down."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        found = getattr(node, "workeroutput", {}).get("vramleak_fixtures", [])
+        self.config.stash.setdefault(WORKER_LEFTOVERS, []).extend(found)
+
+
 class _Recorder:
     """Collects each test's result from its teardown report, in the process that writes reports.
 
@@ -622,8 +638,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     settings = config.stash.get(SETTINGS, None)
     if settings is None:
         return
-    config.stash[LEFTOVERS] = _fixture_leftovers(config)
-    if settings.report_path is None or hasattr(config, "workerinput"):
+    config.stash[LEFTOVERS] = _fixture_leftovers(config) + config.stash.get(WORKER_LEFTOVERS, [])
+    workeroutput = getattr(config, "workeroutput", None)
+    if workeroutput is not None:  # a pytest-xdist worker: the controller reports for it
+        workeroutput["vramleak_fixtures"] = config.stash[LEFTOVERS]
+        return
+    if settings.report_path is None:
         return
     results: list[dict[str, Any]] = config.stash[RESULTS]
     leftovers: list[dict[str, Any]] = config.stash[LEFTOVERS]

@@ -26,3 +26,29 @@ def test_examples_give_the_same_verdicts_under_xdist(pytester: pytest.Pytester) 
     parallel = verdicts(pytester, "parallel.json", "-n", "2", "examples")
     assert parallel == plain
     assert sorted(set(plain.values())) == ["leaked", "passed"]
+
+
+def test_fixture_leftovers_from_every_worker_reach_the_report(pytester: pytest.Pytester) -> None:
+    for name in ("a", "b"):
+        pytester.makepyfile(
+            **{
+                f"test_{name}": f"""
+                import pytest, torch
+
+                KEPT = []
+
+                @pytest.fixture(scope="module")
+                def table_{name}():
+                    KEPT.append(torch.ones(1024))
+                    return KEPT[-1]
+
+                def test_uses_table(table_{name}):
+                    pass
+                """
+            }
+        )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak", "--vramleak-report=r.json", "-n", "2")
+    result.assert_outcomes(passed=2)
+    fixtures = json.loads((pytester.path / "r.json").read_text())["fixtures"]
+    assert sorted((f["fixture"], f["scope"], f["bytes"]) for f in fixtures) == [("table_a", "module", 4096), ("table_b", "module", 4096)]
+    result.stdout.fnmatch_lines(["*= vramleak summary =*", "fixture 'table_*' (module scope, test_*.py) still holds 4.0 KiB it allocated, after its teardown"])
