@@ -109,6 +109,27 @@ def resolve_device(spec: str | None, torch: Any) -> str:
     return f"{kind}:{index}"
 
 
+def pin_worker(worker_id: str, torch: Any, environ: Any) -> str | None:
+    """Give a pytest-xdist worker (``gw0``, ``gw1``, ...) its own GPU: worker K gets GPU K modulo
+    the number of GPUs. Before CUDA is initialised this narrows ``CUDA_VISIBLE_DEVICES`` to that
+    GPU, so ``cuda`` and ``cuda:0`` mean it for every test on the worker; after, it sets the
+    current device. Returns what was done, or None where there is nothing to pin."""
+    number = worker_id.removeprefix("gw")
+    if not number.isdigit() or not torch.cuda.is_available():
+        return None
+    count = torch.cuda.device_count()
+    if count < 2:
+        return None
+    index = int(number) % count
+    if not torch.cuda.is_initialized():
+        visible = [v for v in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+        chosen = visible[index] if len(visible) == count else str(index)
+        environ["CUDA_VISIBLE_DEVICES"] = chosen
+        return f"CUDA_VISIBLE_DEVICES={chosen}"
+    torch.cuda.set_device(index)
+    return f"cuda:{index}"
+
+
 @dataclass
 class CudaMeter:
     """The caching allocator of one CUDA device (or any backend with CUDA's memory API)."""

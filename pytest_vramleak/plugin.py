@@ -13,6 +13,7 @@ pytest's test phases:
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import weakref
 from collections.abc import Callable, Generator, Iterator
@@ -30,6 +31,7 @@ from .devices import (
     is_out_of_memory,
     make_meter,
     measure_growth,
+    pin_worker,
     resolve_device,
 )
 from .release import PercentError, ReleaseScheduler, parse_percent
@@ -54,6 +56,7 @@ _HELP = {
     "vramleak_tolerance": "growth across measured steps that is not yet a leak, e.g. '64 KiB' (default 0)",
     "vramleak_sites": "record where leaked tensors were allocated: on or off (default on)",
     "vramleak_strict_cycles": "fail tests whose tensors lived on reference cycles until garbage collection",
+    "vramleak_pin_workers": "give each pytest-xdist worker its own GPU, by worker number",
     "vramleak_release_above": "between tests, empty the CUDA caching allocator when its reserved memory passes this share of a device, e.g. 80%",
 }
 
@@ -124,6 +127,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--vramleak-tolerance", default=None, metavar="SIZE", help=_HELP["vramleak_tolerance"])
     group.addoption("--vramleak-sites", default=None, metavar="on|off", help=_HELP["vramleak_sites"])
     group.addoption("--vramleak-strict-cycles", action="store_true", default=None, help=_HELP["vramleak_strict_cycles"])
+    group.addoption("--vramleak-pin-workers", action="store_true", default=None, help=_HELP["vramleak_pin_workers"])
     group.addoption("--vramleak-release-above", default=None, metavar="PERCENT", help=_HELP["vramleak_release_above"])
     parser.addini("vramleak", _HELP["vramleak"], type="bool", default=False)
     parser.addini("vramleak_device", _HELP["vramleak_device"], default="auto")
@@ -132,6 +136,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("vramleak_tolerance", _HELP["vramleak_tolerance"], default="0")
     parser.addini("vramleak_sites", _HELP["vramleak_sites"], default="on")
     parser.addini("vramleak_strict_cycles", _HELP["vramleak_strict_cycles"], type="bool", default=False)
+    parser.addini("vramleak_pin_workers", _HELP["vramleak_pin_workers"], type="bool", default=False)
     parser.addini("vramleak_release_above", _HELP["vramleak_release_above"], default="")
 
 
@@ -200,6 +205,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[FIXTURES] = []
     config.pluginmanager.register(_Recorder(config.stash[RESULTS]), "vramleak-recorder")
     config.pluginmanager.register(_XdistController(config), "vramleak-xdist")
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and _option(config, "vramleak_pin_workers")[0]:
+        torch = _import_torch()
+        if torch is not None:
+            pin_worker(str(workerinput.get("workerid", "")), torch, os.environ)
     fraction = config.stash[SETTINGS].release_above
     if fraction is not None:
         config.pluginmanager.register(_Releaser(config, fraction), "vramleak-releaser")

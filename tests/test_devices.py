@@ -249,3 +249,26 @@ def test_plugin_checks_a_cuda_device_through_the_fake(pytester: pytest.Pytester,
             "no live tensor accounts for it*",
         ]
     )
+
+
+@pytest.mark.parametrize(
+    ("worker", "devices", "visible", "initialized", "expected", "environ_after"),
+    [
+        ("gw0", 4, "", False, "CUDA_VISIBLE_DEVICES=0", "0"),
+        ("gw5", 4, "", False, "CUDA_VISIBLE_DEVICES=1", "1"),
+        ("gw1", 2, "4,6", False, "CUDA_VISIBLE_DEVICES=6", "6"),
+        ("gw3", 2, "", True, "cuda:1", ""),
+        ("gw0", 1, "", False, None, ""),
+        ("master", 4, "", False, None, ""),
+    ],
+)
+def test_pin_worker(worker: str, devices: int, visible: str, initialized: bool, expected: str | None, environ_after: str) -> None:
+    from pytest_vramleak.devices import pin_worker
+
+    cuda = FakeCuda(devices=devices, initialized=initialized)
+    chosen: list[int] = []
+    cuda.set_device = chosen.append  # type: ignore[attr-defined]
+    environ = {"CUDA_VISIBLE_DEVICES": visible} if visible else {}
+    assert pin_worker(worker, FakeTorch(cuda), environ) == expected
+    assert environ.get("CUDA_VISIBLE_DEVICES", "") == (environ_after or visible)
+    assert chosen == ([int(expected.partition(":")[2])] if expected and expected.startswith("cuda:") else [])
