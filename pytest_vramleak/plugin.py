@@ -16,6 +16,7 @@ import contextlib
 import os
 import sys
 import weakref
+from pathlib import Path
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +39,8 @@ from .release import PercentError, ReleaseScheduler, parse_percent
 from .report import TestResult, write_json
 from .sizes import SizeError, format_size, parse_size
 from .snapshot import Snapshot, diff, memory_contents, take_snapshot
-from .sites import SiteRecorder
+from .history import AllocatorHistory
+from .sites import SiteRecorder, Sites, SiteSource
 from .steps import StepResult, StepWatcher
 from .tracker import Tracker
 from .verdict import Budget, BudgetVerdict, judge_budget
@@ -57,6 +59,7 @@ _HELP = {
     "vramleak_sites": "record where leaked tensors were allocated: on or off (default on)",
     "vramleak_strict_cycles": "fail tests whose tensors lived on reference cycles until garbage collection",
     "vramleak_pin_workers": "give each pytest-xdist worker its own GPU, by worker number",
+    "vramleak_trace": "record the CUDA allocator's history while checked tests run; save a snapshot per leaking test",
     "vramleak_release_above": "between tests, empty the CUDA caching allocator when its reserved memory passes this share of a device, e.g. 80%",
 }
 
@@ -79,6 +82,7 @@ class Settings:
     sites: bool = True
     release_above: float | None = None
     strict_cycles: bool = False
+    trace: bool = False
 
 
 @dataclass
@@ -90,6 +94,7 @@ class Check:
     meter: Meter | None = None
     tracker: Tracker | None = None
     sites: SiteRecorder | None = None
+    history: AllocatorHistory | None = None
     baseline: Snapshot | None = None
     peak_bytes: int | None = None
     unchecked_reason: str | None = None
@@ -128,6 +133,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--vramleak-sites", default=None, metavar="on|off", help=_HELP["vramleak_sites"])
     group.addoption("--vramleak-strict-cycles", action="store_true", default=None, help=_HELP["vramleak_strict_cycles"])
     group.addoption("--vramleak-pin-workers", action="store_true", default=None, help=_HELP["vramleak_pin_workers"])
+    group.addoption("--vramleak-trace", action="store_true", default=None, help=_HELP["vramleak_trace"])
     group.addoption("--vramleak-release-above", default=None, metavar="PERCENT", help=_HELP["vramleak_release_above"])
     parser.addini("vramleak", _HELP["vramleak"], type="bool", default=False)
     parser.addini("vramleak_device", _HELP["vramleak_device"], default="auto")
@@ -137,6 +143,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("vramleak_sites", _HELP["vramleak_sites"], default="on")
     parser.addini("vramleak_strict_cycles", _HELP["vramleak_strict_cycles"], type="bool", default=False)
     parser.addini("vramleak_pin_workers", _HELP["vramleak_pin_workers"], type="bool", default=False)
+    parser.addini("vramleak_trace", _HELP["vramleak_trace"], type="bool", default=False)
     parser.addini("vramleak_release_above", _HELP["vramleak_release_above"], default="")
 
 
@@ -188,7 +195,10 @@ def read_settings(config: pytest.Config) -> Settings:
     except PercentError as error:
         raise pytest.UsageError(f"{source}: {error}") from None
     strict_cycles, _ = _option(config, "vramleak_strict_cycles")
-    return Settings(bool(every_test), device, report_path or None, warmup, tolerance, sites, release_above, bool(strict_cycles))
+    trace, _ = _option(config, "vramleak_trace")
+    return Settings(
+        bool(every_test), device, report_path or None, warmup, tolerance, sites, release_above, bool(strict_cycles), bool(trace)
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -345,6 +355,9 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
                 meter.start_peak()
         if item.config.stash[SETTINGS].sites:
             check.sites = SiteRecorder().__enter__()
+        if item.config.stash[SETTINGS].trace and isinstance(meter, CudaMeter) and check.budget is not None:
+            check.history = AllocatorHistory(meter.backend.memory, meter.index)
+            check.history.start()
     except Exception as error:  # the plugin's own failure: report it on this test, run the test anyway
         check.error = f"{type(error).__name__}: {error}"
         return (yield)
@@ -430,6 +443,8 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
             check.tracker.end()
         if check.sites is not None:
             check.sites.clear()  # the record of sites holds nothing once the check ends
+        if check.history is not None:
+            check.history.stop()
 
 
 def _cycle_bytes(check: Check) -> int:
@@ -487,10 +502,22 @@ def _judge(item: pytest.Item, check: Check) -> str | None:
     lines = [verdict.message, _figures(result), *(note for note in notes if note)]
     if verdict.outcome == "leaked":
         tracker.end()  # naming holders needs the whole heap
-        leak = diff(baseline, end, meter=meter, sites=check.sites)
+        sources: list[SiteSource] = [source for source in (check.sites,) if source is not None]
+        if check.history is not None:
+            path = check.history.save(_trace_folder(item.config), item.nodeid)
+            result.trace = str(path)
+            lines.append(f"allocator history saved to {path} (open it in https://pytorch.org/memory_viz)")
+            sources.append(check.history.sites())
+        leak = diff(baseline, end, meter=meter, sites=Sites(sources))
         result.tensors = [group.to_json() for group in leak.groups]
         lines += ["leaked tensors:", leak.render()]
     return "\n".join(lines)
+
+
+def _trace_folder(config: pytest.Config) -> Path:
+    """Snapshots go next to the JSON report, or into ``.vramleak-traces`` under the root folder."""
+    report = config.stash[SETTINGS].report_path
+    return Path(report).resolve().parent / "vramleak-traces" if report else config.rootpath / ".vramleak-traces"
 
 
 def _figures(result: TestResult) -> str:

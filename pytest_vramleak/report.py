@@ -56,6 +56,8 @@ class TestResult:
     tensors: list[dict[str, Any]] = field(default_factory=list)
     reason: str | None = None
     """Why a test is unchecked, or the plugin's own error."""
+    trace: str | None = None
+    """The allocator snapshot saved for this test (``--vramleak-trace``), if any."""
     cycle_bytes: int | None = None
     """Bytes of storages the test created that only the cycle collector freed (a finding, not a leak)."""
     details: dict[str, int] = field(default_factory=dict)

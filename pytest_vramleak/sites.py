@@ -8,10 +8,12 @@ from Python (gradients made by ``backward()``) have no site.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import types
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from .census import is_tensor_type
 
@@ -19,6 +21,7 @@ MAX_CALLERS = 3
 _LIBRARY, _RUNNER, _USER = 0, 1, 2
 
 
+@functools.lru_cache(maxsize=1)
 def _directories() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Library code a site never points into (torch, this plugin), and the test runner's code
     (pytest, pluggy), where a stack stops."""
@@ -58,16 +61,18 @@ _frame_kinds: dict[types.CodeType, int] = {}
 def _kind(code: types.CodeType) -> int:
     kind = _frame_kinds.get(code)
     if kind is None:
-        library, runner = _directories()
-        filename = code.co_filename
-        if filename.startswith(runner):
-            kind = _RUNNER
-        elif filename.startswith(library) or filename.startswith("<"):
-            kind = _LIBRARY
-        else:
-            kind = _USER
-        _frame_kinds[code] = kind
+        kind = _frame_kinds[code] = {"user": _USER, "library": _LIBRARY, "runner": _RUNNER}[frame_kind_of_file(code.co_filename)]
     return kind
+
+
+def frame_kind_of_file(filename: str) -> str:
+    """``user``, ``library`` (torch, this plugin) or ``runner`` (pytest, pluggy) for a file name."""
+    library, runner = _directories()
+    if filename.startswith(runner):
+        return "runner"
+    if filename.startswith(library) or filename.startswith("<") or not filename:
+        return "library"
+    return "user"
 
 
 def user_stack(frame: types.FrameType | None) -> tuple[Site, ...]:
@@ -89,6 +94,26 @@ def describe_stack(stack: tuple[Site, ...]) -> str:
     if not stack:
         return "unknown"
     return ", called from ".join(site_text(site) for site in stack)
+
+
+class SiteSource(Protocol):
+    """Anything that can say where a storage was allocated."""
+
+    def site_of(self, storage: Any) -> tuple[Site, ...] | None: ...
+
+
+@dataclass
+class Sites:
+    """Several sources asked in turn: the first that knows a storage answers."""
+
+    sources: list[SiteSource]
+
+    def site_of(self, storage: Any) -> tuple[Site, ...] | None:
+        for source in self.sources:
+            stack = source.site_of(storage)
+            if stack:
+                return stack
+        return None
 
 
 class SiteRecorder:

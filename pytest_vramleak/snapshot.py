@@ -29,7 +29,7 @@ from .diagnosis import diagnose
 from .referrers import name_holders, without_python_holders
 from .report import render_groups
 from .sizes import format_size
-from .sites import SiteRecorder, describe_stack
+from .sites import SiteSource, describe_stack
 from .tracker import Tracker
 
 MAX_CHAINS_PER_GROUP = 3
@@ -187,7 +187,7 @@ def diff(
     *,
     meter: Meter | None = None,
     name: bool = True,
-    sites: SiteRecorder | None = None,
+    sites: SiteSource | None = None,
 ) -> Leak:
     """What was allocated after ``before`` and is still alive, grouped and with its holders named.
 
@@ -275,7 +275,7 @@ def _primary(finds: list[Found], orphans: set[int]) -> Found:
     return finds[0]
 
 
-def _allocation_site(sites: SiteRecorder | None, tensor: Any) -> str | None:
+def _allocation_site(sites: SiteSource | None, tensor: Any) -> str | None:
     if sites is None:
         return None
     torch = _torch()
@@ -292,7 +292,7 @@ def describe(
     device: str,
     *,
     name: bool = True,
-    sites: SiteRecorder | None = None,
+    sites: SiteSource | None = None,
     frames: Sequence[types.FrameType] = (),
 ) -> list[TensorGroup]:
     """Group the live storages in ``keys`` by dtype, shape and device, and name their holders.

@@ -6,6 +6,24 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class FakeMemory:
+    """``torch.cuda.memory``'s history functions: records calls, dumps and snapshots a fixed history."""
+
+    blocks: list[dict[str, object]] = field(default_factory=list)
+    calls: list[object] = field(default_factory=list)
+
+    def _record_memory_history(self, enabled: object = "all", **options: object) -> None:
+        self.calls.append(enabled)
+
+    def _snapshot(self, device: object = None) -> dict[str, object]:
+        return {"segments": [{"device": 0, "blocks": self.blocks}]}
+
+    def _dump_snapshot(self, filename: str) -> None:
+        with open(filename, "wb") as stream:
+            stream.write(b"snapshot")
+
+
+@dataclass
 class FakeCuda:
     """Per-device allocated, reserved and peak figures that a test moves by hand."""
 
@@ -22,6 +40,7 @@ class FakeCuda:
     pending_frees: dict[int, list[int]] = field(default_factory=dict)
     """Frees that land at the next synchronize, like memory released by work still queued."""
     asked_driver: list[int] = field(default_factory=list)
+    memory: FakeMemory = field(default_factory=FakeMemory)
 
     def is_available(self) -> bool:
         return self.available

@@ -156,6 +156,7 @@ def test_json_report_schema(pytester: pytest.Pytester) -> None:
                     }
                 ],
                 "reason": None,
+                "trace": None,
                 "cycle_bytes": 0,
                 "details": {},
             }
