@@ -123,3 +123,21 @@ def test_it():
     )
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["leaked 4.0 KiB on cuda:0, allowed 0 B"])
+
+
+def test_cuda_trace_saves_a_snapshot_and_names_the_site(pytester: pytest.Pytester) -> None:
+    result = run(
+        pytester,
+        """
+CACHE = []
+
+@pytest.mark.vram_budget
+def test_it():
+    CACHE.append(torch.ones(1024, 1024, device="cuda"))  # line 8
+""",
+        "--vramleak-trace",
+        "--vramleak-report=out/r.json",
+    )
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["allocator history saved to *test_it.py_test_it.pickle*", "    allocated at test_it.py:8 in test_it()"])
+    assert (pytester.path / "out" / "vramleak-traces" / "test_it.py_test_it.pickle").exists()
