@@ -36,9 +36,10 @@ from .devices import (
     resolve_device,
 )
 from .release import PercentError, ReleaseScheduler, parse_percent
-from .report import TestResult, write_json
+from .report import TestResult, render_groups, write_json
 from .sizes import SizeError, format_size, parse_size
-from .snapshot import Snapshot, diff, memory_contents, take_snapshot
+from .census import take_census
+from .snapshot import Snapshot, describe, diff, memory_contents, take_snapshot
 from .history import AllocatorHistory
 from .sites import SiteRecorder, Sites, SiteSource
 from .steps import StepResult, StepWatcher
@@ -95,6 +96,8 @@ class Check:
     tracker: Tracker | None = None
     sites: SiteRecorder | None = None
     history: AllocatorHistory | None = None
+    others: list[tuple[CudaMeter, int]] = field(default_factory=list)
+    """The process's other CUDA devices, with their allocated bytes at the baseline."""
     baseline: Snapshot | None = None
     peak_bytes: int | None = None
     unchecked_reason: str | None = None
@@ -350,6 +353,8 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     try:
         if check.budget is not None:
             check.baseline = take_snapshot(meter=meter, tracker=check.tracker)
+            if isinstance(meter, CudaMeter):
+                check.others = _other_devices(meter)
             watch_peak = check.budget.peak is not None or meter.name != "cpu"
             if watch_peak:
                 meter.start_peak()
@@ -485,6 +490,14 @@ def _judge(item: pytest.Item, check: Check) -> str | None:
         if growth.driver is not None:
             end.details["driver_growth_bytes"] = growth.driver
     verdict = judge_budget(budget, meter.name, leaked, check.peak_bytes)
+    other_leaks = []
+    for other, other_baseline in check.others:
+        other_growth = measure_growth(other, other_baseline, None, budget.leak)
+        end.details[f"{other.name}_leaked_bytes"] = other_growth.allocated
+        if other_growth.allocated > budget.leak:
+            other_leaks.append(other)
+            message = f"leaked {format_size(other_growth.allocated)} on {other.name}, allowed {format_size(budget.leak)}"
+            verdict = BudgetVerdict("leaked", "; ".join(m for m in (verdict.message, message) if m))
     if item.config.stash[SETTINGS].strict_cycles and (check.cycle_bytes or 0) > budget.leak:
         cycles = (
             f"left {format_size(check.cycle_bytes or 0)} on {meter.name} to the cycle collector, allowed "
@@ -511,7 +524,23 @@ def _judge(item: pytest.Item, check: Check) -> str | None:
         leak = diff(baseline, end, meter=meter, sites=Sites(sources))
         result.tensors = [group.to_json() for group in leak.groups]
         lines += ["leaked tensors:", leak.render()]
+        for other in other_leaks:
+            # No baseline census of this device: its live tensors are shown as found now.
+            groups = describe(take_census(other.name).storages, other.name, sites=Sites(sources))
+            result.tensors += [group.to_json() for group in groups]
+            lines += [f"tensors alive on {other.name}:", render_groups(groups)]
     return "\n".join(lines)
+
+
+def _other_devices(meter: CudaMeter) -> list[tuple[CudaMeter, int]]:
+    """Every other CUDA device of the process, warmed up and measured, for a check on ``meter``."""
+    others = []
+    for index in range(meter.backend.device_count()):
+        if index != meter.index:
+            other = CudaMeter(f"cuda:{index}", meter.backend, meter.clear_workspaces, meter.warm_up)
+            other.settle()
+            others.append((other, other.allocated_bytes()))
+    return others
 
 
 def _trace_folder(config: pytest.Config) -> Path:

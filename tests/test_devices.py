@@ -272,3 +272,34 @@ def test_pin_worker(worker: str, devices: int, visible: str, initialized: bool, 
     assert pin_worker(worker, FakeTorch(cuda), environ) == expected
     assert environ.get("CUDA_VISIBLE_DEVICES", "") == (environ_after or visible)
     assert chosen == ([int(expected.partition(":")[2])] if expected and expected.startswith("cuda:") else [])
+
+
+def test_plugin_measures_every_cuda_device(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    import pytest_vramleak.plugin as plugin
+
+    cuda = FakeCuda(devices=2)
+    shared = types.ModuleType("vramleak_fake_cuda")
+    shared.CUDA = cuda  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vramleak_fake_cuda", shared)
+    monkeypatch.setattr(plugin, "resolve_device", lambda spec, torch: "cuda:0")
+    monkeypatch.setattr(plugin, "make_meter", lambda name, torch: CudaMeter(name, cuda))
+    pytester.makepyfile(
+        test_it="""
+        import pytest
+        from vramleak_fake_cuda import CUDA
+
+        @pytest.mark.vram_budget
+        def test_leaks_on_the_second_gpu():
+            CUDA.allocate(1, 2 * 1024 * 1024)
+
+        @pytest.mark.vram_budget
+        def test_clean():
+            pass
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["leaked 2.0 MiB on cuda:1, allowed 0 B", "tensors alive on cuda:1:"])
