@@ -418,6 +418,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             result.growth_bytes = last.verdict.growth_bytes
             result.device = result.device or last.device
         report.vramleak = result.to_json()  # type: ignore[attr-defined]
+        # JUnit XML writes a test's teardown properties: CI dashboards read the figures there.
+        report.user_properties.append(("vramleak_outcome", result.outcome))
+        for name in ("leaked_bytes", "peak_bytes", "growth_bytes"):
+            value = getattr(result, name)
+            if value is not None:
+                report.user_properties.append((f"vramleak_{name}", value))
     return report
 
 
@@ -666,8 +672,23 @@ class _Releaser:
         scheduler.between_tests()
 
 
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+def _offenders(results: list[dict[str, Any]], verbosity: int) -> list[str]:
+    """The tests that leaked most, and with ``-v`` the highest peaks: five of each, all with ``-vv``."""
+    shown = None if verbosity > 1 else 5
     lines = []
+    leaks = sorted((r for r in results if r["outcome"] == "leaked" and r.get("leaked_bytes")), key=lambda r: -r["leaked_bytes"])
+    if leaks:
+        lines.append("largest leaks:")
+        lines += [f"  {format_size(r['leaked_bytes']):>10}  {r['nodeid']} ({r['device']})" for r in leaks[:shown]]
+    peaks = sorted((r for r in results if r.get("peak_bytes")), key=lambda r: -r["peak_bytes"])
+    if peaks and verbosity > 0:
+        lines.append("highest peaks above baseline:")
+        lines += [f"  {format_size(r['peak_bytes']):>10}  {r['nodeid']} ({r['device']})" for r in peaks[:shown]]
+    return lines
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    lines = _offenders(config.stash.get(RESULTS, []), config.get_verbosity())
     scheduler = config.stash.get(RELEASER, None)
     if scheduler is not None and scheduler.releases:
         lines.append(

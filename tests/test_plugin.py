@@ -448,3 +448,50 @@ def test_strict_cycles_fails_tests_that_leave_tensors_to_the_cycle_collector(pyt
     result.stdout.fnmatch_lines(["left 1.0 MiB on cpu to the cycle collector, allowed 0 B (--vramleak-strict-cycles)*"])
     pytester.makeini("[pytest]\nvramleak_strict_cycles = true\n")
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1, failed=1)
+
+
+def test_figures_are_junit_xml_properties(pytester: pytest.Pytester) -> None:
+    import xml.etree.ElementTree as ElementTree
+
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        CACHE = []
+
+        @pytest.mark.vram_budget("8 MiB")
+        def test_leaks():
+            CACHE.append(torch.ones(1024))
+
+        def test_unchecked():
+            pass
+        """
+    )
+    pytester.runpytest("-p", "no:cacheprovider", "--junitxml=junit.xml")
+    cases = {case.get("name"): case for case in ElementTree.parse(pytester.path / "junit.xml").iter("testcase")}
+    properties = {p.get("name"): p.get("value") for p in cases["test_leaks"].iter("property")}
+    assert properties == {"vramleak_outcome": "leaked", "vramleak_leaked_bytes": "4096", "vramleak_peak_bytes": "4096"}
+    assert list(cases["test_unchecked"].iter("property")) == []
+
+
+def test_summary_lists_top_offenders_only_when_there_is_something_to_say(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        CACHE = []
+
+        @pytest.mark.vram_budget("64 MiB")
+        def test_small_leak():
+            CACHE.append(torch.ones(1024))
+
+        @pytest.mark.vram_budget("64 MiB")
+        def test_big_leak():
+            CACHE.append(torch.ones(1024, 1024))
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["*= vramleak summary =*", "largest leaks:", "     4.0 MiB  test_it.py::test_big_leak (cpu)", "     4.0 KiB  test_it.py::test_small_leak (cpu)"])
+    result.stdout.no_fnmatch_line("highest peaks*")
+    result = pytester.runpytest("-p", "no:cacheprovider", "-v")
+    result.stdout.fnmatch_lines(["highest peaks above baseline:", "     4.0 MiB  test_it.py::test_big_leak (cpu)"])
+    pytester.makepyfile(test_it="import torch\ndef test_clean():\n    torch.ones(3)\n")
+    pytester.runpytest("-p", "no:cacheprovider", "--vramleak").stdout.no_fnmatch_line("*vramleak summary*")
