@@ -458,6 +458,18 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
             check.history.stop()
 
 
+def _drop_fixture_values(item: pytest.Item) -> None:
+    """Drop the test's fixture values now, as pytest does right after the teardown phase.
+
+    Function-scoped fixtures are finalised by then, but ``item.funcargs`` still refers to their
+    values until pytest resets it; a list fixture the test appended tensors to would otherwise
+    look leaked. Done only when a leak is suspected, so ordinary tests keep pytest's timing.
+    """
+    funcargs = getattr(item, "funcargs", None)
+    if isinstance(funcargs, dict):
+        funcargs.clear()
+
+
 def _cycle_bytes(check: Check) -> int:
     """Bytes of storages the test body created that only the cycle collector frees.
 
@@ -484,8 +496,11 @@ def _judge(item: pytest.Item, check: Check) -> str | None:
     leaked = end.leaked_since(baseline)
     if leaked > budget.leak:
         # Measure again after clearing what PyTorch caches for itself, as its own check does:
-        # finalizers run by the first collection can release more memory too.
+        # finalizers run by the first collection can release more memory too. pytest drops a
+        # test's fixture values (item.funcargs) only after its teardown, so a function-scoped
+        # fixture's value still holds what the test put in it: measure without them too.
         clear_torch_caches(_import_torch())
+        _drop_fixture_values(item)
         end = take_snapshot(meter=meter, tracker=tracker)
         leaked = end.leaked_since(baseline)
     notes = []

@@ -21,6 +21,8 @@ from typing import Any
 
 import objgraph
 
+from .census import whole_heap
+
 _PACKAGE_DIR = __file__.rsplit("/", 1)[0]
 _MODULE_NAMESPACES = ("_modules", "_parameters", "_buffers")
 _LRU_WRAPPER_NAME = "_lru_cache_wrapper"
@@ -436,7 +438,8 @@ def name_holders(
     None for a target that nothing visible to gc refers to: it is held from C++ (an autograd
     graph, a registry in an extension).
     """
-    chains = find_chains(targets, max_depth=max_depth, exclude_types=exclude_types, frames=frames)
+    with whole_heap():
+        chains = find_chains(targets, max_depth=max_depth, exclude_types=exclude_types, frames=frames)
     try:
         return [chain_text(chain) if len(chain) > 1 else None for chain in chains]
     finally:
@@ -454,7 +457,8 @@ def without_python_holders(objects: Sequence[Any], *, exclude_types: tuple[type,
         if id(frame) not in own and type(frame.f_locals) is dict and frame.f_locals is not frame.f_globals:
             held.update(id(v) for v in dict.values(frame.f_locals) if id(v) in wanted_ids)
         frame = frame.f_back
-    referrers = _referrers(wanted, wanted_ids)
+    with whole_heap():
+        referrers = _referrers(wanted, wanted_ids)
     for holder in referrers:
         if id(holder) in own or type(holder) in exclude_types or holder is objects or holder is wanted:
             continue

@@ -12,6 +12,7 @@ import functools
 import os
 import sys
 import types
+import weakref
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -55,7 +56,7 @@ def _short_path(filename: str) -> str:
     return filename if relative.startswith("..") else relative
 
 
-_frame_kinds: dict[types.CodeType, int] = {}
+_frame_kinds: weakref.WeakKeyDictionary[types.CodeType, int] = weakref.WeakKeyDictionary()
 
 
 def _kind(code: types.CodeType) -> int:

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .census import Found, StorageKey, is_tensor_type, take_census, walk
+from .census import Found, StorageKey, is_tensor_type, take_census, walk, whole_heap
 from .devices import Meter, make_meter, resolve_device
 from .diagnosis import diagnose
 from .referrers import name_holders, without_python_holders
@@ -231,9 +231,10 @@ def memory_contents(meter: Meter, error: BaseException | None = None) -> str:
 def _locate(keys: Iterable[StorageKey], device: str, defer_owners: set[int] | None = None) -> dict[StorageKey, list[Found]]:
     wanted = set(keys)
     located: dict[StorageKey, list[Found]] = {}
-    for found in walk(device, defer_owners=defer_owners or set()):
-        if found.key in wanted:
-            located.setdefault(found.key, []).append(found)
+    with whole_heap():
+        for found in walk(device, defer_owners=defer_owners or set()):
+            if found.key in wanted:
+                located.setdefault(found.key, []).append(found)
     return located
 
 
@@ -302,7 +303,8 @@ def describe(
     """
     # A graph shared by several tensors is credited to one of them; a tensor that only the graph
     # itself keeps alive (an intermediate result) is a poor owner to show, so it goes last.
-    owners = _graph_owners()
+    with whole_heap():
+        owners = _graph_owners()
     orphan_owners = without_python_holders(owners, exclude_types=(Found,)) if owners else set()
     owners.clear()
     located = _locate(keys, device, orphan_owners)

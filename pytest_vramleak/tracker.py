@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from .census import StorageKey, _graph_tensors, _torch, live_tensors
+from .census import FREEZERS, StorageKey, _graph_tensors, _torch, live_tensors
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,7 @@ class Tracker:
         """Set when code ran untracked since :meth:`end`: the next :meth:`begin` rebuilds the index."""
         self._index: dict[int, weakref.ref[Any]] = {}
         self._froze = False
+        self._begun = False
 
     def begin(self) -> None:
         """Freeze the heap (as a test's setup starts), after rebuilding the index if it is stale.
@@ -77,12 +78,16 @@ class Tracker:
         frozen_by_others = gc.get_freeze_count() > 0
         if self.stale or frozen_by_others:
             self._rebuild()
+        self._begun = True
         if not frozen_by_others:
             gc.freeze()
             self._froze = True
+            FREEZERS.add(self)
 
     def end(self) -> None:
         """Unfreeze the heap; what the test left is indexed and stays tracked."""
+        self._begun = False
+        FREEZERS.discard(self)
         if self._froze:
             self._froze = False
             self.stale = False
@@ -92,7 +97,13 @@ class Tracker:
 
     @property
     def active(self) -> bool:
-        return self._froze
+        """Whether a test's tracking is under way (between :meth:`begin` and :meth:`end`)."""
+        return self._begun
+
+    def index_young(self) -> None:
+        """Index the tensors created since the freeze (before someone unfreezes the heap)."""
+        if self._froze:
+            self._add_live()
 
     @contextmanager
     def unfrozen(self) -> Iterator[None]:
