@@ -36,7 +36,7 @@ from .devices import (
     resolve_device,
 )
 from .release import PercentError, ReleaseScheduler, parse_percent
-from .report import TestResult, render_groups, write_json
+from .report import TestResult, render_groups, render_markdown, write_json, write_text_atomically
 from .sizes import SizeError, format_size, parse_size
 from .census import take_census
 from .snapshot import Snapshot, describe, diff, memory_contents, take_snapshot
@@ -61,6 +61,7 @@ _HELP = {
     "vramleak_strict_cycles": "fail tests whose tensors lived on reference cycles until garbage collection",
     "vramleak_pin_workers": "give each pytest-xdist worker its own GPU, by worker number",
     "vramleak_trace": "record the CUDA allocator's history while checked tests run; save a snapshot per leaking test",
+    "vramleak_markdown": "write a Markdown summary for a CI job page to this path (default: append to $GITHUB_STEP_SUMMARY when set)",
     "vramleak_release_above": "between tests, empty the CUDA caching allocator when its reserved memory passes this share of a device, e.g. 80%",
 }
 
@@ -137,6 +138,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--vramleak-strict-cycles", action="store_true", default=None, help=_HELP["vramleak_strict_cycles"])
     group.addoption("--vramleak-pin-workers", action="store_true", default=None, help=_HELP["vramleak_pin_workers"])
     group.addoption("--vramleak-trace", action="store_true", default=None, help=_HELP["vramleak_trace"])
+    group.addoption("--vramleak-markdown", default=None, metavar="PATH", help=_HELP["vramleak_markdown"])
     group.addoption("--vramleak-release-above", default=None, metavar="PERCENT", help=_HELP["vramleak_release_above"])
     parser.addini("vramleak", _HELP["vramleak"], type="bool", default=False)
     parser.addini("vramleak_device", _HELP["vramleak_device"], default="auto")
@@ -147,6 +149,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("vramleak_strict_cycles", _HELP["vramleak_strict_cycles"], type="bool", default=False)
     parser.addini("vramleak_pin_workers", _HELP["vramleak_pin_workers"], type="bool", default=False)
     parser.addini("vramleak_trace", _HELP["vramleak_trace"], type="bool", default=False)
+    parser.addini("vramleak_markdown", _HELP["vramleak_markdown"], default="")
     parser.addini("vramleak_release_above", _HELP["vramleak_release_above"], default="")
 
 
@@ -745,11 +748,24 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if workeroutput is not None:  # a pytest-xdist worker: the controller reports for it
         workeroutput["vramleak_fixtures"] = config.stash[LEFTOVERS]
         return
+    results: list[dict[str, Any]] = config.stash[RESULTS]
+    _write_markdown(config, results)
     if settings.report_path is None:
         return
-    results: list[dict[str, Any]] = config.stash[RESULTS]
     leftovers: list[dict[str, Any]] = config.stash[LEFTOVERS]
     write_json(settings.report_path, results, fixtures=leftovers)
+
+
+def _write_markdown(config: pytest.Config, results: list[dict[str, Any]]) -> None:
+    """The Markdown summary, to ``--vramleak-markdown`` or appended to ``$GITHUB_STEP_SUMMARY``."""
+    path, _ = _option(config, "vramleak_markdown")
+    if not results:
+        return
+    if path:
+        write_text_atomically(path, render_markdown(results))
+    elif os.environ.get("GITHUB_STEP_SUMMARY"):
+        with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as stream:  # other steps append there too
+            stream.write(render_markdown(results))
 
 
 class VramLeakFixture:

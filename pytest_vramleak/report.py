@@ -74,14 +74,49 @@ def write_json(
     ``fixtures`` lists wider-scoped fixtures whose storages outlived their teardown.
     """
     document = {"version": REPORT_VERSION, "tests": sorted(results, key=lambda r: r["nodeid"]), "fixtures": list(fixtures)}
+    write_text_atomically(path, json.dumps(document, indent=2) + "\n")
+
+
+def render_markdown(results: Sequence[dict[str, Any]]) -> str:
+    """A summary for a CI job page: a headline, the tests that leaked or went over budget, and holders."""
+    checked = [r for r in results if r["outcome"] != "unchecked"]
+    failing = sorted((r for r in checked if r["outcome"] in ("leaked", "over_budget")), key=lambda r: -(r.get("leaked_bytes") or 0))
+    if not failing:
+        return f"## vramleak: all {len(checked)} checked tests kept within their budgets\n"
+
+    def size(value: int | None) -> str:
+        return "—" if value is None else format_size(value)
+
+    lines = [
+        f"## vramleak: {len(failing)} of {len(checked)} checked tests leaked or went over budget",
+        "",
+        "| test | device | outcome | leaked | peak |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    lines += [
+        f"| `{r['nodeid']}` | {r['device']} | {r['outcome'].replace('_', ' ')} | {size(r.get('leaked_bytes'))} | {size(r.get('peak_bytes'))} |"
+        for r in failing
+    ]
+    holders = [(r["nodeid"], group) for r in failing for group in r.get("tensors", [])]
+    if holders:
+        lines += ["", "<details><summary>What holds the leaked tensors</summary>", ""]
+        for nodeid, group in holders:
+            shape = "[" + ", ".join(str(d) for d in group["shape"]) + "]"
+            held = group["held_by"][0] if group["held_by"] else "no chain found"
+            lines.append(f"- `{nodeid}`: {group['dtype']}{shape}, {format_size(group['bytes'])}, held by `{held}`")
+        lines += ["", "</details>"]
+    return "\n".join(lines) + "\n"
+
+
+def write_text_atomically(path: str | os.PathLike[str], text: str) -> None:
+    """Replace ``path`` with ``text`` in one step: a reader never sees half a file."""
     target = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(target))
     os.makedirs(directory, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=".vramleak-", suffix=".json", dir=directory)
+    handle, temporary = tempfile.mkstemp(prefix=".vramleak-", dir=directory)
     try:
         with os.fdopen(handle, "w") as stream:
-            json.dump(document, stream, indent=2)
-            stream.write("\n")
+            stream.write(text)
         os.replace(temporary, target)
     except BaseException:
         os.unlink(temporary)

@@ -33,3 +33,9 @@ def run_checked(pytester: pytest.Pytester):
         return result, read_report(report)
 
     return run
+
+
+@pytest.fixture(autouse=True)
+def _no_ci_job_summary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keep the inner test runs from appending to a real CI job's summary."""
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)

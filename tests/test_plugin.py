@@ -514,3 +514,49 @@ def test_summary_lists_top_offenders_only_when_there_is_something_to_say(pyteste
     result.stdout.fnmatch_lines(["highest peaks above baseline:", "     4.0 MiB  test_it.py::test_big_leak (cpu)"])
     pytester.makepyfile(test_it="import torch\ndef test_clean():\n    torch.ones(3)\n")
     pytester.runpytest("-p", "no:cacheprovider", "--vramleak").stdout.no_fnmatch_line("*vramleak summary*")
+
+
+MARKDOWN_SUITE = """
+import pytest, torch
+CACHE = {}
+
+@pytest.mark.vram_budget
+def test_leaks():
+    CACHE["user-42"] = torch.ones(1024)
+
+@pytest.mark.vram_budget
+def test_clean():
+    torch.ones(1024)
+"""
+
+
+def test_markdown_summary_to_a_path(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    pytester.makepyfile(test_it=MARKDOWN_SUITE)
+    pytester.runpytest("-p", "no:cacheprovider", "--vramleak-markdown=out/summary.md")
+    assert (pytester.path / "out" / "summary.md").read_text() == (
+        "## vramleak: 1 of 2 checked tests leaked or went over budget\n"
+        "\n"
+        "| test | device | outcome | leaked | peak |\n"
+        "| --- | --- | --- | --- | --- |\n"
+        "| `test_it.py::test_leaks` | cpu | leaked | 4.0 KiB | — |\n"
+        "\n"
+        "<details><summary>What holds the leaked tensors</summary>\n"
+        "\n"
+        "- `test_it.py::test_leaks`: float32[1024], 4.0 KiB, held by `test_it.CACHE['user-42']`\n"
+        "\n"
+        "</details>\n"
+    )
+
+
+def test_markdown_summary_appends_to_the_github_step_summary(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    summary = pytester.path / "step_summary.md"
+    summary.write_text("earlier step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    pytester.makepyfile(test_it="import pytest, torch\n@pytest.mark.vram_budget\ndef test_clean():\n    torch.ones(3)\n")
+    pytester.runpytest("-p", "no:cacheprovider")
+    assert summary.read_text() == "earlier step\n## vramleak: all 1 checked tests kept within their budgets\n"
+    pytester.makeini("[pytest]\nvramleak_markdown = ini.md\n")
+    pytester.runpytest("-p", "no:cacheprovider")
+    assert (pytester.path / "ini.md").exists()
+    assert summary.read_text().count("## vramleak") == 1
