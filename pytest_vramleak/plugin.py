@@ -13,6 +13,7 @@ pytest's test phases:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import weakref
@@ -44,7 +45,7 @@ from .history import AllocatorHistory
 from .sites import SiteRecorder, Sites, SiteSource
 from .steps import StepResult, StepWatcher
 from .tracker import Tracker
-from .verdict import Budget, BudgetVerdict, judge_budget
+from .verdict import Budget, BudgetVerdict, Increase, judge_budget, judge_increase, parse_increase
 
 MARKER = "vram_budget"
 EXEMPT_MARKER = "allow_vram_leak"
@@ -61,6 +62,9 @@ _HELP = {
     "vramleak_strict_cycles": "fail tests whose tensors lived on reference cycles until garbage collection",
     "vramleak_pin_workers": "give each pytest-xdist worker its own GPU, by worker number",
     "vramleak_trace": "record the CUDA allocator's history while checked tests run; save a snapshot per leaking test",
+    "vramleak_save": "save each checked test's peak and end figures under this name (in .vramleak/ under the root folder)",
+    "vramleak_compare": "compare each checked test's peak with the run saved under this name; fail growth past --vramleak-max-increase",
+    "vramleak_max_increase": "growth over the compared run that fails a test only past both limits, e.g. '10%, 1 MiB' (default '10%, 64 KiB')",
     "vramleak_markdown": "write a Markdown summary for a CI job page to this path (default: append to $GITHUB_STEP_SUMMARY when set)",
     "vramleak_release_above": "between tests, empty the CUDA caching allocator when its reserved memory passes this share of a device, e.g. 80%",
 }
@@ -85,6 +89,10 @@ class Settings:
     release_above: float | None = None
     strict_cycles: bool = False
     trace: bool = False
+    save: str | None = None
+    compare: dict[str, dict[str, Any]] | None = None
+    """The saved run's figures by test id, when comparing."""
+    max_increase: Increase = Increase()
 
 
 @dataclass
@@ -139,6 +147,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--vramleak-pin-workers", action="store_true", default=None, help=_HELP["vramleak_pin_workers"])
     group.addoption("--vramleak-trace", action="store_true", default=None, help=_HELP["vramleak_trace"])
     group.addoption("--vramleak-markdown", default=None, metavar="PATH", help=_HELP["vramleak_markdown"])
+    group.addoption("--vramleak-save", default=None, metavar="NAME", help=_HELP["vramleak_save"])
+    group.addoption("--vramleak-compare", default=None, metavar="NAME", help=_HELP["vramleak_compare"])
+    group.addoption("--vramleak-max-increase", default=None, metavar="LIMITS", help=_HELP["vramleak_max_increase"])
     group.addoption("--vramleak-release-above", default=None, metavar="PERCENT", help=_HELP["vramleak_release_above"])
     parser.addini("vramleak", _HELP["vramleak"], type="bool", default=False)
     parser.addini("vramleak_device", _HELP["vramleak_device"], default="auto")
@@ -150,6 +161,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("vramleak_pin_workers", _HELP["vramleak_pin_workers"], type="bool", default=False)
     parser.addini("vramleak_trace", _HELP["vramleak_trace"], type="bool", default=False)
     parser.addini("vramleak_markdown", _HELP["vramleak_markdown"], default="")
+    parser.addini("vramleak_save", _HELP["vramleak_save"], default="")
+    parser.addini("vramleak_compare", _HELP["vramleak_compare"], default="")
+    parser.addini("vramleak_max_increase", _HELP["vramleak_max_increase"], default="10%, 64 KiB")
     parser.addini("vramleak_release_above", _HELP["vramleak_release_above"], default="")
 
 
@@ -202,9 +216,38 @@ def read_settings(config: pytest.Config) -> Settings:
         raise pytest.UsageError(f"{source}: {error}") from None
     strict_cycles, _ = _option(config, "vramleak_strict_cycles")
     trace, _ = _option(config, "vramleak_trace")
+    save, _ = _option(config, "vramleak_save")
+    compare_name, source = _option(config, "vramleak_compare")
+    compare = None
+    if compare_name:
+        path = _saved_run_path(config, compare_name)
+        try:
+            compare = json.loads(path.read_text())["tests"]
+        except (OSError, ValueError, KeyError) as error:
+            raise pytest.UsageError(f"{source}: cannot read the saved run {compare_name!r} at {path}: {error}") from None
+    increase_text, source = _option(config, "vramleak_max_increase")
+    try:
+        max_increase = parse_increase(increase_text)
+    except (ValueError, SizeError) as error:
+        raise pytest.UsageError(f"{source}: {error}") from None
     return Settings(
-        bool(every_test), device, report_path or None, warmup, tolerance, sites, release_above, bool(strict_cycles), bool(trace)
+        bool(every_test),
+        device,
+        report_path or None,
+        warmup,
+        tolerance,
+        sites,
+        release_above,
+        bool(strict_cycles),
+        bool(trace),
+        save or None,
+        compare,
+        max_increase,
     )
+
+
+def _saved_run_path(config: pytest.Config, name: str) -> Path:
+    return config.rootpath / ".vramleak" / f"{name}.json"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -358,7 +401,8 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
             check.baseline = take_snapshot(meter=meter, tracker=check.tracker)
             if isinstance(meter, CudaMeter):
                 check.others = _other_devices(meter)
-            watch_peak = check.budget.peak is not None or meter.name != "cpu"
+            settings = item.config.stash[SETTINGS]
+            watch_peak = check.budget.peak is not None or meter.name != "cpu" or bool(settings.save or settings.compare is not None)
             if watch_peak:
                 meter.start_peak()
         if item.config.stash[SETTINGS].sites:
@@ -522,6 +566,12 @@ def _judge(item: pytest.Item, check: Check) -> str | None:
             other_leaks.append(other)
             message = f"leaked {format_size(other_growth.allocated)} on {other.name}, allowed {format_size(budget.leak)}"
             verdict = BudgetVerdict("leaked", "; ".join(m for m in (verdict.message, message) if m))
+    saved = (item.config.stash[SETTINGS].compare or {}).get(item.nodeid)
+    if saved and saved.get("peak_bytes") is not None and check.peak_bytes is not None and saved.get("device") == meter.name:
+        grew = judge_increase(saved["peak_bytes"], check.peak_bytes, item.config.stash[SETTINGS].max_increase, meter.name)
+        if grew:
+            outcome = verdict.outcome if verdict.outcome == "leaked" else "over_budget"
+            verdict = BudgetVerdict(outcome, "; ".join(m for m in (verdict.message, grew) if m))
     if item.config.stash[SETTINGS].strict_cycles and (check.cycle_bytes or 0) > budget.leak:
         cycles = (
             f"left {format_size(check.cycle_bytes or 0)} on {meter.name} to the cycle collector, allowed "
@@ -750,6 +800,13 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     results: list[dict[str, Any]] = config.stash[RESULTS]
     _write_markdown(config, results)
+    if settings.save:
+        figures = {
+            r["nodeid"]: {name: r[name] for name in ("device", "peak_bytes", "end_bytes", "leaked_bytes")}
+            for r in results
+            if r["outcome"] != "unchecked"
+        }
+        write_text_atomically(_saved_run_path(config, settings.save), json.dumps({"version": 1, "tests": figures}, indent=2) + "\n")
     if settings.report_path is None:
         return
     leftovers: list[dict[str, Any]] = config.stash[LEFTOVERS]

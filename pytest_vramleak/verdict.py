@@ -81,3 +81,50 @@ def judge_growth(steps: Sequence[int], tolerance: int, device: str = "cpu") -> G
             f"({format_size(growth)} in total) on {device}, tolerance {format_size(tolerance)}"
         )
     return GrowthVerdict(grows, growth, per_step, message)
+
+
+@dataclass(frozen=True)
+class Increase:
+    """How much a figure may grow over a saved run: it fails only past both limits."""
+
+    fraction: float = 0.10
+    bytes: int = 64 * 1024
+
+    def allowed(self, old: int) -> int:
+        return max(int(old * self.fraction), self.bytes)
+
+    def describe(self) -> str:
+        return f"+{self.fraction * 100:g}% and +{format_size(self.bytes)}"
+
+
+def parse_increase(value: str) -> Increase:
+    """``"10%"``, ``"1 MiB"`` or both, comma-separated: ``"10%, 1 MiB"``; what is not given stays 0."""
+    from .sizes import parse_size
+
+    fraction, size = 0.0, 0
+    parts = [part.strip() for part in str(value).split(",") if part.strip()]
+    if not parts or len(parts) > 2:
+        raise ValueError(f"expected a percentage, a size or both, e.g. '10%, 1 MiB', got {value!r}")
+    for part in parts:
+        if part.endswith("%"):
+            try:
+                fraction = float(part[:-1]) / 100
+            except ValueError:
+                raise ValueError(f"cannot read {part!r} as a percentage") from None
+            if fraction < 0:
+                raise ValueError(f"the percentage must not be negative, got {part!r}")
+        else:
+            size = parse_size(part)
+    return Increase(fraction, size)
+
+
+def judge_increase(old_peak: int, new_peak: int, limit: Increase, device: str) -> str:
+    """The failure sentence when the peak grew past ``limit`` over the saved run, else ``""``."""
+    growth = new_peak - old_peak
+    if growth <= limit.allowed(old_peak):
+        return ""
+    percent = f" (+{100 * growth / old_peak:.0f}%)" if old_peak else ""
+    return (
+        f"peak on {device} grew from {format_size(old_peak)} to {format_size(new_peak)}, "
+        f"+{format_size(growth)}{percent}, allowed {limit.describe()}"
+    )

@@ -560,3 +560,47 @@ def test_markdown_summary_appends_to_the_github_step_summary(pytester: pytest.Py
     pytester.runpytest("-p", "no:cacheprovider")
     assert (pytester.path / "ini.md").exists()
     assert summary.read_text().count("## vramleak") == 1
+
+
+def peak_suite(mebibytes: float) -> str:
+    return f"""
+import pytest, torch
+
+@pytest.mark.vram_budget
+def test_peak():
+    scratch = torch.ones(int({mebibytes} * 1024 * 256))
+    del scratch
+"""
+
+
+def test_save_then_compare_fails_peaks_grown_past_the_tolerance(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_it=peak_suite(4))
+    pytester.runpytest("-p", "no:cacheprovider", "--vramleak-save=main").assert_outcomes(passed=1)
+    saved = json.loads((pytester.path / ".vramleak" / "main.json").read_text())
+    assert saved == {"version": 1, "tests": {"test_it.py::test_peak": {"device": "cpu", "peak_bytes": 4 * 1024**2, "end_bytes": 0, "leaked_bytes": 0}}}
+
+    pytester.makepyfile(test_it=peak_suite(4.2))  # +5%: noise
+    pytester.runpytest("-p", "no:cacheprovider", "--vramleak-compare=main").assert_outcomes(passed=1)
+
+    pytester.makepyfile(test_it=peak_suite(8))
+    result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak-compare=main")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["peak on cpu grew from 4.0 MiB to 8.0 MiB, +4.0 MiB (+100%), allowed +10% and +64.0 KiB"])
+    pytester.runpytest("-p", "no:cacheprovider", "--vramleak-compare=main", "--vramleak-max-increase=150%").assert_outcomes(passed=1)
+    pytester.makeini("[pytest]\nvramleak_compare = main\nvramleak_max_increase = 5 MiB\n")
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--vramleak-compare=nothing"], "ERROR: --vramleak-compare: cannot read the saved run 'nothing' at */.vramleak/nothing.json: *"),
+        (["--vramleak-max-increase=lots"], "ERROR: --vramleak-max-increase: cannot read 'lots' as a size*"),
+        (["--vramleak-max-increase=1%, 2%, 3%"], "ERROR: --vramleak-max-increase: expected a percentage, a size or both*"),
+    ],
+)
+def test_bad_compare_options_are_usage_errors(pytester: pytest.Pytester, args: list[str], message: str) -> None:
+    pytester.makepyfile(test_it="def test_it():\n    pass\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])

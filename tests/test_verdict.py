@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_vramleak import Budget, judge_budget, judge_growth
+from pytest_vramleak.verdict import Increase, judge_increase, parse_increase
 
 MIB = 1024**2
 
@@ -83,3 +84,26 @@ def test_growth_figures() -> None:
 def test_growth_needs_two_steps() -> None:
     with pytest.raises(ValueError, match="at least 2 measured steps"):
         judge_growth([K], 0)
+
+
+@pytest.mark.parametrize(
+    ("text", "fraction", "size"),
+    [("10%", 0.10, 0), ("1 MiB", 0.0, 1024**2), ("10%, 64 KiB", 0.10, 65536), ("64kb,2.5%", 0.025, 64000)],
+)
+def test_parse_increase(text: str, fraction: float, size: int) -> None:
+    assert parse_increase(text) == Increase(fraction, size)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "fails"),
+    [
+        (10 * MIB, 11 * MIB, False),  # +10%: at the percentage limit
+        (10 * MIB, 11 * MIB + 1, True),
+        (100 * 1024, 150 * 1024, False),  # +50%, but only 50 KiB: under the byte limit
+        (100 * 1024, 200 * 1024, True),
+        (0, 64 * 1024, False),
+        (0, 64 * 1024 + 1, True),
+    ],
+)
+def test_increase_fails_only_past_both_limits(old: int, new: int, fails: bool) -> None:
+    assert bool(judge_increase(old, new, Increase(0.10, 64 * 1024), "cpu")) is fails
