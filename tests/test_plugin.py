@@ -577,7 +577,10 @@ def test_save_then_compare_fails_peaks_grown_past_the_tolerance(pytester: pytest
     pytester.makepyfile(test_it=peak_suite(4))
     pytester.runpytest("-p", "no:cacheprovider", "--vramleak-save=main").assert_outcomes(passed=1)
     saved = json.loads((pytester.path / ".vramleak" / "main.json").read_text())
-    assert saved == {"version": 1, "tests": {"test_it.py::test_peak": {"device": "cpu", "peak_bytes": 4 * 1024**2, "end_bytes": 0, "leaked_bytes": 0}}}
+    figures = saved["tests"]["test_it.py::test_peak"]
+    end_bytes = figures.pop("end_bytes")  # every tensor storage alive in the process: varies with the run
+    assert saved["version"] == 1 and isinstance(end_bytes, int)
+    assert figures == {"device": "cpu", "peak_bytes": 4 * 1024**2, "leaked_bytes": 0}
 
     pytester.makepyfile(test_it=peak_suite(4.2))  # +5%: noise
     pytester.runpytest("-p", "no:cacheprovider", "--vramleak-compare=main").assert_outcomes(passed=1)
