@@ -39,3 +39,26 @@ def run_checked(pytester: pytest.Pytester):
 def _no_ci_job_summary(monkeypatch: pytest.MonkeyPatch) -> None:
     """Keep the inner test runs from appending to a real CI job's summary."""
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+
+
+@pytest.fixture
+def fake_cuda_plugin(monkeypatch: pytest.MonkeyPatch):
+    """Point the plugin at a fake CUDA backend; test files reach it as ``from vramleak_fake_cuda import CUDA``."""
+    import sys
+    import types
+
+    import pytest_vramleak.plugin as plugin
+    from pytest_vramleak.devices import CudaMeter
+
+    from .fakes import FakeCuda
+
+    def install(devices: int = 1) -> FakeCuda:
+        cuda = FakeCuda(devices=devices)
+        shared = types.ModuleType("vramleak_fake_cuda")
+        shared.CUDA = cuda  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "vramleak_fake_cuda", shared)
+        monkeypatch.setattr(plugin, "resolve_device", lambda spec, torch: "cuda:0")
+        monkeypatch.setattr(plugin, "make_meter", lambda name, torch: CudaMeter(name, cuda))
+        return cuda
+
+    return install

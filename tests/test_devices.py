@@ -209,20 +209,10 @@ def test_each_device_is_measured_on_its_own() -> None:
     assert growth == {"cuda:0": 0, "cuda:1": 2 * MIB}
 
 
-def test_plugin_checks_a_cuda_device_through_the_fake(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
-    import types
-
-    import pytest_vramleak.plugin as plugin
-
-    cuda = FakeCuda()
+def test_plugin_checks_a_cuda_device_through_the_fake(pytester: pytest.Pytester, fake_cuda_plugin) -> None:
+    cuda = fake_cuda_plugin()
     cuda.allocate(0, 8 * MIB)
     cuda.free(0, 8 * MIB)  # cached, so the leak below comes from the allocator's cache
-    shared = types.ModuleType("vramleak_fake_cuda")
-    shared.CUDA = cuda  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "vramleak_fake_cuda", shared)
-    monkeypatch.setattr(plugin, "resolve_device", lambda spec, torch: "cuda:0")
-    monkeypatch.setattr(plugin, "make_meter", lambda name, torch: CudaMeter(name, cuda))
     pytester.makepyfile(
         test_it="""
         import pytest
@@ -274,18 +264,8 @@ def test_pin_worker(worker: str, devices: int, visible: str, initialized: bool, 
     assert chosen == ([int(expected.partition(":")[2])] if expected and expected.startswith("cuda:") else [])
 
 
-def test_plugin_measures_every_cuda_device(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
-    import types
-
-    import pytest_vramleak.plugin as plugin
-
-    cuda = FakeCuda(devices=2)
-    shared = types.ModuleType("vramleak_fake_cuda")
-    shared.CUDA = cuda  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "vramleak_fake_cuda", shared)
-    monkeypatch.setattr(plugin, "resolve_device", lambda spec, torch: "cuda:0")
-    monkeypatch.setattr(plugin, "make_meter", lambda name, torch: CudaMeter(name, cuda))
+def test_plugin_measures_every_cuda_device(pytester: pytest.Pytester, fake_cuda_plugin) -> None:
+    fake_cuda_plugin(devices=2)
     pytester.makepyfile(
         test_it="""
         import pytest

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import sys
-import types
 from pathlib import Path
 
 import pytest
 
-from pytest_vramleak.devices import CudaMeter
 from pytest_vramleak.history import AllocatorHistory, BlockSites
 
-from .fakes import FakeCuda, FakeMemory
+from .fakes import FakeMemory
 
 TORCH_FILE = sys.modules["torch"].__file__ or ""
 
@@ -62,15 +60,8 @@ def test_history_records_only_while_asked(tmp_path: Path) -> None:
     assert saved.read_bytes() == b"snapshot"
 
 
-def test_trace_saves_a_snapshot_for_a_leaking_cuda_test(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    import pytest_vramleak.plugin as plugin
-
-    cuda = FakeCuda()
-    shared = types.ModuleType("vramleak_fake_cuda")
-    shared.CUDA = cuda  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "vramleak_fake_cuda", shared)
-    monkeypatch.setattr(plugin, "resolve_device", lambda spec, torch: "cuda:0")
-    monkeypatch.setattr(plugin, "make_meter", lambda name, torch: CudaMeter(name, cuda))
+def test_trace_saves_a_snapshot_for_a_leaking_cuda_test(pytester: pytest.Pytester, fake_cuda_plugin) -> None:
+    cuda = fake_cuda_plugin()
     pytester.makepyfile(
         test_it="""
         import pytest
