@@ -744,10 +744,17 @@ def _offenders(results: list[dict[str, Any]], verbosity: int) -> list[str]:
     """The tests that leaked most, and with ``-v`` the highest peaks: five of each, all with ``-vv``."""
     shown = None if verbosity > 1 else 5
     lines = []
-    leaks = sorted((r for r in results if r["outcome"] == "leaked" and r.get("leaked_bytes")), key=lambda r: -r["leaked_bytes"])
+    def leaked(result: dict[str, Any]) -> int:
+        return int(result.get("leaked_bytes") or result.get("growth_bytes") or 0)
+
+    leaks = sorted((r for r in results if r["outcome"] == "leaked" and leaked(r)), key=lambda r: -leaked(r))
     if leaks:
         lines.append("largest leaks:")
-        lines += [f"  {format_size(r['leaked_bytes']):>10}  {r['nodeid']} ({r['device']})" for r in leaks[:shown]]
+        lines += [
+            f"  {format_size(leaked(r)):>10}  {r['nodeid']} ({r['device']}"
+            + (", grew across steps)" if not r.get("leaked_bytes") else ")")
+            for r in leaks[:shown]
+        ]
     peaks = sorted((r for r in results if r.get("peak_bytes")), key=lambda r: -r["peak_bytes"])
     if peaks and verbosity > 0:
         lines.append("highest peaks above baseline:")

@@ -163,6 +163,7 @@ def test_step_figures_in_json(pytester: pytest.Pytester, run_checked) -> None:
     )
     result, report = run_checked()
     result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["largest leaks:", "     5.0 KiB  test_it.py::test_grows (cpu, grew across steps)"])
     assert report["test_grows"]["outcome"] == "leaked"
     assert report["test_grows"]["steps"] == [1024, 2048, 3072, 4096, 5120]
     assert report["test_grows"]["growth_bytes"] == 5120
