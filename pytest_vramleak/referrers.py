@@ -54,6 +54,17 @@ class FrameLocal:
         self.value = value
 
 
+def _frames_not_ours(own: set[int]) -> list[types.FrameType]:
+    """The frames on the stack, innermost first, less this package's own."""
+    stack: list[types.FrameType] = []
+    frame: types.FrameType | None = sys._getframe()
+    while frame is not None:
+        if id(frame) not in own:
+            stack.append(frame)
+        frame = frame.f_back
+    return stack
+
+
 def _running_locals(frames: Sequence[types.FrameType]) -> dict[int, FrameLocal]:
     found: dict[int, FrameLocal] = {}
     for frame in frames:
@@ -142,16 +153,10 @@ def find_chains(
     chains hold strong references: drop them once named.
     """
     own = _own_frames()
-    stack: list[types.FrameType] = []
-    frame: types.FrameType | None = sys._getframe()
-    while frame is not None:
-        if id(frame) not in own:
-            stack.append(frame)
-        frame = frame.f_back
+    stack = _frames_not_ours(own)
     on_stack = {id(f) for f in stack}
     # Frames the caller names (those of an error being reported) count as roots like running ones.
     running_locals = _running_locals([*frames, *stack])
-    del frame
     held_by: dict[int, list[Any]] = {}  # id(holder) -> the objects it holds one level nearer a target
     origins: dict[int, int] = {id(t): 1 << i for i, t in enumerate(targets)}  # bit i: leads to targets[i]
     unrooted = (1 << len(targets)) - 1
@@ -451,12 +456,7 @@ def without_python_holders(objects: Sequence[Any], *, exclude_types: tuple[type,
     own = _own_frames()
     wanted = tuple(objects)
     wanted_ids = {id(o) for o in wanted}
-    held: set[int] = set()
-    frame: types.FrameType | None = sys._getframe()
-    while frame is not None:
-        if id(frame) not in own and type(frame.f_locals) is dict and frame.f_locals is not frame.f_globals:
-            held.update(id(v) for v in dict.values(frame.f_locals) if id(v) in wanted_ids)
-        frame = frame.f_back
+    held = {ident for ident in _running_locals(_frames_not_ours(own)) if ident in wanted_ids}
     with whole_heap():
         referrers = _referrers(wanted, wanted_ids)
     for holder in referrers:

@@ -19,7 +19,6 @@ from typing import Any, Protocol
 from .census import is_tensor_type
 
 MAX_CALLERS = 3
-_LIBRARY, _RUNNER, _USER = 0, 1, 2
 
 
 @functools.lru_cache(maxsize=1)
@@ -56,13 +55,13 @@ def _short_path(filename: str) -> str:
     return filename if relative.startswith("..") else relative
 
 
-_frame_kinds: weakref.WeakKeyDictionary[types.CodeType, int] = weakref.WeakKeyDictionary()
+_frame_kinds: weakref.WeakKeyDictionary[types.CodeType, str] = weakref.WeakKeyDictionary()
 
 
-def _kind(code: types.CodeType) -> int:
+def _kind(code: types.CodeType) -> str:
     kind = _frame_kinds.get(code)
     if kind is None:
-        kind = _frame_kinds[code] = {"user": _USER, "library": _LIBRARY, "runner": _RUNNER}[frame_kind_of_file(code.co_filename)]
+        kind = _frame_kinds[code] = frame_kind_of_file(code.co_filename)
     return kind
 
 
@@ -82,9 +81,9 @@ def user_stack(frame: types.FrameType | None) -> tuple[Site, ...]:
     stack: list[Site] = []
     while frame is not None and len(stack) <= MAX_CALLERS:
         kind = _kind(frame.f_code)
-        if kind == _USER:
+        if kind == "user":
             stack.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
-        elif kind == _RUNNER and stack:
+        elif kind == "runner" and stack:
             break
         frame = frame.f_back
     return tuple(stack)

@@ -16,14 +16,13 @@ one keeps nothing of the user's alive.
 
 from __future__ import annotations
 
-import gc
-import weakref
 import types
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .census import Found, StorageKey, is_tensor_type, take_census, walk, whole_heap
+from .census import Found, StorageKey, live_tensors, take_census, walk, whole_heap
 from .devices import Meter, make_meter, resolve_device
 from .diagnosis import diagnose
 from .referrers import name_holders, without_python_holders
@@ -243,13 +242,12 @@ def _graph_owners() -> list[Any]:
     torch = _torch()
     owners = []
     with torch._C.DisableTorchFunctionSubclass():
-        for obj in gc.get_objects():
-            if is_tensor_type(type(obj)):
-                try:
-                    if obj.grad_fn is not None:
-                        owners.append(obj)
-                except Exception:
-                    continue
+        for tensor in live_tensors():
+            try:
+                if tensor.grad_fn is not None:
+                    owners.append(tensor)
+            except Exception:
+                continue
     return owners
 
 
