@@ -13,6 +13,7 @@ pytest's test phases:
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import sys
@@ -36,6 +37,7 @@ from .devices import (
     pin_worker,
     resolve_device,
 )
+from .html_report import is_html_path, render_html
 from .release import PercentError, ReleaseScheduler, parse_percent
 from .report import TestResult, render_groups, render_markdown, write_json, write_text_atomically
 from .sizes import SizeError, format_size, parse_size
@@ -55,7 +57,7 @@ _DEVICE_SPECS = "auto|cpu|cuda|cuda:N|mps|xpu"
 _HELP = {
     "vramleak": "check every test for leaked tensor memory, as if marked vram_budget()",
     "vramleak_device": f"device to measure: {_DEVICE_SPECS} (default auto: the current accelerator, else cpu)",
-    "vramleak_report": "write a JSON report of every checked test to this path",
+    "vramleak_report": "write a report of every checked test to this path: HTML when it ends in .html or .htm, else JSON (repeat for both)",
     "vramleak_warmup": f"unmeasured warm-up steps of the vramleak fixture (default {DEFAULT_WARMUP})",
     "vramleak_tolerance": "growth across measured steps that is not yet a leak, e.g. '64 KiB' (default 0)",
     "vramleak_sites": "record where leaked tensors were allocated: on or off (default on)",
@@ -82,7 +84,8 @@ class Settings:
 
     every_test: bool
     device: str
-    report_path: str | None
+    report_paths: tuple[str, ...]
+    """Where to write reports: HTML for ``.html``/``.htm``, JSON otherwise."""
     warmup: int
     tolerance: int
     sites: bool = True
@@ -139,7 +142,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("vramleak", "tensor memory leak checks (pytest-vramleak)")
     group.addoption("--vramleak", action="store_true", default=None, help=_HELP["vramleak"])
     group.addoption("--vramleak-device", default=None, metavar="DEVICE", help=_HELP["vramleak_device"])
-    group.addoption("--vramleak-report", default=None, metavar="PATH", help=_HELP["vramleak_report"])
+    group.addoption("--vramleak-report", action="append", default=None, metavar="PATH", help=_HELP["vramleak_report"])
     group.addoption("--vramleak-warmup", default=None, metavar="N", help=_HELP["vramleak_warmup"])
     group.addoption("--vramleak-tolerance", default=None, metavar="SIZE", help=_HELP["vramleak_tolerance"])
     group.addoption("--vramleak-sites", default=None, metavar="on|off", help=_HELP["vramleak_sites"])
@@ -153,7 +156,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--vramleak-release-above", default=None, metavar="PERCENT", help=_HELP["vramleak_release_above"])
     parser.addini("vramleak", _HELP["vramleak"], type="bool", default=False)
     parser.addini("vramleak_device", _HELP["vramleak_device"], default="auto")
-    parser.addini("vramleak_report", _HELP["vramleak_report"], default="")
+    parser.addini("vramleak_report", _HELP["vramleak_report"], type="args", default=[])
     parser.addini("vramleak_warmup", _HELP["vramleak_warmup"], default=str(DEFAULT_WARMUP))
     parser.addini("vramleak_tolerance", _HELP["vramleak_tolerance"], default="0")
     parser.addini("vramleak_sites", _HELP["vramleak_sites"], default="on")
@@ -192,7 +195,7 @@ def read_settings(config: pytest.Config) -> Settings:
         device = _check_device_spec(str(device))
     except ValueError as error:
         raise pytest.UsageError(f"{source}: {error}") from None
-    report_path, _ = _option(config, "vramleak_report")
+    report_paths, _ = _option(config, "vramleak_report")
     warmup_text, source = _option(config, "vramleak_warmup")
     try:
         warmup = int(str(warmup_text).strip())
@@ -233,7 +236,7 @@ def read_settings(config: pytest.Config) -> Settings:
     return Settings(
         bool(every_test),
         device,
-        report_path or None,
+        tuple(str(path) for path in report_paths if str(path).strip()),
         warmup,
         tolerance,
         sites,
@@ -289,17 +292,22 @@ def _import_torch() -> Any | None:
 
 
 def pytest_report_header(config: pytest.Config) -> str:
+    if _import_torch() is None:
+        return "vramleak: torch is not installed; checked tests will be skipped"
+    return "vramleak: " + _header_settings(config)
+
+
+def _header_settings(config: pytest.Config) -> str:
+    """The effective device and settings, e.g. ``device cpu, checking every test (--vramleak), step warm-up 2``."""
     settings = config.stash[SETTINGS]
     scope = "every test (--vramleak)" if settings.every_test else f"tests marked {MARKER}"
     torch = _import_torch()
-    if torch is None:
-        return "vramleak: torch is not installed; checked tests will be skipped"
     try:
-        device = resolve_device(settings.device, torch)
+        device = resolve_device(settings.device, torch) if torch is not None else "none (torch is not installed)"
     except (DeviceUnavailable, ValueError) as error:
         device = f"{settings.device} ({error})"
-    report = f", report {settings.report_path}" if settings.report_path else ""
-    return f"vramleak: device {device}, checking {scope}, step warm-up {settings.warmup}{report}"
+    report = f", report {', '.join(settings.report_paths)}" if settings.report_paths else ""
+    return f"device {device}, checking {scope}, step warm-up {settings.warmup}{report}"
 
 
 def _parse_marker(item: pytest.Item, mark: pytest.Mark) -> Budget:
@@ -462,6 +470,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         if check.steps:
             last = check.steps[-1]
             result.steps = list(last.steps)
+            result.warmup_steps = list(last.warmup_steps)
+            if last.leak is not None and not result.tensors:
+                result.tensors = [group.to_json() for group in last.leak.groups]
             result.growth_bytes = last.verdict.growth_bytes
             result.device = result.device or last.device
         report.vramleak = result.to_json()  # type: ignore[attr-defined]
@@ -618,8 +629,8 @@ def _other_devices(meter: CudaMeter) -> list[tuple[CudaMeter, int]]:
 
 
 def _trace_folder(config: pytest.Config) -> Path:
-    """Snapshots go next to the JSON report, or into ``.vramleak-traces`` under the root folder."""
-    report = config.stash[SETTINGS].report_path
+    """Snapshots go next to the (first) report, or into ``.vramleak-traces`` under the root folder."""
+    report = next(iter(config.stash[SETTINGS].report_paths), None)
     return Path(report).resolve().parent / "vramleak-traces" if report else config.rootpath / ".vramleak-traces"
 
 
@@ -805,7 +816,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if workeroutput is not None:  # a pytest-xdist worker: the controller reports for it
         workeroutput["vramleak_fixtures"] = config.stash[LEFTOVERS]
         return
-    results: list[dict[str, Any]] = config.stash[RESULTS]
+    # One entry per test, the last reported: a test run again (a rerun plugin, a crashed xdist
+    # worker's test re-run elsewhere) is listed once.
+    results: list[dict[str, Any]] = list({r["nodeid"]: r for r in config.stash[RESULTS]}.values())
     _write_markdown(config, results)
     if settings.save:
         figures = {
@@ -814,10 +827,26 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             if r["outcome"] != "unchecked"
         }
         write_text_atomically(_saved_run_path(config, settings.save), json.dumps({"version": 1, "tests": figures}, indent=2) + "\n")
-    if settings.report_path is None:
-        return
     leftovers: list[dict[str, Any]] = config.stash[LEFTOVERS]
-    write_json(settings.report_path, results, fixtures=leftovers)
+    for path in settings.report_paths:
+        if is_html_path(path):
+            write_text_atomically(path, render_html(results, fixtures=leftovers, about=_about(config)))
+        else:
+            write_json(path, results, fixtures=leftovers)
+
+
+def _about(config: pytest.Config) -> dict[str, str]:
+    """What the HTML report says of the run under its title."""
+    from importlib.metadata import version
+
+    about = {"generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    about["pytest-vramleak"] = version("pytest-vramleak")
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        about["torch"] = str(torch.__version__)
+    about["python"] = sys.version.split()[0]
+    about["settings"] = _header_settings(config)
+    return about
 
 
 def _write_markdown(config: pytest.Config, results: list[dict[str, Any]]) -> None:

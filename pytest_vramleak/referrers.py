@@ -418,17 +418,66 @@ def edge_text(parent: Any, child: Any, mode: Any) -> tuple[str, Any]:
     return f" -> <{kind.__qualname__}>", None
 
 
-def chain_text(chain: Sequence[Any]) -> str:
-    """Render ``[root, ..., target]`` as one line, e.g. ``tests.test_cache.CACHE['user-42']``."""
-    text = [root_text(chain[0])]
+def type_name(obj: Any) -> str:
+    """The qualified name of ``obj``'s class, read without running any code of the object's."""
+    name = type.__dict__["__qualname__"].__get__(type(obj))
+    return name if type(name) is str else "?"
+
+
+def _root_kind(root: Any) -> str:
+    if issubclass(type(root), types.ModuleType):
+        return "module"
+    if type(root) is FrameLocal:
+        return "frame local"
+    if type(root) is types.FrameType:
+        return "frame"
+    if type(root) is type:
+        return "class"
+    return type_name(root)
+
+
+def chain_parts(chain: Sequence[Any]) -> list[tuple[str, str]]:
+    """The steps of ``[root, ..., target]``: ``(text, kind)`` of the root, then of each edge that reads as something.
+
+    An edge's kind is the class name of the object it leads to. ``"".join`` of the texts is the
+    one-line form, e.g. ``tests.test_cache.CACHE['user-42']``; a drawn graph labels its edges with
+    the texts and its nodes with the kinds.
+    """
+    parts = [(root_text(chain[0]), _root_kind(chain[0]))]
     mode: Any = None
     for parent, child in zip(chain, chain[1:]):
         try:
             edge, mode = edge_text(parent, child, mode)
         except Exception:
-            edge, mode = f" -> <{type(child).__qualname__}>", None
-        text.append(edge)
-    return "".join(text)
+            edge, mode = f" -> <{type_name(child)}>", None
+        if edge:  # an object's namespace dict reads as nothing: its attribute is the next edge
+            parts.append((edge, type_name(child)))
+    return parts
+
+
+def chain_text(chain: Sequence[Any]) -> str:
+    """Render ``[root, ..., target]`` as one line, e.g. ``tests.test_cache.CACHE['user-42']``."""
+    return "".join(text for text, _ in chain_parts(chain))
+
+
+def holder_paths(
+    targets: Sequence[Any],
+    *,
+    max_depth: int = BACKWARD_LEVELS,
+    exclude_types: tuple[type, ...] = (),
+    frames: Sequence[types.FrameType] = (),
+) -> list[list[tuple[str, str]] | None]:
+    """Per target, the :func:`chain_parts` of the chain of references that keeps it alive.
+
+    None for a target that nothing visible to gc refers to: it is held from C++ (an autograd
+    graph, a registry in an extension).
+    """
+    with whole_heap():
+        chains = find_chains(targets, max_depth=max_depth, exclude_types=exclude_types, frames=frames)
+    try:
+        return [chain_parts(chain) if len(chain) > 1 else None for chain in chains]
+    finally:
+        chains.clear()
 
 
 def name_holders(
@@ -438,17 +487,9 @@ def name_holders(
     exclude_types: tuple[type, ...] = (),
     frames: Sequence[types.FrameType] = (),
 ) -> list[str | None]:
-    """One line per target naming the chain of references that keeps it alive.
-
-    None for a target that nothing visible to gc refers to: it is held from C++ (an autograd
-    graph, a registry in an extension).
-    """
-    with whole_heap():
-        chains = find_chains(targets, max_depth=max_depth, exclude_types=exclude_types, frames=frames)
-    try:
-        return [chain_text(chain) if len(chain) > 1 else None for chain in chains]
-    finally:
-        chains.clear()
+    """One line per target naming the chain of references that keeps it alive (see :func:`holder_paths`)."""
+    paths = holder_paths(targets, max_depth=max_depth, exclude_types=exclude_types, frames=frames)
+    return ["".join(text for text, _ in path) if path is not None else None for path in paths]
 
 
 def without_python_holders(objects: Sequence[Any], *, exclude_types: tuple[type, ...] = ()) -> set[int]:

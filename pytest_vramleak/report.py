@@ -52,6 +52,9 @@ class TestResult:
     peak_bytes: int | None = None
     budget: dict[str, int | None] = field(default_factory=lambda: {"peak": None, "leak": None})
     steps: list[int] | None = None
+    """Bytes above the warm-up baseline after each measured step of the test's last step check."""
+    warmup_steps: list[int] | None = None
+    """The same after each warm-up step of that check."""
     growth_bytes: int | None = None
     tensors: list[dict[str, Any]] = field(default_factory=list)
     reason: str | None = None
@@ -108,6 +111,12 @@ def render_markdown(results: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_text_atomically(path: str | os.PathLike[str], text: str) -> None:
     """Replace ``path`` with ``text`` in one step: a reader never sees half a file."""
     target = os.fspath(path)
@@ -117,6 +126,8 @@ def write_text_atomically(path: str | os.PathLike[str], text: str) -> None:
     try:
         with os.fdopen(handle, "w") as stream:
             stream.write(text)
+        # mkstemp makes the file private; a report is as readable as any file the user writes.
+        os.chmod(temporary, 0o666 & ~_umask())
         os.replace(temporary, target)
     except BaseException:
         os.unlink(temporary)

@@ -25,7 +25,7 @@ from typing import Any
 from .census import Found, StorageKey, live_tensors, take_census, walk, whole_heap
 from .devices import Meter, make_meter, resolve_device
 from .diagnosis import diagnose
-from .referrers import name_holders, without_python_holders
+from .referrers import holder_paths, without_python_holders
 from .report import render_groups
 from .sizes import format_size
 from .sites import SiteSource, describe_stack
@@ -97,6 +97,9 @@ class TensorGroup:
     bytes: int = 0
     count: int = 0
     held_by: list[str] = field(default_factory=list)
+    """Each chain of references that keeps a tensor of the group alive, as one line."""
+    held_by_paths: list[list[tuple[str, str]]] = field(default_factory=list)
+    """The same chains step by step: ``(text, kind)`` of the root, then of each edge (see :func:`referrers.chain_parts`)."""
     graph_bytes: int = 0
     """Bytes of tensors saved by autograd graphs that these tensors keep alive."""
     graph_tensors: int = 0
@@ -121,12 +124,14 @@ class TensorGroup:
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "title": self.title(),
             "dtype": self.dtype,
             "shape": list(self.shape),
             "device": self.device,
             "bytes": self.bytes,
             "count": self.count,
             "held_by": list(self.held_by),
+            "held_by_paths": [[list(step) for step in path] for path in self.held_by_paths],
             "allocated_at": list(self.allocated_at),
             "diagnoses": list(self.diagnoses),
             "kind": self.kind,
@@ -346,10 +351,12 @@ def describe(
                 targets.append(found.tensor if found.via == "gc" else found.owner)
                 target_groups.append((group, ".grad" if found.via == "grad" else ""))
         if name and targets:
-            for (group, suffix), text in zip(target_groups, name_holders(targets, exclude_types=(Found,), frames=frames)):
-                line = (text + suffix) if text is not None else HELD_FROM_CPP
+            for (group, suffix), path in zip(target_groups, holder_paths(targets, exclude_types=(Found,), frames=frames)):
+                path = ([*path, (suffix, "Tensor")] if suffix else path) if path is not None else [(HELD_FROM_CPP, "")]
+                line = "".join(text for text, _ in path)
                 if line not in group.held_by:
                     group.held_by.append(line)
+                    group.held_by_paths.append(path)
     finally:
         located.clear()
         primaries.clear()

@@ -27,6 +27,8 @@ class StepResult:
     """Bytes above the warm-up baseline after each measured step."""
     verdict: GrowthVerdict
     leak: Leak | None = None
+    warmup_steps: list[int] = field(default_factory=list)
+    """Bytes above the warm-up baseline after each warm-up step (the last is the baseline: 0)."""
     """Tensors created after warm-up that outlived a step, with their holders; only when memory grew."""
 
     @property
@@ -77,10 +79,14 @@ class StepWatcher:
             baseline: Snapshot | None = take_snapshot(meter=meter, tracker=tracker) if warmup == 0 else None
             snapshots: list[Snapshot] = []
             measured: list[int] = []
+            warming: list[int] = []
             for index in range(n):
                 yield index
-                if index == warmup - 1:
+                if index < warmup - 1:
+                    warming.append(take_snapshot(meter=meter, tracker=tracker).allocated_bytes)
+                elif index == warmup - 1:
                     baseline = take_snapshot(meter=meter, tracker=tracker)
+                    warming.append(baseline.allocated_bytes)
                 elif index >= warmup:
                     snapshots.append(take_snapshot(meter=meter, tracker=tracker))
                     if len(snapshots) > 2:
@@ -108,7 +114,8 @@ class StepWatcher:
             with tracker.unfrozen():  # naming holders needs the whole heap
                 groups = describe(lasting or new, meter.name, sites=self.sites() if self.sites else None)
             leak = Leak(meter.name, baseline.allocated_bytes, end.allocated_bytes, end.leaked_since(baseline), groups, end.details)
-        self.results.append(StepResult(meter.name, warmup, figures, verdict, leak))
+        warmup_figures = [w - baseline.allocated_bytes for w in warming]
+        self.results.append(StepResult(meter.name, warmup, figures, verdict, leak, warmup_figures))
 
     def check(self, step: Callable[[int], Any], *, steps: int = 10, warmup: int | None = None) -> StepResult:
         """Call ``step(i)`` for ``i`` in ``0 .. steps-1`` and return the result of the check."""

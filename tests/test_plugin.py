@@ -157,15 +157,18 @@ def test_json_report_schema(pytester: pytest.Pytester) -> None:
                 "peak_bytes": None,
                 "budget": {"peak": None, "leak": 100},
                 "steps": None,
+                "warmup_steps": None,
                 "growth_bytes": None,
                 "tensors": [
                     {
+                        "title": "float32[2, 512] on cpu: 1 tensor, 4.0 KiB",
                         "dtype": "float32",
                         "shape": [2, 512],
                         "device": "cpu",
                         "bytes": 4096,
                         "count": 1,
                         "held_by": ["test_it.CACHE['user-42']"],
+                        "held_by_paths": [[["test_it", "module"], [".CACHE", "dict"], ["['user-42']", "Tensor"]]],
                         "allocated_at": ["test_it.py:6 in test_leaks()"],
                         "diagnoses": [],
                         "kind": "tensor",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -52,3 +54,14 @@ def test_fixture_leftovers_from_every_worker_reach_the_report(pytester: pytest.P
     fixtures = json.loads((pytester.path / "r.json").read_text())["fixtures"]
     assert sorted((f["fixture"], f["scope"], f["bytes"]) for f in fixtures) == [("table_a", "module", 4096), ("table_b", "module", 4096)]
     result.stdout.fnmatch_lines(["*= vramleak summary =*", "fixture 'table_*' (module scope, test_*.py) still holds 4.0 KiB it allocated, after its teardown"])
+
+
+def test_html_report_under_xdist_lists_every_test_once(pytester: pytest.Pytester) -> None:
+    shutil.copytree(EXAMPLES, pytester.path / "examples")
+    plain = verdicts(pytester, "plain.json", "examples")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak-report=r.html", "-n", "2", "examples")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    page = (pytester.path / "r.html").read_text()
+    rows = re.findall(r'<tr class="(\w+)"><td data-value="([^"]+)">', page)
+    assert sorted(html.unescape(nodeid) for _, nodeid in rows) == sorted(plain)
+    assert {html.unescape(nodeid): outcome for outcome, nodeid in rows} == plain

@@ -1,0 +1,485 @@
+"""The HTML report: one self-contained page with every checked test, step charts and retention graphs.
+
+Everything is drawn here as inline SVG and styled by inline CSS; the only script sorts the table.
+The page needs no network and no graphviz, and shows its content with scripts turned off.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .sizes import format_size
+
+OUTCOME_ORDER = {"leaked": 0, "over_budget": 1, "passed": 2, "unchecked": 3}
+CHAR_WIDTH = 7.3
+"""Width of one character of the 12px monospace font the graphs use, in SVG units."""
+MAX_LABEL = 64
+
+
+def is_html_path(path: str) -> bool:
+    """Whether a report path asks for the HTML page (``.html`` or ``.htm``) rather than JSON."""
+    return path.lower().endswith((".html", ".htm"))
+
+
+def _escape(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _size(value: int | None) -> str:
+    if value is None:
+        return "—"
+    return ("-" + format_size(-value)) if value < 0 else format_size(value)
+
+
+def _clip(text: str, limit: int = MAX_LABEL) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _signed_figure(value: int | None) -> int:
+    """A cell's sort key: a figure not measured sorts below every measured one."""
+    return -1 if value is None else value
+
+
+# -- the step chart ----------------------------------------------------------------------------
+
+
+def step_chart(warmup_steps: Sequence[int], steps: Sequence[int], *, title: str = "") -> str:
+    """An SVG line chart of memory above the warm-up baseline after each step, warm-up shaded."""
+    values = [*warmup_steps, *steps]
+    if not values:
+        return ""
+    width, height = 640, 240
+    left, right, top, bottom = 84, 20, 18, 40
+    plot_width, plot_height = width - left - right, height - top - bottom
+    low, high = min(0, *values), max(0, *values)
+    if high == low:  # a flat line: draw it low in a chart a kibibyte tall
+        high = low + 1024
+    count = len(values)
+
+    def x(index: int) -> float:
+        return left + (plot_width * index / (count - 1) if count > 1 else plot_width / 2)
+
+    def y(value: int) -> float:
+        return top + (high - value) * plot_height / (high - low)
+
+    parts = [
+        f'<svg class="chart" role="img" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+        f'aria-label="{_escape(title or "memory after each step")}">'
+    ]
+    warm = len(warmup_steps)
+    if warm:
+        edge = (x(warm - 1) + x(warm)) / 2 if warm < count else left + plot_width
+        parts.append(f'<rect class="warmup" x="{left}" y="{top}" width="{edge - left:.1f}" height="{plot_height}"/>')
+        parts.append(f'<text class="warmup-label" x="{left + 6}" y="{top + 14}">warm-up</text>')
+    ticks = sorted({low, 0, high})
+    for tick in ticks:
+        parts.append(f'<line class="{"zero" if tick == 0 else "grid"}" x1="{left}" x2="{left + plot_width}" y1="{y(tick):.1f}" y2="{y(tick):.1f}"/>')
+        parts.append(f'<text class="tick" x="{left - 8}" y="{y(tick) + 4:.1f}" text-anchor="end">{_escape(_size(tick))}</text>')
+    stride = max(1, (count + 11) // 12)
+    for index in range(0, count, stride):
+        parts.append(f'<text class="tick" x="{x(index):.1f}" y="{top + plot_height + 18}" text-anchor="middle">{index + 1}</text>')
+    parts.append(f'<text class="axis" x="{left + plot_width / 2:.1f}" y="{height - 4}" text-anchor="middle">step</text>')
+    points = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(values))
+    parts.append(f'<polyline class="series" points="{points}"/>')
+    for index, value in enumerate(values):
+        phase = "warm-up step" if index < warm else "step"
+        parts.append(
+            f'<circle class="{"point warm" if index < warm else "point"}" cx="{x(index):.1f}" cy="{y(value):.1f}" r="3.5">'
+            f"<title>{phase} {index + 1}: {_escape(_size(value))} above the warm-up baseline</title></circle>"
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+# -- the retention graph -----------------------------------------------------------------------
+
+
+@dataclass
+class _Node:
+    label: str
+    edge: str
+    depth: int
+    kind: str
+    children: list[_Node] = field(default_factory=list)
+    row: float = 0.0
+
+
+def _node_label(text: str, kind: str, depth: int) -> str:
+    if depth == 0:
+        return f"module {text}" if kind == "module" else text
+    return kind
+
+
+def _tree(paths: Sequence[Sequence[Sequence[str]]], target: str) -> list[_Node]:
+    """Merge chains that share a beginning: one root per root object, one branch per edge."""
+    roots: list[_Node] = []
+    index: dict[tuple[str, ...], _Node] = {}
+    for path in paths:
+        steps = [(str(text), str(kind)) for text, kind in path]
+        if len(steps) == 1:  # the root holds the tensor itself, e.g. a frame's local variable
+            steps.append(("", target))
+        siblings = roots
+        prefix: tuple[str, ...] = ()
+        for depth, (text, kind) in enumerate(steps):
+            prefix += (text,)
+            node = index.get(prefix)
+            if node is None:
+                last = depth == len(steps) - 1
+                node = index[prefix] = _Node(_node_label(text, kind, depth), text.removeprefix(" -> "), depth, "target" if last else kind)
+                siblings.append(node)
+            siblings = node.children
+    return roots
+
+
+def retention_graph(paths: Sequence[Sequence[Sequence[str]]], target: str, *, ident: str = "graph") -> str:
+    """An SVG drawing of the chains that hold a group's tensors, from each root to the tensors.
+
+    ``paths`` are the group's ``held_by_paths``: lists of ``[text, kind]``, root first. Nodes are
+    labelled with what an object is (its class, or the root's name), edges with how it is reached.
+    ``ident`` makes the drawing's element ids unique in a page that has several.
+    """
+    roots = _tree(paths, target)
+    if not roots:
+        return ""
+    leaves: list[_Node] = []
+    columns: dict[int, list[_Node]] = {}
+
+    def place(node: _Node) -> None:
+        columns.setdefault(node.depth, []).append(node)
+        if not node.children:
+            node.row = len(leaves)
+            leaves.append(node)
+            return
+        for child in node.children:
+            place(child)
+        node.row = (node.children[0].row + node.children[-1].row) / 2
+
+    for root in roots:
+        place(root)
+    row_height, node_height, margin = 44, 26, 12
+    node_widths = {d: max(len(_clip(n.label)) for n in nodes) * CHAR_WIDTH + 18 for d, nodes in columns.items()}
+    gaps = {d: max(44.0, max(len(_clip(n.edge)) for n in nodes) * CHAR_WIDTH + 28) for d, nodes in columns.items()}
+    lefts: dict[int, float] = {}
+    position = float(margin)
+    for depth in sorted(columns):
+        if depth:
+            position += gaps[depth]
+        lefts[depth] = position
+        position += node_widths[depth]
+    width = position + margin
+    height = len(leaves) * row_height + 2 * margin - (row_height - node_height)
+
+    def middle(node: _Node) -> float:
+        return margin + node.row * row_height + node_height / 2
+
+    arrow = f"{ident}-arrow"
+    edges, boxes = [], []
+    for depth, nodes in columns.items():
+        for node in nodes:
+            x, top = lefts[depth], middle(node) - node_height / 2
+            css = "node root" if depth == 0 else ("node target" if node.kind == "target" else "node")
+            label = _clip(node.label)
+            tooltip = f"<title>{_escape(node.label)}</title>" if label != node.label else ""
+            boxes.append(
+                f'<g class="{css}">{tooltip}<rect x="{x:.1f}" y="{top:.1f}" width="{node_widths[depth]:.1f}" height="{node_height}" rx="5"/>'
+                f'<text x="{x + node_widths[depth] / 2:.1f}" y="{top + 17:.1f}" text-anchor="middle">{_escape(label)}</text></g>'
+            )
+            for child in node.children:
+                x1, y1 = x + node_widths[depth], middle(node)
+                x2, y2 = lefts[child.depth], middle(child)
+                bend = (x2 - x1) / 2
+                edges.append(f'<path class="edge" marker-end="url(#{arrow})" d="M{x1:.1f},{y1:.1f} C{x1 + bend:.1f},{y1:.1f} {x2 - bend:.1f},{y2:.1f} {x2:.1f},{y2:.1f}"/>')
+                if child.edge:
+                    edge = _clip(child.edge)
+                    tooltip = f"<title>{_escape(child.edge)}</title>" if edge != child.edge else ""
+                    edges.append(
+                        f'<text class="edge-label" x="{x2 - 10:.1f}" y="{y2 - 6:.1f}" text-anchor="end">{tooltip}{_escape(edge)}</text>'
+                    )
+    return (
+        f'<svg class="graph" role="img" viewBox="0 0 {width:.0f} {height:.0f}" width="{width:.0f}" height="{height:.0f}" '
+        f'aria-label="references holding {_escape(target)}">'
+        f'<defs><marker id="{arrow}" viewBox="0 0 8 8" refX="8" refY="4" markerWidth="7" markerHeight="7" orient="auto">'
+        '<path d="M0,0 L8,4 L0,8 z"/></marker></defs>' + "".join(edges) + "".join(boxes) + "</svg>"
+    )
+
+
+# -- the page ----------------------------------------------------------------------------------
+
+
+def _group_target(group: Mapping[str, Any]) -> str:
+    shape = "[" + ", ".join(str(s) for s in group.get("shape", [])) + "]"
+    return f"{group.get('dtype', '?')}{shape}"
+
+
+def _figures(result: Mapping[str, Any]) -> str:
+    figures = [f"device {result.get('device') or '—'}"]
+    budget = result.get("budget") or {}
+    if result.get("baseline_bytes") is not None:
+        figures.append(f"baseline {_size(result['baseline_bytes'])}")
+    if result.get("end_bytes") is not None:
+        figures.append(f"after teardown {_size(result['end_bytes'])}")
+    if result.get("leaked_bytes") is not None:
+        allowed = f" (allowed {_size(budget['leak'])})" if budget.get("leak") is not None else ""
+        figures.append(f"leaked {_size(result['leaked_bytes'])}{allowed}")
+    if result.get("peak_bytes") is not None:
+        allowed = f" (budget {_size(budget['peak'])})" if budget.get("peak") is not None else ""
+        figures.append(f"peak above baseline {_size(result['peak_bytes'])}{allowed}")
+    if result.get("growth_bytes") is not None:
+        figures.append(f"grew {_size(result['growth_bytes'])} across the measured steps")
+    if result.get("cycle_bytes"):
+        figures.append(f"{_size(result['cycle_bytes'])} lived in reference cycles until collected")
+    return " · ".join(_escape(f) for f in figures)
+
+
+def _group_html(group: Mapping[str, Any], ident: str) -> str:
+    title = group.get("title") or _group_target(group)
+    parts = [f'<div class="group"><h3>{_escape(title)}</h3>']
+    paths = group.get("held_by_paths") or []
+    if paths:
+        parts.append(f'<div class="graph-box">{retention_graph(paths, _group_target(group), ident=ident)}</div>')
+    if group.get("held_by"):
+        parts.append('<ul class="held">' + "".join(f"<li>held by <code>{_escape(h)}</code></li>" for h in group["held_by"]) + "</ul>")
+    if group.get("allocated_at"):
+        parts.append('<ul class="sites">' + "".join(f"<li>allocated at <code>{_escape(s)}</code></li>" for s in group["allocated_at"]) + "</ul>")
+    if group.get("diagnoses"):
+        parts.append('<ul class="diagnoses">' + "".join(f"<li>{_escape(d)}</li>" for d in group["diagnoses"]) + "</ul>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _leaked(result: Mapping[str, Any]) -> int:
+    """What a test leaked: its bytes left after teardown, or its growth across steps."""
+    return int(result.get("leaked_bytes") or result.get("growth_bytes") or 0)
+
+
+def _has_details(result: Mapping[str, Any]) -> bool:
+    return bool(
+        result["outcome"] in ("leaked", "over_budget")
+        or result.get("steps")
+        or result.get("tensors")
+        or result.get("cycle_bytes")
+        or (result["outcome"] == "unchecked" and result.get("reason"))
+    )
+
+
+def _outcome_text(outcome: str) -> str:
+    return outcome.replace("_", " ")
+
+
+def _section(result: Mapping[str, Any], anchor: str) -> str:
+    outcome = result["outcome"]
+    parts = [
+        f'<section class="test" id="{anchor}"><h2><span class="badge {outcome}">{_escape(_outcome_text(outcome))}</span> '
+        f"<code>{_escape(result['nodeid'])}</code></h2>",
+        f'<p class="figures">{_figures(result)}</p>',
+    ]
+    if result.get("reason"):
+        parts.append(f'<p class="reason">{_escape(result["reason"])}</p>')
+    if result.get("steps"):
+        warmup = result.get("warmup_steps") or []
+        parts.append(
+            f'<figure class="steps">{step_chart(warmup, result["steps"], title="memory after each step of " + result["nodeid"])}'
+            f"<figcaption>memory above the warm-up baseline after each step; {len(warmup)} warm-up steps shaded, "
+            f"{len(result['steps'])} measured</figcaption></figure>"
+        )
+    if result.get("trace"):
+        parts.append(f'<p class="trace">allocator history saved to <code>{_escape(result["trace"])}</code> (open it at pytorch.org/memory_viz)</p>')
+    parts += [_group_html(group, f"{anchor}-{i}") for i, group in enumerate(result.get("tensors") or [])]
+    parts.append("</section>")
+    return "".join(parts)
+
+
+_COLUMNS = (
+    ("test", "text"),
+    ("device", "text"),
+    ("baseline", "number"),
+    ("peak", "number"),
+    ("leaked", "number"),
+    ("growth", "number"),
+    ("verdict", "text"),
+)
+
+
+def _row(result: Mapping[str, Any], anchor: str | None) -> str:
+    nodeid = _escape(result["nodeid"])
+    name = f'<a href="#{anchor}">{nodeid}</a>' if anchor else nodeid
+    outcome = result["outcome"]
+    reason = f' title="{_escape(result["reason"])}"' if result.get("reason") else ""
+    cells = [
+        f'<td data-value="{nodeid}"><code>{name}</code></td>',
+        f'<td data-value="{_escape(result.get("device") or "")}">{_escape(result.get("device") or "—")}</td>',
+    ]
+    for key in ("baseline_bytes", "peak_bytes", "leaked_bytes", "growth_bytes"):
+        value = result.get(key)
+        cells.append(f'<td class="number" data-value="{_signed_figure(value)}">{_escape(_size(value))}</td>')
+    cells.append(
+        f'<td data-value="{OUTCOME_ORDER.get(outcome, 9)}"{reason}><span class="badge {outcome}">{_escape(_outcome_text(outcome))}</span></td>'
+    )
+    return f'<tr class="{outcome}">' + "".join(cells) + "</tr>"
+
+
+def render_html(
+    results: Sequence[Mapping[str, Any]],
+    *,
+    fixtures: Iterable[Mapping[str, Any]] = (),
+    about: Mapping[str, str] | None = None,
+) -> str:
+    """The whole page for a run's results (the JSON report's ``tests``) and fixture findings.
+
+    ``about`` lists facts of the run shown under the title (versions, date, device).
+    """
+    results = sorted(results, key=lambda r: r["nodeid"])
+    fixtures = list(fixtures)
+    checked = [r for r in results if r["outcome"] != "unchecked"]
+    counts = {outcome: sum(1 for r in results if r["outcome"] == outcome) for outcome in OUTCOME_ORDER}
+    leaked_total = sum(_leaked(r) for r in results if r["outcome"] == "leaked")
+    anchors = {r["nodeid"]: f"test-{i}" for i, r in enumerate(results) if _has_details(r)}
+    # Failures first, the largest leak first among them, as in the terminal summary.
+    ordered = sorted((r for r in results if r["nodeid"] in anchors), key=lambda r: (OUTCOME_ORDER.get(r["outcome"], 9), -_leaked(r), r["nodeid"]))
+    headline = (
+        f"{counts['leaked']} leaked, {counts['over_budget']} over budget of {len(checked)} checked tests"
+        if counts["leaked"] or counts["over_budget"]
+        else f"all {len(checked)} checked tests kept within their budgets"
+    )
+    cards = [
+        ("checked", len(checked), ""),
+        ("leaked", counts["leaked"], "leaked"),
+        ("over budget", counts["over_budget"], "over_budget"),
+        ("unchecked", counts["unchecked"], "unchecked"),
+        ("leaked in all", _size(leaked_total), "leaked" if leaked_total else ""),
+    ]
+    about_items = "".join(f"<li><span>{_escape(k)}</span> {_escape(v)}</li>" for k, v in (about or {}).items())
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>vramleak report: {_escape(headline)}</title>",
+        f"<style>{_STYLE}</style></head><body>",
+        f'<header><h1>vramleak report</h1><p class="headline">{_escape(headline)}</p><ul class="about">{about_items}</ul></header>',
+        '<div class="cards">'
+        + "".join(f'<div class="card {css}"><b>{_escape(value)}</b><span>{_escape(label)}</span></div>' for label, value, css in cards)
+        + "</div>",
+        '<h2 class="part">Checked tests</h2>',
+        '<p class="hint">Click a column to sort; a test with details links to them.</p>',
+        '<table id="tests"><thead><tr>'
+        + "".join(f'<th data-type="{kind}"><button type="button">{name}</button></th>' for name, kind in _COLUMNS)
+        + "</tr></thead><tbody>"
+        + "".join(_row(r, anchors.get(r["nodeid"])) for r in results)
+        + "</tbody></table>",
+    ]
+    if fixtures:
+        parts.append('<h2 class="part">Fixtures still holding memory after their teardown</h2><table class="fixtures"><thead><tr>')
+        parts.append("<th>fixture</th><th>scope</th><th>where</th><th>bytes</th></tr></thead><tbody>")
+        parts += [
+            f"<tr><td><code>{_escape(f['fixture'])}</code></td><td>{_escape(f['scope'])}</td>"
+            f'<td><code>{_escape(f["where"])}</code></td><td class="number">{_escape(_size(f["bytes"]))}</td></tr>'
+            for f in fixtures
+        ]
+        parts.append("</tbody></table>")
+    if ordered:
+        parts.append('<h2 class="part">Details</h2>')
+        parts += [_section(r, anchors[r["nodeid"]]) for r in ordered]
+    # No "<" may reach the script element's text, or a test name could end it or open a comment.
+    data = json.dumps({"tests": list(results), "fixtures": fixtures}).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    parts += [
+        f'<script type="application/json" id="vramleak-data">{data}</script>',
+        f"<script>{_SCRIPT}</script>",
+        "</body></html>",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+_SCRIPT = """
+(function () {
+  "use strict";
+  var table = document.getElementById("tests");
+  var headers = table.tHead.rows[0].cells;
+  Array.prototype.forEach.call(headers, function (th, column) {
+    th.querySelector("button").addEventListener("click", function () {
+      var ascending = th.getAttribute("aria-sort") !== "ascending";
+      Array.prototype.forEach.call(headers, function (other) { other.removeAttribute("aria-sort"); });
+      th.setAttribute("aria-sort", ascending ? "ascending" : "descending");
+      var numeric = th.getAttribute("data-type") === "number";
+      var body = table.tBodies[0];
+      var rows = Array.prototype.slice.call(body.rows);
+      rows.sort(function (a, b) {
+        var x = a.cells[column].getAttribute("data-value"), y = b.cells[column].getAttribute("data-value");
+        var order = numeric ? Number(x) - Number(y) : x.localeCompare(y);
+        return ascending ? order : -order;
+      });
+      rows.forEach(function (row) { body.appendChild(row); });
+    });
+  });
+})();
+"""
+
+_STYLE = """
+:root { --ink: #1d2433; --muted: #5b6478; --line: #d9dee8; --soft: #f4f6fa;
+  --leaked: #b42318; --leaked-bg: #fef3f2; --over: #b54708; --over-bg: #fffaeb;
+  --passed: #067647; --passed-bg: #ecfdf3; --unchecked: #475467; --unchecked-bg: #f2f4f7; --accent: #3559c7; }
+* { box-sizing: border-box; }
+body { margin: 0 auto; max-width: 1180px; padding: 24px 28px 60px; color: var(--ink);
+  font: 14px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; background: #fff; }
+code, .graph text, .chart text { font-family: ui-monospace, "DejaVu Sans Mono", Menlo, Consolas, monospace; }
+code { font-size: 12.5px; }
+h1 { font-size: 22px; margin: 0; }
+.headline { font-size: 16px; margin: 4px 0 6px; }
+.about { list-style: none; padding: 0; margin: 0; display: flex; flex-wrap: wrap; gap: 4px 18px; color: var(--muted); font-size: 12.5px; }
+.about span { font-weight: 600; }
+.cards { display: flex; gap: 12px; margin: 18px 0 8px; flex-wrap: wrap; }
+.card { border: 1px solid var(--line); border-radius: 8px; padding: 10px 16px; min-width: 120px; background: var(--soft); }
+.card b { display: block; font-size: 22px; }
+.card span { color: var(--muted); font-size: 12.5px; }
+.card.leaked { border-color: #fda29b; background: var(--leaked-bg); color: var(--leaked); }
+.card.over_budget { border-color: #fec84b; background: var(--over-bg); color: var(--over); }
+h2.part { font-size: 17px; margin: 28px 0 4px; border-bottom: 1px solid var(--line); padding-bottom: 4px; }
+.hint { color: var(--muted); font-size: 12.5px; margin: 0 0 8px; }
+table { border-collapse: collapse; width: 100%; }
+th, td { text-align: left; padding: 5px 10px; border-bottom: 1px solid var(--line); vertical-align: top; }
+td.number, th[data-type="number"] { text-align: right; }
+th { background: var(--soft); font-weight: 600; white-space: nowrap; }
+th button { all: unset; cursor: pointer; }
+th button::after { content: " \\2195"; color: var(--muted); font-size: 11px; }
+th[aria-sort="ascending"] button::after { content: " \\25B2"; color: var(--accent); }
+th[aria-sort="descending"] button::after { content: " \\25BC"; color: var(--accent); }
+tbody tr:hover { background: #f9fafc; }
+td a { color: var(--accent); text-decoration: none; }
+td a:hover { text-decoration: underline; }
+.badge { display: inline-block; border-radius: 10px; padding: 0 8px; font-size: 12px; font-weight: 600; white-space: nowrap; }
+.badge.leaked { background: var(--leaked-bg); color: var(--leaked); border: 1px solid #fda29b; }
+.badge.over_budget { background: var(--over-bg); color: var(--over); border: 1px solid #fec84b; }
+.badge.passed { background: var(--passed-bg); color: var(--passed); border: 1px solid #abefc6; }
+.badge.unchecked { background: var(--unchecked-bg); color: var(--unchecked); border: 1px solid var(--line); }
+section.test { border: 1px solid var(--line); border-radius: 8px; padding: 4px 18px 12px; margin: 16px 0; }
+section.test h2 { font-size: 15px; margin: 12px 0 4px; }
+.figures { color: var(--muted); margin: 0 0 8px; }
+.reason { font-style: italic; }
+.group { border-top: 1px dashed var(--line); padding-top: 6px; margin-top: 8px; }
+.group h3 { font-size: 14px; margin: 4px 0; }
+.graph-box { overflow-x: auto; padding: 4px 0; }
+ul.held, ul.sites, ul.diagnoses { margin: 4px 0; padding-left: 20px; }
+ul.diagnoses li { color: var(--leaked); }
+ul.diagnoses li::marker { content: "\\26A0  "; }
+figure.steps { margin: 8px 0; }
+figcaption { color: var(--muted); font-size: 12.5px; }
+.chart .warmup { fill: #eef1f6; }
+.chart .warmup-label { fill: var(--muted); font-size: 11px; }
+.chart .grid { stroke: var(--line); }
+.chart .zero { stroke: #98a2b3; stroke-dasharray: 4 3; }
+.chart .tick, .chart .axis { fill: var(--muted); font-size: 11px; }
+.chart .series { fill: none; stroke: var(--accent); stroke-width: 2; }
+.chart .point { fill: var(--accent); }
+.chart .point.warm { fill: #98a2b3; }
+.graph text { font-size: 12px; }
+.graph .node rect { fill: var(--soft); stroke: #98a2b3; }
+.graph .node.root rect { fill: #eef4ff; stroke: var(--accent); }
+.graph .node.target rect { fill: var(--leaked-bg); stroke: var(--leaked); }
+.graph .node text { fill: var(--ink); }
+.graph .edge { fill: none; stroke: #98a2b3; stroke-width: 1.4; }
+.graph marker path { fill: #98a2b3; }
+.graph .edge-label { fill: var(--accent); font-size: 11.5px; }
+"""

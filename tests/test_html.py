@@ -1,0 +1,162 @@
+"""The HTML report: its drawings, its table, and the page a run writes (the browser test is in test_browser.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+from html.parser import HTMLParser
+
+import pytest
+
+from pytest_vramleak.html_report import is_html_path, render_html, retention_graph, step_chart
+
+CACHE_PATHS = [
+    [["test_it", "module"], [".CACHE", "dict"], [f"['user-{n}']", "Tensor"]] for n in (1, 2, 3)
+]
+
+
+class Elements(HTMLParser):
+    """Every start tag of a page with its attributes, and the text inside each tag name."""
+
+    def __init__(self, page: str) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.text: dict[str, list[str]] = {}
+        self._open: list[str] = []
+        self.feed(page)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+        if tag not in ("circle", "rect", "path", "line", "polyline", "meta", "br"):
+            self._open.append(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in self._open:
+            while self._open.pop() != tag:
+                pass
+
+    def handle_data(self, data: str) -> None:
+        if self._open:
+            self.text.setdefault(self._open[-1], []).append(data)
+
+    def all(self, tag: str, **attrs: str) -> list[dict[str, str | None]]:
+        return [a for t, a in self.tags if t == tag and all(a.get(k.rstrip("_")) == v for k, v in attrs.items())]
+
+
+@pytest.mark.parametrize(("path", "html"), [("r.html", True), ("R.HTM", True), ("r.json", False), ("html", False), ("r.html.json", False)])
+def test_report_kind_follows_the_suffix(path: str, html: bool) -> None:
+    assert is_html_path(path) is html
+
+
+def test_step_chart_shades_the_warm_up_and_plots_every_step() -> None:
+    chart = Elements(step_chart([-100, 0], [100, 200, 300]))
+    points = chart.all("circle")
+    assert [p["class"] for p in points] == ["point warm"] * 2 + ["point"] * 3
+    (warmup,) = chart.all("rect", class_="warmup")
+    xs = [float(p["cx"] or 0) for p in points]
+    assert xs == sorted(xs) and float(warmup["x"] or 0) + float(warmup["width"] or 0) == pytest.approx((xs[1] + xs[2]) / 2)
+    ys = [float(p["cy"] or 0) for p in points]
+    assert ys[0] > ys[1] > ys[2] > ys[3] > ys[4]  # SVG y grows downwards: memory rises step by step
+    assert "step 5: 300 B above the warm-up baseline" in " ".join(chart.text["title"])
+
+
+def test_step_chart_without_warm_up_has_no_shading() -> None:
+    chart = Elements(step_chart([], [0, 0, 0]))
+    assert len(chart.all("circle")) == 3
+    assert chart.all("rect", class_="warmup") == []
+
+
+def test_retention_graph_merges_chains_that_share_a_beginning() -> None:
+    graph = Elements(retention_graph(CACHE_PATHS, "float32[2, 512]"))
+    nodes = [a["class"] for a in graph.all("g")]
+    assert nodes.count("node root") == 1 and nodes.count("node target") == 3 and nodes.count("node") == 1
+    assert len(graph.all("path", class_="edge")) == 4  # module -> dict, dict -> each of three tensors
+    labels = ["module test_it", "dict", "Tensor", "Tensor", "Tensor", ".CACHE", "['user-1']", "['user-2']", "['user-3']"]
+    assert sorted(graph.text["text"]) == sorted(labels)
+
+
+def test_retention_graph_adds_the_tensor_when_the_root_holds_it() -> None:
+    graph = Elements(retention_graph([[["test_it:7 local 'loss'", "frame local"]]], "float32[]"))
+    assert sorted(graph.text["text"]) == ["float32[]", "test_it:7 local 'loss'"]
+    assert len(graph.all("path", class_="edge")) == 1
+
+
+def test_retention_graph_clips_long_labels_and_keeps_them_whole_in_a_tooltip() -> None:
+    name = "x" * 200
+    graph = Elements(retention_graph([[[name, "frame local"], [".a", "Tensor"]]], "float32[]"))
+    assert all(len(t) <= 64 for t in graph.text["text"])
+    assert graph.text["title"] == [name]
+
+
+def result(nodeid: str, outcome: str, **figures: object) -> dict[str, object]:
+    return {"nodeid": nodeid, "device": "cpu", "outcome": outcome, "budget": {"peak": None, "leak": 0}, "tensors": [], **figures}
+
+
+def test_page_escapes_everything_it_did_not_write_itself() -> None:
+    hostile = "test_x.py::test_it[<script>alert(1)</script>]"
+    group = {"title": "<marquee>", "dtype": "float32", "shape": [1], "held_by": ["</script><script>alert(2)</script>"], "held_by_paths": [[["<blink>", "module"]]]}
+    page = render_html([result(hostile, "leaked", leaked_bytes=4, tensors=[group])])
+    assert "<script>alert" not in page and "<marquee>" not in page and "<blink>" not in page
+    scripts = re.findall(r"<script[^>]*>(.*?)</script>", page, flags=re.S)
+    assert len(scripts) == 2  # the data and the sorting code, nothing a test name smuggled in
+    data = json.loads(scripts[0])
+    assert data["tests"][0]["nodeid"] == hostile
+
+
+def test_page_table_has_a_sortable_row_per_test_and_links_to_details() -> None:
+    results = [
+        result("t.py::test_leaks", "leaked", baseline_bytes=10, leaked_bytes=4096, tensors=[{"dtype": "float32", "shape": [2], "held_by_paths": CACHE_PATHS}]),
+        result("t.py::test_quiet", "passed", baseline_bytes=10, leaked_bytes=0),
+        result("t.py::test_skipped", "unchecked", reason="the test was skipped"),
+    ]
+    page = Elements(render_html(results, about={"torch": "2.13.0"}))
+    headers = page.all("th")
+    assert [h["data-type"] for h in headers] == ["text", "text", "number", "number", "number", "number", "text"]
+    rows = page.all("tr", class_="leaked") + page.all("tr", class_="passed") + page.all("tr", class_="unchecked")
+    assert len(rows) == 3
+    leaked_cells = [a["data-value"] for a in page.all("td", class_="number")][2::4]
+    assert leaked_cells == ["4096", "0", "-1"]  # a figure not measured sorts below zero
+    links = [a["href"] for a in page.all("a")]
+    sections = [a["id"] for a in page.all("section")]
+    assert links == [f"#{s}" for s in sections] and len(sections) == 2  # the leak, and why a test went unchecked
+    assert len(page.all("svg", class_="graph")) == 1
+    assert "2.13.0" in " ".join(page.text["li"])
+
+
+def test_run_writes_html_and_json_side_by_side(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        CACHE = {}
+
+        @pytest.mark.vram_budget
+        def test_leaks():
+            CACHE["user-42"] = torch.ones(2, 512)
+
+        def test_steps(vramleak):
+            kept = []
+            for step in vramleak.steps(6):
+                kept.append(torch.ones(256))
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak-report=out/r.html", "--vramleak-report=out/r.json")
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines(["vramleak: device cpu, checking tests marked vram_budget, step warm-up 2, report out/r.html, out/r.json"])
+    page = (pytester.path / "out" / "r.html").read_text()
+    report = json.loads((pytester.path / "out" / "r.json").read_text())
+    embedded = json.loads(re.search(r'id="vramleak-data">(.*?)</script>', page, flags=re.S).group(1))  # type: ignore[union-attr]
+    assert embedded["tests"] == report["tests"]
+    elements = Elements(page)
+    assert len(elements.all("svg", class_="chart")) == 1 and len(elements.all("svg", class_="graph")) == 2
+    steps = next(t for t in report["tests"] if t["nodeid"].endswith("test_steps"))
+    assert len(steps["warmup_steps"]) == 2 and steps["warmup_steps"][-1] == 0 and len(steps["steps"]) == 4
+    assert [group["held_by"] for group in steps["tensors"]] == [[f"test_steps:10 local 'kept'[{n}]" for n in (2, 3, 4)]]
+    assert "test_it.CACHE[&#x27;user-42&#x27;]" in page
+
+
+def test_ini_twin_takes_several_report_paths(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nvramleak_report = a.html b.json\n")
+    pytester.makepyfile(test_it="import pytest\n\n@pytest.mark.vram_budget\ndef test_it():\n    pass\n")
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    assert (pytester.path / "a.html").read_text().startswith("<!DOCTYPE html>")
+    assert json.loads((pytester.path / "b.json").read_text())["tests"][0]["outcome"] == "passed"
