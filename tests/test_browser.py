@@ -1,0 +1,196 @@
+"""The HTML report in a real headless browser: it loads without errors, and its chart, graph and table work.
+
+Needs Chromium and ChromeDriver (Debian: ``apt-get install chromium chromium-driver``) and the
+``selenium`` package from the ``test`` extra. Without them these tests skip, unless
+``VRAMLEAK_BROWSER_TESTS=require`` is set (as ``.ci/run`` does), which makes a missing browser a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+# Flags for a sandboxed, offline machine: without the networking ones Chromium keeps trying to
+# reach Google's services and logs every refused connection.
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1280,1000",
+)
+
+
+def _missing(reason: str) -> None:
+    if os.environ.get("VRAMLEAK_BROWSER_TESTS") == "require":
+        pytest.fail(f"VRAMLEAK_BROWSER_TESTS=require, but {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    binary = next((found for name in BROWSERS if (found := shutil.which(name))), None)
+    driver_path = shutil.which("chromedriver")
+    if binary is None or driver_path is None:
+        _missing("Chromium and ChromeDriver are not installed (apt-get install chromium chromium-driver)")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        _missing("selenium is not installed (pip install -e '.[test]')")
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary  # type: ignore[assignment]
+    for flag in FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(driver_path))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def errors(driver: Any) -> list[str]:
+    """What the page logged as errors: uncaught exceptions, failed loads, console.error."""
+    return [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+
+
+def test_the_error_check_sees_a_broken_page(browser: Any, tmp_path: Path) -> None:
+    page = tmp_path / "broken.html"
+    page.write_text("<!DOCTYPE html><title>broken</title><script>undefinedFunction();</script>")
+    browser.get(page.as_uri())
+    assert any("undefinedFunction" in message for message in errors(browser))
+
+
+@pytest.fixture(scope="module")
+def report_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A report written by a real run: a cache leak, a hook leak, a growing loop and a quiet test."""
+    folder = tmp_path_factory.mktemp("report")
+    (folder / "test_suite.py").write_text(
+        """
+import pytest, torch
+
+CACHE = {}
+MODELS = []
+
+@pytest.mark.vram_budget(leak="1 KiB")
+def test_cache():
+    for user in ("a", "b", "c"):
+        CACHE[f"user-{user}"] = torch.ones(64, 64)
+
+@pytest.mark.vram_budget
+def test_hook():
+    model = torch.nn.Linear(8, 8)
+    seen = []
+    model.register_forward_hook(lambda module, args, output: seen.append(output))
+    MODELS.append(model)
+    model(torch.ones(4, 8))
+
+@pytest.mark.vram_budget
+def test_quiet():
+    torch.ones(1000).sum()
+
+def test_loop(vramleak):
+    losses = []
+    for step in vramleak.steps(8, warmup=3):
+        losses.append(torch.ones(128) * step)
+"""
+    )
+    result = pytest.main(
+        [str(folder), "-p", "no:cacheprovider", "-p", "no:randomly", "-q", f"--rootdir={folder}", f"--vramleak-report={folder / 'r.html'}"]
+    )
+    assert result == pytest.ExitCode.TESTS_FAILED
+    return folder / "r.html"
+
+
+def test_report_loads_without_errors_or_requests(browser: Any, report_page: Path) -> None:
+    browser.get(report_page.as_uri())
+    assert browser.title.startswith("vramleak report: 3 leaked")
+    assert errors(browser) == []
+    # Self-contained: the page fetched nothing besides itself.
+    assert browser.execute_script("return performance.getEntriesByType('resource').length") == 0
+
+
+def test_step_chart_renders_with_warm_up_shaded(browser: Any, report_page: Path) -> None:
+    browser.get(report_page.as_uri())
+    chart = browser.execute_script(
+        """
+        const svg = document.querySelector('svg.chart');
+        const box = (el) => { const r = el.getBoundingClientRect(); return [r.left, r.top, r.width, r.height]; };
+        return {
+          svg: box(svg),
+          line: box(svg.querySelector('polyline.series')),
+          warmup: box(svg.querySelector('rect.warmup')),
+          points: Array.from(svg.querySelectorAll('circle')).map((c) => [box(c), c.getAttribute('class')]),
+        };
+        """
+    )
+    assert chart["svg"][2] > 300 and chart["svg"][3] > 150
+    assert chart["line"][2] > 200 and chart["line"][3] > 50  # a rising line, not a flat or empty one
+    points = chart["points"]
+    assert [kind for _, kind in points] == ["point warm"] * 3 + ["point"] * 5
+    centres = [(left + width / 2, top + height / 2) for (left, top, width, height), _ in points]
+    assert [x for x, _ in centres] == sorted(x for x, _ in centres)
+    assert centres[-1][1] < centres[3][1]  # later steps drawn higher: memory grew
+    left, _, width, _ = chart["warmup"]
+    assert centres[2][0] < left + width < centres[3][0]  # the shading ends between warm-up and measured steps
+
+
+def test_retention_graph_renders_nodes_edges_and_labels_that_fit(browser: Any, report_page: Path) -> None:
+    browser.get(report_page.as_uri())
+    graphs = browser.execute_script(
+        """
+        return Array.from(document.querySelectorAll('section.test')).map((section) => ({
+          test: section.querySelector('h2 code').textContent,
+          graphs: Array.from(section.querySelectorAll('svg.graph')).map((svg) => ({
+            nodes: Array.from(svg.querySelectorAll('g.node')).map((g) => ({
+              label: g.querySelector('text').textContent,
+              box: g.querySelector('rect').getBBox().width,
+              text: g.querySelector('text').getComputedTextLength(),
+            })),
+            edges: Array.from(svg.querySelectorAll('path.edge')).map((p) => p.getTotalLength()),
+            labels: Array.from(svg.querySelectorAll('text.edge-label')).map((t) => t.textContent),
+          })),
+        }));
+        """
+    )
+    by_test = {entry["test"].rsplit("::", 1)[-1]: entry["graphs"] for entry in graphs}
+    (cache,) = by_test["test_cache"]
+    assert sorted(node["label"] for node in cache["nodes"]) == ["Tensor", "Tensor", "Tensor", "dict", "module test_suite"]
+    assert sorted(cache["labels"]) == [".CACHE", "['user-a']", "['user-b']", "['user-c']"]
+    assert len(cache["edges"]) == 4 and min(cache["edges"]) > 20
+    for graph in (g for graphs in by_test.values() for g in graphs):
+        for node in graph["nodes"]:
+            assert 0 < node["text"] <= node["box"], node  # every label drawn, inside its box
+    hook_labels = {label for graph in by_test["test_hook"] for label in graph["labels"]}
+    assert "._forward_hooks" in hook_labels and "closure var 'seen'" in hook_labels
+
+
+def test_table_sorts_by_a_column_both_ways(browser: Any, report_page: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.get(report_page.as_uri())
+
+    def order() -> list[str]:
+        return [row.text.split()[0].rsplit("::", 1)[-1] for row in browser.find_elements(By.CSS_SELECTOR, "#tests tbody tr")]
+
+    assert order() == ["test_cache", "test_hook", "test_loop", "test_quiet"]
+    leaked = browser.find_element(By.XPATH, "//table[@id='tests']//th[button[text()='leaked']]")
+    leaked.find_element(By.TAG_NAME, "button").click()
+    assert leaked.get_attribute("aria-sort") == "ascending"
+    assert order()[:2] == ["test_loop", "test_quiet"]  # not measured (a step check), then 0 B
+    leaked.find_element(By.TAG_NAME, "button").click()
+    assert leaked.get_attribute("aria-sort") == "descending"
+    assert order()[:2] == ["test_cache", "test_hook"]  # 48 KiB, then the hook's outputs and weights
+    assert errors(browser) == []
