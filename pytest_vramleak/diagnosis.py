@@ -10,6 +10,10 @@ from .sizes import format_size
 
 _HOOK_DICTS = re.compile(r"\._(forward|forward_pre|backward|backward_pre|full_backward|full_backward_pre|state_dict)_hooks\[")
 _TORCH_CACHES = ("torch._dynamo", "torch._inductor", "torch.fx", "torch._functorch")
+# torch.compile installs each compiled graph in the module of the code it compiled, as a global
+# named __compiled_fn_<n>_<id> (__resume_at_<n> for code after a graph break): a user's module
+# then holds the graph's constants, but the cache is PyTorch's.
+_COMPILED_GLOBALS = re.compile(r"\.__(compiled_fn|resume_at)_\d")
 
 
 def diagnose(group: Any) -> list[str]:
@@ -33,13 +37,17 @@ def diagnose(group: Any) -> list[str]:
             "call .cache_clear(), or do not cache tensors"
         )
     if any(".__traceback__" in chain or ".tb_frame" in chain or chain.startswith("sys.last_") for chain in chains):
-        pinned_by_pytest = any(chain.startswith("sys.last_") for chain in chains)
-        found.append(
-            ("pytest keeps the last failed test's traceback (sys.last_traceback), and with it that test's frames"
-             if pinned_by_pytest
-             else "a stored exception keeps its traceback, whose frames keep their local tensors")
-            + ": store str(error) instead, or call traceback.clear_frames(error.__traceback__)"
-        )
+        if any(chain.startswith("sys.last_") for chain in chains):
+            found.append(
+                "sys.last_traceback / sys.last_value keep the last reported error's frames and their local tensors "
+                "(pytest sets them for a failed test, interactive consoles for an error they print): delete them "
+                "when done, or call traceback.clear_frames(sys.last_traceback)"
+            )
+        else:
+            found.append(
+                "a stored exception keeps its traceback, whose frames keep their local tensors: "
+                "store str(error) instead, or call traceback.clear_frames(error.__traceback__)"
+            )
     elif any(" -> closure var " in chain for chain in chains) and not any(_HOOK_DICTS.search(c) for c in chains):
         found.append(
             "a closure (a callback, a logger) captured it and lives on: drop the callback when done, or "
@@ -50,10 +58,10 @@ def diagnose(group: Any) -> list[str]:
             f"a module-level container gained {group.count} entries and never let them go (a cache "
             "without eviction, a history list): bound it, evict old entries, or clear it after use"
         )
-    if any(chain.startswith(_TORCH_CACHES) for chain in chains):
+    if chains and all(chain.startswith(_TORCH_CACHES) or _COMPILED_GLOBALS.search(chain) for chain in chains):
         found = [
-            "held by a cache PyTorch keeps itself (compiled graphs): not the test's leak; "
-            "torch._dynamo.reset() frees it"
+            "held by a cache PyTorch keeps itself (a torch.compile graph and its constants): not the "
+            "test's leak; torch._dynamo.reset() frees it, and the plugin does so before re-measuring"
         ]
     return found
 

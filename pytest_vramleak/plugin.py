@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import json
 import os
 import sys
@@ -391,6 +392,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     item.stash[CHECK] = check
     check.meter = _meter_for(item, budget.device if budget else None)
     check.tracker = _tracker(item.config, check.meter.name)
+    # pytest keeps the last failed test's traceback, and its frames' tensors, in sys.last_* until
+    # the next test's call starts. Drop them now and collect: the failed test's frames sit in
+    # reference cycles that would otherwise be frozen, and kept in memory, through this test.
+    dropped = [sys.__dict__.pop(name, None) for name in ("last_type", "last_value", "last_traceback", "last_exc")]
+    if any(value is not None for value in dropped):
+        dropped.clear()
+        gc.collect()
     try:
         check.tracker.begin()
     except Exception as error:

@@ -116,6 +116,45 @@ class Sites:
         return None
 
 
+def _untyped_storage(tensor: Any) -> Any:
+    import torch
+
+    return torch._C.TensorBase.untyped_storage(tensor)
+
+
+@functools.lru_cache(maxsize=1)
+def _recording_mode() -> type:
+    """The torch function mode that notes where results are made: one class for the whole process.
+
+    ``torch.compile`` traces the modes that are active and guards on their classes: a class per
+    check would recompile a compiled function in every checked test. While compiling, the mode
+    passes calls straight through (``is_compiling`` is a constant to the tracer), so compiled code
+    gets no graph break and no warning from it.
+    """
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    is_compiling = torch.compiler.is_compiling
+
+    class RecordSites(TorchFunctionMode):
+        def __init__(self, note: Any) -> None:
+            super().__init__()
+            self.note = note
+
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            result = func(*args, **(kwargs or {}))
+            if is_compiling():
+                return result
+            if type(result) in (tuple, list):
+                for item in result:
+                    self.note(item, sys._getframe(1))
+            else:
+                self.note(result, sys._getframe(1))
+            return result
+
+    return RecordSites
+
+
 class SiteRecorder:
     """Records the allocation site of every tensor torch returns to Python while it is active."""
 
@@ -127,37 +166,21 @@ class SiteRecorder:
         self._paused = False
 
     def __enter__(self) -> SiteRecorder:
-        import torch
-        from torch.overrides import TorchFunctionMode
-
-        sites = self._sites
-        untyped_storage = torch._C.TensorBase.untyped_storage
-
-        def note(value: Any, frame: types.FrameType) -> None:
-            if not is_tensor_type(type(value)):
-                return
-            try:
-                storage = untyped_storage(value)
-                identity = (storage.data_ptr(), storage.nbytes())
-            except Exception:
-                return
-            known = sites.get(id(storage))
-            if known is None or known[:2] != identity:  # in-place results keep their first site
-                sites[id(storage)] = (*identity, user_stack(frame))
-
-        class Mode(TorchFunctionMode):
-            def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-                result = func(*args, **(kwargs or {}))
-                if type(result) in (tuple, list):
-                    for item in result:
-                        note(item, sys._getframe(1))
-                else:
-                    note(result, sys._getframe(1))
-                return result
-
-        self._mode = Mode()
+        self._mode = _recording_mode()(self._note)
         self._mode.__enter__()
         return self
+
+    def _note(self, value: Any, frame: types.FrameType) -> None:
+        if not is_tensor_type(type(value)):
+            return
+        try:
+            storage = _untyped_storage(value)
+            identity = (storage.data_ptr(), storage.nbytes())
+        except Exception:
+            return
+        known = self._sites.get(id(storage))
+        if known is None or known[:2] != identity:  # in-place results keep their first site
+            self._sites[id(storage)] = (*identity, user_stack(frame))
 
     def __exit__(self, *exc_info: object) -> None:
         mode, self._mode = self._mode, None

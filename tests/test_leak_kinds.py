@@ -5,6 +5,9 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+import torch
+
+from pytest_vramleak import diff, take_snapshot
 
 def literal(pattern: str) -> str:
     """``pattern`` for fnmatch_lines with its brackets matched literally; ``*`` stays a wildcard."""
@@ -144,6 +147,22 @@ LEAK_KINDS = {
         "held by test_it.NET.blocks.0.weight",
         None,
     ),
+    "last_traceback_of_a_console": (
+        """
+        import code
+
+        def step():
+            hidden = torch.ones(256, 256)  # here
+            raise ValueError("bad batch")
+
+        @pytest.mark.vram_budget
+        def test_it():
+            # An interactive console that prints an error keeps it in sys.last_traceback.
+            code.InteractiveInterpreter({"step": step}).runsource("step()")
+        """,
+        "held by sys.last_*(step:*) local 'hidden'",
+        "sys.last_traceback / sys.last_value keep the last reported error's frames and their local tensors*",
+    ),
     "autograd_graph": (
         """
         LOSSES = []
@@ -214,3 +233,82 @@ def test_autograd_graph_bytes_are_reported(pytester: pytest.Pytester, run_checke
     # each step keeps x and exp's output (64 KiB each) and the scalar 2 (8 bytes) alive through its graph
     assert group["graph_bytes"] == 4 * (2 * 64 * 256 * 4 + 8)
     result.stdout.fnmatch_lines(["*diagnosis: autograd graph kept alive: 512.0 KiB in 12 saved tensors*"])
+
+
+ROWS = [[1.0] * 256] * 256
+
+
+def compile_with_a_constant() -> None:
+    # AOT autograd turns torch.tensor(...) inside a compiled function into a constant of the graph.
+    @torch.compile(backend="aot_eager")
+    def project(x: torch.Tensor) -> torch.Tensor:
+        return x @ torch.tensor(ROWS)
+
+    project(torch.ones(4, 256))
+
+
+def test_compiled_graph_constants_are_named_as_pytorchs_cache() -> None:
+    before = take_snapshot("cpu")
+    try:
+        compile_with_a_constant()
+        leak = diff(before)
+        (group,) = leak.groups
+        assert group.bytes == 256 * 256 * 4
+        assert ".__compiled_fn_" in group.held_by[0]  # torch.compile's global in this module
+        assert group.diagnoses == [
+            "held by a cache PyTorch keeps itself (a torch.compile graph and its constants): not the test's leak; "
+            "torch._dynamo.reset() frees it, and the plugin does so before re-measuring"
+        ]
+    finally:
+        torch._dynamo.reset()
+    assert diff(before).leaked_bytes == 0
+
+
+def test_compiled_code_in_checked_tests_is_not_blamed_slowed_or_warned_about(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        from torch._dynamo.utils import counters
+
+        torch._dynamo.config.error_on_recompile = True
+        ROWS = [[1.0] * 256] * 256
+
+        @torch.compile(backend="aot_eager")
+        def project(x):
+            return torch.relu(x @ torch.tensor(ROWS)) + 1
+
+        @pytest.mark.vram_budget
+        @pytest.mark.parametrize("n", range(3))
+        def test_compiled(n):
+            project(torch.ones(4, 256))
+
+        def test_no_graph_breaks():
+            assert not counters["graph_break"]
+        """
+    )
+    try:
+        result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", "-W", "error")
+    finally:
+        torch._dynamo.reset()
+        torch._dynamo.config.error_on_recompile = False
+    result.assert_outcomes(passed=4)
+
+
+def test_a_failed_tests_frames_are_freed_before_the_next_checked_test(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import gc, pytest, torch
+
+        def test_fails_holding_activations():
+            activations = torch.ones(1024, 1024)
+            assert activations.sum() < 0
+
+        @pytest.mark.vram_budget
+        def test_next():
+            # pytest kept the failed test's traceback in sys.last_traceback until this test began
+            assert not [o for o in gc.get_objects() if type(o) is torch.Tensor and o.numel() == 1024 * 1024]
+        """
+    )
+    # In a process of its own: an inline run's recorder would keep the failed test's report too.
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly").assert_outcomes(passed=1, failed=1)
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "-p", "no:vramleak").assert_outcomes(failed=2)
