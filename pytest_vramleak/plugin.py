@@ -40,10 +40,9 @@ from .devices import (
 )
 from .html_report import is_html_path, render_html
 from .release import PercentError, ReleaseScheduler, parse_percent
-from .report import TestResult, render_groups, render_markdown, write_json, write_text_atomically
+from .report import TestResult, render_markdown, write_json, write_text_atomically
 from .sizes import SizeError, format_size, parse_size
-from .census import take_census
-from .snapshot import Snapshot, describe, diff, memory_contents, take_snapshot
+from .snapshot import Snapshot, diff, memory_contents, take_snapshot
 from .history import AllocatorHistory
 from .sites import SiteRecorder, Sites, SiteSource
 from .steps import StepResult, StepWatcher
@@ -109,7 +108,7 @@ class Check:
     tracker: Tracker | None = None
     sites: SiteRecorder | None = None
     history: AllocatorHistory | None = None
-    others: list[tuple[CudaMeter, int]] = field(default_factory=list)
+    others: list[tuple[CudaMeter, Snapshot]] = field(default_factory=list)
     """The process's other CUDA devices, with their allocated bytes at the baseline."""
     baseline: Snapshot | None = None
     peak_bytes: int | None = None
@@ -416,7 +415,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
         if check.budget is not None:
             check.baseline = take_snapshot(meter=meter, tracker=check.tracker)
             if isinstance(meter, CudaMeter):
-                check.others = _other_devices(meter)
+                check.others = _other_devices(meter, check.tracker)
             settings = item.config.stash[SETTINGS]
             watch_peak = check.budget.peak is not None or meter.name != "cpu" or bool(settings.save or settings.compare is not None)
             if watch_peak:
@@ -579,10 +578,10 @@ def _judge(item: pytest.Item, check: Check) -> str | None:
     verdict = judge_budget(budget, meter.name, leaked, check.peak_bytes)
     other_leaks = []
     for other, other_baseline in check.others:
-        other_growth = measure_growth(other, other_baseline, None, budget.leak)
+        other_growth = measure_growth(other, other_baseline.allocated_bytes, None, budget.leak)
         end.details[f"{other.name}_leaked_bytes"] = other_growth.allocated
         if other_growth.allocated > budget.leak:
-            other_leaks.append(other)
+            other_leaks.append((other, other_baseline))
             message = f"leaked {format_size(other_growth.allocated)} on {other.name}, allowed {format_size(budget.leak)}"
             verdict = BudgetVerdict("leaked", "; ".join(m for m in (verdict.message, message) if m))
     saved = (item.config.stash[SETTINGS].compare or {}).get(item.nodeid)
@@ -617,22 +616,24 @@ def _judge(item: pytest.Item, check: Check) -> str | None:
         leak = diff(baseline, end, meter=meter, sites=Sites(sources))
         result.tensors = [group.to_json() for group in leak.groups]
         lines += ["leaked tensors:", leak.render()]
-        for other in other_leaks:
-            # No baseline census of this device: its live tensors are shown as found now.
-            groups = describe(take_census(other.name).storages, other.name, sites=Sites(sources))
-            result.tensors += [group.to_json() for group in groups]
-            lines += [f"tensors alive on {other.name}:", render_groups(groups)]
+        for other, other_baseline in other_leaks:
+            other_leak = diff(other_baseline, take_snapshot(meter=other, tracker=tracker), meter=other, sites=Sites(sources))
+            result.tensors += [group.to_json() for group in other_leak.groups]
+            lines += [f"leaked tensors on {other.name}:", other_leak.render()]
     return "\n".join(lines)
 
 
-def _other_devices(meter: CudaMeter) -> list[tuple[CudaMeter, int]]:
-    """Every other CUDA device of the process, warmed up and measured, for a check on ``meter``."""
+def _other_devices(meter: CudaMeter, tracker: Tracker | None) -> list[tuple[CudaMeter, Snapshot]]:
+    """Every other CUDA device of the process, warmed up and measured, for a check on ``meter``.
+
+    The tracker's index holds the tensors of every device, so each device's storages are known
+    by identity too, and a leak there is told apart from what was alive before.
+    """
     others = []
     for index in range(meter.backend.device_count()):
         if index != meter.index:
             other = CudaMeter(f"cuda:{index}", meter.backend, meter.clear_workspaces, meter.warm_up)
-            other.settle()
-            others.append((other, other.allocated_bytes()))
+            others.append((other, take_snapshot(meter=other, tracker=tracker)))
     return others
 
 

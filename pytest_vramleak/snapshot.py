@@ -175,7 +175,7 @@ def take_snapshot(
     if settle:
         meter.settle()  # collects garbage
     if tracker is not None:
-        view = tracker.view(collect=False)
+        view = tracker.view(collect=False, device=meter.name)
         storages = {r.key: r.nbytes for r in view.storages.values()}
         identities = {r.key: r.ref for r in view.storages.values()}
     else:

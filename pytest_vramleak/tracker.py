@@ -140,21 +140,25 @@ class Tracker:
             if ref is None or ref() is not tensor:
                 index[id(tensor)] = weakref.ref(tensor)
 
-    def view(self, *, collect: bool = True) -> View:
-        """Read every tracked storage on the device, after collecting garbage unless told not to."""
+    def view(self, *, collect: bool = True, device: str | None = None) -> View:
+        """Read every tracked storage on the device, after collecting garbage unless told not to.
+
+        The index holds tensors of every device: ``device`` reads another one than the tracker's
+        (the other GPUs of a process) at the same cost.
+        """
         if collect:
             gc.collect()  # while frozen, the young generations only: frozen objects are not examined
         if self._froze:
             self._add_live()
         else:  # the heap was frozen by someone else: walk all of it
             self._rebuild()
-        return self._read()
+        return self._read(device or self.device)
 
-    def _read(self) -> View:
+    def _read(self, device_name: str) -> View:
         torch = _torch()
-        view = View(self.device)
+        view = View(device_name)
         storages = view.storages
-        want_type, _, want_index = self.device.partition(":")
+        want_type, _, want_index = device_name.partition(":")
         index_number = int(want_index) if want_index else None
         untyped_storage = torch._C.TensorBase.untyped_storage
         graph_roots: list[Any] = []

@@ -282,4 +282,4 @@ def test_plugin_measures_every_cuda_device(pytester: pytest.Pytester, fake_cuda_
     )
     result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
     result.assert_outcomes(passed=2, failed=1)
-    result.stdout.fnmatch_lines(["leaked 2.0 MiB on cuda:1, allowed 0 B", "tensors alive on cuda:1:"])
+    result.stdout.fnmatch_lines(["leaked 2.0 MiB on cuda:1, allowed 0 B", "leaked tensors on cuda:1:"])

@@ -33,6 +33,26 @@ def test_it():
     result.stdout.fnmatch_lines(["leaked 4.0 MiB on cuda:0, allowed 0 B", "*reserved by the caching allocator*", "float32[[]1024, 1024] on cuda:0: 1 tensor, 4.0 MiB", "*held by test_it.CACHE['user-42']"])
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_cuda_leak_on_another_device_is_named_there(pytester: pytest.Pytester) -> None:
+    result = run(
+        pytester,
+        """
+BEFORE = torch.ones(1024, device="cuda:1")  # alive before the test: not its leak
+CACHE = {}
+
+@pytest.mark.vram_budget
+def test_it():
+    CACHE["user-42"] = torch.ones(1024, 1024, device="cuda:1")
+""",
+    )
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        ["leaked 4.0 MiB on cuda:1, allowed 0 B", "leaked tensors on cuda:1:", "float32[[]1024, 1024] on cuda:1: 1 tensor, 4.0 MiB", "*held by test_it.CACHE['user-42']"]
+    )
+    result.stdout.no_fnmatch_line("*float32[[]1024] on cuda:1*")
+
+
 def test_cuda_step_growth_is_flagged(pytester: pytest.Pytester) -> None:
     result = run(
         pytester,

@@ -193,3 +193,23 @@ def test_heap_is_never_left_frozen(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
     # test_leaks passes its call and fails its teardown; test_after passes only if nothing is frozen
     result.assert_outcomes(passed=2, failed=2, errors=1)
+
+
+def test_one_index_serves_every_device() -> None:
+    """A tracker set up for one device reads the storages of another from the same index: the
+    other GPUs of a process get per-storage accounting without a heap walk of their own."""
+    import torch
+
+    from pytest_vramleak.tracker import Tracker
+
+    tracker = Tracker("cuda:0")
+    tracker.begin()
+    try:
+        before = tracker.view(device="cpu")
+        kept = torch.ones(1000)
+        after = tracker.view(device="cpu")
+    finally:
+        tracker.end()
+    new = [record for ident, record in after.storages.items() if ident not in before.storages]
+    assert [(record.nbytes, record.ref() is kept.untyped_storage()) for record in new] == [(4000, True)]
+    assert after.device == "cpu"
