@@ -21,6 +21,26 @@ for test in json.load(open(sys.argv[1]))["tests"]:
     figures = ", ".join(f"{k}={v}" for k, v in test.items() if k in ("leaked_bytes", "peak_bytes", "growth_bytes") and v is not None)
     print(f"  {test['outcome']:<10} {test['nodeid']}  {figures}")
 PY
+# What --vramleak-trace costs: the allocator's history as the plugin records it, per allocation.
+python3 - <<'PY'
+import time, torch
+from pytest_vramleak.history import MAX_ENTRIES
+
+def allocations(n=20000):
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(n):
+        torch.empty(1024, device="cuda")
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / n
+
+allocations(2000)
+plain = min(allocations() for _ in range(3))
+torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python", max_entries=MAX_ENTRIES)
+traced = min(allocations() for _ in range(3))
+torch.cuda.memory._record_memory_history(enabled=None)
+print(f"--vramleak-trace cost: {plain * 1e6:.2f} us per allocation plain, {traced * 1e6:.2f} us traced ({traced / plain:.2f}x)")
+PY
 if [ "$gpu_status" -ne 0 ]; then
     echo "gpu tests failed; their log:"
     tail -n 60 "$out/gpu.log"
