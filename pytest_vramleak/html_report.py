@@ -373,10 +373,14 @@ def render_html(
     ]
     if fixtures:
         parts.append('<h2 class="part">Fixtures still holding memory after their teardown</h2><table class="fixtures"><thead><tr>')
-        parts.append("<th>fixture</th><th>scope</th><th>where</th><th>bytes</th></tr></thead><tbody>")
+        parts.append("<th>fixture</th><th>scope</th><th>where</th><th>bytes</th><th>held by</th></tr></thead><tbody>")
         parts += [
             f"<tr><td><code>{_escape(f['fixture'])}</code></td><td>{_escape(f['scope'])}</td>"
-            f'<td><code>{_escape(f["where"])}</code></td><td class="number">{_escape(_size(f["bytes"]))}</td></tr>'
+            f'<td><code>{_escape(f["where"])}</code></td><td class="number">{_escape(_size(f["bytes"]))}</td>'
+            "<td>"
+            + "<br>".join(f"<code>{_escape(chain)}</code>" for chain in f.get("held_by", []))
+            + "".join(f'<div class="diagnosis">{_escape(finding)}</div>' for finding in f.get("diagnoses", []))
+            + "</td></tr>"
             for f in fixtures
         ]
         parts.append("</tbody></table>")
@@ -463,6 +467,7 @@ section.test h2 { font-size: 15px; margin: 12px 0 4px; }
 .graph-box { overflow-x: auto; padding: 4px 0; }
 ul.held, ul.sites, ul.diagnoses { margin: 4px 0; padding-left: 20px; }
 ul.diagnoses li { color: var(--leaked); }
+.fixtures .diagnosis { color: var(--leaked); font-size: 12.5px; }
 ul.diagnoses li::marker { content: "\\26A0  "; }
 figure.steps { margin: 8px 0; }
 figcaption { color: var(--muted); font-size: 12.5px; }

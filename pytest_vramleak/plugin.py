@@ -42,7 +42,8 @@ from .html_report import is_html_path, render_html
 from .release import PercentError, ReleaseScheduler, parse_percent
 from .report import TestResult, render_markdown, write_json, write_text_atomically
 from .sizes import SizeError, format_size, parse_size
-from .snapshot import Snapshot, diff, memory_contents, take_snapshot
+from .census import StorageKey
+from .snapshot import Snapshot, describe, diff, memory_contents, take_snapshot
 from .history import AllocatorHistory
 from .sites import SiteRecorder, Sites, SiteSource
 from .steps import StepResult, StepWatcher
@@ -702,13 +703,16 @@ class FixtureMemory:
     name: str
     scope: str
     where: str
-    storages: list[tuple[weakref.ref[Any], int]]
+    device: str
+    storages: list[tuple[weakref.ref[Any], int, StorageKey]]
 
-    def alive_bytes(self) -> int:
-        return sum(size for ref, size in self.storages if ref() is not None)
+    def alive(self) -> list[tuple[StorageKey, int]]:
+        """The storages still alive, with their sizes."""
+        return [(key, size) for ref, size, key in self.storages if ref() is not None]
 
 
 FIXTURES = pytest.StashKey[list[FixtureMemory]]()
+MAX_FIXTURE_CHAINS = 3
 
 
 @pytest.hookimpl(wrapper=True)
@@ -723,20 +727,30 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.Fix
     before = take_snapshot(meter=meter, tracker=tracker, settle=False)
     value = yield
     after = take_snapshot(meter=meter, tracker=tracker, settle=False)
-    created = [(after.identities[key], after.storages[key]) for key in after.new_since(before) if key in after.identities]
+    created = [(after.identities[key], after.storages[key], key) for key in after.new_since(before) if key in after.identities]
     if created:
         where = fixturedef.baseid or "conftest"
-        config.stash[FIXTURES].append(FixtureMemory(fixturedef.argname, fixturedef.scope, where, created))
+        config.stash[FIXTURES].append(FixtureMemory(fixturedef.argname, fixturedef.scope, where, meter.name, created))
     return value
 
 
 def _fixture_leftovers(config: pytest.Config) -> list[dict[str, Any]]:
-    """Fixtures wider than a test whose storages are still alive once every fixture is torn down."""
+    """Fixtures wider than a test whose storages are still alive once every fixture is torn down,
+    with what holds them (a walk of the heap, paid only when some are left)."""
     leftovers = []
     for memory in config.stash.get(FIXTURES, []):
-        alive = memory.alive_bytes()
-        if alive:
-            leftovers.append({"fixture": memory.name, "scope": memory.scope, "where": memory.where, "bytes": alive})
+        alive = memory.alive()
+        if not alive:
+            continue
+        leftover: dict[str, Any] = {"fixture": memory.name, "scope": memory.scope, "where": memory.where, "bytes": sum(size for _, size in alive)}
+        try:
+            groups = describe([key for key, _ in alive], memory.device)
+        except Exception as error:  # the finding stands without its holders
+            leftover["held_by"], leftover["diagnoses"] = [f"not named: vramleak could not search the heap: {type(error).__name__}: {error}"], []
+        else:
+            leftover["held_by"] = list(dict.fromkeys(chain for group in groups for chain in group.held_by))[:MAX_FIXTURE_CHAINS]
+            leftover["diagnoses"] = list(dict.fromkeys(finding for group in groups for finding in group.diagnoses))
+        leftovers.append(leftover)
     return leftovers
 
 
@@ -795,6 +809,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             f"fixture {leftover['fixture']!r} ({leftover['scope']} scope, {leftover['where']}) still holds "
             f"{format_size(leftover['bytes'])} it allocated, after its teardown"
         )
+        lines += [f"    held by {chain}" for chain in leftover.get("held_by", [])]
+        lines += [f"    diagnosis: {finding}" for finding in leftover.get("diagnoses", [])]
     cycles = sorted((r for r in config.stash.get(RESULTS, []) if r.get("cycle_bytes")), key=lambda r: -r["cycle_bytes"])
     for result in cycles[:5]:
         lines.append(

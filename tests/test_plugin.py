@@ -444,7 +444,34 @@ def test_cycles_and_fixture_leftovers_are_reported_not_failed(pytester: pytest.P
         [
             "*= vramleak summary =*",
             "fixture 'model' (module scope, test_it.py) still holds 257.0 KiB it allocated, after its teardown",
+            "    held by test_it.REGISTRY[[]0].weight",
+            "    held by test_it.REGISTRY[[]0].bias",
             "test_it.py::test_makes_cycles: 1.0 MiB lived in reference cycles until garbage collection*",
+        ]
+    )
+
+
+def test_fixture_kept_by_the_last_failed_tests_traceback_is_diagnosed(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+
+        @pytest.fixture(scope="module")
+        def model():
+            return torch.nn.Linear(256, 256)
+
+        def test_fails(model):
+            assert model(torch.ones(1, 256)).sum() > 10**6
+        """
+    )
+    # In a process of its own: an inline run's recorder would keep the failed test's report too.
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "fixture 'model' (module scope, test_it.py) still holds 257.0 KiB it allocated, after its teardown",
+            "    held by sys.last_*(test_fails:*) local 'model'.weight",
+            "    diagnosis: sys.last_traceback / sys.last_value keep the last reported error's frames*(pytest sets them for a failed test*",
         ]
     )
 
