@@ -160,3 +160,11 @@ def test_ini_twin_takes_several_report_paths(pytester: pytest.Pytester) -> None:
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
     assert (pytester.path / "a.html").read_text().startswith("<!DOCTYPE html>")
     assert json.loads((pytester.path / "b.json").read_text())["tests"][0]["outcome"] == "passed"
+
+
+def test_fixture_leftovers_are_listed_with_their_holders() -> None:
+    fixture = {"fixture": "model", "scope": "module", "where": "t.py", "bytes": 263168, "held_by": ["t.REGISTRY[0].weight"], "diagnoses": ["bound it"]}
+    page = Elements(render_html([result("t.py::test_it", "passed")], fixtures=[fixture]))
+    (table,) = page.all("table", class_="fixtures")
+    assert "t.REGISTRY[0].weight" in page.text["code"] and "257.0 KiB" in page.text["td"]
+    assert page.text["div"][-1] == "bound it"
