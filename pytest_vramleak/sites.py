@@ -122,6 +122,15 @@ def _untyped_storage(tensor: Any) -> Any:
     return torch._C.TensorBase.untyped_storage(tensor)
 
 
+def _compiled_anything() -> bool:
+    """Whether torch.compile has compiled code in this process (without importing dynamo)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    try:
+        return bool(utils is not None and utils.counters["frames"]["total"])
+    except Exception:
+        return False
+
+
 @functools.lru_cache(maxsize=1)
 def _recording_mode() -> type:
     """The torch function mode that notes where results are made: one class for the whole process.
@@ -140,10 +149,11 @@ def _recording_mode() -> type:
         def __init__(self, note: Any) -> None:
             super().__init__()
             self.note = note
+            self.recording = True
 
         def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             result = func(*args, **(kwargs or {}))
-            if is_compiling():
+            if is_compiling() or not self.recording:
                 return result
             if type(result) in (tuple, list):
                 for item in result:
@@ -164,10 +174,12 @@ class SiteRecorder:
         self._sites: dict[int, tuple[int, int, tuple[Site, ...]]] = {}
         self._mode: Any = None
         self._paused = False
+        self._on_stack = False
 
     def __enter__(self) -> SiteRecorder:
         self._mode = _recording_mode()(self._note)
         self._mode.__enter__()
+        self._on_stack = True
         return self
 
     def _note(self, value: Any, frame: types.FrameType) -> None:
@@ -184,22 +196,35 @@ class SiteRecorder:
 
     def __exit__(self, *exc_info: object) -> None:
         mode, self._mode = self._mode, None
-        if mode is not None and not self._paused:
+        if mode is not None and self._on_stack:
             mode.__exit__(*exc_info)
-        self._paused = False
+        self._paused = self._on_stack = False
 
     def pause(self) -> None:
-        """Stop recording for a while (a long loop whose first steps were recorded)."""
-        if self._mode is not None and not self._paused:
+        """Stop recording for a while (a long loop whose first steps were recorded).
+
+        Where torch.compile has compiled code, the mode stays on the stack and only stops
+        recording: compiled code is guarded on the active modes, and leaving would recompile it
+        in the middle of the loop.
+        """
+        if self._mode is None or self._paused:
+            return
+        if _compiled_anything():
+            self._mode.recording = False
+        else:
             try:
                 self._mode.__exit__(None, None, None)
             except Exception:  # another mode entered since sits above ours: keep recording
                 return
-            self._paused = True
+            self._on_stack = False
+        self._paused = True
 
     def resume(self) -> None:
         if self._mode is not None and self._paused:
-            self._mode.__enter__()
+            if not self._on_stack:
+                self._mode.__enter__()
+                self._on_stack = True
+            self._mode.recording = True
             self._paused = False
 
     def site_of(self, storage: Any) -> tuple[Site, ...] | None:
