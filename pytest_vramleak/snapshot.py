@@ -51,6 +51,9 @@ class Snapshot:
     details: dict[str, int] = field(default_factory=dict)
     identities: dict[StorageKey, weakref.ref[Any]] = field(default_factory=dict, repr=False)
     """Weak references to the storages, so a later storage at a reused address is told apart."""
+    young: frozenset[StorageKey] = frozenset()
+    """Storages made since a checked test's setup began (its fixtures'): their freeing never
+    offsets a leak. Without a tracker that knows ages, every storage counts as young."""
 
     @property
     def storage_keys(self) -> frozenset[StorageKey]:
@@ -70,21 +73,28 @@ class Snapshot:
         return mine() is not None and mine() is theirs()
 
     def leaked_since(self, earlier: Snapshot) -> int:
-        """Bytes allocated after ``earlier`` and still allocated here.
+        """Bytes by which allocated memory grew after ``earlier``.
 
         On accelerators, the allocator's growth (as PyTorch's own leak check measures it). On
-        CPU, the bytes of storages that are new since ``earlier``, plus in-place growth of older
-        ones: freeing older memory does not offset a leak.
+        CPU, the bytes of storages that are new since ``earlier`` (plus in-place growth of older
+        ones), less the bytes of storages older than ``earlier`` that were freed since: a test
+        that replaces a tensor (a model's gradients, an entry a bounded cache evicts) leaks
+        nothing. Storages in ``earlier.young`` (what a checked test's fixtures made during its
+        setup) do not offset: a fixture that frees at teardown what it made cannot hide a leak.
+        Earlier garbage cannot either: it is frozen while a checked test runs.
         """
         if self.device != "cpu":
             return self.allocated_bytes - earlier.allocated_bytes
-        leaked = 0
+        grown = 0
         for key, nbytes in self.storages.items():
             if not earlier.holds_same(key, self):
-                leaked += nbytes
+                grown += nbytes
             else:
-                leaked += max(0, nbytes - earlier.storages[key])
-        return leaked
+                grown += max(0, nbytes - earlier.storages[key])
+        freed = sum(
+            nbytes for key, nbytes in earlier.storages.items() if key not in earlier.young and not earlier.holds_same(key, self)
+        )
+        return max(0, grown - freed)
 
 
 @dataclass
@@ -178,11 +188,13 @@ def take_snapshot(
         view = tracker.view(collect=False, device=meter.name)
         storages = {r.key: r.nbytes for r in view.storages.values()}
         identities = {r.key: r.ref for r in view.storages.values()}
+        young = frozenset(r.key for r in view.storages.values() if r.young or not tracker.knows_age)
     else:
         census = take_census(meter.name, identify=True)
         storages, identities = census.storages, census.identities
+        young = frozenset()  # a snapshot without a tracker: everything alive now is older than what follows
     allocated = sum(storages.values()) if meter.name == "cpu" else meter.allocated_bytes()
-    return Snapshot(meter.name, allocated, storages, meter.details(), identities)
+    return Snapshot(meter.name, allocated, storages, meter.details(), identities, young)
 
 
 def diff(

@@ -24,6 +24,13 @@ by an older one is still new, and a storage that grew in place (``resize_``) cou
 Between tests nothing is frozen: the index is rebuilt with a full walk whenever tracking stops
 for a while (untracked tests ran in between), and when anyone else froze the heap.
 
+Ages. :meth:`Tracker.begin` also notes which storages are alive as the test's setup starts, so a
+view marks each storage ``young`` (made since) or not. A leak on CPU is growth: new storages less
+older ones the test freed (a replaced gradient, an evicted cache entry). Young storages that die
+(what a function-scoped fixture made in setup and frees at teardown) never offset anything, and
+neither can garbage older than the test, which stays frozen, and so alive, while it runs. Where
+the tracker did not freeze the heap itself, every storage counts as young: no offsets at all.
+
 Before freezing, the young generations are collected (well under a millisecond): garbage that
 earlier tests left in reference cycles goes then instead of staying in memory through the test.
 Objects frozen during a test are not collected until it ends; older cyclic garbage is collected
@@ -49,6 +56,8 @@ class Record:
     ref: weakref.ref[Any]
     nbytes: int
     key: StorageKey
+    young: bool = False
+    """Reached only from tensors created since :meth:`Tracker.begin` (the test's setup, body or teardown)."""
 
 
 @dataclass
@@ -67,6 +76,8 @@ class Tracker:
         self.stale = True
         """Set when code ran untracked since :meth:`end`: the next :meth:`begin` rebuilds the index."""
         self._index: dict[int, weakref.ref[Any]] = {}
+        self._at_begin: dict[int, weakref.ref[Any]] = {}
+        """The storages alive on the device when :meth:`begin` froze the heap: those older than the test."""
         self._froze = False
         self._begun = False
 
@@ -89,10 +100,12 @@ class Tracker:
             gc.freeze()
             self._froze = True
             FREEZERS.add(self)
+            self._at_begin = {ident: record.ref for ident, record in self._read(self.device).storages.items()}
 
     def end(self) -> None:
         """Unfreeze the heap; what the test left is indexed and stays tracked."""
         self._begun = False
+        self._at_begin = {}
         FREEZERS.discard(self)
         if self._froze:
             self._froze = False
@@ -100,6 +113,14 @@ class Tracker:
             gc.unfreeze()
         else:
             self.stale = True
+
+    @property
+    def knows_age(self) -> bool:
+        """Whether views tell storages made since :meth:`begin` (``Record.young``) from older ones.
+
+        Only while the heap is frozen by this tracker: otherwise every view rebuilds the index.
+        """
+        return self._begun and self._froze
 
     @property
     def active(self) -> bool:
@@ -164,6 +185,8 @@ class Tracker:
         graph_roots: list[Any] = []
         dead: list[int] = []
 
+        at_begin = self._at_begin if self._froze else {}
+
         def record(tensor: Any) -> None:
             try:
                 storage = untyped_storage(tensor)
@@ -175,7 +198,8 @@ class Tracker:
             except Exception:  # sparse, meta and wrapper tensors have no storage to read
                 return
             if pointer and nbytes and id(storage) not in storages:
-                storages[id(storage)] = Record(weakref.ref(storage), nbytes, (str(device), pointer))
+                before = at_begin.get(id(storage))  # young unless this very storage was alive at begin
+                storages[id(storage)] = Record(weakref.ref(storage), nbytes, (str(device), pointer), before is None or before() is not storage)
 
         with torch._C.DisableTorchFunctionSubclass():
             for ident, ref in self._index.items():

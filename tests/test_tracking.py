@@ -63,6 +63,19 @@ LEAKS = {
         def test_it():
             KEPT[0].set_(torch.ones(4096).untyped_storage())
         """,
+    "beside_a_fixture_that_frees_what_it_made": """
+        KEPT = []
+
+        @pytest.fixture
+        def scratch():
+            buffers = [torch.ones(1024)]  # made in setup, freed at teardown: offsets nothing
+            yield buffers
+            buffers.clear()
+
+        @pytest.mark.vram_budget
+        def test_it(scratch):
+            KEPT.append(torch.ones(1024))
+        """,
 }
 
 
@@ -108,6 +121,30 @@ NOT_LEAKS = {
             node.me = node
             node.payload = torch.ones(1 << 16)
         """,
+    "gradients_replaced_on_a_shared_model": """
+        MODEL = torch.nn.Linear(64, 64)
+        MODEL(torch.ones(2, 64)).sum().backward()  # gradients exist before the test
+
+        @pytest.mark.vram_budget
+        def test_it():
+            MODEL.zero_grad()  # set to None: the step makes new gradients in their place
+            MODEL(torch.ones(2, 64)).sum().backward()
+        """,
+    "bounded_cache_evicts_as_it_adds": """
+        from collections import OrderedDict
+
+        CACHE = OrderedDict((f"user-{n}", torch.ones(256)) for n in range(4))
+
+        def remember(key, value, limit=4):
+            CACHE[key] = value
+            while len(CACHE) > limit:
+                CACHE.popitem(last=False)
+
+        @pytest.mark.vram_budget
+        def test_it():
+            for n in range(4, 8):
+                remember(f"user-{n}", torch.ones(256))
+        """,
     "test_freezes_the_heap_itself": """
         import gc
 
@@ -130,9 +167,13 @@ def test_non_leak_passes(pytester: pytest.Pytester, run_checked, kind: str) -> N
     assert report["test_it"]["outcome"] == "passed", result.stdout.str()
 
 
-def test_garbage_from_an_earlier_test_cannot_mask_a_leak(pytester: pytest.Pytester, run_checked) -> None:
+@pytest.mark.parametrize("age", ["young", "old"])
+def test_garbage_from_an_earlier_test_cannot_mask_a_leak(pytester: pytest.Pytester, run_checked, age: str) -> None:
+    # Young garbage is collected as the checked test's setup begins; old garbage (a cycle that
+    # survived full collections while it was alive) is frozen through the test.
+    promote = "gc.collect()  # while the cycle is alive: it moves to the oldest generation" if age == "old" else ""
     pytester.makepyfile(
-        test_it="""
+        test_it=f"""
         import gc
         import pytest, torch
 
@@ -146,6 +187,7 @@ def test_garbage_from_an_earlier_test_cannot_mask_a_leak(pytester: pytest.Pytest
             node = Node()
             node.me = node
             node.payload = torch.ones(1024, 1024)
+            {promote}
 
         @pytest.mark.vram_budget
         def test_it():
