@@ -364,7 +364,8 @@ def render_html(
         + "".join(f'<div class="card {css}"><b>{_escape(value)}</b><span>{_escape(label)}</span></div>' for label, value, css in cards)
         + "</div>",
         '<h2 class="part">Checked tests</h2>',
-        '<p class="hint">Click a column to sort; a test with details links to them.</p>',
+        '<p class="hint">Click a column to sort; a test with details links to them. '
+        '<label><input type="checkbox" id="only-failing"> only tests that leaked or went over budget</label></p>',
         '<table id="tests"><thead><tr>'
         + "".join(f'<th data-type="{kind}"><button type="button">{name}</button></th>' for name, kind in _COLUMNS)
         + "</tr></thead><tbody>"
@@ -418,6 +419,11 @@ _SCRIPT = """
       rows.forEach(function (row) { body.appendChild(row); });
     });
   });
+  document.getElementById("only-failing").addEventListener("change", function (event) {
+    Array.prototype.forEach.call(table.tBodies[0].rows, function (row) {
+      row.hidden = event.target.checked && !row.classList.contains("leaked") && !row.classList.contains("over_budget");
+    });
+  });
 })();
 """
 
@@ -442,6 +448,7 @@ h1 { font-size: 22px; margin: 0; }
 .card.over_budget { border-color: #fec84b; background: var(--over-bg); color: var(--over); }
 h2.part { font-size: 17px; margin: 28px 0 4px; border-bottom: 1px solid var(--line); padding-bottom: 4px; }
 .hint { color: var(--muted); font-size: 12.5px; margin: 0 0 8px; }
+.hint label { margin-left: 12px; color: var(--ink); }
 table { border-collapse: collapse; width: 100%; }
 th, td { text-align: left; padding: 5px 10px; border-bottom: 1px solid var(--line); vertical-align: top; }
 td.number, th[data-type="number"] { text-align: right; }

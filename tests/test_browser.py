@@ -196,3 +196,20 @@ def test_table_sorts_by_a_column_both_ways(browser: Any, report_page: Path) -> N
     assert leaked.get_attribute("aria-sort") == "descending"
     assert order()[:2] == ["test_cache", "test_hook"]  # 48 KiB, then the hook's outputs and weights
     assert errors(browser) == []
+
+
+def test_table_shows_only_failing_tests_on_request(browser: Any, report_page: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.get(report_page.as_uri())
+
+    def shown() -> list[str]:
+        rows = browser.find_elements(By.CSS_SELECTOR, "#tests tbody tr")
+        return [row.text.split()[0].rsplit("::", 1)[-1] for row in rows if row.is_displayed()]
+
+    only_failing = browser.find_element(By.ID, "only-failing")
+    only_failing.click()
+    assert shown() == ["test_cache", "test_hook", "test_loop"]
+    only_failing.click()
+    assert shown() == ["test_cache", "test_hook", "test_loop", "test_quiet"]
+    assert errors(browser) == []
