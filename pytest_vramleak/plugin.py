@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import gc
 import json
 import os
@@ -196,7 +197,11 @@ def read_settings(config: pytest.Config) -> Settings:
         device = _check_device_spec(str(device))
     except ValueError as error:
         raise pytest.UsageError(f"{source}: {error}") from None
-    report_paths, _ = _option(config, "vramleak_report")
+    report_paths, source = _option(config, "vramleak_report")
+    for report in report_paths:
+        problem = _unwritable(Path(report))
+        if problem:
+            raise pytest.UsageError(f"{source}: cannot write a report to {report}: {problem}")
     warmup_text, source = _option(config, "vramleak_warmup")
     try:
         warmup = int(str(warmup_text).strip())
@@ -250,6 +255,16 @@ def read_settings(config: pytest.Config) -> Settings:
     )
 
 
+def _unwritable(path: Path) -> str | None:
+    """Why a report could never be written at ``path`` (a folder there, a file where a folder must be), if so."""
+    if path.is_dir():
+        return "it is a folder"
+    for parent in path.absolute().parents:
+        if parent.exists():
+            return None if parent.is_dir() else f"{parent} is a file, not a folder"
+    return None
+
+
 def _saved_run_path(config: pytest.Config, name: str) -> Path:
     return config.rootpath / ".vramleak" / f"{name}.json"
 
@@ -264,6 +279,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{EXEMPT_MARKER}: exempt this test from the leak check of --vramleak.")
     config.stash[SETTINGS] = read_settings(config)
     config.stash[RESULTS] = []
+    config.stash[OUTPUT_ERRORS] = []
     config.stash[TRACKERS] = {}
     config.stash[FIXTURES] = []
     config.pluginmanager.register(_Recorder(config.stash[RESULTS]), "vramleak-recorder")
@@ -823,6 +839,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_sep("=", "vramleak summary")
         for line in lines:
             terminalreporter.write_line(line)
+    for error in config.stash.get(OUTPUT_ERRORS, []):
+        terminalreporter.write_line(f"vramleak: {error}", red=True, bold=True)
 
 
 LEFTOVERS = pytest.StashKey[list[dict[str, Any]]]()
@@ -844,20 +862,36 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     # One entry per test, the last reported: a test run again (a rerun plugin, a crashed xdist
     # worker's test re-run elsewhere) is listed once.
     results: list[dict[str, Any]] = list({r["nodeid"]: r for r in config.stash[RESULTS]}.values())
-    _write_markdown(config, results)
+    leftovers: list[dict[str, Any]] = config.stash[LEFTOVERS]
+    outputs: list[tuple[str, Callable[[], None]]] = [("the Markdown summary", lambda: _write_markdown(config, results))]
     if settings.save:
         figures = {
             r["nodeid"]: {name: r[name] for name in ("device", "peak_bytes", "end_bytes", "leaked_bytes")}
             for r in results
             if r["outcome"] != "unchecked"
         }
-        write_text_atomically(_saved_run_path(config, settings.save), json.dumps({"version": 1, "tests": figures}, indent=2) + "\n")
-    leftovers: list[dict[str, Any]] = config.stash[LEFTOVERS]
-    for path in settings.report_paths:
-        if is_html_path(path):
-            write_text_atomically(path, render_html(results, fixtures=leftovers, about=_about(config)))
+        path = _saved_run_path(config, settings.save)
+        outputs.append((f"the saved run to {path}", lambda: write_text_atomically(path, json.dumps({"version": 1, "tests": figures}, indent=2) + "\n")))
+    for report in settings.report_paths:
+        if is_html_path(report):
+            outputs.append((f"the HTML report to {report}", functools.partial(_write_html, config, report, results, leftovers)))
         else:
-            write_json(path, results, fixtures=leftovers)
+            outputs.append((f"the JSON report to {report}", functools.partial(write_json, report, results, fixtures=leftovers)))
+    errors = config.stash[OUTPUT_ERRORS]
+    for what, write in outputs:
+        try:
+            write()
+        except Exception as error:  # the others are still written; the summary says what failed
+            errors.append(f"could not write {what}: {type(error).__name__}: {error}")
+    if errors and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.USAGE_ERROR
+
+
+OUTPUT_ERRORS = pytest.StashKey[list[str]]()
+
+
+def _write_html(config: pytest.Config, path: str, results: list[dict[str, Any]], leftovers: list[dict[str, Any]]) -> None:
+    write_text_atomically(path, render_html(results, fixtures=leftovers, about=_about(config)))
 
 
 def _about(config: pytest.Config) -> dict[str, str]:

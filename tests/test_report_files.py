@@ -47,3 +47,36 @@ def test_a_finished_write_replaces_the_report_and_is_as_readable_as_other_files(
     assert target.read_text() == "{}\n"
     assert target.stat().st_mode & 0o777 == 0o644
     assert sorted(p.name for p in target.parent.iterdir()) == ["r.json"]
+
+
+@pytest.mark.parametrize(
+    ("path", "problem"),
+    [("folder", "it is a folder"), ("afile/r.json", "*afile is a file, not a folder"), ("afile/deeper/r.html", "*afile is a file, not a folder")],
+)
+def test_a_report_path_that_can_never_be_written_is_a_usage_error(pytester: pytest.Pytester, path: str, problem: str) -> None:
+    (pytester.path / "folder").mkdir()
+    (pytester.path / "afile").write_text("")
+    pytester.makepyfile(test_it="def test_it():\n    pass\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", f"--vramleak-report={path}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: --vramleak-report: cannot write a report to {path}: {problem}"])
+
+
+def test_a_report_that_cannot_be_written_at_the_end_is_said_and_fails_the_run(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pathlib, shutil, pytest
+
+        @pytest.mark.vram_budget
+        def test_replaces_the_report_folder_with_a_file():
+            shutil.rmtree("out", ignore_errors=True)
+            pathlib.Path("out").write_text("not a folder any more")
+        """
+    )
+    (pytester.path / "out").mkdir()
+    result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak-report=out/r.html", "--vramleak-report=r.json")
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stdout.fnmatch_lines(["vramleak: could not write the HTML report to out/r.html: *Error: *"])
+    assert (pytester.path / "r.json").exists()  # the other report is still written
+    result.stdout.no_fnmatch_line("*INTERNALERROR*")
