@@ -822,7 +822,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         )
     for leftover in config.stash.get(LEFTOVERS, []):
         lines.append(
-            f"fixture {leftover['fixture']!r} ({leftover['scope']} scope, {leftover['where']}) still holds "
+            f"fixture {leftover['fixture']!r} ({leftover['scope']} scope, {leftover['where']}"
+            + (f", worker {leftover['worker']}" if leftover.get("worker") else "")
+            + ") still holds "
             f"{format_size(leftover['bytes'])} it allocated, after its teardown"
         )
         lines += [f"    held by {chain}" for chain in leftover.get("held_by", [])]
@@ -857,7 +859,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     config.stash[LEFTOVERS] = _fixture_leftovers(config) + config.stash.get(WORKER_LEFTOVERS, [])
     workeroutput = getattr(config, "workeroutput", None)
     if workeroutput is not None:  # a pytest-xdist worker: the controller reports for it
-        workeroutput["vramleak_fixtures"] = config.stash[LEFTOVERS]
+        # Each worker sets up its own module- and session-scoped fixtures: say whose this is.
+        worker = getattr(config, "workerinput", {}).get("workerid")
+        workeroutput["vramleak_fixtures"] = [{**leftover, "worker": worker} for leftover in config.stash[LEFTOVERS]]
         return
     # One entry per test, the last reported: a test run again (a rerun plugin, a crashed xdist
     # worker's test re-run elsewhere) is listed once.
