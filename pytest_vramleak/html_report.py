@@ -18,6 +18,8 @@ OUTCOME_ORDER = {"leaked": 0, "over_budget": 1, "passed": 2, "unchecked": 3}
 CHAR_WIDTH = 7.3
 """Width of one character of the 12px monospace font the graphs use, in SVG units."""
 MAX_LABEL = 64
+MAX_GROUPS_DRAWN = 20
+"""Groups of leaked tensors drawn per test; a test that leaks thousands of shapes stays readable."""
 
 
 def is_html_path(path: str) -> bool:
@@ -288,7 +290,14 @@ def _section(result: Mapping[str, Any], anchor: str) -> str:
         )
     if result.get("trace"):
         parts.append(f'<p class="trace">allocator history saved to <code>{_escape(result["trace"])}</code> (open it at pytorch.org/memory_viz)</p>')
-    parts += [_group_html(group, f"{anchor}-{i}") for i, group in enumerate(result.get("tensors") or [])]
+    groups = result.get("tensors") or []
+    parts += [_group_html(group, f"{anchor}-{i}") for i, group in enumerate(groups[:MAX_GROUPS_DRAWN])]
+    if len(groups) > MAX_GROUPS_DRAWN:
+        rest = groups[MAX_GROUPS_DRAWN:]
+        parts.append(
+            f'<p class="more">… and {len(rest)} more groups of tensors, {_escape(_size(sum(int(g.get("bytes") or 0) for g in rest)))} '
+            "(all of them are in the JSON data of this page)</p>"
+        )
     parts.append("</section>")
     return "".join(parts)
 

@@ -168,3 +168,10 @@ def test_fixture_leftovers_are_listed_with_their_holders() -> None:
     (table,) = page.all("table", class_="fixtures")
     assert "t.REGISTRY[0].weight" in page.text["code"] and "257.0 KiB" in page.text["td"]
     assert page.text["div"][-1] == "bound it"
+
+
+def test_a_test_with_many_leaked_groups_draws_the_largest_and_counts_the_rest() -> None:
+    groups = [{"dtype": "float32", "shape": [n], "bytes": 4 * n, "held_by_paths": [[["t", "module"], [f".T{n}", "Tensor"]]]} for n in range(30, 0, -1)]
+    page = render_html([result("t.py::test_it", "leaked", leaked_bytes=1860, tensors=groups)])
+    assert len(Elements(page).all("svg", class_="graph")) == 20
+    assert "… and 10 more groups of tensors, 220 B" in page
