@@ -161,3 +161,27 @@ def test_it():
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["allocator history saved to *test_it.py_test_it.pickle*", "    allocated at test_it.py:8 in test_it()"])
     assert (pytester.path / "out" / "vramleak-traces" / "test_it.py_test_it.pickle").exists()
+
+
+def _leak_kinds() -> list[str]:
+    from .test_leak_kinds import LEAK_KINDS
+
+    return sorted(LEAK_KINDS)
+
+
+@pytest.mark.parametrize("kind", _leak_kinds())
+def test_every_cpu_leak_kind_is_caught_on_cuda_too(pytester: pytest.Pytester, kind: str) -> None:
+    """The end-to-end leak kinds of tests/test_leak_kinds.py, with every tensor made on the GPU."""
+    import textwrap
+
+    from .test_leak_kinds import LEAK_KINDS, literal
+
+    source, holder_line, diagnosis = LEAK_KINDS[kind]
+    text = "torch.set_default_device('cuda')\n" + textwrap.dedent(source)
+    site_line = next(n for n, line in enumerate((HEADER + text).splitlines(), 1) if line.endswith("# here"))
+    result = run(pytester, text, "-rf")
+    result.assert_outcomes(passed=1, failed=1)
+    expected = ["leaked * on cuda:0, allowed 0 B", "leaked tensors:", f"    allocated at test_it.py:{site_line} in *", f"*{literal(holder_line)}*"]
+    result.stdout.fnmatch_lines(expected)
+    if diagnosis is not None:
+        result.stdout.fnmatch_lines([f"    diagnosis: {literal(diagnosis)}"])
