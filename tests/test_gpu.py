@@ -185,3 +185,20 @@ def test_every_cpu_leak_kind_is_caught_on_cuda_too(pytester: pytest.Pytester, ki
     result.stdout.fnmatch_lines(expected)
     if diagnosis is not None:
         result.stdout.fnmatch_lines([f"    diagnosis: {literal(diagnosis)}"])
+
+
+def _not_leaks() -> list[str]:
+    from .test_tracking import NOT_LEAKS
+
+    return sorted(NOT_LEAKS)
+
+
+@pytest.mark.parametrize("kind", _not_leaks())
+def test_every_cpu_non_leak_passes_on_cuda_too(pytester: pytest.Pytester, kind: str) -> None:
+    """The non-leaks of tests/test_tracking.py, with every tensor made on the GPU."""
+    import textwrap
+
+    from .test_tracking import NOT_LEAKS
+
+    result = run(pytester, "torch.set_default_device('cuda')\n" + textwrap.dedent(NOT_LEAKS[kind]))
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
