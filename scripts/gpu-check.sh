@@ -10,9 +10,11 @@ sys.exit(0 if torch.cuda.is_available() else 1)
 PY
 out=$(mktemp -d)
 python3 -c 'import torch; print(f"gpu-check: {torch.cuda.get_device_name(0)}, {torch.cuda.device_count()} device(s), torch {torch.__version__}, CUDA {torch.version.cuda}")'
-timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests --vramleak-report="$out/gpu.json" > "$out/gpu.log" 2>&1
+parallel=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 4")
+# shellcheck disable=SC2086
+timeout 180 python3 -m pytest -q -p no:cacheprovider $parallel -m gpu tests --vramleak-report="$out/gpu.json" > "$out/gpu.log" 2>&1
 gpu_status=$?
-VRAMLEAK_EXAMPLES_DEVICE=cuda timeout 120 python3 -m pytest -q -p no:cacheprovider examples --vramleak-device=cuda --vramleak-report="$out/examples.json" > "$out/examples.log" 2>&1
+VRAMLEAK_EXAMPLES_DEVICE=cuda timeout 90 python3 -m pytest -q -p no:cacheprovider examples --vramleak-device=cuda --vramleak-report="$out/examples.json" > "$out/examples.log" 2>&1
 echo "gpu tests: $(tail -n 1 "$out/gpu.log")"
 echo "examples on cuda: $(tail -n 1 "$out/examples.log")"
 python3 - "$out/examples.json" <<'PY'
