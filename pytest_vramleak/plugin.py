@@ -46,7 +46,7 @@ from .sizes import SizeError, format_size, parse_size
 from .census import StorageKey
 from .snapshot import Snapshot, describe, diff, memory_contents, take_snapshot
 from .history import AllocatorHistory
-from .sites import SiteRecorder, Sites, SiteSource
+from .sites import SiteRecorder, Sites, SiteSource, release_resident_mode
 from .steps import StepResult, StepWatcher
 from .tracker import Tracker
 from .verdict import Budget, BudgetVerdict, Increase, judge_budget, judge_increase, parse_increase
@@ -853,6 +853,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
     for tracker in config.stash.get(TRACKERS, {}).values():
         tracker.end()  # never leave the heap frozen behind a session
+    release_resident_mode()
     settings = config.stash.get(SETTINGS, None)
     if settings is None:
         return

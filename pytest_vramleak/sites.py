@@ -122,6 +122,31 @@ def _untyped_storage(tensor: Any) -> Any:
     return torch._C.TensorBase.untyped_storage(tensor)
 
 
+_resident: list[Any] = []
+"""The recording mode left on torch's function mode stack between checks, at most one: the mode
+stack is the process's, and so is this."""
+
+
+def _ignore(value: Any, frame: types.FrameType) -> None:
+    return None
+
+
+def _top_mode() -> Any:
+    from torch import overrides
+
+    current_stack: Any = overrides._get_current_function_mode_stack
+    stack = current_stack()
+    return stack[-1] if stack else None
+
+
+def release_resident_mode() -> None:
+    """Take the recording mode left between checks off torch's mode stack (as a session ends)."""
+    while _resident:
+        mode = _resident.pop()
+        if _top_mode() is mode:
+            mode.__exit__(None, None, None)
+
+
 def _compiled_anything() -> bool:
     """Whether torch.compile has compiled code in this process (without importing dynamo)."""
     utils = sys.modules.get("torch._dynamo.utils")
@@ -177,8 +202,12 @@ class SiteRecorder:
         self._on_stack = False
 
     def __enter__(self) -> SiteRecorder:
-        self._mode = _recording_mode()(self._note)
-        self._mode.__enter__()
+        if _resident and _top_mode() is _resident[-1]:
+            self._mode = _resident.pop()  # left on the stack by the previous check: record with it
+            self._mode.note, self._mode.recording = self._note, True
+        else:
+            self._mode = _recording_mode()(self._note)
+            self._mode.__enter__()
         self._on_stack = True
         return self
 
@@ -197,7 +226,13 @@ class SiteRecorder:
     def __exit__(self, *exc_info: object) -> None:
         mode, self._mode = self._mode, None
         if mode is not None and self._on_stack:
-            mode.__exit__(*exc_info)
+            if _compiled_anything() and _top_mode() is mode:
+                # Compiled code is guarded on the mode stack: a stack that changed between
+                # checked and unchecked code would recompile it. Stay, recording nothing.
+                mode.note, mode.recording = _ignore, False
+                _resident.append(mode)
+            else:
+                mode.__exit__(*exc_info)
         self._paused = self._on_stack = False
 
     def pause(self) -> None:

@@ -282,6 +282,9 @@ def test_compiled_code_in_checked_tests_is_not_blamed_slowed_or_warned_about(pyt
         def test_compiled(n):
             project(torch.ones(4, 256))
 
+        def test_unchecked():  # the same mode stack as in checked tests: no recompilation
+            project(torch.ones(4, 256))
+
         def test_compiled_steps(vramleak):
             # the recorder stops recording after the first measured steps, without leaving the
             # torch function mode stack that compiled code is guarded on
@@ -292,12 +295,14 @@ def test_compiled_code_in_checked_tests_is_not_blamed_slowed_or_warned_about(pyt
             assert not counters["graph_break"]
         """
     )
+    modes_before = torch.overrides._get_current_function_mode_stack()
     try:
         result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", "-W", "error")
     finally:
         torch._dynamo.reset()
         torch._dynamo.config.error_on_recompile = False
-    result.assert_outcomes(passed=5)
+    result.assert_outcomes(passed=6)
+    assert torch.overrides._get_current_function_mode_stack() == modes_before  # nothing left behind the session
 
 
 def test_a_failed_tests_frames_are_freed_before_the_next_checked_test(pytester: pytest.Pytester) -> None:
