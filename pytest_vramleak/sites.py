@@ -132,19 +132,38 @@ def _ignore(value: Any, frame: types.FrameType) -> None:
 
 
 def _top_mode() -> Any:
-    from torch import overrides
+    import torch
 
-    current_stack: Any = overrides._get_current_function_mode_stack
-    stack = current_stack()
+    overrides: Any = torch.overrides
+    stack = overrides._get_current_function_mode_stack()
     return stack[-1] if stack else None
 
 
 def release_resident_mode() -> None:
     """Take the recording mode left between checks off torch's mode stack (as a session ends)."""
     while _resident:
-        mode = _resident.pop()
+        _leave(_resident.pop())
+
+
+def _leave(mode: Any) -> None:
+    """Take ``mode`` off torch's function mode stack, wherever it is in it.
+
+    ``TorchFunctionMode.__exit__`` pops whatever is on top: if the test entered a mode of its own
+    and left it there, that would take the test's mode off and leave ours. Modes above ours are
+    put back as they were (as torch does for its default-device mode).
+    """
+    import torch
+
+    overrides: Any = torch.overrides
+    above: list[Any] = []
+    try:
+        while overrides._get_current_function_mode_stack() and _top_mode() is not mode:
+            above.append(overrides._pop_mode())
         if _top_mode() is mode:
-            mode.__exit__(None, None, None)
+            overrides._pop_mode()
+    finally:
+        for other in reversed(above):
+            overrides._push_mode(other)
 
 
 def _compiled_anything() -> bool:
@@ -232,7 +251,8 @@ class SiteRecorder:
                 mode.note, mode.recording = _ignore, False
                 _resident.append(mode)
             else:
-                mode.__exit__(*exc_info)
+                mode.note = _ignore  # should a test have held on to the mode, it keeps no record
+                _leave(mode)
         self._paused = self._on_stack = False
 
     def pause(self) -> None:
@@ -244,13 +264,10 @@ class SiteRecorder:
         """
         if self._mode is None or self._paused:
             return
-        if _compiled_anything():
-            self._mode.recording = False
+        if _compiled_anything() or _top_mode() is not self._mode:
+            self._mode.recording = False  # (a mode the test entered sits above ours: stay under it)
         else:
-            try:
-                self._mode.__exit__(None, None, None)
-            except Exception:  # another mode entered since sits above ours: keep recording
-                return
+            _leave(self._mode)
             self._on_stack = False
         self._paused = True
 

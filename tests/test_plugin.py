@@ -637,3 +637,34 @@ def test_bad_compare_options_are_usage_errors(pytester: pytest.Pytester, args: l
     result = pytester.runpytest("-p", "no:cacheprovider", *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])
+
+
+def test_a_mode_the_test_leaves_entered_stays_and_the_site_recorder_leaves(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        from torch.overrides import TorchFunctionMode
+
+        class Counting(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                return func(*args, **(kwargs or {}))
+
+        @pytest.mark.vram_budget
+        def test_enters_a_mode_and_keeps_it():
+            Counting().__enter__()
+            torch.ones(2)
+
+        def test_the_mode_is_still_there_and_alone():
+            stack = torch.overrides._get_current_function_mode_stack()
+            assert [type(mode).__name__ for mode in stack] == ["Counting"]
+        """
+    )
+    import torch
+
+    depth = len(torch.overrides._get_current_function_mode_stack())
+    try:
+        result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
+    finally:
+        while len(torch.overrides._get_current_function_mode_stack()) > depth:
+            torch.overrides._pop_mode()  # the test's own mode, which it never left
+    result.assert_outcomes(passed=2)
