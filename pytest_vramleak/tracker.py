@@ -24,8 +24,9 @@ by an older one is still new, and a storage that grew in place (``resize_``) cou
 Between tests nothing is frozen: the index is rebuilt with a full walk whenever tracking stops
 for a while (untracked tests ran in between), and when anyone else froze the heap.
 
-Ages. :meth:`Tracker.begin` also notes which storages are alive as the test's setup starts, so a
-view marks each storage ``young`` (made since) or not. A leak on CPU is growth: new storages less
+Ages. :meth:`Tracker.begin` also notes which storages are alive as the test's setup starts (the
+previous checked test's last view, when nothing untracked ran since; else a view then), so a view
+marks each storage ``young`` (made since) or not. A leak on CPU is growth: new storages less
 older ones the test freed (a replaced gradient, an evicted cache entry). Young storages that die
 (what a function-scoped fixture made in setup and frees at teardown) never offset anything, and
 neither can garbage older than the test, which stays frozen, and so alive, while it runs. Where
@@ -76,8 +77,10 @@ class Tracker:
         self.stale = True
         """Set when code ran untracked since :meth:`end`: the next :meth:`begin` rebuilds the index."""
         self._index: dict[int, weakref.ref[Any]] = {}
-        self._at_begin: dict[int, weakref.ref[Any]] = {}
+        self._at_begin: dict[int, Record] = {}
         """The storages alive on the device when :meth:`begin` froze the heap: those older than the test."""
+        self._last_view: View | None = None
+        """The latest view of the tracker's device; weak references only."""
         self._froze = False
         self._begun = False
 
@@ -93,14 +96,19 @@ class Tracker:
             # Young garbage (what earlier tests dropped in reference cycles) goes now, cheaply,
             # rather than staying frozen, and in memory, for the whole test.
             gc.collect(1)
-        if self.stale or frozen_by_others:
+        rebuilt = self.stale or frozen_by_others
+        if rebuilt:
             self._rebuild()
         self._begun = True
         if not frozen_by_others:
             gc.freeze()
             self._froze = True
             FREEZERS.add(self)
-            self._at_begin = {ident: record.ref for ident, record in self._read(self.device).storages.items()}
+            # What the storages were as the test began: the last view, taken as the previous
+            # checked test ended, when only tracked code ran since (a storage made after it counts
+            # as young, which only ever keeps it from offsetting); else a view now.
+            last = None if rebuilt else self._last_view
+            self._at_begin = (last if last is not None else self._read(self.device)).storages
 
     def end(self) -> None:
         """Unfreeze the heap; what the test left is indexed and stays tracked."""
@@ -199,7 +207,8 @@ class Tracker:
                 return
             if pointer and nbytes and id(storage) not in storages:
                 before = at_begin.get(id(storage))  # young unless this very storage was alive at begin
-                storages[id(storage)] = Record(weakref.ref(storage), nbytes, (str(device), pointer), before is None or before() is not storage)
+                young = before is None or before.ref() is not storage
+                storages[id(storage)] = Record(weakref.ref(storage), nbytes, (str(device), pointer), young)
 
         with torch._C.DisableTorchFunctionSubclass():
             for ident, ref in self._index.items():
@@ -226,4 +235,6 @@ class Tracker:
             graph_roots.clear()
         for ident in dead:
             del self._index[ident]
+        if device_name == self.device:
+            self._last_view = view
         return view

@@ -73,6 +73,10 @@ LEAKS = {
             buffers.clear()
 
         @pytest.mark.vram_budget
+        def test_before():  # checked: the next test's setup starts from this test's last view
+            pass
+
+        @pytest.mark.vram_budget
         def test_it(scratch):
             KEPT.append(torch.ones(1024))
         """,
@@ -124,6 +128,11 @@ NOT_LEAKS = {
     "gradients_replaced_on_a_shared_model": """
         MODEL = torch.nn.Linear(64, 64)
         MODEL(torch.ones(2, 64)).sum().backward()  # gradients exist before the test
+
+        @pytest.mark.vram_budget
+        def test_before():  # checked: the next test's setup starts from this test's last view
+            MODEL.zero_grad()
+            MODEL(torch.ones(2, 64)).sum().backward()
 
         @pytest.mark.vram_budget
         def test_it():
