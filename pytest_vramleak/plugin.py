@@ -561,8 +561,11 @@ def _cycle_bytes(check: Check) -> int:
     meter, tracker, baseline = check.meter, check.tracker, check.baseline
     assert meter is not None and tracker is not None and baseline is not None
     pending = take_snapshot(meter=meter, tracker=tracker, settle=False)
+    new = pending.new_since(baseline)
+    if not new:  # nothing the body made is alive, in a cycle or otherwise: no second view
+        return 0
     collected = take_snapshot(meter=meter, tracker=tracker)
-    return sum(pending.storages[key] for key in pending.new_since(baseline) if not pending.holds_same(key, collected))
+    return sum(pending.storages[key] for key in new if not pending.holds_same(key, collected))
 
 
 def _judge(item: pytest.Item, check: Check) -> str | None:
