@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .sizes import format_size
+from .report import leaked_figure, shape_text, size_text
 
 OUTCOME_ORDER = {"leaked": 0, "over_budget": 1, "passed": 2, "unchecked": 3}
 CHAR_WIDTH = 7.3
@@ -29,12 +29,6 @@ def is_html_path(path: str) -> bool:
 
 def _escape(text: object) -> str:
     return html.escape(str(text), quote=True)
-
-
-def _size(value: int | None) -> str:
-    if value is None:
-        return "—"
-    return ("-" + format_size(-value)) if value < 0 else format_size(value)
 
 
 def _clip(text: str, limit: int = MAX_LABEL) -> str:
@@ -80,7 +74,7 @@ def step_chart(warmup_steps: Sequence[int], steps: Sequence[int], *, title: str 
     ticks = sorted({low, 0, high})
     for tick in ticks:
         parts.append(f'<line class="{"zero" if tick == 0 else "grid"}" x1="{left}" x2="{left + plot_width}" y1="{y(tick):.1f}" y2="{y(tick):.1f}"/>')
-        parts.append(f'<text class="tick" x="{left - 8}" y="{y(tick) + 4:.1f}" text-anchor="end">{_escape(_size(tick))}</text>')
+        parts.append(f'<text class="tick" x="{left - 8}" y="{y(tick) + 4:.1f}" text-anchor="end">{_escape(size_text(tick))}</text>')
     stride = max(1, (count + 11) // 12)
     for index in range(0, count, stride):
         parts.append(f'<text class="tick" x="{x(index):.1f}" y="{top + plot_height + 18}" text-anchor="middle">{index + 1}</text>')
@@ -91,7 +85,7 @@ def step_chart(warmup_steps: Sequence[int], steps: Sequence[int], *, title: str 
         phase = "warm-up step" if index < warm else "step"
         parts.append(
             f'<circle class="{"point warm" if index < warm else "point"}" cx="{x(index):.1f}" cy="{y(value):.1f}" r="3.5">'
-            f"<title>{phase} {index + 1}: {_escape(_size(value))} above the warm-up baseline</title></circle>"
+            f"<title>{phase} {index + 1}: {_escape(size_text(value))} above the warm-up baseline</title></circle>"
         )
     parts.append("</svg>")
     return "".join(parts)
@@ -213,27 +207,26 @@ def retention_graph(paths: Sequence[Sequence[Sequence[str]]], target: str, *, id
 
 
 def _group_target(group: Mapping[str, Any]) -> str:
-    shape = "[" + ", ".join(str(s) for s in group.get("shape", [])) + "]"
-    return f"{group.get('dtype', '?')}{shape}"
+    return f"{group.get('dtype', '?')}{shape_text(group.get('shape', []))}"
 
 
 def _figures(result: Mapping[str, Any]) -> str:
     figures = [f"device {result.get('device') or '—'}"]
     budget = result.get("budget") or {}
     if result.get("baseline_bytes") is not None:
-        figures.append(f"baseline {_size(result['baseline_bytes'])}")
+        figures.append(f"baseline {size_text(result['baseline_bytes'])}")
     if result.get("end_bytes") is not None:
-        figures.append(f"after teardown {_size(result['end_bytes'])}")
+        figures.append(f"after teardown {size_text(result['end_bytes'])}")
     if result.get("leaked_bytes") is not None:
-        allowed = f" (allowed {_size(budget['leak'])})" if budget.get("leak") is not None else ""
-        figures.append(f"leaked {_size(result['leaked_bytes'])}{allowed}")
+        allowed = f" (allowed {size_text(budget['leak'])})" if budget.get("leak") is not None else ""
+        figures.append(f"leaked {size_text(result['leaked_bytes'])}{allowed}")
     if result.get("peak_bytes") is not None:
-        allowed = f" (budget {_size(budget['peak'])})" if budget.get("peak") is not None else ""
-        figures.append(f"peak above baseline {_size(result['peak_bytes'])}{allowed}")
+        allowed = f" (budget {size_text(budget['peak'])})" if budget.get("peak") is not None else ""
+        figures.append(f"peak above baseline {size_text(result['peak_bytes'])}{allowed}")
     if result.get("growth_bytes") is not None:
-        figures.append(f"grew {_size(result['growth_bytes'])} across the measured steps")
+        figures.append(f"grew {size_text(result['growth_bytes'])} across the measured steps")
     if result.get("cycle_bytes"):
-        figures.append(f"{_size(result['cycle_bytes'])} lived in reference cycles until collected")
+        figures.append(f"{size_text(result['cycle_bytes'])} lived in reference cycles until collected")
     return " · ".join(_escape(f) for f in figures)
 
 
@@ -251,11 +244,6 @@ def _group_html(group: Mapping[str, Any], ident: str) -> str:
         parts.append('<ul class="diagnoses">' + "".join(f"<li>{_escape(d)}</li>" for d in group["diagnoses"]) + "</ul>")
     parts.append("</div>")
     return "".join(parts)
-
-
-def _leaked(result: Mapping[str, Any]) -> int:
-    """What a test leaked: its bytes left after teardown, or its growth across steps."""
-    return int(result.get("leaked_bytes") or result.get("growth_bytes") or 0)
 
 
 def _has_details(result: Mapping[str, Any]) -> bool:
@@ -295,7 +283,7 @@ def _section(result: Mapping[str, Any], anchor: str) -> str:
     if len(groups) > MAX_GROUPS_DRAWN:
         rest = groups[MAX_GROUPS_DRAWN:]
         parts.append(
-            f'<p class="more">… and {len(rest)} more groups of tensors, {_escape(_size(sum(int(g.get("bytes") or 0) for g in rest)))} '
+            f'<p class="more">… and {len(rest)} more groups of tensors, {_escape(size_text(sum(int(g.get("bytes") or 0) for g in rest)))} '
             "(all of them are in the JSON data of this page)</p>"
         )
     parts.append("</section>")
@@ -324,7 +312,7 @@ def _row(result: Mapping[str, Any], anchor: str | None) -> str:
     ]
     for key in ("baseline_bytes", "peak_bytes", "leaked_bytes", "growth_bytes"):
         value = result.get(key)
-        cells.append(f'<td class="number" data-value="{_signed_figure(value)}">{_escape(_size(value))}</td>')
+        cells.append(f'<td class="number" data-value="{_signed_figure(value)}">{_escape(size_text(value))}</td>')
     cells.append(
         f'<td data-value="{OUTCOME_ORDER.get(outcome, 9)}"{reason}><span class="badge {outcome}">{_escape(_outcome_text(outcome))}</span></td>'
     )
@@ -345,10 +333,10 @@ def render_html(
     fixtures = list(fixtures)
     checked = [r for r in results if r["outcome"] != "unchecked"]
     counts = {outcome: sum(1 for r in results if r["outcome"] == outcome) for outcome in OUTCOME_ORDER}
-    leaked_total = sum(_leaked(r) for r in results if r["outcome"] == "leaked")
+    leaked_total = sum(leaked_figure(r) for r in results if r["outcome"] == "leaked")
     anchors = {r["nodeid"]: f"test-{i}" for i, r in enumerate(results) if _has_details(r)}
     # Failures first, the largest leak first among them, as in the terminal summary.
-    ordered = sorted((r for r in results if r["nodeid"] in anchors), key=lambda r: (OUTCOME_ORDER.get(r["outcome"], 9), -_leaked(r), r["nodeid"]))
+    ordered = sorted((r for r in results if r["nodeid"] in anchors), key=lambda r: (OUTCOME_ORDER.get(r["outcome"], 9), -leaked_figure(r), r["nodeid"]))
     headline = (
         f"{counts['leaked']} leaked, {counts['over_budget']} over budget of {len(checked)} checked tests"
         if counts["leaked"] or counts["over_budget"]
@@ -359,7 +347,7 @@ def render_html(
         ("leaked", counts["leaked"], "leaked"),
         ("over budget", counts["over_budget"], "over_budget"),
         ("unchecked", counts["unchecked"], "unchecked"),
-        ("leaked in all", _size(leaked_total), "leaked" if leaked_total else ""),
+        ("leaked in all", size_text(leaked_total), "leaked" if leaked_total else ""),
     ]
     about_items = "".join(f"<li><span>{_escape(k)}</span> {_escape(v)}</li>" for k, v in (about or {}).items())
     parts = [
@@ -386,7 +374,7 @@ def render_html(
         parts.append("<th>fixture</th><th>scope</th><th>where</th><th>bytes</th><th>held by</th></tr></thead><tbody>")
         parts += [
             f"<tr><td><code>{_escape(f['fixture'])}</code></td><td>{_escape(f['scope'])}</td>"
-            f'<td><code>{_escape(f["where"])}</code></td><td class="number">{_escape(_size(f["bytes"]))}</td>'
+            f'<td><code>{_escape(f["where"])}</code></td><td class="number">{_escape(size_text(f["bytes"]))}</td>'
             "<td>"
             + "<br>".join(f"<code>{_escape(chain)}</code>" for chain in f.get("held_by", []))
             + "".join(f'<div class="diagnosis">{_escape(finding)}</div>' for finding in f.get("diagnoses", []))

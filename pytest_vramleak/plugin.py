@@ -41,7 +41,7 @@ from .devices import (
 )
 from .html_report import is_html_path, render_html
 from .release import PercentError, ReleaseScheduler, parse_percent
-from .report import TestResult, render_markdown, write_json, write_text_atomically
+from .report import TestResult, leaked_figure, render_markdown, write_json, write_text_atomically
 from .sizes import SizeError, format_size, parse_size
 from .census import StorageKey
 from .snapshot import Snapshot, describe, diff, memory_contents, take_snapshot
@@ -797,14 +797,11 @@ def _offenders(results: list[dict[str, Any]], verbosity: int) -> list[str]:
     """The tests that leaked most, and with ``-v`` the highest peaks: five of each, all with ``-vv``."""
     shown = None if verbosity > 1 else 5
     lines = []
-    def leaked(result: dict[str, Any]) -> int:
-        return int(result.get("leaked_bytes") or result.get("growth_bytes") or 0)
-
-    leaks = sorted((r for r in results if r["outcome"] == "leaked" and leaked(r)), key=lambda r: -leaked(r))
+    leaks = sorted((r for r in results if r["outcome"] == "leaked" and leaked_figure(r)), key=lambda r: -leaked_figure(r))
     if leaks:
         lines.append("largest leaks:")
         lines += [
-            f"  {format_size(leaked(r)):>10}  {r['nodeid']} ({r['device']}"
+            f"  {format_size(leaked_figure(r)):>10}  {r['nodeid']} ({r['device']}"
             + (", grew across steps)" if not r.get("leaked_bytes") else ")")
             for r in leaks[:shown]
         ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +13,21 @@ from .sizes import format_size
 
 REPORT_VERSION = 1
 MAX_GROUPS_SHOWN = 10
+
+
+def size_text(value: int | None) -> str:
+    """A figure for a table: its size, or a dash where it was not measured."""
+    return "—" if value is None else format_size(value)
+
+
+def shape_text(shape: Iterable[int]) -> str:
+    """A tensor shape as reports write it: ``[2, 512]``."""
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def leaked_figure(result: Mapping[str, Any]) -> int:
+    """What a test in the report leaked: its bytes left after teardown, or its growth across steps."""
+    return int(result.get("leaked_bytes") or result.get("growth_bytes") or 0)
 
 
 def render_groups(groups: Sequence[Any]) -> str:
@@ -87,9 +102,6 @@ def render_markdown(results: Sequence[dict[str, Any]]) -> str:
     if not failing:
         return f"## vramleak: all {len(checked)} checked tests kept within their budgets\n"
 
-    def size(value: int | None) -> str:
-        return "—" if value is None else format_size(value)
-
     lines = [
         f"## vramleak: {len(failing)} of {len(checked)} checked tests leaked or went over budget",
         "",
@@ -97,16 +109,15 @@ def render_markdown(results: Sequence[dict[str, Any]]) -> str:
         "| --- | --- | --- | --- | --- |",
     ]
     lines += [
-        f"| `{r['nodeid']}` | {r['device']} | {r['outcome'].replace('_', ' ')} | {size(r.get('leaked_bytes'))} | {size(r.get('peak_bytes'))} |"
+        f"| `{r['nodeid']}` | {r['device']} | {r['outcome'].replace('_', ' ')} | {size_text(r.get('leaked_bytes'))} | {size_text(r.get('peak_bytes'))} |"
         for r in failing
     ]
     holders = [(r["nodeid"], group) for r in failing for group in r.get("tensors", [])]
     if holders:
         lines += ["", "<details><summary>What holds the leaked tensors</summary>", ""]
         for nodeid, group in holders:
-            shape = "[" + ", ".join(str(d) for d in group["shape"]) + "]"
             held = group["held_by"][0] if group["held_by"] else "no chain found"
-            lines.append(f"- `{nodeid}`: {group['dtype']}{shape}, {format_size(group['bytes'])}, held by `{held}`")
+            lines.append(f"- `{nodeid}`: {group['dtype']}{shape_text(group['shape'])}, {format_size(group['bytes'])}, held by `{held}`")
         lines += ["", "</details>"]
     return "\n".join(lines) + "\n"
 

@@ -26,7 +26,7 @@ from .census import Found, StorageKey, live_tensors, take_census, walk, whole_he
 from .devices import Meter, make_meter, resolve_device
 from .diagnosis import diagnose
 from .referrers import holder_paths, without_python_holders
-from .report import render_groups
+from .report import render_groups, shape_text
 from .sizes import format_size
 from .sites import SiteSource, describe_stack
 from .tracker import Tracker
@@ -53,7 +53,8 @@ class Snapshot:
     """Weak references to the storages, so a later storage at a reused address is told apart."""
     young: frozenset[StorageKey] = frozenset()
     """Storages made since a checked test's setup began (its fixtures'): their freeing never
-    offsets a leak. Without a tracker that knows ages, every storage counts as young."""
+    offsets a leak. Through a tracker that cannot tell ages every storage counts as young; in a
+    snapshot taken without a tracker, none does."""
 
     @property
     def storage_keys(self) -> frozenset[StorageKey]:
@@ -122,7 +123,7 @@ class TensorGroup:
 
     def title(self) -> str:
         """One line: what the tensors are, how many, how many bytes."""
-        shape = "[" + ", ".join(str(s) for s in self.shape) + "]"
+        shape = shape_text(self.shape)
         if self.kind == "graph":
             return (
                 f"autograd graph of a {self.dtype}{shape} tensor on {self.device}: "

@@ -61,7 +61,7 @@ class Record(NamedTuple):
     nbytes: int
     key: StorageKey
     young: bool = False
-    """Reached only from tensors created since :meth:`Tracker.begin` (the test's setup, body or teardown)."""
+    """Not alive when :meth:`Tracker.begin` froze the heap: made during the test's setup, body or teardown."""
 
 
 @dataclass
