@@ -75,12 +75,31 @@ def test_layer_norm_{seed}():
 
 TESTS_PER_MODULE = 12
 
+# Tensors alive for the whole session that the tests never touch, as real suites keep them: a
+# third in module-level layers, a third in a session-scoped model, a third as small tensors (a
+# lookup table, parametrize values, a dataset held as tensors).
+LIVE_TENSORS = """
+import pytest
+import torch
 
-def write_suite(folder: Path, tests: int = 180) -> int:
-    """Write ``tests`` small tests (rounded up to whole modules) into ``folder``; return how many."""
+LIVE = {live}
+LAYERS = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(LIVE // 6))
+SMALL = [torch.full((4,), float(index)) for index in range(LIVE // 3)]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_model():
+    return torch.nn.Sequential(*(torch.nn.Linear(4, 4) for _ in range(LIVE // 6)))
+"""
+
+
+def write_suite(folder: Path, tests: int = 180, live: int = 0) -> int:
+    """Write ``tests`` small tests (rounded up to whole modules) into ``folder``, with ``live``
+    tensors held outside them by a conftest; return how many tests."""
     folder.mkdir(parents=True, exist_ok=True)
     modules = -(-tests // TESTS_PER_MODULE)
     for index in range(modules):
         (folder / f"test_suite_{index:03d}.py").write_text(textwrap.dedent(MODULE.format(seed=index)))
     (folder / "pytest.ini").write_text("[pytest]\n")
+    (folder / "conftest.py").write_text(LIVE_TENSORS.format(live=live) if live else "")
     return modules * TESTS_PER_MODULE

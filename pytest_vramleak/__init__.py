@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .check import CheckResult, LeakCheck, Rules
 from .sizes import SizeError, format_size, parse_size
 from .snapshot import Leak, Snapshot, TensorGroup, diff, take_snapshot
 from .steps import StepResult, StepWatcher
@@ -11,6 +12,9 @@ from .verdict import Budget, GrowthVerdict, judge_budget, judge_growth
 
 __all__ = [
     "Budget",
+    "CheckResult",
+    "LeakCheck",
+    "Rules",
     "GrowthVerdict",
     "Leak",
     "SizeError",

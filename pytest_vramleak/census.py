@@ -4,9 +4,11 @@ gc sees Python tensor objects, but not everything that keeps storage alive: grad
 C++ until Python asks for them, and the tensors an autograd graph saves for backward are reachable
 only through ``grad_fn`` nodes. The census walks all three, and counts each storage once (keyed by
 device and data pointer), because a small view of a big tensor keeps the whole storage alive.
+Sparse tensors have no storage of their own: their indices and values are counted. A storage
+object kept without any tensor (``t.untyped_storage()``, ``t.storage()``) is counted too.
 
 Nothing here touches an object through its Python class: tensors are recognised by ``type()``, and
-their storage is read with subclass ``__torch_function__`` overrides disabled, so no user code runs.
+their storage is read with ``__torch_function__`` overrides and modes disabled, so no user code runs.
 """
 
 from __future__ import annotations
@@ -65,25 +67,38 @@ def whole_heap() -> Iterator[None]:
     if gc.get_freeze_count() == 0:
         yield
         return
-    for tracker in list(FREEZERS):
+    freezers = list(FREEZERS)
+    for tracker in freezers:
         tracker.index_young()
     gc.unfreeze()
     try:
         yield
     finally:
         gc.freeze()
+        for tracker in freezers:
+            tracker.refrozen()
 
 
-def tensor_types() -> list[type]:
-    """``torch.Tensor`` and every subclass of it defined so far."""
+def _subclasses(*roots: type) -> list[type]:
     found: list[type] = []
-    pending: list[type] = [_torch().Tensor]
+    pending = list(roots)
     while pending:
         cls = pending.pop()
         if cls not in found:
             found.append(cls)
             pending.extend(type.__subclasses__(cls))
     return found
+
+
+def tensor_types() -> list[type]:
+    """``torch.Tensor`` and every subclass of it defined so far."""
+    return _subclasses(_torch().Tensor)
+
+
+def storage_types() -> list[type]:
+    """The Python storage classes (``UntypedStorage``, ``TypedStorage`` and the legacy typed ones)."""
+    torch = _torch()
+    return _subclasses(torch.UntypedStorage, torch.storage.TypedStorage)
 
 
 def live_tensors() -> list[Any]:
@@ -102,33 +117,124 @@ def live_tensors() -> list[Any]:
         del referrers
 
 
+# The tensors a sparse layout keeps its data in, read in place of a storage it does not have.
+_SPARSE_PARTS = {
+    "torch.sparse_coo": ("_indices", "_values"),
+    "torch.sparse_csr": ("crow_indices", "col_indices", "values"),
+    "torch.sparse_bsr": ("crow_indices", "col_indices", "values"),
+    "torch.sparse_csc": ("ccol_indices", "row_indices", "values"),
+    "torch.sparse_bsc": ("ccol_indices", "row_indices", "values"),
+}
+# A strided nested tensor keeps the sizes, strides and offsets of its components in tensors of its own.
+_NESTED_PARTS = ("_nested_tensor_size", "_nested_tensor_strides", "_nested_tensor_storage_offsets")
+
+
+def tensor_storages(tensor: Any) -> list[Any]:
+    """The untyped storages that hold ``tensor``'s data: one for a strided tensor, the index and
+    value storages of a sparse one, the buffer and metadata of a nested one, none for a wrapper
+    or meta tensor. Call with torch function handling disabled."""
+    base = _torch()._C.TensorBase
+    try:
+        storage = base.untyped_storage(tensor)
+    except Exception:  # sparse tensors and wrapper subclasses have no storage to read
+        try:
+            parts = _SPARSE_PARTS.get(str(base.layout.__get__(tensor)))
+        except Exception:
+            return []
+        found = []
+        for name in parts or ():
+            try:
+                found.append(base.untyped_storage(getattr(base, name)(tensor)))
+            except Exception:
+                continue
+        return found
+    try:
+        nested = base.is_nested.__get__(tensor)
+    except Exception:
+        nested = False
+    if not nested:
+        return [storage]
+    found = [storage]
+    for name in _NESTED_PARTS:
+        try:
+            found.append(base.untyped_storage(getattr(base, name)(tensor)))
+        except Exception:
+            continue
+    return found
+
+
+def storage_of_storage_object(obj: Any) -> Any | None:
+    """The untyped storage a Python storage object (``UntypedStorage`` or ``TypedStorage``) stands for."""
+    torch = _torch()
+    if issubclass(type(obj), torch.UntypedStorage):
+        return obj
+    namespace = type.__dict__["__dict__"].__get__(type(obj)).get("__dict__")
+    try:
+        values = namespace.__get__(obj) if namespace is not None else None
+    except Exception:
+        return None
+    inner = values.get("_untyped_storage") if type(values) is dict else None
+    return inner if inner is not None and issubclass(type(inner), torch.UntypedStorage) else None
+
+
+def storage_facts(storage: Any, *, empty: bool = False) -> tuple[str, int, int] | None:
+    """``(device, data pointer, bytes)`` of an untyped storage, or None for one that holds no
+    memory (empty, unless ``empty`` asks for those too, or on the meta device, as the fake tensors
+    of ``torch.compile`` are: their data pointer is never read, since reading it warns)."""
+    try:
+        device = storage.device
+        kind, index = device.type, device.index
+        if kind == "meta":
+            return None
+        nbytes = storage.nbytes()
+        pointer = storage.data_ptr() if nbytes else 0
+    except Exception:
+        return None
+    if (not pointer or not nbytes) and not (empty and not nbytes):
+        return None
+    name = _device_names.get((kind, index))
+    if name is None:
+        name = _device_names[(kind, index)] = str(device)  # str(torch.device) costs more than the rest
+    return name, pointer, nbytes
+
+
+_device_names: dict[tuple[str, int | None], str] = {}
+
+
 @dataclass(frozen=True)
 class Found:
-    """One tensor the census met, and how it was reached."""
+    """One tensor (or storage object) the census met, and how it was reached."""
 
     key: StorageKey
     nbytes: int
     tensor: Any
     via: str = "gc"
-    """``"gc"`` for a Python-visible tensor, ``"grad"`` for a gradient, ``"graph"`` for a saved tensor."""
+    """``"gc"`` for a Python-visible tensor, ``"grad"`` for a gradient, ``"graph"`` for a saved tensor,
+    ``"storage"`` for a storage object kept without a tensor (``tensor`` is then that object)."""
     owner: Any = None
     """For ``"grad"`` and ``"graph"``: the Python-visible tensor that keeps this one alive."""
+    storage: Any = None
+    """The untyped storage object at ``key``."""
 
 
 def storage_key(tensor: Any) -> tuple[StorageKey, int] | None:
-    """The key and size of ``tensor``'s storage, or None where it has none (sparse, meta, wrappers)."""
+    """The key and size of ``tensor``'s (first) storage, or None where it has none (meta, wrappers)."""
     torch = _torch()
-    try:
-        with torch._C.DisableTorchFunctionSubclass():
-            storage = torch._C.TensorBase.untyped_storage(tensor)
-            pointer = storage.data_ptr()
-            nbytes = storage.nbytes()
-            device = str(storage.device)
-    except Exception:
-        return None
-    if pointer == 0 or nbytes == 0:
-        return None
-    return (device, pointer), nbytes
+    with torch._C.DisableTorchFunction():
+        for storage in tensor_storages(tensor):
+            facts = storage_facts(storage)
+            if facts is not None:
+                return (facts[0], facts[1]), facts[2]
+    return None
+
+
+def _keys_of(tensor: Any) -> list[tuple[StorageKey, int, Any]]:
+    found = []
+    for storage in tensor_storages(tensor):
+        facts = storage_facts(storage)
+        if facts is not None:
+            found.append(((facts[0], facts[1]), facts[2], storage))
+    return found
 
 
 def _saved_names(node: Any) -> tuple[str, ...]:
@@ -171,49 +277,59 @@ def _graph_tensors(root: Any, visited: set[int], keep: list[Any]) -> Iterator[An
 def walk(device: str | None = None, *, defer_owners: frozenset[int] | set[int] = frozenset()) -> Iterator[Found]:
     """Yield every live tensor storage on ``device`` (all devices if None), with a tensor that uses it.
 
-    Tensors Python sees come first, then their gradients and the tensors their autograd graphs
-    saved. A graph shared by several tensors is walked once and credited to the first of them;
-    tensors whose ids are in ``defer_owners`` are credited last. A storage may be yielded more
-    than once (views, saved copies of a live tensor); callers dedupe by key. Found items hold
-    strong references: drop them before the caller returns.
+    Tensors Python sees come first, then storage objects kept without a tensor, then gradients and
+    the tensors autograd graphs saved. A graph shared by several tensors is walked once and
+    credited to the first of them; tensors whose ids are in ``defer_owners`` are credited last. A
+    storage may be yielded more than once (views, saved copies of a live tensor); callers dedupe
+    by key. Found items hold strong references: drop them before the caller returns.
     """
     torch = _torch()
+    storage_classes = set(storage_types())
     visited_nodes: set[int] = set()
     keep_nodes: list[Any] = []
     graph_roots: list[tuple[Any, Any]] = []
+    grads: list[Found] = []
 
-    def on_device(found: tuple[StorageKey, int] | None) -> bool:
-        return found is not None and (device is None or found[0][0] == device)
+    def on_device(key: StorageKey) -> bool:
+        return device is None or key[0] == device
 
     try:
-        for obj in gc.get_objects():
-            if not is_tensor_type(type(obj)):
-                continue
-            found = storage_key(obj)
-            if found is not None and on_device(found):
-                yield Found(found[0], found[1], obj)
-            with torch._C.DisableTorchFunctionSubclass():
+        with torch._C.DisableTorchFunction():
+            for obj in gc.get_objects():
+                cls = type(obj)
+                if cls in storage_classes:
+                    storage = storage_of_storage_object(obj)
+                    facts = storage_facts(storage) if storage is not None else None
+                    if facts is not None and on_device((facts[0], facts[1])):
+                        yield Found((facts[0], facts[1]), facts[2], obj, "storage", storage=storage)
+                    continue
+                if not is_tensor_type(cls):
+                    continue
+                for key, nbytes, storage in _keys_of(obj):
+                    if on_device(key):
+                        yield Found(key, nbytes, obj, storage=storage)
                 try:
                     is_leaf = obj.is_leaf
                     grad = obj._grad if (is_leaf or obj.retains_grad) else None
                     grad_fn = obj.grad_fn
                 except Exception:
                     continue
-            if grad is not None:
-                found = storage_key(grad)
-                if found is not None and on_device(found):
-                    yield Found(found[0], found[1], grad, "grad", obj)
-            if grad_fn is not None:
-                graph_roots.append((obj, grad_fn))
-        graph_roots.sort(key=lambda root: id(root[0]) in defer_owners)
-        for owner, grad_fn in graph_roots:
-            for saved in _graph_tensors(grad_fn, visited_nodes, keep_nodes):
-                found = storage_key(saved)
-                if found is not None and on_device(found):
-                    yield Found(found[0], found[1], saved, "graph", owner)
+                if grad is not None:
+                    grads += [Found(key, n, grad, "grad", obj, storage) for key, n, storage in _keys_of(grad) if on_device(key)]
+                if grad_fn is not None:
+                    graph_roots.append((obj, grad_fn))
+            yield from grads
+            grads.clear()
+            graph_roots.sort(key=lambda root: id(root[0]) in defer_owners)
+            for owner, grad_fn in graph_roots:
+                for saved in _graph_tensors(grad_fn, visited_nodes, keep_nodes):
+                    for key, nbytes, storage in _keys_of(saved):
+                        if on_device(key):
+                            yield Found(key, nbytes, saved, "graph", owner, storage)
     finally:
         keep_nodes.clear()
         graph_roots.clear()
+        grads.clear()
 
 
 @dataclass
@@ -231,16 +347,6 @@ class Census:
         return sum(self.storages.values())
 
 
-def storage_ref(tensor: Any) -> weakref.ref[Any] | None:
-    """A weak reference to ``tensor``'s storage object, which torch keeps while the storage lives."""
-    torch = _torch()
-    try:
-        with torch._C.DisableTorchFunctionSubclass():
-            return weakref.ref(torch._C.TensorBase.untyped_storage(tensor))
-    except Exception:
-        return None
-
-
 def take_census(device: str | None = None, *, identify: bool = False) -> Census:
     """Count the live tensor storages on ``device`` (a string such as ``"cpu"`` or ``"cuda:0"``).
 
@@ -253,9 +359,7 @@ def take_census(device: str | None = None, *, identify: bool = False) -> Census:
     for found in found_all:
         if found.key not in census.storages:
             census.storages[found.key] = found.nbytes
-            if identify:
-                reference = storage_ref(found.tensor)
-                if reference is not None:
-                    census.identities[found.key] = reference
+            if identify and found.storage is not None:
+                census.identities[found.key] = weakref.ref(found.storage)
     found_all.clear()
     return census

@@ -65,7 +65,7 @@ class BlockSites:
                     stacks[int(block["address"])] = user_frames(block.get("frames", []))
         return cls(stacks)
 
-    def site_of(self, storage: Any) -> tuple[Site, ...] | None:
+    def site_of(self, tensor: Any, storage: Any) -> tuple[Site, ...] | None:
         return self.stacks.get(storage.data_ptr()) or None
 
 

@@ -12,14 +12,12 @@ pytest's test phases:
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import functools
 import gc
 import json
 import os
 import sys
-import weakref
 from pathlib import Path
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
@@ -27,29 +25,17 @@ from typing import Any
 
 import pytest
 
-from .devices import (
-    CudaMeter,
-    DeviceUnavailable,
-    Meter,
-    clear_torch_caches,
-    explain_reserved,
-    is_out_of_memory,
-    make_meter,
-    measure_growth,
-    pin_worker,
-    resolve_device,
-)
+from .census import StorageKey
+from .check import LeakCheck, Rules
+from .devices import CudaMeter, DeviceUnavailable, Meter, is_out_of_memory, make_meter, pin_worker, resolve_device
 from .html_report import is_html_path, render_html
 from .release import PercentError, ReleaseScheduler, parse_percent
 from .report import TestResult, leaked_figure, render_markdown, write_json, write_text_atomically
 from .sizes import SizeError, format_size, parse_size
-from .census import StorageKey
-from .snapshot import Snapshot, describe, diff, memory_contents, take_snapshot
-from .history import AllocatorHistory
-from .sites import SiteRecorder, Sites, SiteSource, release_resident_mode
+from .snapshot import describe, memory_contents
 from .steps import StepResult, StepWatcher
-from .tracker import Tracker
-from .verdict import Budget, BudgetVerdict, Increase, judge_budget, judge_increase, parse_increase
+from .tracker import SIZES_COMPARED_PER_CHECK, StorageRef, Tracker
+from .verdict import Budget, Increase, parse_increase
 
 MARKER = "vram_budget"
 EXEMPT_MARKER = "allow_vram_leak"
@@ -62,7 +48,7 @@ _HELP = {
     "vramleak_report": "write a report of every checked test to this path: HTML when it ends in .html or .htm, else JSON (repeat for both)",
     "vramleak_warmup": f"unmeasured warm-up steps of the vramleak fixture (default {DEFAULT_WARMUP})",
     "vramleak_tolerance": "growth across measured steps that is not yet a leak, e.g. '64 KiB' (default 0)",
-    "vramleak_sites": "record where leaked tensors were allocated: on or off (default on)",
+    "vramleak_sites": "record where leaked tensors were allocated: auto (in step checks), on (in every checked test too, slower) or off (default auto)",
     "vramleak_strict_cycles": "fail tests whose tensors lived on reference cycles until garbage collection",
     "vramleak_pin_workers": "give each pytest-xdist worker its own GPU, by worker number",
     "vramleak_trace": "record the CUDA allocator's history while checked tests run; save a snapshot per leaking test",
@@ -90,7 +76,7 @@ class Settings:
     """Where to write reports: HTML for ``.html``/``.htm``, JSON otherwise."""
     warmup: int
     tolerance: int
-    sites: bool = True
+    sites: str = "auto"
     release_above: float | None = None
     strict_cycles: bool = False
     trace: bool = False
@@ -102,23 +88,17 @@ class Settings:
 
 @dataclass
 class Check:
-    """One test's check in progress."""
+    """One test's check in progress: the engine's check, and what pytest's phases told about it."""
 
     budget: Budget | None
     """None for a test checked only through the vramleak fixture."""
     meter: Meter | None = None
-    tracker: Tracker | None = None
-    sites: SiteRecorder | None = None
-    history: AllocatorHistory | None = None
-    others: list[tuple[CudaMeter, Snapshot]] = field(default_factory=list)
-    """The process's other CUDA devices, with their allocated bytes at the baseline."""
-    baseline: Snapshot | None = None
-    peak_bytes: int | None = None
+    engine: LeakCheck | None = None
+    started: bool = False
     unchecked_reason: str | None = None
     error: str | None = None
     steps: list[StepResult] = field(default_factory=list)
     step_leaked: bool = False
-    cycle_bytes: int | None = None
     result: TestResult | None = None
 
 
@@ -126,7 +106,9 @@ SETTINGS = pytest.StashKey[Settings]()
 RESULTS = pytest.StashKey[list[dict[str, Any]]]()
 CHECK = pytest.StashKey[Check]()
 BUDGET = pytest.StashKey[Budget | None]()
-TRACKERS = pytest.StashKey[dict[str, Tracker]]()
+TRACKER = pytest.StashKey[Tracker]()
+ACTIVE = pytest.StashKey["Check | None"]()
+"""The check of the test being set up, run or torn down."""
 
 
 def vram_budget(peak: Any = None, *, leak: Any = 0, device: str | None = None) -> Any:
@@ -147,7 +129,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--vramleak-report", action="append", default=None, metavar="PATH", help=_HELP["vramleak_report"])
     group.addoption("--vramleak-warmup", default=None, metavar="N", help=_HELP["vramleak_warmup"])
     group.addoption("--vramleak-tolerance", default=None, metavar="SIZE", help=_HELP["vramleak_tolerance"])
-    group.addoption("--vramleak-sites", default=None, metavar="on|off", help=_HELP["vramleak_sites"])
+    group.addoption("--vramleak-sites", default=None, metavar="auto|on|off", help=_HELP["vramleak_sites"])
     group.addoption("--vramleak-strict-cycles", action="store_true", default=None, help=_HELP["vramleak_strict_cycles"])
     group.addoption("--vramleak-pin-workers", action="store_true", default=None, help=_HELP["vramleak_pin_workers"])
     group.addoption("--vramleak-trace", action="store_true", default=None, help=_HELP["vramleak_trace"])
@@ -161,7 +143,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("vramleak_report", _HELP["vramleak_report"], type="args", default=[])
     parser.addini("vramleak_warmup", _HELP["vramleak_warmup"], default=str(DEFAULT_WARMUP))
     parser.addini("vramleak_tolerance", _HELP["vramleak_tolerance"], default="0")
-    parser.addini("vramleak_sites", _HELP["vramleak_sites"], default="on")
+    parser.addini("vramleak_sites", _HELP["vramleak_sites"], default="auto")
     parser.addini("vramleak_strict_cycles", _HELP["vramleak_strict_cycles"], type="bool", default=False)
     parser.addini("vramleak_pin_workers", _HELP["vramleak_pin_workers"], type="bool", default=False)
     parser.addini("vramleak_trace", _HELP["vramleak_trace"], type="bool", default=False)
@@ -215,9 +197,9 @@ def read_settings(config: pytest.Config) -> Settings:
     except SizeError as error:
         raise pytest.UsageError(f"{source}: {error}") from None
     sites_text, source = _option(config, "vramleak_sites")
-    if str(sites_text).strip().lower() not in ("on", "off"):
-        raise pytest.UsageError(f"{source}: expected on or off, got {sites_text!r}")
-    sites = str(sites_text).strip().lower() == "on"
+    sites = str(sites_text).strip().lower()
+    if sites not in ("auto", "on", "off"):
+        raise pytest.UsageError(f"{source}: expected auto, on or off, got {sites_text!r}")
     release_text, source = _option(config, "vramleak_release_above")
     try:
         release_above = parse_percent(release_text) if str(release_text).strip() else None
@@ -280,7 +262,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SETTINGS] = read_settings(config)
     config.stash[RESULTS] = []
     config.stash[OUTPUT_ERRORS] = []
-    config.stash[TRACKERS] = {}
+    config.stash[TRACKER] = Tracker()
     config.stash[FIXTURES] = []
     config.pluginmanager.register(_Recorder(config.stash[RESULTS]), "vramleak-recorder")
     config.pluginmanager.register(_XdistController(config), "vramleak-xdist")
@@ -380,34 +362,44 @@ def _meter_for(item: pytest.Item, device_spec: str | None) -> Meter:
 
 def _result(item: pytest.Item, check: Check, outcome: str) -> TestResult:
     budget = check.budget or Budget(leak=None)  # type: ignore[arg-type]
-    return TestResult(
+    result = TestResult(
         nodeid=item.nodeid,
         device=check.meter.name if check.meter else None,
         outcome=outcome,
-        baseline_bytes=check.baseline.allocated_bytes if check.baseline else None,
-        peak_bytes=check.peak_bytes,
         budget={"peak": budget.peak, "leak": budget.leak},
     )
+    engine = check.engine.result if check.engine is not None and check.started else None
+    if engine is not None:
+        result.baseline_bytes = engine.baseline_bytes
+        result.peak_bytes = engine.peak_bytes
+    return result
 
 
-def _tracker(config: pytest.Config, device: str) -> Tracker:
-    trackers = config.stash[TRACKERS]
-    if device not in trackers:
-        trackers[device] = Tracker(device)
-    return trackers[device]
+def _engine_result(item: pytest.Item, check: Check) -> TestResult:
+    """The JSON record of a finished check."""
+    assert check.engine is not None
+    engine = check.engine.result
+    result = _result(item, check, engine.outcome)
+    result.end_bytes = engine.end_bytes
+    result.leaked_bytes = engine.leaked_bytes
+    result.details = dict(engine.details)
+    result.cycle_bytes = engine.cycle_bytes
+    result.trace = engine.trace
+    result.tensors = [group.to_json() for group in engine.groups]
+    result.tensors += [group.to_json() for groups in engine.other_groups.values() for group in groups]
+    return result
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     budget = item.stash.get(BUDGET, None)
+    tracker = item.config.stash[TRACKER]
     if budget is None and "vramleak" not in getattr(item, "fixturenames", ()):
-        for tracker in item.config.stash[TRACKERS].values():
-            tracker.stale = True  # this test runs untracked; the index must be rebuilt after it
+        tracker.stale = True  # this test runs untracked; the index must be rebuilt after it
         return
     check = Check(budget)
-    item.stash[CHECK] = check
+    item.stash[CHECK] = item.config.stash[ACTIVE] = check
     check.meter = _meter_for(item, budget.device if budget else None)
-    check.tracker = _tracker(item.config, check.meter.name)
     # pytest keeps the last failed test's traceback, and its frames' tensors, in sys.last_* until
     # the next test's call starts. Drop them now and collect: the failed test's frames sit in
     # reference cycles that would otherwise be frozen, and kept in memory, through this test.
@@ -415,8 +407,28 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if any(value is not None for value in dropped):
         dropped.clear()
         gc.collect()
+    settings = item.config.stash[SETTINGS]
     try:
-        check.tracker.begin()
+        saved = (settings.compare or {}).get(item.nodeid)
+        saved_peak = saved.get("peak_bytes") if saved and saved.get("device") == check.meter.name else None
+        rules = Rules(
+            strict_cycles=settings.strict_cycles,
+            saved_peak=saved_peak,
+            max_increase=settings.max_increase,
+            watch_peak=None if not (settings.save or settings.compare is not None) else True,
+        )
+        trace = settings.trace and isinstance(check.meter, CudaMeter) and budget is not None
+        check.engine = LeakCheck(
+            check.meter.name,
+            budget or Budget(),
+            meter=check.meter,
+            tracker=tracker,
+            rules=rules,
+            record_sites=settings.sites == "on" and budget is not None,
+            trace_folder=_trace_folder(item.config) if trace else None,
+            name=item.nodeid,
+        )
+        check.engine.begin()
     except Exception as error:
         check.error = f"{type(error).__name__}: {error}"
 
@@ -424,42 +436,21 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     check = item.stash.get(CHECK, None)
-    if check is None or check.meter is None or check.error:
+    if check is None or check.engine is None or check.error or check.budget is None:
         return (yield)
-    meter = check.meter
-    watch_peak = False
     try:
-        if check.budget is not None:
-            check.baseline = take_snapshot(meter=meter, tracker=check.tracker)
-            if isinstance(meter, CudaMeter):
-                check.others = _other_devices(meter, check.tracker)
-            settings = item.config.stash[SETTINGS]
-            watch_peak = check.budget.peak is not None or meter.name != "cpu" or bool(settings.save or settings.compare is not None)
-            if watch_peak:
-                meter.start_peak()
-        if item.config.stash[SETTINGS].sites:
-            check.sites = SiteRecorder().__enter__()
-        if item.config.stash[SETTINGS].trace and isinstance(meter, CudaMeter) and check.budget is not None:
-            check.history = AllocatorHistory(meter.backend.memory, meter.index)
-            check.history.start()
+        check.engine.start()
+        check.started = True
     except Exception as error:  # the plugin's own failure: report it on this test, run the test anyway
         check.error = f"{type(error).__name__}: {error}"
         return (yield)
     try:
         return (yield)
     finally:
-        if check.sites is not None:
-            check.sites.__exit__(None, None, None)
-        if check.baseline is not None:
-            try:
-                check.cycle_bytes = _cycle_bytes(check)
-            except Exception as error:
-                check.error = f"{type(error).__name__}: {error}"
-        if watch_peak:
-            try:
-                check.peak_bytes = meter.stop_peak()
-            except Exception as error:
-                check.error = f"{type(error).__name__}: {error}"
+        try:
+            check.engine.stop()
+        except Exception as error:
+            check.error = f"{type(error).__name__}: {error}"
 
 
 @pytest.hookimpl(wrapper=True)
@@ -469,8 +460,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if check is None:
         return report
     if report.when == "call" and call.excinfo is not None and check.meter is not None and is_out_of_memory(call.excinfo.value):
+        tracker = item.config.stash[TRACKER]
         try:
-            with check.tracker.unfrozen() if check.tracker is not None else contextlib.nullcontext():
+            with tracker.unfrozen():
                 report.sections.append(("vramleak: what filled the memory", memory_contents(check.meter, call.excinfo.value)))
         except Exception as error:  # never let the forensics replace the test's own failure
             report.sections.append(("vramleak: what filled the memory", f"could not be read: {type(error).__name__}: {error}"))
@@ -520,24 +512,50 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
             check.result = _result(item, check, "unchecked")
             check.result.reason = f"vramleak internal error: {check.error}"
             raise VramLeak(f"vramleak could not check this test: {check.error}", pytrace=False)
-        if check.unchecked_reason or check.baseline is None or check.budget is None:
+        if check.unchecked_reason or not check.started or check.engine is None:
             return outcome
         try:
-            message = _judge(item, check)
+            engine = check.engine.finish(confirm=functools.partial(_drop_fixture_values, item))
+            check.result = _engine_result(item, check)
         except Exception as error:
             check.result = _result(item, check, "unchecked")
             check.result.reason = f"vramleak internal error: {type(error).__name__}: {error}"
             raise VramLeak(f"vramleak could not check this test: {type(error).__name__}: {error}", pytrace=False) from None
-        if message:
-            raise VramLeak(message, pytrace=False)
+        if engine.outcome != "passed":
+            raise VramLeak(engine.report(), pytrace=False)
         return outcome
     finally:
-        if check.tracker is not None:
-            check.tracker.end()
-        if check.sites is not None:
-            check.sites.clear()  # the record of sites holds nothing once the check ends
-        if check.history is not None:
-            check.history.stop()
+        item.config.stash[ACTIVE] = None
+        if check.engine is not None:
+            check.engine.close()
+        if nextitem is None or getattr(nextitem, "module", None) is not getattr(item, "module", None):
+            _look_for_drift(item)
+
+
+DRIFT = pytest.StashKey[list[dict[str, Any]]]()
+"""Older storages found grown in place between checks (see :meth:`Tracker.drift`)."""
+
+
+def _look_for_drift(item: pytest.Item) -> None:
+    """As a module's last test ends: where the checks could not afford to compare every storage's
+    size, compare them now and report what grew in place, charged to no test."""
+    tracker = item.config.stash[TRACKER]
+    if not tracker.sizes_skipped:
+        return
+    found = tracker.drift()
+    if not found:
+        return
+    devices = sorted({ref.device for ref, _ in found})
+    for device in devices:
+        grown = [(ref, delta) for ref, delta in found if ref.device == device]
+        finding: dict[str, Any] = {"where": item.nodeid.split("::")[0], "device": device, "bytes": sum(delta for _, delta in grown)}
+        try:
+            groups = describe({(ref.device, ref.pointer) for ref, _ in grown}, device)
+        except Exception as error:  # the finding stands without its holders
+            finding["held_by"] = [f"not named: vramleak could not search the heap: {type(error).__name__}: {error}"]
+        else:
+            finding["held_by"] = list(dict.fromkeys(chain for group in groups for chain in group.held_by))[:MAX_FIXTURE_CHAINS]
+        item.config.stash.setdefault(DRIFT, []).append(finding)
 
 
 def _drop_fixture_values(item: pytest.Item) -> None:
@@ -552,125 +570,10 @@ def _drop_fixture_values(item: pytest.Item) -> None:
         funcargs.clear()
 
 
-def _cycle_bytes(check: Check) -> int:
-    """Bytes of storages the test body created that only the cycle collector frees.
-
-    Measured as the body returns: what is alive then and gone after a collection lived on
-    reference cycles. Freed late, which on a GPU raises the peak, but not leaked.
-    """
-    meter, tracker, baseline = check.meter, check.tracker, check.baseline
-    assert meter is not None and tracker is not None and baseline is not None
-    pending = take_snapshot(meter=meter, tracker=tracker, settle=False)
-    new = pending.new_since(baseline)
-    if not new:  # nothing the body made is alive, in a cycle or otherwise: no second view
-        return 0
-    collected = take_snapshot(meter=meter, tracker=tracker)
-    return sum(pending.storages[key] for key in new if not pending.holds_same(key, collected))
-
-
-def _judge(item: pytest.Item, check: Check) -> str | None:
-    """Measure after teardown; the failure text when the budget is broken, else None.
-
-    The common case (nothing left behind) costs two tracker views, each proportional to what the
-    test allocated and to the number of live tensors, not to the size of the heap; only a test
-    over its budget pays for the holder search.
-    """
-    meter, baseline, budget, tracker = check.meter, check.baseline, check.budget, check.tracker
-    assert meter is not None and baseline is not None and budget is not None and tracker is not None
-    end = take_snapshot(meter=meter, tracker=tracker)
-    leaked = end.leaked_since(baseline)
-    if leaked > budget.leak:
-        # Measure again after clearing what PyTorch caches for itself, as its own check does:
-        # finalizers run by the first collection can release more memory too. pytest drops a
-        # test's fixture values (item.funcargs) only after its teardown, so a function-scoped
-        # fixture's value still holds what the test put in it: measure without them too.
-        clear_torch_caches(_import_torch())
-        _drop_fixture_values(item)
-        end = take_snapshot(meter=meter, tracker=tracker)
-        leaked = end.leaked_since(baseline)
-    notes = []
-    if isinstance(meter, CudaMeter):
-        growth = measure_growth(meter, baseline.allocated_bytes, baseline.details.get("driver_used_bytes"), budget.leak)
-        leaked = growth.allocated
-        notes = [growth.note(budget.leak), explain_reserved(end.details, end.allocated_bytes)]
-        if growth.driver is not None:
-            end.details["driver_growth_bytes"] = growth.driver
-    verdict = judge_budget(budget, meter.name, leaked, check.peak_bytes)
-    other_leaks = []
-    for other, other_baseline in check.others:
-        other_growth = measure_growth(other, other_baseline.allocated_bytes, None, budget.leak)
-        end.details[f"{other.name}_leaked_bytes"] = other_growth.allocated
-        if other_growth.allocated > budget.leak:
-            other_leaks.append((other, other_baseline))
-            message = f"leaked {format_size(other_growth.allocated)} on {other.name}, allowed {format_size(budget.leak)}"
-            verdict = BudgetVerdict("leaked", "; ".join(m for m in (verdict.message, message) if m))
-    saved = (item.config.stash[SETTINGS].compare or {}).get(item.nodeid)
-    if saved and saved.get("peak_bytes") is not None and check.peak_bytes is not None and saved.get("device") == meter.name:
-        grew = judge_increase(saved["peak_bytes"], check.peak_bytes, item.config.stash[SETTINGS].max_increase, meter.name)
-        if grew:
-            outcome = verdict.outcome if verdict.outcome == "leaked" else "over_budget"
-            verdict = BudgetVerdict(outcome, "; ".join(m for m in (verdict.message, grew) if m))
-    if item.config.stash[SETTINGS].strict_cycles and (check.cycle_bytes or 0) > budget.leak:
-        cycles = (
-            f"left {format_size(check.cycle_bytes or 0)} on {meter.name} to the cycle collector, allowed "
-            f"{format_size(budget.leak)} (--vramleak-strict-cycles): break the reference cycle, e.g. with weakref"
-        )
-        verdict = BudgetVerdict("leaked", "; ".join(m for m in (verdict.message, cycles) if m))
-    result = _result(item, check, verdict.outcome)
-    result.end_bytes = end.allocated_bytes
-    result.leaked_bytes = leaked
-    result.details = dict(end.details)
-    result.cycle_bytes = check.cycle_bytes
-    check.result = result
-    if verdict.outcome == "passed":
-        return None
-    lines = [verdict.message, _figures(result), *(note for note in notes if note)]
-    if verdict.outcome == "leaked":
-        tracker.end()  # naming holders needs the whole heap
-        sources: list[SiteSource] = [source for source in (check.sites,) if source is not None]
-        if check.history is not None:
-            path = check.history.save(_trace_folder(item.config), item.nodeid)
-            result.trace = str(path)
-            lines.append(f"allocator history saved to {path} (open it in https://pytorch.org/memory_viz)")
-            sources.append(check.history.sites())
-        leak = diff(baseline, end, meter=meter, sites=Sites(sources))
-        result.tensors = [group.to_json() for group in leak.groups]
-        lines += ["leaked tensors:", leak.render()]
-        for other, other_baseline in other_leaks:
-            other_leak = diff(other_baseline, take_snapshot(meter=other, tracker=tracker), meter=other, sites=Sites(sources))
-            result.tensors += [group.to_json() for group in other_leak.groups]
-            lines += [f"leaked tensors on {other.name}:", other_leak.render()]
-    return "\n".join(lines)
-
-
-def _other_devices(meter: CudaMeter, tracker: Tracker | None) -> list[tuple[CudaMeter, Snapshot]]:
-    """Every other CUDA device of the process, warmed up and measured, for a check on ``meter``.
-
-    The tracker's index holds the tensors of every device, so each device's storages are known
-    by identity too, and a leak there is told apart from what was alive before.
-    """
-    others = []
-    for index in range(meter.backend.device_count()):
-        if index != meter.index:
-            other = CudaMeter(f"cuda:{index}", meter.backend, meter.clear_workspaces, meter.warm_up)
-            others.append((other, take_snapshot(meter=other, tracker=tracker)))
-    return others
-
-
 def _trace_folder(config: pytest.Config) -> Path:
     """Snapshots go next to the (first) report, or into ``.vramleak-traces`` under the root folder."""
     report = next(iter(config.stash[SETTINGS].report_paths), None)
     return Path(report).resolve().parent / "vramleak-traces" if report else config.rootpath / ".vramleak-traces"
-
-
-def _figures(result: TestResult) -> str:
-    def size(value: int | None) -> str:
-        return "not measured" if value is None else format_size(value)
-
-    text = f"baseline {size(result.baseline_bytes)}, after teardown {size(result.end_bytes)}, peak above baseline {size(result.peak_bytes)}"
-    if "reserved_bytes" in result.details:
-        text += f", reserved by the caching allocator {format_size(result.details['reserved_bytes'])}"
-    return text
 
 
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> tuple[str, str, Any] | None:
@@ -723,11 +626,11 @@ class FixtureMemory:
     scope: str
     where: str
     device: str
-    storages: list[tuple[weakref.ref[Any], int, StorageKey]]
+    storages: list[StorageRef]
 
     def alive(self) -> list[tuple[StorageKey, int]]:
         """The storages still alive, with their sizes."""
-        return [(key, size) for ref, size, key in self.storages if ref() is not None]
+        return [((ref.device, ref.pointer), ref.nbytes) for ref in self.storages if ref() is not None]
 
 
 FIXTURES = pytest.StashKey[list[FixtureMemory]]()
@@ -736,20 +639,22 @@ MAX_FIXTURE_CHAINS = 3
 
 @pytest.hookimpl(wrapper=True)
 def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest) -> Generator[None, Any, Any]:
+    """Note what a wider-scoped fixture makes while a checked test sets up: it is indexed now (a
+    check on an accelerator reads nothing otherwise), and, with --vramleak, reported if still
+    alive after the fixture's teardown."""
     config = request.config
-    settings = config.stash[SETTINGS]
-    tracker = next((t for t in config.stash[TRACKERS].values() if t.active), None)
-    if not settings.every_test or fixturedef.scope == "function" or tracker is None:
+    tracker = config.stash[TRACKER]
+    check = config.stash.get(ACTIVE, None) if fixturedef.scope != "function" else None
+    if check is None or check.meter is None or not tracker.active:
         return (yield)
-    torch = _import_torch()
-    meter = make_meter(tracker.device, torch)
-    before = take_snapshot(meter=meter, tracker=tracker, settle=False)
+    before = tracker.clock
     value = yield
-    after = take_snapshot(meter=meter, tracker=tracker, settle=False)
-    created = [(after.identities[key], after.storages[key], key) for key in after.new_since(before) if key in after.identities]
-    if created:
-        where = fixturedef.baseid or "conftest"
-        config.stash[FIXTURES].append(FixtureMemory(fixturedef.argname, fixturedef.scope, where, meter.name, created))
+    tracker.observe(collect=False, watch=False)
+    if config.stash[SETTINGS].every_test:
+        created = tracker.created(check.meter.name, since=before)
+        if created:
+            where = fixturedef.baseid or "conftest"
+            config.stash[FIXTURES].append(FixtureMemory(fixturedef.argname, fixturedef.scope, where, check.meter.name, created))
     return value
 
 
@@ -829,6 +734,13 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         )
         lines += [f"    held by {chain}" for chain in leftover.get("held_by", [])]
         lines += [f"    diagnosis: {finding}" for finding in leftover.get("diagnoses", [])]
+    for finding in config.stash.get(DRIFT, []):
+        lines.append(
+            f"older tensors grew in place by {format_size(finding['bytes'])} on {finding['device']} during {finding['where']} "
+            f"(this process holds over {SIZES_COMPARED_PER_CHECK:,} storages: their sizes are compared between test modules, "
+            "so no test is charged)"
+        )
+        lines += [f"    held by {chain}" for chain in finding.get("held_by", [])]
     cycles = sorted((r for r in config.stash.get(RESULTS, []) if r.get("cycle_bytes")), key=lambda r: -r["cycle_bytes"])
     for result in cycles[:5]:
         lines.append(
@@ -851,9 +763,9 @@ LEFTOVERS = pytest.StashKey[list[dict[str, Any]]]()
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
-    for tracker in config.stash.get(TRACKERS, {}).values():
+    tracker = config.stash.get(TRACKER, None)
+    if tracker is not None:
         tracker.end()  # never leave the heap frozen behind a session
-    release_resident_mode()
     settings = config.stash.get(SETTINGS, None)
     if settings is None:
         return
@@ -982,9 +894,13 @@ def vramleak(request: pytest.FixtureRequest) -> VramLeakFixture:
     meter = check.meter if check is not None and check.meter is not None else _meter_for(request.node, budget.device if budget else None)
     if check is None:
         check = request.node.stash[CHECK] = Check(None, meter)
-    tracker = check.tracker
     watcher = StepWatcher(
-        meter.name, warmup=settings.warmup, tolerance=settings.tolerance, meter=meter, tracker=tracker, sites=lambda: check.sites
+        meter.name,
+        warmup=settings.warmup,
+        tolerance=settings.tolerance,
+        meter=meter,
+        tracker=request.config.stash[TRACKER],
+        record_sites=settings.sites != "off",
     )
 
     def on_result(result: StepResult) -> None:

@@ -1,24 +1,31 @@
-"""Where leaked tensors were allocated: the innermost frame of the user's code, and its callers.
+"""Where leaked tensors were allocated: the innermost lines of the user's code, and their callers.
 
-While a checked test's body runs, a ``TorchFunctionMode`` notes the Python stack of every tensor
-a torch function or tensor method returns, keyed by the tensor's storage; the record holds weak
-references only and is dropped when the check ends. Tensors created in C++ without a torch call
-from Python (gradients made by ``backward()``) have no site.
+A tensor's Python object is allocated when torch returns the tensor to Python, in the frame of
+the code that asked for it. While :class:`SiteRecorder` runs, Python's ``tracemalloc`` notes the
+stack of every allocation, so the stack of a tensor's object is where the user's code made it.
+Nothing is put between the user's code and torch: error tracebacks, warnings and code compiled
+by ``torch.compile`` are exactly as without it. Tracing every allocation is not free (Python
+code that allocates much runs up to twice as slow meanwhile), so it runs only where asked: the
+first measured steps of a step check, and checked tests with ``--vramleak-sites=on``.
+
+Tensors made inside C++ and handed to Python later (a gradient ``backward()`` made, read later
+through ``.grad``) get the site where Python first saw them, or none.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import linecache
 import os
+import re
 import sys
-import types
-import weakref
-from dataclasses import dataclass
+import tracemalloc
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .census import is_tensor_type
-
 MAX_CALLERS = 3
+FRAMES_TRACED = 16
 
 
 @functools.lru_cache(maxsize=1)
@@ -37,14 +44,42 @@ def _directories() -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 Site = tuple[str, int, str]
-"""A place in the user's code: file name, line, function. Plain tuples, which gc stops tracking,
-so a long recording adds nothing to what later collections have to examine."""
+"""A place in the user's code: file name, line, function (empty where not known)."""
 
 
 def site_text(site: Site) -> str:
-    """``file:line in function()``."""
+    """``file:line in function()``, or ``file:line`` where the function is not known."""
     filename, line, function = site
-    return f"{_short_path(filename)}:{line} in {function}()"
+    text = f"{_short_path(filename)}:{line}"
+    return f"{text} in {function}()" if function else text
+
+
+_DEF = re.compile(r"^(\s*)(?:async\s+)?def\s+(\w+)")
+
+
+def enclosing_function(filename: str, line: int) -> str:
+    """The name of the function whose body holds ``line``, read from the source (tracemalloc
+    records files and lines only): the nearest ``def`` above it, less indented than it."""
+    lines = linecache.getlines(filename)
+    if not 0 < line <= len(lines):
+        return ""
+    target = lines[line - 1]
+    indent = len(target) - len(target.lstrip())
+    for text in reversed(lines[: line - 1]):
+        stripped = text.lstrip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        depth = len(text) - len(stripped)
+        if depth < indent:
+            match = _DEF.match(text)
+            if match:
+                return match.group(2)
+            if stripped.startswith("class "):
+                return ""
+            indent = depth
+            if depth == 0:
+                return "<module>"
+    return "<module>" if indent else ""
 
 
 def _short_path(filename: str) -> str:
@@ -53,16 +88,6 @@ def _short_path(filename: str) -> str:
     except ValueError:
         return filename
     return filename if relative.startswith("..") else relative
-
-
-_frame_kinds: weakref.WeakKeyDictionary[types.CodeType, str] = weakref.WeakKeyDictionary()
-
-
-def _kind(code: types.CodeType) -> str:
-    kind = _frame_kinds.get(code)
-    if kind is None:
-        kind = _frame_kinds[code] = frame_kind_of_file(code.co_filename)
-    return kind
 
 
 def frame_kind_of_file(filename: str) -> str:
@@ -75,216 +100,142 @@ def frame_kind_of_file(filename: str) -> str:
     return "user"
 
 
-def user_stack(frame: types.FrameType | None) -> tuple[Site, ...]:
-    """The innermost frames of ``frame``'s stack that belong to the user's code, torch's own frames
-    between them left out, up to the test runner's frames."""
+def user_sites(frames: list[tuple[str, int, str]]) -> tuple[Site, ...]:
+    """The innermost frames of a stack (innermost first) that belong to the user's code, library
+    frames between them left out, up to the test runner's frames."""
     stack: list[Site] = []
-    while frame is not None and len(stack) <= MAX_CALLERS:
-        kind = _kind(frame.f_code)
+    for filename, line, function in frames:
+        kind = frame_kind_of_file(filename)
         if kind == "user":
-            stack.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
+            stack.append((filename, line, function))
+            if len(stack) > MAX_CALLERS:
+                break
         elif kind == "runner" and stack:
             break
-        frame = frame.f_back
     return tuple(stack)
 
 
 def describe_stack(stack: tuple[Site, ...]) -> str:
-    """``a.py:3 in f(), called from test_b.py:9 in test_x()``."""
+    """``a.py:3 in f(), called from test_b.py:9 in test_b()``."""
     if not stack:
         return "unknown"
     return ", called from ".join(site_text(site) for site in stack)
 
 
 class SiteSource(Protocol):
-    """Anything that can say where a storage was allocated."""
+    """Anything that can say where a tensor's storage was allocated."""
 
-    def site_of(self, storage: Any) -> tuple[Site, ...] | None: ...
+    def site_of(self, tensor: Any, storage: Any) -> tuple[Site, ...] | None: ...
 
 
 @dataclass
 class Sites:
     """Several sources asked in turn: the first that knows a storage answers."""
 
-    sources: list[SiteSource]
+    sources: list[SiteSource] = field(default_factory=list)
 
-    def site_of(self, storage: Any) -> tuple[Site, ...] | None:
+    def site_of(self, tensor: Any, storage: Any) -> tuple[Site, ...] | None:
         for source in self.sources:
-            stack = source.site_of(storage)
+            stack = source.site_of(tensor, storage)
             if stack:
                 return stack
         return None
 
 
-def _untyped_storage(tensor: Any) -> Any:
-    import torch
-
-    return torch._C.TensorBase.untyped_storage(tensor)
-
-
-_resident: list[Any] = []
-"""The recording mode left on torch's function mode stack between checks, at most one: the mode
-stack is the process's, and so is this."""
-
-
-def _ignore(value: Any, frame: types.FrameType) -> None:
-    return None
-
-
-def _top_mode() -> Any:
-    import torch
-
-    overrides: Any = torch.overrides
-    stack = overrides._get_current_function_mode_stack()
-    return stack[-1] if stack else None
-
-
-def release_resident_mode() -> None:
-    """Take the recording mode left between checks off torch's mode stack (as a session ends)."""
-    while _resident:
-        _leave(_resident.pop())
-
-
-def _leave(mode: Any) -> None:
-    """Take ``mode`` off torch's function mode stack, wherever it is in it.
-
-    ``TorchFunctionMode.__exit__`` pops whatever is on top: if the test entered a mode of its own
-    and left it there, that would take the test's mode off and leave ours. Modes above ours are
-    put back as they were (as torch does for its default-device mode).
-    """
-    import torch
-
-    overrides: Any = torch.overrides
-    above: list[Any] = []
-    try:
-        while overrides._get_current_function_mode_stack() and _top_mode() is not mode:
-            above.append(overrides._pop_mode())
-        if _top_mode() is mode:
-            overrides._pop_mode()
-    finally:
-        for other in reversed(above):
-            overrides._push_mode(other)
-
-
-def _compiled_anything() -> bool:
-    """Whether torch.compile has compiled code in this process (without importing dynamo)."""
-    utils = sys.modules.get("torch._dynamo.utils")
-    try:
-        return bool(utils is not None and utils.counters["frames"]["total"])
-    except Exception:
-        return False
+_GC_HEADER = 2 * ctypes.sizeof(ctypes.c_void_p)
+_HAVE_GC = 1 << 14
+_MANAGED_DICT = 1 << 4
 
 
 @functools.lru_cache(maxsize=1)
-def _recording_mode() -> type:
-    """The torch function mode that notes where results are made: one class for the whole process.
+def _raw_traceback() -> Any | None:
+    """CPython's lookup of a memory block's traceback by address (3.11 needs it: see :func:`_frames_of`)."""
+    try:
+        function = ctypes.pythonapi._PyTraceMalloc_GetTraceback
+    except (AttributeError, OSError):
+        return None
+    function.restype = ctypes.py_object
+    function.argtypes = [ctypes.c_uint, ctypes.c_size_t]
+    return function
 
-    ``torch.compile`` traces the modes that are active and guards on their classes: a class per
-    check would recompile a compiled function in every checked test. While compiling, the mode
-    passes calls straight through (``is_compiling`` is a constant to the tracer), so compiled code
-    gets no graph break and no warning from it.
+
+def _frames_of(obj: Any) -> list[tuple[str, int, str]] | None:
+    """The stack (innermost first) where ``obj`` was allocated while tracemalloc ran, or None.
+
+    Python 3.11's ``tracemalloc.get_object_traceback`` misses objects whose class keeps their
+    ``__dict__`` before the object (every Python subclass of a C type, ``torch.Tensor`` among
+    them), so there the block's address is computed here and looked up directly: a lookup in
+    tracemalloc's table that never reads the memory at that address.
     """
-    import torch
-    from torch.overrides import TorchFunctionMode
-
-    is_compiling = torch.compiler.is_compiling
-
-    class RecordSites(TorchFunctionMode):
-        def __init__(self, note: Any) -> None:
-            super().__init__()
-            self.note = note
-            self.recording = True
-
-        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            result = func(*args, **(kwargs or {}))
-            if is_compiling() or not self.recording:
-                return result
-            if type(result) in (tuple, list):
-                for item in result:
-                    self.note(item, sys._getframe(1))
-            else:
-                self.note(result, sys._getframe(1))
-            return result
-
-    return RecordSites
+    if sys.version_info >= (3, 12) or sys.version_info < (3, 11):
+        traceback = tracemalloc.get_object_traceback(obj)
+        return None if traceback is None else [(frame.filename, frame.lineno, "") for frame in reversed(traceback)]
+    lookup = _raw_traceback()
+    if lookup is None:
+        return None
+    flags = type(obj).__flags__
+    header = (_GC_HEADER if flags & _HAVE_GC else 0) + (_GC_HEADER if flags & _MANAGED_DICT else 0)
+    raw = lookup(0, id(obj) - header)
+    return None if raw is None else [(filename, line, "") for filename, line in raw]
 
 
 class SiteRecorder:
-    """Records the allocation site of every tensor torch returns to Python while it is active."""
+    """Records where tensors are made while it runs; see the module docstring.
+
+    Where the user's own code already runs tracemalloc, it is used as it is and left running.
+    """
 
     def __init__(self) -> None:
         # id(storage) -> (data pointer, size, stack): an id and a data pointer together are reused
         # only when a new storage takes both the old storage object's place and its memory.
         self._sites: dict[int, tuple[int, int, tuple[Site, ...]]] = {}
-        self._mode: Any = None
-        self._paused = False
-        self._on_stack = False
+        self._owns_tracing = False
 
-    def __enter__(self) -> SiteRecorder:
-        if _resident and _top_mode() is _resident[-1]:
-            self._mode = _resident.pop()  # left on the stack by the previous check: record with it
-            self._mode.note, self._mode.recording = self._note, True
-        else:
-            self._mode = _recording_mode()(self._note)
-            self._mode.__enter__()
-        self._on_stack = True
-        return self
+    @property
+    def tracing(self) -> bool:
+        return tracemalloc.is_tracing()
 
-    def _note(self, value: Any, frame: types.FrameType) -> None:
-        if not is_tensor_type(type(value)):
+    def start(self) -> None:
+        if not tracemalloc.is_tracing():
+            tracemalloc.start(FRAMES_TRACED)
+            self._owns_tracing = True
+
+    def stop(self) -> None:
+        """Stop tracing (the sites captured so far stay known)."""
+        if self._owns_tracing:
+            self._owns_tracing = False
+            if tracemalloc.is_tracing():
+                tracemalloc.stop()
+
+    def capture(self, pairs: list[tuple[Any, Any]]) -> None:
+        """Note now, while tracing runs, where each ``(tensor, storage)`` pair's tensor was made."""
+        if not tracemalloc.is_tracing():
             return
+        for tensor, storage in pairs:
+            stack = self._stack(tensor)
+            if stack:
+                try:
+                    self._sites[id(storage)] = (storage.data_ptr(), storage.nbytes(), stack)
+                except Exception:
+                    continue
+
+    def _stack(self, tensor: Any) -> tuple[Site, ...]:
+        frames = _frames_of(tensor)
+        if not frames:
+            return ()
+        return tuple((filename, line, enclosing_function(filename, line)) for filename, line, _ in user_sites(frames))
+
+    def site_of(self, tensor: Any, storage: Any) -> tuple[Site, ...] | None:
+        """Where ``tensor`` (whose storage is ``storage``) was made, if recorded."""
+        known = self._sites.get(id(storage))
         try:
-            storage = _untyped_storage(value)
-            identity = (storage.data_ptr(), storage.nbytes())
+            if known is not None and known[:2] == (storage.data_ptr(), storage.nbytes()):
+                return known[2]
         except Exception:
-            return
-        known = self._sites.get(id(storage))
-        if known is None or known[:2] != identity:  # in-place results keep their first site
-            self._sites[id(storage)] = (*identity, user_stack(frame))
-
-    def __exit__(self, *exc_info: object) -> None:
-        mode, self._mode = self._mode, None
-        if mode is not None and self._on_stack:
-            if _compiled_anything() and _top_mode() is mode:
-                # Compiled code is guarded on the mode stack: a stack that changed between
-                # checked and unchecked code would recompile it. Stay, recording nothing.
-                mode.note, mode.recording = _ignore, False
-                _resident.append(mode)
-            else:
-                mode.note = _ignore  # should a test have held on to the mode, it keeps no record
-                _leave(mode)
-        self._paused = self._on_stack = False
-
-    def pause(self) -> None:
-        """Stop recording for a while (a long loop whose first steps were recorded).
-
-        Where torch.compile has compiled code, the mode stays on the stack and only stops
-        recording: compiled code is guarded on the active modes, and leaving would recompile it
-        in the middle of the loop.
-        """
-        if self._mode is None or self._paused:
-            return
-        if _compiled_anything() or _top_mode() is not self._mode:
-            self._mode.recording = False  # (a mode the test entered sits above ours: stay under it)
-        else:
-            _leave(self._mode)
-            self._on_stack = False
-        self._paused = True
-
-    def resume(self) -> None:
-        if self._mode is not None and self._paused:
-            if not self._on_stack:
-                self._mode.__enter__()
-                self._on_stack = True
-            self._mode.recording = True
-            self._paused = False
-
-    def site_of(self, storage: Any) -> tuple[Site, ...] | None:
-        """The stack where ``storage`` was allocated, if it was recorded."""
-        known = self._sites.get(id(storage))
-        if known is None or known[:2] != (storage.data_ptr(), storage.nbytes()):
             return None
-        return known[2]
+        if tracemalloc.is_tracing():
+            return self._stack(tensor) or None
+        return None
 
     def clear(self) -> None:
         self._sites.clear()

@@ -29,7 +29,6 @@ from .referrers import holder_paths, without_python_holders
 from .report import render_groups, shape_text
 from .sizes import format_size
 from .sites import SiteSource, describe_stack
-from .tracker import Tracker
 
 MAX_CHAINS_PER_GROUP = 3
 HELD_FROM_CPP = "<no Python reference: held from C++, e.g. by a hook or cache inside torch or an extension>"
@@ -119,7 +118,8 @@ class TensorGroup:
     diagnoses: list[str] = field(default_factory=list)
     """The leak patterns recognised, each with its cause and fix (see :mod:`pytest_vramleak.diagnosis`)."""
     kind: str = "tensor"
-    """``tensor``, ``grad`` (a gradient of a live tensor) or ``graph`` (saved by an autograd graph)."""
+    """``tensor``, ``grad`` (a gradient of a live tensor), ``graph`` (saved by an autograd graph) or
+    ``storage`` (a storage object kept without a tensor)."""
 
     def title(self) -> str:
         """One line: what the tensors are, how many, how many bytes."""
@@ -129,6 +129,9 @@ class TensorGroup:
                 f"autograd graph of a {self.dtype}{shape} tensor on {self.device}: "
                 f"{self.graph_tensors} saved tensors, {format_size(self.graph_bytes)}"
             )
+        if self.kind == "storage":
+            noun = "storage" if self.count == 1 else "storages"
+            return f"storage kept without a tensor on {self.device}: {self.count} {noun}, {format_size(self.bytes)}"
         what = " gradient" if self.kind == "grad" else ""
         noun = "tensor" if self.count == 1 else "tensors"
         return f"{self.dtype}{shape}{what} on {self.device}: {self.count} {noun}, {format_size(self.bytes)}"
@@ -173,29 +176,19 @@ def meter_for(device: str | None = "auto") -> Meter:
     return make_meter(resolve_device(device, torch), torch)
 
 
-def take_snapshot(
-    device: str | None = "auto", *, meter: Meter | None = None, tracker: Tracker | None = None, settle: bool = True
-) -> Snapshot:
+def take_snapshot(device: str | None = "auto", *, meter: Meter | None = None, settle: bool = True) -> Snapshot:
     """Collect garbage, wait for the device, and record its allocated bytes and live storages.
 
-    Without a ``tracker`` this walks the whole heap; with one (see :mod:`pytest_vramleak.tracker`)
-    it reads only the tensors the tracker knows of and those created since it began. With
-    ``settle=False`` garbage is left uncollected (to see what only the cycle collector frees).
+    This walks the whole heap (a per-test check uses :class:`pytest_vramleak.LeakCheck`, which
+    reads only what changed). With ``settle=False`` garbage is left uncollected.
     """
     meter = meter or meter_for(device)
     if settle:
         meter.settle()  # collects garbage
-    if tracker is not None:
-        view = tracker.view(collect=False, device=meter.name)
-        storages = {r.key: r.nbytes for r in view.storages.values()}
-        identities = {r.key: r.ref for r in view.storages.values()}
-        young = frozenset(r.key for r in view.storages.values() if r.young or not tracker.knows_age)
-    else:
-        census = take_census(meter.name, identify=True)
-        storages, identities = census.storages, census.identities
-        young = frozenset()  # a snapshot without a tracker: everything alive now is older than what follows
+    census = take_census(meter.name, identify=True)
+    storages, identities = census.storages, census.identities
     allocated = sum(storages.values()) if meter.name == "cpu" else meter.allocated_bytes()
-    return Snapshot(meter.name, allocated, storages, meter.details(), identities, young)
+    return Snapshot(meter.name, allocated, storages, meter.details(), identities)
 
 
 def diff(
@@ -269,10 +262,29 @@ def _graph_owners() -> list[Any]:
     return owners
 
 
-def _group_key(tensor: Any) -> tuple[str, tuple[int, ...], str]:
+def _group_key(found: Found) -> tuple[str, tuple[int, ...], str]:
+    """dtype, shape and device of what a find holds; a storage kept without a tensor has no dtype."""
+    if found.via == "storage":
+        return "untyped storage", (found.nbytes,), found.key[0]
+    return tensor_key(found.tensor)
+
+
+def tensor_key(tensor: Any) -> tuple[str, tuple[int, ...], str]:
+    """dtype, shape and device of a tensor: a nested tensor's shape is its number of components."""
     torch = _torch()
-    with torch._C.DisableTorchFunctionSubclass():
-        return str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), str(tensor.device)
+    base = torch._C.TensorBase
+    with torch._C.DisableTorchFunction():
+        dtype = str(base.dtype.__get__(tensor)).removeprefix("torch.")
+        device = str(base.device.__get__(tensor))
+        try:
+            shape = tuple(base.size(tensor))
+        except Exception:  # nested tensors have no single shape
+            try:
+                shape = (int(base.size(tensor, 0)),)
+            except Exception:
+                shape = ()
+            dtype = f"nested {dtype}"
+    return dtype, shape, device
 
 
 def _primary(finds: list[Found], orphans: set[int]) -> Found:
@@ -282,7 +294,7 @@ def _primary(finds: list[Found], orphans: set[int]) -> Found:
     the graph's: torch keeps the Python object of a saved tensor alive once it has been unpacked.
     """
     by_via = {f.via: f for f in reversed(finds)}
-    held = [f for f in finds if f.via == "gc" and id(f.tensor) not in orphans]
+    held = [f for f in finds if f.via in ("gc", "storage") and id(f.tensor) not in orphans]
     if held:
         return held[0]
     if "grad" in by_via:
@@ -292,13 +304,11 @@ def _primary(finds: list[Found], orphans: set[int]) -> Found:
     return finds[0]
 
 
-def _allocation_site(sites: SiteSource | None, tensor: Any) -> str | None:
-    if sites is None:
+def _allocation_site(sites: SiteSource | None, found: Found, tensor: Any | None = None) -> str | None:
+    if sites is None or found.storage is None:
         return None
-    torch = _torch()
     try:
-        with torch._C.DisableTorchFunctionSubclass():
-            stack = sites.site_of(torch._C.TensorBase.untyped_storage(tensor))
+        stack = sites.site_of(found.tensor if tensor is None else tensor, found.storage)
     except Exception:
         return None
     return describe_stack(stack) if stack else None
@@ -323,23 +333,25 @@ def describe(
         owners = _graph_owners()
     orphan_owners = without_python_holders(owners, exclude_types=(Found,)) if owners else set()
     owners.clear()
+    keys = list(dict.fromkeys(keys))  # the caller's order (oldest first) decides the order of the chains shown
     located = _locate(keys, device, orphan_owners)
+    order = {key: index for index, key in enumerate(keys)}
     groups: dict[tuple[Any, ...], TensorGroup] = {}
     targets: list[Any] = []
     target_groups: list[tuple[TensorGroup, str]] = []
     owner_groups: dict[int, TensorGroup] = {}
     primaries: list[Found] = []
     try:
-        gc_tensors = [f.tensor for finds in located.values() for f in finds if f.via == "gc"]
+        gc_tensors = [f.tensor for finds in located.values() for f in finds if f.via in ("gc", "storage")]
         orphans = without_python_holders(gc_tensors, exclude_types=(Found,)) if gc_tensors else set()
         del gc_tensors
         primaries = [_primary(finds, orphans) for finds in located.values()]
-        primaries.sort(key=lambda f: f.via == "graph")  # owners' groups first
+        primaries.sort(key=lambda f: (f.via == "graph", order[f.key]))  # owners' groups first
         for found in primaries:
             if found.via == "graph":
                 group = owner_groups.get(id(found.owner))
                 if group is None:
-                    dtype, shape, where = _group_key(found.owner)
+                    dtype, shape, where = tensor_key(found.owner)
                     group = groups.setdefault((dtype, shape, where, "graph"), TensorGroup(dtype, shape, where, kind="graph"))
                     owner_groups[id(found.owner)] = group
                     group.count += 1
@@ -347,21 +359,21 @@ def describe(
                     target_groups.append((group, ""))
                 group.graph_bytes += found.nbytes
                 group.graph_tensors += 1
-                site = _allocation_site(sites, found.owner)
+                site = _allocation_site(sites, found, found.owner)
                 if group.kind == "graph" and site is not None and site not in group.allocated_at:
                     group.allocated_at.append(site)
                 continue
-            dtype, shape, where = _group_key(found.tensor)
+            dtype, shape, where = _group_key(found)
             kind = "tensor" if found.via == "gc" else found.via
             group = groups.setdefault((dtype, shape, where, kind), TensorGroup(dtype, shape, where, kind=kind))
             group.bytes += found.nbytes
             group.count += 1
             owner_groups.setdefault(id(found.tensor), group)
-            site = _allocation_site(sites, found.tensor)
+            site = _allocation_site(sites, found)
             if site is not None and site not in group.allocated_at and len(group.allocated_at) < MAX_CHAINS_PER_GROUP:
                 group.allocated_at.append(site)
             if sum(1 for g, _ in target_groups if g is group) < MAX_CHAINS_PER_GROUP:
-                targets.append(found.tensor if found.via == "gc" else found.owner)
+                targets.append(found.tensor if found.via in ("gc", "storage") else found.owner)
                 target_groups.append((group, ".grad" if found.via == "grad" else ""))
         if name and targets:
             for (group, suffix), path in zip(target_groups, holder_paths(targets, exclude_types=(Found,), frames=frames)):

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .devices import Meter
-from .snapshot import Leak, Snapshot, describe, meter_for, take_snapshot
 from .sites import SiteRecorder
-from .tracker import Tracker
+from .snapshot import Leak, describe, meter_for
+from .tracker import Mark, StorageRef, Tracker
 from .verdict import GrowthVerdict, judge_growth
 
 
@@ -27,9 +27,9 @@ class StepResult:
     """Bytes above the warm-up baseline after each measured step."""
     verdict: GrowthVerdict
     leak: Leak | None = None
+    """Tensors created after warm-up that outlived a step, with their holders; only when memory grew."""
     warmup_steps: list[int] = field(default_factory=list)
     """Bytes above the warm-up baseline after each warm-up step (the last is the baseline: 0)."""
-    """Tensors created after warm-up that outlived a step, with their holders; only when memory grew."""
 
     @property
     def grows(self) -> bool:
@@ -49,9 +49,9 @@ class StepWatcher:
     tolerance: int = 0
     meter: Meter | None = None
     tracker: Tracker | None = None
-    """Tracks storages cheaply between steps; one is made for the loop when none is given."""
-    sites: Callable[[], SiteRecorder | None] | None = None
-    """The recorder of allocation sites active around the loop, if any."""
+    """Tracks storages between steps; one is made for the loop when none is given."""
+    record_sites: bool = True
+    """Record where the tensors of the first measured steps are made (see :mod:`pytest_vramleak.sites`)."""
     results: list[StepResult] = field(default_factory=list)
 
     def check_arguments(self, n: int, warmup: int | None) -> int:
@@ -70,55 +70,107 @@ class StepWatcher:
         """
         warmup = self.check_arguments(n, warmup)
         meter = self.meter or meter_for(self.device)
-        tracker = self.tracker or Tracker(meter.name)
-        owns_tracker = not tracker.active
-        if owns_tracker:
-            tracker.begin()
-        recorder = self.sites() if self.sites else None
+        loop = _Loop(meter, self.tracker or Tracker(meter.name), self.record_sites)
+        loop.open()
         try:
-            baseline: Snapshot | None = take_snapshot(meter=meter, tracker=tracker) if warmup == 0 else None
-            snapshots: list[Snapshot] = []
-            measured: list[int] = []
-            warming: list[int] = []
+            if warmup == 0:
+                loop.take_baseline()
             for index in range(n):
                 yield index
                 if index < warmup - 1:
-                    warming.append(take_snapshot(meter=meter, tracker=tracker).allocated_bytes)
+                    loop.measure_warmup()
                 elif index == warmup - 1:
-                    baseline = take_snapshot(meter=meter, tracker=tracker)
-                    warming.append(baseline.allocated_bytes)
-                elif index >= warmup:
-                    snapshots.append(take_snapshot(meter=meter, tracker=tracker))
-                    if len(snapshots) > 2:
-                        del snapshots[0]  # only the last two are needed for naming
-                    measured.append(snapshots[-1].allocated_bytes)
-                if recorder is not None and index == warmup + RECORDED_STEPS - 1:
-                    # Recording every torch call costs about a fifth of a small step; what a loop
-                    # leaks, it leaks in its first measured steps too.
-                    recorder.pause()
+                    loop.take_baseline()
+                else:
+                    loop.measure_step(recording_ends=index == warmup + RECORDED_STEPS - 1)
         finally:
-            if recorder is not None:
-                recorder.resume()
-            if owns_tracker:
-                tracker.end()
-        assert baseline is not None and len(snapshots) == 2
-        figures = [m - baseline.allocated_bytes for m in measured]
+            loop.close()
+        figures = loop.figures()
         verdict = judge_growth(figures, self.tolerance, meter.name)
-        leak = None
-        if verdict.grows:
-            penultimate, end = snapshots
-            # Storages alive both after the next-to-last step and at the end outlived a step:
-            # those are the growth. The last step's own temporaries (its batch, its loss) are not.
-            new = end.new_since(baseline)
-            lasting = {key for key in new if penultimate.holds_same(key, end)}
-            with tracker.unfrozen():  # naming holders needs the whole heap
-                groups = describe(lasting or new, meter.name, sites=self.sites() if self.sites else None)
-            leak = Leak(meter.name, baseline.allocated_bytes, end.allocated_bytes, end.leaked_since(baseline), groups, end.details)
-        warmup_figures = [w - baseline.allocated_bytes for w in warming]
-        self.results.append(StepResult(meter.name, warmup, figures, verdict, leak, warmup_figures))
+        leak = loop.explain() if verdict.grows else None
+        self.results.append(StepResult(meter.name, warmup, figures, verdict, leak, loop.warmup_figures()))
 
     def check(self, step: Callable[[int], Any], *, steps: int = 10, warmup: int | None = None) -> StepResult:
         """Call ``step(i)`` for ``i`` in ``0 .. steps-1`` and return the result of the check."""
         for index in self.steps(steps, warmup=warmup):
             step(index)
         return self.results[-1]
+
+
+class _Loop:
+    """One step loop's measurements: the warm-up baseline, then memory after each step.
+
+    On CPU each measurement is a tracker observation (what the step made and freed); on an
+    accelerator, the allocator's counter, and the tracker is read only to name a leak.
+    """
+
+    def __init__(self, meter: Meter, tracker: Tracker, record_sites: bool) -> None:
+        self.meter = meter
+        self.tracker = tracker
+        self.on_cpu = meter.name == "cpu"
+        self.owns_tracker = not tracker.active
+        # On accelerators the allocator's history names sites (--vramleak-trace); steps are not observed.
+        self.recorder = SiteRecorder() if record_sites and self.on_cpu else None
+        self.warming: list[int] = []
+        self.measured: list[int] = []
+        self.baseline_bytes = 0
+        self.baseline_clock = 0
+        self.penultimate_clock = 0
+        self.last_mark: Mark | None = None
+
+    def open(self) -> None:
+        if self.owns_tracker:
+            self.tracker.begin(index=self.on_cpu)
+
+    def close(self) -> None:
+        if self.recorder is not None:
+            self.recorder.stop()
+        if self.owns_tracker:
+            self.tracker.end()
+
+    def _measure(self) -> int:
+        if self.on_cpu:
+            self.last_mark = self.tracker.observe(since=self.last_mark)
+            return self.tracker.total("cpu")
+        self.meter.settle()
+        return self.meter.allocated_bytes()
+
+    def measure_warmup(self) -> None:
+        self.warming.append(self._measure())
+
+    def take_baseline(self) -> None:
+        self.baseline_bytes = self._measure()
+        self.warming.append(self.baseline_bytes)
+        self.baseline_clock = self.penultimate_clock = self.tracker.clock
+        if self.recorder is not None:
+            self.recorder.start()
+
+    def measure_step(self, *, recording_ends: bool) -> None:
+        self.penultimate_clock = self.tracker.clock
+        self.measured.append(self._measure())
+        if recording_ends and self.recorder is not None:
+            # Tracing every allocation costs more than a small step; what a loop leaks, it leaks
+            # in its first measured steps too: note where those were made, and stop.
+            self.recorder.capture(self.tracker.pairs(self.tracker.created("cpu", since=self.baseline_clock)))
+            self.recorder.stop()
+
+    def figures(self) -> list[int]:
+        return [m - self.baseline_bytes for m in self.measured]
+
+    def warmup_figures(self) -> list[int]:
+        return [w - self.baseline_bytes for w in self.warming]
+
+    def explain(self) -> Leak:
+        """The tensors made after warm-up that outlived a step (alive after the next-to-last step
+        and at the end), with their holders. The last step's own temporaries are not among them."""
+        tracker, device = self.tracker, self.meter.name
+        if not self.on_cpu:
+            tracker.catch_up()
+        lasting = tracker.created(device, since=self.baseline_clock, before=self.penultimate_clock + 1)
+        refs = lasting or tracker.created(device, since=self.baseline_clock)
+        refs += [ref for ref, _ in tracker.grown_older(device, since=self.baseline_clock)]
+        keys = [(ref.device, ref.pointer) for ref in refs if ref() is not None]
+        with tracker.unfrozen():  # naming holders needs the whole heap
+            groups = describe(keys, device, sites=self.recorder) if keys else []
+        end = self.baseline_bytes + (self.figures()[-1] if self.measured else 0)
+        return Leak(device, self.baseline_bytes, end, end - self.baseline_bytes, groups)

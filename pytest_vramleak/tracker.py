@@ -1,247 +1,648 @@
-"""Cheap per-test accounting of tensor storages: an index of known tensors and gc.freeze().
+"""Per-test accounting of tensor storages at the cost of what the test did, not of what the process holds.
 
-The full census (:mod:`pytest_vramleak.census`) walks every object in the heap: with torch and
-pytest loaded that is ~10^5 objects and tens of milliseconds, too slow to run twice per test.
-The tracker gets the same answer from far less work:
+A census (:mod:`pytest_vramleak.census`) walks every object of the heap; with torch loaded that is
+10^5 objects or more, and reading every live tensor costs about two microseconds each. A check
+around every test cannot afford either. The tracker keeps, across tests:
 
-- an index of weak references to every tensor known to be alive, built by one full heap walk the
-  first time it is needed and kept up to date after that;
-- ``gc.freeze()`` when a test's setup starts, so that afterwards ``gc.get_objects()`` and
-  ``gc.collect()`` only see objects created since: a scan costs what the test allocated, not what
-  the process holds;
-- at each measurement, the storages (and gradients, and tensors saved by autograd graphs) of the
-  indexed tensors plus those of any tensor created since the freeze, which then joins the index.
+- an index of every known tensor (a weak reference, and the storages, gradient and graph it had
+  when last read) and of every known storage (a weak reference whose callback reports the
+  storage's death, its size, device and address, and the moment it was first seen: ``born``);
+- a running total of the bytes of known live storages per device.
 
-Why this cannot miss a leak that the full census would see. A storage the full census counts is
-reached from a Python tensor object T (directly, as T's gradient, or through T's autograd graph).
-Either T existed when the test's setup started, and then it is in the index (the index holds
-every tensor alive at the previous tracked moment, and a tensor created between two tracked
-moments is created while the heap is frozen, so it is not frozen itself and the scan finds it);
-or T was created later, and then T is not frozen and the young scan finds it. Either way T's
-storage is read at the measurement. Storages are compared by identity (a weak reference to the
-storage object, which torch keeps while the storage lives), so a new storage at an address freed
-by an older one is still new, and a storage that grew in place (``resize_``) counts its growth.
-Between tests nothing is frozen: the index is rebuilt with a full walk whenever tracking stops
-for a while (untracked tests ran in between), and when anyone else froze the heap.
+Around a test, ``gc.freeze()`` (taken when its setup starts) makes scans and collections see only
+the objects made since, so each observation costs what the test made: the young Python tensors
+and storage objects are read, what died is known from the callbacks, and the totals follow.
 
-Ages. :meth:`Tracker.begin` also notes which storages are alive as the test's setup starts (the
-previous checked test's last view, when nothing untracked ran since; else a view then), so a view
-marks each storage ``young`` (made since) or not. A leak on CPU is growth: new storages less
-older ones the test freed (a replaced gradient, an evicted cache entry). Young storages that die
-(what a function-scoped fixture made in setup and frees at teardown) never offset anything, and
-neither can garbage older than the test, which stays frozen, and so alive, while it runs. Where
-the tracker did not freeze the heap itself, every storage counts as young: no offsets at all.
+**What the ledger says.** On CPU a test leaked the bytes of storages first seen since its setup
+began that are still alive, plus the growth in place of older storages, less the bytes of older
+storages that died during the test (a replaced gradient, an evicted cache entry): what the CPU
+allocator's own counter would show if it had one, as on accelerators. Storages made since the
+setup began never offset (what a fixture makes and frees at teardown hides nothing), and garbage
+older than the test is frozen, so it cannot be collected during the test and offset a leak.
 
-Before freezing, the young generations are collected (well under a millisecond): garbage that
-earlier tests left in reference cycles goes then instead of staying in memory through the test.
-Objects frozen during a test are not collected until it ends; older cyclic garbage is collected
-after it, by Python's own schedule.
+**Why it sees what a census would see.** A storage a census counts is reached from a Python
+tensor or storage object T, directly, as T's gradient, or through T's autograd graph.
+
+1. T was made since the last freeze: T is not frozen, so the scan of each observation finds it
+   and reads it whole (storages, gradient, graph). Objects made between two checked tests are in
+   the young generations when the next test begins, and are indexed then.
+2. T is older: it is in the index, with what it held when last read. What an older tensor holds
+   can change only in these ways, each watched for:
+
+   a. one of its storages dies (``set_``, ``.data =``, ``swap_tensors``, freeing its gradient):
+      the storage's callback names the tensors that used it, which are read again;
+   b. backward accumulates a new gradient into it: that needs an autograd graph, whose nodes
+      take this thread's autograd sequence numbers; when the counter moved during the test,
+      the gradients of every indexed leaf that requires grad are compared with what was read;
+   c. it grows in place (``resize_``, an ``out=`` argument that resizes, ``storage.resize_``):
+      the sizes of all indexed storages are compared with what was read, in one pass at C
+      speed (about 0.07 microseconds a storage), the only reading as costly as the process's
+      storages are many. So it is done at each check only up to
+      :data:`SIZES_COMPARED_PER_CHECK` storages; in a process that holds more, between
+      checks (:meth:`Tracker.drift`), where what grew is reported but charged to no test.
+
+   What stays unseen: a tensor older than the test given a new storage while its old one
+   lives on (``set_`` on one of two views of a buffer), and a gradient that backward on
+   another thread, or on a graph built before the test, accumulates into an older leaf.
+
+Where the heap is frozen by someone else (a conftest that froze it, or a test that freezes it),
+nothing is frozen by the tracker: it notices (a young sentinel object made at each freeze goes
+missing from its scans, or the freeze count is not zero when a test begins), indexes the whole
+heap once, and from then on each scan walks every unfrozen object: correct, and slower.
+
+Accelerators have allocator counters (see :mod:`pytest_vramleak.devices`); there the tracker is
+asked only to name what leaked, and reads every indexed tensor on that device then.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
+import itertools
+import operator
+import time
 import weakref
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from .census import FREEZERS, StorageKey, _graph_tensors, _torch, live_tensors
+from .census import (
+    FREEZERS,
+    _graph_tensors,
+    _torch,
+    is_tensor_type,
+    storage_facts,
+    storage_of_storage_object,
+    storage_types,
+    tensor_storages,
+    tensor_types,
+    whole_heap,
+)
 
 
-class Record(NamedTuple):
-    """One storage: a weak reference to its object, its size, and its key (device, address).
+_KNOWN_SIZE = operator.attrgetter("nbytes")
 
-    A named tuple: a view makes one per live storage, and a tuple is several times cheaper to
-    build than a frozen dataclass.
+
+@functools.lru_cache(maxsize=1)
+def _nbytes() -> Any:
+    return _torch().UntypedStorage.nbytes
+
+
+def graph_clock(torch: Any) -> int | None:
+    """This thread's autograd sequence counter, read by making one node (about ten microseconds).
+
+    Every autograd node takes its thread's next sequence number when it is made, so a counter
+    that moved means the thread built graphs. Each reading takes one number itself. Torch
+    function modes, subclasses and Python dispatch modes are kept out, so no code of the user's
+    runs, and grad mode is forced on for the moment (the reading may happen inside ``no_grad``).
     """
+    try:
+        keys = torch._C.DispatchKeySet(torch._C.DispatchKey.Python) | torch._C.DispatchKeySet(torch._C.DispatchKey.PythonTLSSnapshot)
+        with torch._C.DisableTorchFunction(), torch._C._ExcludeDispatchKeyGuard(keys), torch.inference_mode(False), torch.enable_grad():
+            node = torch.ones((), device="cpu", requires_grad=True).sum().grad_fn
+            return int(node._sequence_nr())
+    except Exception:
+        return None
 
-    ref: weakref.ref[Any]
+
+SIZES_COMPARED_PER_CHECK = 20_000
+"""Up to this many indexed storages, each check compares all their sizes (at most about a
+millisecond and a half); with more, the comparison waits for :meth:`Tracker.drift`, which the
+pytest layer calls as each test module ends."""
+
+REFREEZE_AFTER_SECONDS = 0.002
+"""An observation that spent longer than this collecting and scanning young objects (a step
+that imported modules, a set-up that built much) freezes them, so later observations skip them."""
+
+
+class _Sentinel:
+    """Made right after each freeze: a scan that does not find it means someone else froze the heap."""
+
+
+class StorageRef(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference to a storage object, with what the tracker knows of the storage."""
+
+    __slots__ = ("ident", "nbytes", "device", "pointer", "born", "users")
+    ident: int
     nbytes: int
-    key: StorageKey
-    young: bool = False
-    """Not alive when :meth:`Tracker.begin` froze the heap: made during the test's setup, body or teardown."""
-
-
-@dataclass
-class View:
-    """The storages alive on a device at one moment, by ``id`` of the storage object."""
-
     device: str
-    storages: dict[int, Record] = field(default_factory=dict)
+    pointer: int
+    born: int
+    """The tracker's clock when the storage was first seen."""
+    users: list[int]
+    """Ids of the indexed tensors that used the storage when last read."""
+
+
+class _Nothing:
+    pass
+
+
+_NO_GRAD: weakref.ref[Any] = weakref.ref(_Nothing())  # dead at once: calling it gives None
+_ENTRY_REF = operator.attrgetter("ref")
+_ENTRY_GRAD = operator.attrgetter("grad")
+_GRAD = operator.attrgetter("_grad")
+
+
+class Entry:
+    """What the tracker last read of one tensor."""
+
+    __slots__ = ("ref", "storages", "grad", "capable")
+
+    def __init__(self, ref: weakref.ref[Any]) -> None:
+        self.ref = ref
+        self.storages: tuple[StorageRef, ...] = ()
+        self.grad: weakref.ref[Any] = _NO_GRAD
+        """The gradient last read; a reference that is always dead where there was none."""
+        self.capable = False
+        """A leaf that requires grad, or a tensor that retains its gradient: backward can give it one."""
+
+
+class Mark(NamedTuple):
+    """One observation: the tracker's clock, and autograd's counter for the next one to compare with."""
+
+    clock: int
+    graphs: int | None
+    """This thread's autograd sequence counter right after the observation."""
 
 
 class Tracker:
-    """Tracks tensor storages on one device across a test; see the module docstring."""
+    """Indexes tensors and storages of every device; see the module docstring."""
 
-    def __init__(self, device: str) -> None:
+    def __init__(self, device: str | None = None) -> None:
         self.device = device
+        """The device the tracker's owner measures (the tracker itself indexes every device)."""
         self.stale = True
-        """Set when code ran untracked since :meth:`end`: the next :meth:`begin` rebuilds the index."""
-        self._index: dict[int, weakref.ref[Any]] = {}
-        self._at_begin: dict[int, Record] = {}
-        """The storages alive on the device when :meth:`begin` froze the heap: those older than the test."""
-        self._last_view: View | None = None
-        """The latest view of the tracker's device; weak references only."""
+        """Set when code ran untracked since :meth:`end`: the next :meth:`begin` indexes the whole heap."""
+        self.unindexed = False
+        """Set when a check ended that never observed (its allocator counted): what it kept is not indexed."""
+        self._observed = False
+        self._entries: dict[int, Entry] = {}
+        self._capable: dict[int, Entry] = {}
+        self._storages: dict[int, StorageRef] = {}
+        self._dead: list[StorageRef] = []
+        self._totals: Counter[str] = Counter()
+        self.clock = 0
+        self.begin_clock = 0
+        self._young: list[StorageRef] = []
+        self._freed: list[tuple[int, StorageRef]] = []
+        self._grown: list[tuple[int, StorageRef, int]] = []
         self._froze = False
+        self._foreign = False
+        """Someone else froze the heap: the tracker freezes nothing and scans every unfrozen object."""
         self._begun = False
+        self._sentinel: _Sentinel | None = None
+        self._born_override: int | None = None
+        self._drift: list[tuple[StorageRef, int]] | None = None
+        self.sizes_skipped = False
+        """Set when a check skipped comparing sizes (too many storages); :meth:`drift` does it later."""
+        self.full_reads = 0
+        """How many times every indexed tensor was read again (for tests and benchmarks)."""
+        self.grad_reads = 0
+        """How many times the gradients of every indexed leaf were compared."""
 
-    def begin(self) -> None:
-        """Freeze the heap (as a test's setup starts), after rebuilding the index if it is stale.
+    # -- the protocol around a test -------------------------------------------------------------
 
-        Where the heap is frozen already (the test suite froze it itself), nothing is frozen and
-        each view walks the whole heap: slower, never wrong.
+    def begin(self, *, index: bool = True) -> None:
+        """A checked test's setup starts: index what is new, collect young garbage, freeze the heap.
+
+        ``index=False`` where an allocator counts the memory: nothing is read unless a leak must
+        be named (see :meth:`catch_up`).
         """
-        # get_freeze_count() walks the frozen objects: cheap here, where normally none are.
-        frozen_by_others = gc.get_freeze_count() > 0
-        if not frozen_by_others:
-            # Young garbage (what earlier tests dropped in reference cycles) goes now, cheaply,
-            # rather than staying frozen, and in memory, for the whole test.
-            gc.collect(1)
-        rebuilt = self.stale or frozen_by_others
-        if rebuilt:
+        frozen_by_others = not self._froze and gc.get_freeze_count() > 0  # walks the frozen list: empty unless someone froze
+        if frozen_by_others and not self._foreign:
+            self._foreign = True
+            self.stale = True
+        if index and (self.stale or self.unindexed):
             self._rebuild()
+        elif self._foreign:
+            gc.collect()  # older garbage goes before the test, so it cannot offset what the test leaks
+            if index:
+                self._scan()
+        else:
+            if index:
+                self._index_between_tests()
+            gc.collect(1)  # young garbage earlier tests left in cycles goes now, not after this test
+        self._process_dead()  # storages that died before the test: not the test's doing
+        self.clock += 1
+        self.begin_clock = self.clock
+        self._young, self._freed, self._grown = [], [], []
         self._begun = True
-        if not frozen_by_others:
+        self._observed = False
+        if not self._foreign:
             gc.freeze()
             self._froze = True
             FREEZERS.add(self)
-            # What the storages were as the test began: the last view, taken as the previous
-            # checked test ended, when only tracked code ran since (a storage made after it counts
-            # as young, which only ever keeps it from offsetting); else a view now.
-            last = None if rebuilt else self._last_view
-            self._at_begin = (last if last is not None else self._read(self.device)).storages
+            self._sentinel = _Sentinel()
 
     def end(self) -> None:
-        """Unfreeze the heap; what the test left is indexed and stays tracked."""
+        """The test is over: unfreeze the heap (older cycles are collected by Python's own schedule)."""
+        self._process_dead()
+        if self._begun and not self._observed:
+            self.unindexed = True  # what this test made and kept is not indexed
         self._begun = False
-        self._at_begin = {}
+        self._sentinel = None
         FREEZERS.discard(self)
         if self._froze:
             self._froze = False
-            self.stale = False
             gc.unfreeze()
-        else:
-            self.stale = True
-
-    @property
-    def knows_age(self) -> bool:
-        """Whether views tell storages made since :meth:`begin` (``Record.young``) from older ones.
-
-        Only while the heap is frozen by this tracker: otherwise every view rebuilds the index.
-        """
-        return self._begun and self._froze
 
     @property
     def active(self) -> bool:
         """Whether a test's tracking is under way (between :meth:`begin` and :meth:`end`)."""
         return self._begun
 
+    # -- observing ------------------------------------------------------------------------------
+
+    def observe(self, *, collect: bool = True, since: Mark | None = None, watch: bool = True) -> Mark:
+        """Collect young garbage, note what died, read what is young, and return the moment.
+
+        With ``since`` (an earlier observation of the same test) and ``watch``, also look at
+        what is older for changes since then (2b and 2c of the module docstring). Leave
+        ``watch`` off where an allocator counts the memory.
+        """
+        started = time.perf_counter()
+        if collect:
+            gc.collect()  # while frozen: the young generations only
+        graphs = graph_clock(_torch()) if watch else None
+        self.clock += 1
+        self._observed = True
+        self._process_dead()
+        self._scan()
+        scanned = time.perf_counter() - started
+        if watch and since is not None:
+            # The last reading took one number itself; anything beyond it is a node of the test's.
+            if graphs is None or since.graphs is None or graphs - since.graphs > 1:
+                self._read_gradients()
+            if len(self._storages) <= SIZES_COMPARED_PER_CHECK:
+                self._compare_sizes()
+            else:
+                self.sizes_skipped = True
+        if self._froze and scanned > REFREEZE_AFTER_SECONDS:
+            self._refreeze()
+        return Mark(self.clock, graphs)
+
+    def drift(self) -> list[tuple[StorageRef, int]]:
+        """Compare every storage's size now, between checks, where checks skipped it (more than
+        :data:`SIZES_COMPARED_PER_CHECK` storages): the older storages that grew in place since
+        they were last compared, with their growth, charged to no test."""
+        self.sizes_skipped = False
+        self._drift = []
+        self._compare_sizes()
+        found, self._drift = self._drift, None
+        return [(ref, delta) for ref, delta in found if ref() is not None and delta > 0]
+
+    def _compare_sizes(self) -> None:
+        """Compare the size of every indexed storage with what was read (2c), at C speed."""
+        refs = list(self._storages.values())
+        try:
+            storages = list(map(operator.call, refs))
+            sizes = list(map(_nbytes(), storages))
+        except TypeError:  # a storage died meanwhile (on another thread): go one by one
+            storages = [ref() for ref in refs]
+            sizes = [ref.nbytes if storage is None else storage.nbytes() for ref, storage in zip(refs, storages)]
+        if sizes != list(map(_KNOWN_SIZE, refs)):
+            with _torch()._C.DisableTorchFunction():
+                for ref, storage, size in zip(refs, storages, sizes):
+                    if storage is not None and size != ref.nbytes:
+                        self._register(storage, None)
+        storages.clear()
+
     def index_young(self) -> None:
-        """Index the tensors created since the freeze (before someone unfreezes the heap)."""
+        """Index what was made since the freeze (before someone unfreezes the heap for a while)."""
         if self._froze:
-            self._add_live()
+            self._process_dead()
+            self._scan()
+
+    def settle(self) -> None:
+        """Collect every generation, the frozen ones too (cycles that outlived an observation),
+        and note what died. Costs a walk of the whole heap: for confirming a suspected leak."""
+        self.index_young()
+        if self._froze:
+            gc.unfreeze()
+            try:
+                gc.collect()
+            finally:
+                gc.freeze()
+                self.refrozen()
+        else:
+            gc.collect()
+        self.clock += 1
+        self._process_dead()
+
+    def refrozen(self) -> None:
+        """The heap was unfrozen for a while and frozen again (see :func:`census.whole_heap`)."""
+        if self._froze:
+            self._sentinel = _Sentinel()
 
     @contextmanager
     def unfrozen(self) -> Iterator[None]:
-        """Unfreeze the heap for a while (a holder search needs all of it), then freeze it again.
+        """The whole heap visible for a while (a holder search needs all of it)."""
+        with whole_heap():
+            yield
 
-        The young tensors join the index first, so the next view still finds every tensor.
-        """
-        if not self._froze:
-            yield
-            return
-        self._add_live()
-        gc.unfreeze()
+    # -- what the ledger says -------------------------------------------------------------------
+
+    def total(self, device: str) -> int:
+        """Bytes of the known live storages on ``device``."""
+        return self._totals[device]
+
+    def created(self, device: str, *, since: int, before: int | None = None) -> list[StorageRef]:
+        """Live storages on ``device`` first seen after clock ``since`` and, with ``before``,
+        before that clock."""
+        return [
+            ref
+            for ref in self._young
+            if ref.born > since and (before is None or ref.born < before) and ref.device == device and ref() is not None
+        ]
+
+    def freed_older(self, device: str, *, since: int) -> int:
+        """Bytes of storages older than the test (not made since its setup began) that died or
+        shrank after clock ``since``: what offsets a leak."""
+        freed = sum(ref.nbytes for clock, ref in self._freed if clock > since and ref.born < self.begin_clock and ref.device == device)
+        return freed + sum(
+            -delta for clock, ref, delta in self._grown if clock > since and delta < 0 and ref.born < self.begin_clock and ref.device == device
+        )
+
+    def grown_older(self, device: str, *, since: int) -> list[tuple[StorageRef, int]]:
+        """Live storages that existed at clock ``since`` and grew in place after it, with the growth."""
+        grown: dict[int, tuple[StorageRef, int]] = {}
+        for clock, ref, delta in self._grown:
+            if clock > since and ref.born <= since and ref.device == device and ref() is not None:
+                previous = grown.get(id(ref), (ref, 0))[1]
+                grown[id(ref)] = (ref, previous + delta)
+        return [(ref, delta) for ref, delta in grown.values() if delta > 0]
+
+    def is_young(self, ref: StorageRef) -> bool:
+        """Whether the storage was first seen since the test began."""
+        return ref.born >= self.begin_clock
+
+    def pairs(self, refs: list[StorageRef]) -> list[tuple[Any, Any]]:
+        """``(tensor, storage)`` for each live indexed tensor that used one of these storages when last read."""
+        found = []
+        for ref in refs:
+            storage = ref()
+            if storage is not None:
+                found += [(tensor, storage) for tensor in self.users([ref])]
+        return found
+
+    def users(self, refs: list[StorageRef]) -> list[Any]:
+        """The live indexed tensors that used these storages when last read (strong references)."""
+        found = []
+        seen: set[int] = set()
+        for ref in refs:
+            for ident in ref.users:
+                entry = self._entries.get(ident)
+                tensor = entry.ref() if entry is not None else None
+                if tensor is not None and ident not in seen:
+                    seen.add(ident)
+                    found.append(tensor)
+        return found
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def read_all(self) -> None:
+        """Read every indexed tensor and storage again (2c of the module docstring)."""
+        self.full_reads += 1
+        torch = _torch()
+        with torch._C.DisableTorchFunction():
+            for ident, entry in list(self._entries.items()):
+                tensor = entry.ref()
+                if tensor is None:
+                    self._forget(ident, entry)
+                    continue
+                self._read_tensor(tensor, set(), [])
+            for ref in list(self._storages.values()):
+                storage = ref()
+                if storage is not None:
+                    self._register(storage, None)
+
+    def _read_gradients(self) -> None:
+        """Compare the gradient of every indexed leaf that requires grad with what was read (2b),
+        at C speed; read again, in full, the tensors whose gradient changed. (A gradient that grew
+        in place is a storage whose size changed: 2c.)"""
+        self.grad_reads += 1
+        entries = list(self._capable.values())
+        tensors = list(map(operator.call, map(_ENTRY_REF, entries)))
+        if any(map(operator.is_, tensors, itertools.repeat(None))):  # some died since: forget them
+            for ident, entry in list(self._capable.items()):
+                if entry.ref() is None:
+                    self._forget(ident, entry)
+            entries = list(self._capable.values())
+            tensors = list(map(operator.call, map(_ENTRY_REF, entries)))
+        torch = _torch()
+        with torch._C.DisableTorchFunction():
+            try:
+                grads = list(map(_GRAD, tensors))
+            except Exception:  # a tensor that will not say: read each in full
+                grads = [_Nothing] * len(tensors)
+            same = list(map(operator.is_, grads, map(operator.call, map(_ENTRY_GRAD, entries))))
+            if False in same:
+                for tensor, unchanged in zip(tensors, same):
+                    if not unchanged:
+                        self._read_tensor(tensor, set(), [])
+        tensors.clear()
+        grads.clear()
+
+    def _forget(self, ident: int, entry: Entry) -> None:
+        if self._entries.get(ident) is entry:
+            del self._entries[ident]
+        if self._capable.get(ident) is entry:
+            del self._capable[ident]
+
+    def _scan(self) -> None:
+        """Read every tensor and storage object in the unfrozen generations."""
+        torch = _torch()
+        tensor_classes = tensor_types()
+        storage_classes = storage_types()
+        found = gc.get_referrers(*tensor_classes, *storage_classes, _Sentinel)
+        tensors = set(tensor_classes)
+        storages = set(storage_classes)
+        sentinel = self._sentinel
+        saw_sentinel = False
+        visited: set[int] = set()
+        keep: list[Any] = []
         try:
-            yield
+            with torch._C.DisableTorchFunction():
+                for obj in found:
+                    kind = type(obj)
+                    if kind in tensors:
+                        self._read_tensor(obj, visited, keep)
+                    elif kind in storages:
+                        storage = storage_of_storage_object(obj)
+                        if storage is not None:
+                            self._register(storage, None)
+                    elif obj is sentinel:
+                        saw_sentinel = True
         finally:
-            gc.freeze()
+            found.clear()
+            keep.clear()
+        if self._froze and not saw_sentinel:
+            self._someone_froze()
+
+    def _someone_froze(self) -> None:
+        """The test froze the heap itself: what it made since the tracker's freeze is frozen too.
+
+        Index the whole heap once (what is new is young), and from now on leave freezing to it.
+        """
+        FREEZERS.discard(self)
+        self._froze = False
+        self._foreign = True
+        self._sentinel = None
+        with whole_heap():
+            self._scan()
+
+    def _refreeze(self) -> None:
+        gc.freeze()
+        self.refrozen()
+
+    def _index_between_tests(self) -> None:
+        """Index the tensors made since the last checked test ended (still in the young generations)."""
+        torch = _torch()
+        tensor_classes = set(tensor_types())
+        storage_classes = set(storage_types())
+        visited: set[int] = set()
+        keep: list[Any] = []
+        with torch._C.DisableTorchFunction():
+            for generation in (0, 1):
+                for obj in gc.get_objects(generation):
+                    kind = type(obj)
+                    if kind in tensor_classes:
+                        self._read_tensor(obj, visited, keep)
+                    elif kind in storage_classes:
+                        storage = storage_of_storage_object(obj)
+                        if storage is not None:
+                            self._register(storage, None)
+        keep.clear()
 
     def _rebuild(self) -> None:
-        self._index.clear()
-        self._add_live()
-        self.stale = False
+        """Index every tensor and storage of the heap (the first check, and after untracked code ran)."""
+        self._entries.clear()
+        self._capable.clear()
+        with whole_heap():
+            gc.collect()
+            self._process_dead()
+            self._scan()
+        self.stale = self.unindexed = False
 
-    def _add_live(self) -> None:
-        """Index the tensors in the unfrozen generations: all of them, or those created since the freeze."""
-        index = self._index
-        for tensor in live_tensors():
-            ref = index.get(id(tensor))
-            if ref is None or ref() is not tensor:
-                index[id(tensor)] = weakref.ref(tensor)
+    def catch_up(self) -> None:
+        """Read everything again before naming a leak the allocator found.
 
-    def view(self, *, collect: bool = True, device: str | None = None) -> View:
-        """Read every tracked storage on the device, after collecting garbage unless told not to.
-
-        The index holds tensors of every device: ``device`` reads another one than the tracker's
-        (the other GPUs of a process) at the same cost.
+        What the test made is young and read as such; where earlier checks did not index what
+        they kept (:attr:`unindexed`), the rest of the heap is indexed as older than the test.
         """
-        if collect:
-            gc.collect()  # while frozen, the young generations only: frozen objects are not examined
-        if self._froze:
-            self._add_live()
-        else:  # the heap was frozen by someone else: walk all of it
-            self._rebuild()
-        return self._read(device or self.device)
-
-    def _read(self, device_name: str) -> View:
-        torch = _torch()
-        view = View(device_name)
-        storages = view.storages
-        want_type, _, want_index = device_name.partition(":")
-        index_number = int(want_index) if want_index else None
-        untyped_storage = torch._C.TensorBase.untyped_storage
-        graph_roots: list[Any] = []
-        dead: list[int] = []
-
-        at_begin = self._at_begin if self._froze else {}
-        names: dict[Any, str] = {}  # str(torch.device) costs more than the rest of a record
-
-        def record(tensor: Any) -> None:
+        self._observed = True
+        self._process_dead()
+        self._scan()
+        if self.unindexed or self.stale:
+            self._born_override = self.begin_clock - 1
             try:
-                storage = untyped_storage(tensor)
-                device = storage.device
-                if device.type != want_type or (index_number is not None and device.index != index_number):
-                    return
-                nbytes = storage.nbytes()
-                pointer = storage.data_ptr()
-            except Exception:  # sparse, meta and wrapper tensors have no storage to read
-                return
-            if pointer and nbytes and id(storage) not in storages:
-                before = at_begin.get(id(storage))  # young unless this very storage was alive at begin
-                young = before is None or before.ref() is not storage
-                name = names.get(device)
-                if name is None:
-                    name = names[device] = str(device)
-                storages[id(storage)] = Record(weakref.ref(storage), nbytes, (name, pointer), young)
+                with whole_heap():
+                    self._scan()
+            finally:
+                self._born_override = None
+            self.unindexed = self.stale = False
+        self.read_all()
 
-        with torch._C.DisableTorchFunctionSubclass():
-            for ident, ref in self._index.items():
-                tensor = ref()
-                if tensor is None:
-                    dead.append(ident)
-                    continue
-                record(tensor)
-                try:
-                    grad = tensor._grad if (tensor.is_leaf or tensor.retains_grad) else None
-                    grad_fn = tensor.grad_fn
-                except Exception:
-                    continue
-                if grad is not None:
-                    record(grad)
-                if grad_fn is not None:
-                    graph_roots.append(grad_fn)
-            visited: set[int] = set()
-            keep: list[Any] = []
-            for grad_fn in graph_roots:
-                for saved in _graph_tensors(grad_fn, visited, keep):
-                    record(saved)
-            keep.clear()
-            graph_roots.clear()
-        for ident in dead:
-            del self._index[ident]
-        if device_name == self.device:
-            self._last_view = view
-        return view
+    def _read_tensor(self, tensor: Any, visited: set[int], keep: list[Any]) -> None:
+        """Read a tensor whole: its storages, its gradient, the tensors its autograd graph saved."""
+        ident = id(tensor)
+        entry = self._entries.get(ident)
+        if entry is None or entry.ref() is not tensor:
+            try:
+                entry = Entry(weakref.ref(tensor))
+            except TypeError:
+                return
+            self._entries[ident] = entry
+        refs = []
+        for storage in tensor_storages(tensor):
+            ref = self._register(storage, ident)
+            if ref is not None:
+                refs.append(ref)
+        entry.storages = tuple(refs)
+        try:
+            leaf = tensor.is_leaf
+            retains = tensor.retains_grad
+            entry.capable = (leaf and tensor.requires_grad) or retains
+            grad = tensor._grad if (leaf or retains) else None
+            grad_fn = tensor.grad_fn
+        except Exception:
+            return
+        if entry.capable:
+            self._capable[ident] = entry
+        elif ident in self._capable:
+            del self._capable[ident]
+        if grad is not None and is_tensor_type(type(grad)):
+            entry.grad = weakref.ref(grad)
+            if id(grad) not in visited:
+                visited.add(id(grad))
+                keep.append(grad)
+                self._read_tensor(grad, visited, keep)
+        else:
+            entry.grad = _NO_GRAD
+        if grad_fn is not None:
+            for saved in _graph_tensors(grad_fn, visited, keep):
+                for storage in tensor_storages(saved):
+                    self._register(storage, None)
+
+    def _register(self, storage: Any, user: int | None) -> StorageRef | None:
+        ident = id(storage)
+        ref = self._storages.get(ident)
+        same = ref is not None and ref() is storage
+        if ref is not None and same:
+            try:
+                nbytes = storage.nbytes()
+            except Exception:
+                return ref
+            if nbytes != ref.nbytes:  # resized in place
+                delta = nbytes - ref.nbytes
+                ref.nbytes = nbytes
+                self._totals[ref.device] += delta
+                facts = storage_facts(storage)
+                ref.pointer = facts[1] if facts is not None else 0
+                if self._drift is not None:
+                    self._drift.append((ref, delta))
+                elif self._begun and ref.born < self.clock:
+                    self._grown.append((self.clock, ref, delta))
+            if user is not None and user not in ref.users:
+                ref.users.append(user)
+            return ref
+        facts = storage_facts(storage, empty=True)  # an empty storage can still grow in place
+        if facts is None:
+            return None
+        device, pointer, nbytes = facts
+        ref = StorageRef(storage, self._on_death)
+        born = self.clock if self._born_override is None else self._born_override
+        ref.ident, ref.nbytes, ref.device, ref.pointer, ref.born = ident, nbytes, device, pointer, born
+        ref.users = [user] if user is not None else []
+        self._storages[ident] = ref
+        self._totals[device] += nbytes
+        if self._begun and born >= self.begin_clock:
+            self._young.append(ref)
+        return ref
+
+    def _on_death(self, ref: StorageRef) -> None:
+        # Runs wherever the storage dies, in any thread: note it and nothing else.
+        self._dead.append(ref)
+
+    def _process_dead(self) -> None:
+        while self._dead:
+            dead, self._dead = self._dead, []
+            reread: list[Any] = []
+            for ref in dead:
+                if self._storages.get(ref.ident) is ref:
+                    del self._storages[ref.ident]
+                self._totals[ref.device] -= ref.nbytes
+                if self._begun and ref.born < self.clock:
+                    self._freed.append((self.clock, ref))
+                for ident in ref.users:  # their storage changed under them (2a)
+                    entry = self._entries.get(ident)
+                    tensor = entry.ref() if entry is not None else None
+                    if tensor is not None:
+                        reread.append(tensor)
+            if reread:
+                torch = _torch()
+                with torch._C.DisableTorchFunction():
+                    for tensor in reread:
+                        self._read_tensor(tensor, set(), [])
+                reread.clear()

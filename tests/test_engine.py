@@ -76,3 +76,21 @@ def test_freeing_older_memory_offsets_on_cpu_as_the_allocator_growth_does() -> N
         assert [group.bytes for group in leak.groups] == [8192]  # the new tensor is what is shown
     finally:
         KEPT.clear()
+
+
+def test_leak_check_outside_pytest() -> None:
+    from pytest_vramleak import Budget, LeakCheck
+
+    with LeakCheck("cpu", Budget(leak=1024)) as check:
+        KEPT.append(torch.ones(1024))
+        torch.ones(4096).sum()  # a temporary: freed, not leaked
+    try:
+        assert (check.result.outcome, check.result.leaked_bytes) == ("leaked", 4096)
+        assert check.result.message == "leaked 4.0 KiB on cpu, allowed 1.0 KiB"
+        assert [group.held_by for group in check.result.groups] == [[f"{__name__}.KEPT[0]"]]
+        assert "held by" in check.result.report()
+    finally:
+        KEPT.clear()
+    with LeakCheck("cpu") as clean:
+        torch.ones(1024).sum()
+    assert (clean.result.outcome, clean.result.leaked_bytes, clean.result.groups) == ("passed", 0, [])

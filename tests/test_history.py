@@ -44,8 +44,8 @@ def test_block_sites_keep_the_users_frames_of_live_blocks() -> None:
         ]
     }
     sites = BlockSites.from_snapshot(snapshot, device_index=0)
-    assert sites.site_of(Storage(4096)) == (("/work/data/featurize.py", 88, "embed"), ("/work/tests/test_train.py", 41, "test_train"))
-    assert sites.site_of(Storage(8192)) is None
+    assert sites.site_of(None, Storage(4096)) == (("/work/data/featurize.py", 88, "embed"), ("/work/tests/test_train.py", 41, "test_train"))
+    assert sites.site_of(None, Storage(8192)) is None
 
 
 def test_history_records_only_while_asked(tmp_path: Path) -> None:

@@ -89,9 +89,9 @@ LEAK_KINDS = {
         @pytest.mark.vram_budget
         def test_it():
             outputs = []
-            MODEL[0].register_forward_hook(lambda module, args, out: outputs.append(out.detach()))
+            MODEL[0].register_forward_hook(lambda module, args, out: outputs.append(out.detach()))  # here
             with torch.no_grad():
-                MODEL(torch.ones(4, 8))  # here
+                MODEL(torch.ones(4, 8))
         """,
         "held by test_it.MODEL.0._forward_hooks[*] -> closure var 'outputs'[0]",
         "a module hook keeps what it is given*handle.remove()*",
@@ -186,7 +186,7 @@ def test_leak_kind_fails_names_its_holder_site_and_cause(pytester: pytest.Pytest
     text = "import pytest, torch\n" + textwrap.dedent(source)
     site_line = next(number for number, line in enumerate(text.splitlines(), 1) if line.endswith("# here"))
     pytester.makepyfile(test_it=text)
-    result = pytester.runpytest("-p", "no:cacheprovider", "-rf")
+    result = pytester.runpytest("-p", "no:cacheprovider", "-rf", "--vramleak-sites=on")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
         ["leaked * on cpu, allowed 0 B", "leaked tensors:", f"    allocated at test_it.py:{site_line} in *", f"*{literal(holder_line)}*"]

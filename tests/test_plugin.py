@@ -142,7 +142,7 @@ def test_json_report_schema(pytester: pytest.Pytester) -> None:
         """
     )
     path = pytester.path / "out" / "report.json"
-    pytester.runpytest("-p", "no:cacheprovider", f"--vramleak-report={path}")
+    pytester.runpytest("-p", "no:cacheprovider", f"--vramleak-report={path}", "--vramleak-sites=on")
     document = json.loads(path.read_text())
     assert document == {
         "version": 1,
@@ -302,7 +302,7 @@ def test_internal_error_becomes_a_message_on_the_test(pytester: pytest.Pytester,
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("census exploded")
 
-    monkeypatch.setattr(Tracker, "view", broken)
+    monkeypatch.setattr(Tracker, "observe", broken)
     pytester.makepyfile(
         test_it="""
         import pytest

@@ -63,6 +63,41 @@ LEAKS = {
         def test_it():
             KEPT[0].set_(torch.ones(4096).untyped_storage())
         """,
+    "old_tensor_grown_through_an_out_argument": """
+        BUFFER = torch.empty(0)
+
+        @pytest.mark.vram_budget
+        def test_it():
+            torch.add(torch.ones(4096), 1, out=BUFFER)
+        """,
+    "storage_received_from_elsewhere_grown_in_place": """
+        SHARED = torch.zeros(16)
+
+        @pytest.mark.vram_budget
+        def test_it():
+            SHARED.untyped_storage().resize_(1 << 14)
+        """,
+    "storage_kept_without_its_tensor": """
+        KEPT = []
+
+        @pytest.mark.vram_budget
+        def test_it():
+            KEPT.append(torch.ones(4096).untyped_storage())
+        """,
+    "leak_then_the_test_freezes_the_heap": """
+        import gc
+        KEPT = []
+
+        @pytest.fixture(scope="module", autouse=True)
+        def thaw():  # after the check: leave the process as it was for the tests that follow
+            yield
+            gc.unfreeze()
+
+        @pytest.mark.vram_budget
+        def test_it():
+            KEPT.append(torch.ones(4096))
+            gc.freeze()
+        """,
     "beside_a_fixture_that_frees_what_it_made": """
         KEPT = []
 
@@ -213,6 +248,46 @@ def test_garbage_from_an_earlier_test_cannot_mask_a_leak(pytester: pytest.Pytest
     result.stdout.fnmatch_lines(["*held by test_it.CACHE[[]0]"])
 
 
+def test_a_suite_that_froze_its_heap_is_checked_in_full(pytester: pytest.Pytester, run_checked) -> None:
+    # A conftest that freezes the heap after its imports, as some suites do to make gc cheaper.
+    pytester.makeconftest(
+        """
+        import gc, torch
+        TABLE = [torch.ones(256) for _ in range(64)]  # frozen with the rest
+        gc.freeze()
+
+        def pytest_unconfigure():  # leave the process as it was for the tests that follow
+            gc.unfreeze()
+        """
+    )
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        from conftest import TABLE
+        KEPT = []
+
+        @pytest.mark.vram_budget
+        def test_leaks():
+            KEPT.append(torch.ones(1024))
+
+        @pytest.mark.vram_budget
+        def test_replaces_an_entry():
+            TABLE[0] = torch.ones(256)
+
+        @pytest.mark.vram_budget
+        def test_grows_a_frozen_tensor():
+            TABLE[1].resize_(1024)
+        """
+    )
+    result, report = run_checked("-p", "no:randomly")
+    assert report["test_leaks"]["outcome"] == "leaked", result.stdout.str()
+    assert report["test_leaks"]["leaked_bytes"] == 4096
+    assert report["test_leaks"]["baseline_bytes"] >= 64 * 1024  # the frozen tensors are counted
+    assert report["test_replaces_an_entry"]["outcome"] == "passed"
+    assert report["test_grows_a_frozen_tensor"]["leaked_bytes"] == 3 * 1024
+    result.stdout.fnmatch_lines(["*held by test_it.KEPT[[]0]"])
+
+
 def test_heap_is_never_left_frozen(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_it="""
@@ -247,20 +322,37 @@ def test_heap_is_never_left_frozen(pytester: pytest.Pytester) -> None:
 
 
 def test_one_index_serves_every_device() -> None:
-    """A tracker set up for one device reads the storages of another from the same index: the
-    other GPUs of a process get per-storage accounting without a heap walk of their own."""
+    """The tracker indexes the storages of every device: the other GPUs of a process get
+    per-storage accounting without a heap walk of their own."""
     import torch
 
     from pytest_vramleak.tracker import Tracker
 
-    tracker = Tracker("cuda:0")
+    tracker = Tracker()
     tracker.begin()
     try:
-        before = tracker.view(device="cpu")
+        before = tracker.observe()
         kept = torch.ones(1000)
-        after = tracker.view(device="cpu")
+        tracker.observe(since=before)
+        created = tracker.created("cpu", since=before.clock)
+        assert [(ref.nbytes, ref() is kept.untyped_storage()) for ref in created] == [(4000, True)]
+        assert tracker.created("cuda:0", since=before.clock) == []
     finally:
         tracker.end()
-    new = [record for ident, record in after.storages.items() if ident not in before.storages]
-    assert [(record.nbytes, record.ref() is kept.untyped_storage()) for record in new] == [(4000, True)]
-    assert after.device == "cpu"
+
+
+def test_an_indexed_storage_object_lives_as_long_as_its_storage() -> None:
+    """Death callbacks and identities rest on torch keeping a storage's Python object while the
+    storage lives, once something refers to it weakly."""
+    import weakref
+
+    import torch
+
+    tensor = torch.ones(16)
+    reference = weakref.ref(tensor.untyped_storage())
+    assert reference() is tensor.untyped_storage()
+    view = tensor[:4]
+    del tensor
+    assert reference() is view.untyped_storage()
+    del view
+    assert reference() is None

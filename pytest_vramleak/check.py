@@ -1,0 +1,370 @@
+"""One check of a block of code (a test, an epoch): baseline, measurement, verdict and explanation.
+
+The pytest layer runs one :class:`LeakCheck` per checked test: :meth:`~LeakCheck.begin` as its
+set-up starts, :meth:`~LeakCheck.start` and :meth:`~LeakCheck.stop` around its body and
+:meth:`~LeakCheck.finish` after its teardown. A training script can use it the same way, or as a
+context manager::
+
+    from pytest_vramleak import Budget, LeakCheck
+
+    with LeakCheck("auto", Budget(leak=1 << 20)) as check:
+        train_one_epoch()
+    if check.result.outcome != "passed":
+        print(check.result.report())
+
+How much each part costs. Where the device's allocator keeps counters (CUDA, XPU, MPS), the
+baseline and the measurement read them, and no tensor is read unless memory grew past the
+budget. On CPU each observation reads what the test made and what died (see
+:mod:`pytest_vramleak.tracker`); only a leak pays for naming its holders, a walk of the heap.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .devices import CudaMeter, Meter, clear_torch_caches, explain_reserved, measure_growth
+from .history import AllocatorHistory
+from .report import render_groups
+from .sizes import format_size
+from .sites import SiteRecorder, Sites, SiteSource
+from .snapshot import TensorGroup, describe, meter_for
+from .tracker import Mark, StorageRef, Tracker
+from .verdict import Budget, BudgetVerdict, Increase, judge_budget, judge_increase
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What a check enforces beyond its budget."""
+
+    strict_cycles: bool = False
+    """Fail memory that only the cycle collector freed (past the leak budget), as a leak."""
+    saved_peak: int | None = None
+    """The peak of an earlier run to compare with; growth past ``max_increase`` fails."""
+    max_increase: Increase = Increase()
+    watch_peak: bool | None = None
+    """Measure the peak: None measures it where a budget asks for one or where it is free."""
+
+
+@dataclass
+class CheckResult:
+    """What a check measured and decided. Sizes not measured are None."""
+
+    device: str
+    outcome: str = "passed"
+    """``passed``, ``leaked`` or ``over_budget``."""
+    message: str = ""
+    """One sentence per broken rule, or empty."""
+    baseline_bytes: int | None = None
+    end_bytes: int | None = None
+    leaked_bytes: int | None = None
+    created_bytes: int | None = None
+    """On CPU: bytes of storages made during the check and still alive (what the groups list)."""
+    freed_older_bytes: int | None = None
+    """On CPU: bytes of older storages the check freed, which offset what it created."""
+    peak_bytes: int | None = None
+    cycle_bytes: int | None = None
+    details: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    """Lines that explain the figures (the driver's view, reserved memory)."""
+    groups: list[TensorGroup] = field(default_factory=list)
+    """The leaked tensors, grouped, with their holders: only for a leak."""
+    other_groups: dict[str, list[TensorGroup]] = field(default_factory=dict)
+    """Leaked tensors on the process's other CUDA devices, by device."""
+    trace: str | None = None
+
+    def figures(self) -> str:
+        """One line: baseline, end and peak, and reserved memory where there is some."""
+
+        def size(value: int | None) -> str:
+            return "not measured" if value is None else format_size(value)
+
+        text = f"baseline {size(self.baseline_bytes)}, after teardown {size(self.end_bytes)}, peak above baseline {size(self.peak_bytes)}"
+        if "reserved_bytes" in self.details:
+            text += f", reserved by the caching allocator {format_size(self.details['reserved_bytes'])}"
+        return text
+
+    def report(self) -> str:
+        """The failure text: the sentence, the figures, the notes and the leaked tensors."""
+        lines = [self.message, self.figures(), *self.notes]
+        if self.outcome == "leaked":
+            lines += ["leaked tensors:", render_groups(self.groups)]
+            for device, groups in self.other_groups.items():
+                lines += [f"leaked tensors on {device}:", render_groups(groups)]
+        return "\n".join(line for line in lines if line)
+
+
+class LeakCheck:
+    """Checks one block of code against a :class:`Budget`; see the module docstring."""
+
+    def __init__(
+        self,
+        device: str | None = "auto",
+        budget: Budget | None = None,
+        *,
+        meter: Meter | None = None,
+        tracker: Tracker | None = None,
+        rules: Rules = Rules(),
+        record_sites: bool = False,
+        trace_folder: Path | None = None,
+        name: str = "check",
+    ) -> None:
+        self.meter = meter or meter_for(device)
+        self.budget = budget or Budget()
+        self.tracker = tracker or Tracker(self.meter.name)
+        self.rules = rules
+        self.name = name
+        """What the check is of (a test id): names a saved allocator snapshot."""
+        self.result = CheckResult(self.meter.name)
+        self._record_sites = record_sites
+        self._trace_folder = trace_folder
+        self.sites: SiteRecorder | None = None
+        self.history: AllocatorHistory | None = None
+        self._baseline: Mark | None = None
+        self._allocated_at_start: int | None = None
+        self._accelerator_clock = 0
+        """On an accelerator, the tracker's clock when the body started: what it makes is seen later."""
+        self._driver_at_start: int | None = None
+        self._others: list[tuple[CudaMeter, int]] = []
+        self._watching_peak = False
+        self._owns_tracker = tracker is None
+
+    # -- the phases -----------------------------------------------------------------------------
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.meter.name == "cpu"
+
+    def begin(self) -> None:
+        """Set-up starts: from now on, what is made belongs to the check."""
+        if not self.tracker.active:
+            self.tracker.begin(index=self.on_cpu)
+
+    def start(self) -> None:
+        """The body starts: take the baseline, start watching the peak."""
+        meter, result = self.meter, self.result
+        if self.on_cpu:
+            self._baseline = self.tracker.observe()
+            result.baseline_bytes = self.tracker.total("cpu")
+        else:
+            self._accelerator_clock = self.tracker.clock
+            meter.settle()
+            self._allocated_at_start = result.baseline_bytes = meter.allocated_bytes()
+            details = meter.details()
+            self._driver_at_start = details.get("driver_used_bytes")
+            if isinstance(meter, CudaMeter):
+                self._others = self._other_devices(meter)
+        peak = self.rules.watch_peak
+        if peak is None:
+            peak = self.budget.peak is not None or not self.on_cpu
+        if peak:
+            meter.start_peak()
+            self._watching_peak = True
+        if self._record_sites and self.on_cpu:
+            self.sites = SiteRecorder()
+            self.sites.start()
+        if self._trace_folder is not None and isinstance(self.meter, CudaMeter):
+            self.history = AllocatorHistory(self.meter.backend.memory, self.meter.index)
+            self.history.start()
+
+    def stop(self) -> None:
+        """The body returned (or raised): read the peak, what only the cycle collector frees, and
+        where the tensors still alive were made."""
+        try:
+            if self._baseline is not None or self._allocated_at_start is not None:
+                self.result.cycle_bytes = self._cycle_bytes()
+            if self.sites is not None and self._baseline is not None:
+                self.sites.capture(self.tracker.pairs(self.tracker.created("cpu", since=self._baseline.clock)))
+        finally:
+            if self.sites is not None:
+                self.sites.stop()  # tracing costs: it covers the body alone
+            if self._watching_peak:
+                self._watching_peak = False
+                self.result.peak_bytes = self.meter.stop_peak()
+
+    def finish(self, confirm: Callable[[], None] | None = None) -> CheckResult:
+        """Measure after teardown and decide. ``confirm`` drops what the caller still holds for the
+        code checked (pytest's fixture values) before a suspected leak is measured again."""
+        try:
+            if self.on_cpu:
+                self._finish_cpu(confirm)
+            else:
+                self._finish_accelerator(confirm)
+            self._apply_rules()
+            if self.result.outcome == "leaked":
+                self._explain()
+            return self.result
+        finally:
+            if self.sites is not None:
+                self.sites.stop()
+            if self.history is not None:
+                self.history.stop()
+
+    def close(self) -> None:
+        """Unfreeze the heap; the check holds nothing of the code it checked."""
+        if self.sites is not None:
+            self.sites.stop()
+            self.sites.clear()
+        if self.history is not None:
+            self.history.stop()
+        self.tracker.end()
+
+    def __enter__(self) -> LeakCheck:
+        self.begin()
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            self.stop()
+            if exc_info[0] is None:
+                self.finish()
+        finally:
+            self.close()
+
+    # -- measuring ------------------------------------------------------------------------------
+
+    def _cycle_bytes(self) -> int:
+        """Bytes the body made that were alive as it returned and that only the cycle collector freed."""
+        if not self.on_cpu:
+            self.meter.backend.synchronize(self.meter.index)  # type: ignore[attr-defined]
+            before = self.meter.allocated_bytes()
+            gc.collect()
+            self.meter.backend.synchronize(self.meter.index)  # type: ignore[attr-defined]
+            return max(0, before - self.meter.allocated_bytes())
+        assert self._baseline is not None
+        self.tracker.observe(collect=False, watch=False)
+        pending = self.tracker.created("cpu", since=self._baseline.clock)
+        if not pending:  # nothing the body made is alive, in a cycle or otherwise
+            return 0
+        self.tracker.observe(watch=False)
+        return sum(ref.nbytes for ref in pending if ref() is None)
+
+    def _cpu_ledger(self) -> int:
+        tracker = self.tracker
+        assert self._baseline is not None
+        since = self._baseline.clock
+        created = sum(ref.nbytes for ref in tracker.created("cpu", since=since))
+        grown = sum(delta for _, delta in tracker.grown_older("cpu", since=since))
+        freed = tracker.freed_older("cpu", since=since)
+        result = self.result
+        result.created_bytes = created + grown
+        result.freed_older_bytes = freed
+        result.end_bytes = tracker.total("cpu")
+        result.leaked_bytes = max(0, created + grown - freed)
+        return result.leaked_bytes
+
+    def _finish_cpu(self, confirm: Callable[[], None] | None) -> None:
+        assert self._baseline is not None, "finish() before start()"
+        self.tracker.observe(since=self._baseline)
+        if self._cpu_ledger() > self.budget.leak:
+            self._confirm(confirm)
+            self.tracker.observe(watch=False)
+            self._cpu_ledger()
+
+    def _confirm(self, confirm: Callable[[], None] | None) -> None:
+        """Before a suspected leak is final: drop what PyTorch caches for itself (as its own check
+        does), what the caller still holds, and cycles that outlived an observation."""
+        clear_torch_caches(_import_torch())
+        if confirm is not None:
+            confirm()
+        self.tracker.settle()
+
+    def _finish_accelerator(self, confirm: Callable[[], None] | None) -> None:
+        meter, budget, result = self.meter, self.budget, self.result
+        assert self._allocated_at_start is not None, "finish() before start()"
+        growth = measure_growth(meter, self._allocated_at_start, self._driver_at_start, budget.leak)
+        if growth.allocated > budget.leak:
+            self._confirm(confirm)
+            growth = measure_growth(meter, self._allocated_at_start, self._driver_at_start, budget.leak)
+        result.leaked_bytes = growth.allocated
+        result.end_bytes = meter.allocated_bytes()
+        result.details = dict(meter.details())
+        if growth.driver is not None:
+            result.details["driver_growth_bytes"] = growth.driver
+        result.notes += [growth.note(budget.leak), explain_reserved(result.details, result.end_bytes)]
+        for other, allocated in self._others:
+            other_growth = measure_growth(other, allocated, None, budget.leak)
+            result.details[f"{other.name}_leaked_bytes"] = other_growth.allocated
+
+    def _apply_rules(self) -> None:
+        result, budget, rules = self.result, self.budget, self.rules
+        assert result.leaked_bytes is not None
+        verdict = judge_budget(budget, result.device, result.leaked_bytes, result.peak_bytes)
+        messages = [verdict.message] if verdict.message else []
+        if self.on_cpu and verdict.outcome == "leaked" and result.freed_older_bytes:
+            messages[0] += (
+                f" ({format_size(result.created_bytes or 0)} made and still alive, "
+                f"{format_size(result.freed_older_bytes)} of older memory freed)"
+            )
+        outcome = verdict.outcome
+        for other, _ in self._others:
+            grew = result.details.get(f"{other.name}_leaked_bytes", 0)
+            if grew > budget.leak:
+                outcome = "leaked"
+                messages.append(f"leaked {format_size(grew)} on {other.name}, allowed {format_size(budget.leak)}")
+        if rules.saved_peak is not None and result.peak_bytes is not None:
+            grew_text = judge_increase(rules.saved_peak, result.peak_bytes, rules.max_increase, result.device)
+            if grew_text:
+                outcome = outcome if outcome == "leaked" else "over_budget"
+                messages.append(grew_text)
+        if rules.strict_cycles and (result.cycle_bytes or 0) > budget.leak:
+            outcome = "leaked"
+            messages.append(
+                f"left {format_size(result.cycle_bytes or 0)} on {result.device} to the cycle collector, allowed "
+                f"{format_size(budget.leak)} (--vramleak-strict-cycles): break the reference cycle, e.g. with weakref"
+            )
+        result.outcome = outcome
+        result.message = "; ".join(messages)
+
+    # -- explaining -----------------------------------------------------------------------------
+
+    def leaked_storages(self, device: str) -> list[StorageRef]:
+        """The storages that make the leak on ``device``: made since the baseline and alive, or older and grown."""
+        tracker = self.tracker
+        since = self._baseline.clock if self._baseline is not None else self._accelerator_clock
+        return tracker.created(device, since=since) + [ref for ref, _ in tracker.grown_older(device, since=since)]
+
+    def _explain(self) -> None:
+        result = self.result
+        sources: list[SiteSource] = [source for source in (self.sites,) if source is not None]
+        if self.history is not None and self._trace_folder is not None:
+            path = self.history.save(self._trace_folder, self.name)
+            result.trace = str(path)
+            result.notes.append(f"allocator history saved to {path} (open it in https://pytorch.org/memory_viz)")
+            sources.append(self.history.sites())
+        sites = Sites(sources) if sources else None
+        devices = [result.device] + [
+            other.name for other, _ in self._others if result.details.get(f"{other.name}_leaked_bytes", 0) > self.budget.leak
+        ]
+        if not self.on_cpu:
+            self.tracker.catch_up()  # the allocator said how much; which storages, the index says
+        for device in devices:
+            if device == result.device and result.leaked_bytes is not None and result.leaked_bytes <= self.budget.leak:
+                continue
+            keys = [(ref.device, ref.pointer) for ref in self.leaked_storages(device) if ref() is not None]
+            with self.tracker.unfrozen():
+                groups = describe(keys, device, sites=sites) if keys else []
+            if device == result.device:
+                result.groups = groups
+            else:
+                result.other_groups[device] = groups
+
+    def _other_devices(self, meter: CudaMeter) -> list[tuple[CudaMeter, int]]:
+        """Every other CUDA device of the process, warmed up, with its allocated bytes now."""
+        others = []
+        for index in range(meter.backend.device_count()):
+            if index != meter.index:
+                other = CudaMeter(f"cuda:{index}", meter.backend, meter.clear_workspaces, meter.warm_up)
+                other.settle()
+                others.append((other, other.allocated_bytes()))
+        return others
+
+
+def _import_torch() -> Any:
+    import torch
+
+    return torch
