@@ -148,6 +148,7 @@ class LeakCheck:
         meter, result = self.meter, self.result
         if self.on_cpu:
             self._baseline = self.tracker.observe()
+            self.tracker.freeze_young()  # what set-up made is read again only where it changes
             result.baseline_bytes = self.tracker.total("cpu")
         else:
             self._accelerator_clock = self.tracker.clock

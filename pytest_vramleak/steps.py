@@ -140,6 +140,7 @@ class _Loop:
 
     def take_baseline(self) -> None:
         self.baseline_bytes = self._measure()
+        self.tracker.freeze_young()  # each step's observation then reads what that step made
         self.warming.append(self.baseline_bytes)
         self.baseline_clock = self.penultimate_clock = self.tracker.clock
         if self.recorder is not None:

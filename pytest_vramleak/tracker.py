@@ -134,6 +134,13 @@ class StorageRef(weakref.ref):  # type: ignore[type-arg]
     """Ids of the indexed tensors that used the storage when last read."""
 
 
+class TensorRef(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference to an indexed tensor; its callback lets the index forget the tensor."""
+
+    __slots__ = ("ident",)
+    ident: int
+
+
 class _Nothing:
     pass
 
@@ -181,6 +188,8 @@ class Tracker:
         self._capable: dict[int, Entry] = {}
         self._storages: dict[int, StorageRef] = {}
         self._dead: list[StorageRef] = []
+        self._dead_tensors: list[int] = []
+        self._young_dead = 0
         self._totals: Counter[str] = Counter()
         self.clock = 0
         self.begin_clock = 0
@@ -227,6 +236,7 @@ class Tracker:
         self.clock += 1
         self.begin_clock = self.clock
         self._young, self._freed, self._grown = [], [], []
+        self._young_dead = 0
         self._begun = True
         self._observed = False
         if not self._foreign:
@@ -316,7 +326,9 @@ class Tracker:
 
     def settle(self) -> None:
         """Collect every generation, the frozen ones too (cycles that outlived an observation),
-        and note what died. Costs a walk of the whole heap: for confirming a suspected leak."""
+        and note what died. Costs a walk of the whole heap: for confirming a suspected leak.
+        Older storages it frees offset nothing (see the module docstring: garbage older than the
+        test cannot hide a leak)."""
         self.index_young()
         if self._froze:
             gc.unfreeze()
@@ -328,7 +340,9 @@ class Tracker:
         else:
             gc.collect()
         self.clock += 1
-        self._process_dead()
+        # Older storages this collection frees were garbage before the test, or made garbage in
+        # cycles it could not collect while frozen: either way not what the test freed.
+        self._process_dead(offsets=False)
 
     def refrozen(self) -> None:
         """The heap was unfrozen for a while and frozen again (see :func:`census.whole_heap`)."""
@@ -492,6 +506,12 @@ class Tracker:
         with whole_heap():
             self._scan()
 
+    def freeze_young(self) -> None:
+        """Freeze what is young now (as a baseline is taken): later observations read only what
+        is made after. Older tensors' changes are watched as ever (2a to 2c)."""
+        if self._froze:
+            self._refreeze()
+
     def _refreeze(self) -> None:
         gc.freeze()
         self.refrozen()
@@ -520,7 +540,8 @@ class Tracker:
         self._entries.clear()
         self._capable.clear()
         with whole_heap():
-            gc.collect()
+            # Garbage indexed here (cycles of untracked code) can only die after the test that
+            # follows: frozen meanwhile, it offsets nothing.
             self._process_dead()
             self._scan()
         self.stale = self.unindexed = False
@@ -550,11 +571,13 @@ class Tracker:
         entry = self._entries.get(ident)
         if entry is None or entry.ref() is not tensor:
             try:
-                entry = Entry(weakref.ref(tensor))
+                tensor_ref = TensorRef(tensor, self._on_tensor_death)
             except TypeError:
                 return
+            tensor_ref.ident = ident
+            entry = Entry(tensor_ref)
             self._entries[ident] = entry
-        refs = []
+        refs: list[StorageRef] = []
         for storage in tensor_storages(tensor):
             ref = self._register(storage, ident)
             if ref is not None:
@@ -625,7 +648,15 @@ class Tracker:
         # Runs wherever the storage dies, in any thread: note it and nothing else.
         self._dead.append(ref)
 
-    def _process_dead(self) -> None:
+    def _on_tensor_death(self, ref: TensorRef) -> None:
+        self._dead_tensors.append(ref.ident)
+
+    def _process_dead(self, *, offsets: bool = True) -> None:
+        while self._dead_tensors:
+            ident = self._dead_tensors.pop()
+            entry = self._entries.get(ident)
+            if entry is not None and entry.ref() is None:
+                self._forget(ident, entry)
         while self._dead:
             dead, self._dead = self._dead, []
             reread: list[Any] = []
@@ -633,8 +664,11 @@ class Tracker:
                 if self._storages.get(ref.ident) is ref:
                     del self._storages[ref.ident]
                 self._totals[ref.device] -= ref.nbytes
-                if self._begun and ref.born < self.clock:
-                    self._freed.append((self.clock, ref))
+                if self._begun and ref.born < self.begin_clock:
+                    if offsets:
+                        self._freed.append((self.clock, ref))
+                elif self._begun:
+                    self._young_dead += 1
                 for ident in ref.users:  # their storage changed under them (2a)
                     entry = self._entries.get(ident)
                     tensor = entry.ref() if entry is not None else None
@@ -646,3 +680,6 @@ class Tracker:
                     for tensor in reread:
                         self._read_tensor(tensor, set(), [])
                 reread.clear()
+        if self._young_dead * 2 > len(self._young) > 64:  # a long loop's temporaries: keep the list short
+            self._young = [ref for ref in self._young if ref() is not None]
+            self._young_dead = 0
