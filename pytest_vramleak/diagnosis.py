@@ -58,12 +58,19 @@ def diagnose(group: Any) -> list[str]:
             f"a module-level container gained {group.count} entries and never let them go (a cache "
             "without eviction, a history list): bound it, evict old entries, or clear it after use"
         )
-    if chains and all(chain.startswith(_TORCH_CACHES) or _COMPILED_GLOBALS.search(chain) for chain in chains):
+    if held_by_torch_cache(group):
         found = [
             "held by a cache PyTorch keeps itself (a torch.compile graph and its constants): not the "
-            "test's leak; torch._dynamo.reset() frees it, and the plugin does so before re-measuring"
+            "test's leak, and not counted as one"
         ]
     return found
+
+
+def held_by_torch_cache(group: Any) -> bool:
+    """Whether every chain that holds the group starts in a cache of PyTorch's own (compiled
+    graphs, their constants): memory no test is charged for."""
+    chains: Sequence[str] = group.held_by
+    return bool(chains) and all(chain.startswith(_TORCH_CACHES) or _COMPILED_GLOBALS.search(chain) for chain in chains)
 
 
 def _module_container_entry(chain: str) -> bool:

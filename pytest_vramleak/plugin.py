@@ -385,6 +385,7 @@ def _engine_result(item: pytest.Item, check: Check) -> TestResult:
     result.details = dict(engine.details)
     result.cycle_bytes = engine.cycle_bytes
     result.trace = engine.trace
+    result.notes = [note for note in engine.notes if note]
     result.tensors = [group.to_json() for group in engine.groups]
     result.tensors += [group.to_json() for groups in engine.other_groups.values() for group in groups]
     return result

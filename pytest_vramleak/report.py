@@ -79,6 +79,8 @@ class TestResult:
     cycle_bytes: int | None = None
     """Bytes of storages the test created that only the cycle collector freed (a finding, not a leak)."""
     details: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    """Lines that explain the figures: the driver's view, reserved memory, what PyTorch's caches hold."""
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)

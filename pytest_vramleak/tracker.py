@@ -190,6 +190,7 @@ class Tracker:
         self._dead: list[StorageRef] = []
         self._dead_tensors: list[int] = []
         self._young_dead = 0
+        self._older_garbage: Counter[str] = Counter()
         self._totals: Counter[str] = Counter()
         self.clock = 0
         self.begin_clock = 0
@@ -324,7 +325,7 @@ class Tracker:
             self._process_dead()
             self._scan()
 
-    def settle(self) -> None:
+    def settle(self) -> Counter[str]:
         """Collect every generation, the frozen ones too (cycles that outlived an observation),
         and note what died. Costs a walk of the whole heap: for confirming a suspected leak.
         Older storages it frees offset nothing (see the module docstring: garbage older than the
@@ -342,7 +343,10 @@ class Tracker:
         self.clock += 1
         # Older storages this collection frees were garbage before the test, or made garbage in
         # cycles it could not collect while frozen: either way not what the test freed.
+        before: Counter[str] = Counter(self._older_garbage)
         self._process_dead(offsets=False)
+        freed: Counter[str] = self._older_garbage - before
+        return freed
 
     def refrozen(self) -> None:
         """The heap was unfrozen for a while and frozen again (see :func:`census.whole_heap`)."""
@@ -667,6 +671,8 @@ class Tracker:
                 if self._begun and ref.born < self.begin_clock:
                     if offsets:
                         self._freed.append((self.clock, ref))
+                    else:
+                        self._older_garbage[ref.device] += ref.nbytes
                 elif self._begun:
                     self._young_dead += 1
                 for ident in ref.users:  # their storage changed under them (2a)

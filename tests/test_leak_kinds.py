@@ -256,12 +256,46 @@ def test_compiled_graph_constants_are_named_as_pytorchs_cache() -> None:
         assert group.bytes == 256 * 256 * 4
         assert ".__compiled_fn_" in group.held_by[0]  # torch.compile's global in this module
         assert group.diagnoses == [
-            "held by a cache PyTorch keeps itself (a torch.compile graph and its constants): not the test's leak; "
-            "torch._dynamo.reset() frees it, and the plugin does so before re-measuring"
+            "held by a cache PyTorch keeps itself (a torch.compile graph and its constants): not the test's leak, "
+            "and not counted as one"
         ]
     finally:
         torch._dynamo.reset()
     assert diff(before).leaked_bytes == 0
+
+
+def test_constants_of_an_inductor_graph_are_not_the_tests_leak(pytester: pytest.Pytester, run_checked, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Inductor keeps a compiled graph's constants as globals of its generated module, which
+    # torch._dynamo.reset() does not free: a cache of PyTorch's all the same.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(pytester.path / "inductor-cache"))
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        KEPT = []
+
+        def convolve(x):
+            kernel = torch.tensor([[1.0, 2.0, 1.0]])  # a constant of the compiled graph
+            return torch.nn.functional.conv1d(x, kernel.view(1, 1, 3))
+
+        @pytest.mark.vram_budget
+        def test_compiled():
+            torch.compile(convolve, backend="inductor")(torch.ones(1, 1, 8))
+
+        @pytest.mark.vram_budget
+        def test_compiled_and_leaks():
+            KEPT.append(torch.compile(convolve, backend="inductor")(torch.ones(1, 1, 8)))
+        """
+    )
+    try:
+        result, report = run_checked("-p", "no:randomly")
+    finally:
+        torch._dynamo.reset()
+    assert report["test_compiled"]["outcome"] == "passed", result.stdout.str()
+    assert report["test_compiled"]["leaked_bytes"] == 0
+    assert any("held by caches PyTorch keeps itself" in note for note in report["test_compiled"]["notes"])
+    leaked = report["test_compiled_and_leaks"]
+    assert (leaked["outcome"], leaked["leaked_bytes"]) == ("leaked", 6 * 4)  # the output, not the constant
+    assert [group["held_by"] for group in leaked["tensors"]] == [["test_it.KEPT[0]"]]
 
 
 def test_compiled_code_in_checked_tests_is_not_blamed_slowed_or_warned_about(pytester: pytest.Pytester) -> None:

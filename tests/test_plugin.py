@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from pytest_vramleak import format_size
+
 
 def test_baseline_excludes_fixtures_that_outlive_or_free_at_teardown(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
@@ -144,6 +146,11 @@ def test_json_report_schema(pytester: pytest.Pytester) -> None:
     path = pytester.path / "out" / "report.json"
     pytester.runpytest("-p", "no:cacheprovider", f"--vramleak-report={path}", "--vramleak-sites=on")
     document = json.loads(path.read_text())
+    garbage = document["tests"][0]["details"].get("older_garbage_freed_bytes", 0)
+    assert set(document["tests"][0]["details"]) <= {"older_garbage_freed_bytes"}
+    assert document["tests"][0]["notes"] == (
+        [f"confirming the leak, a full collection also freed {format_size(garbage)} of older garbage: not the test's doing"] if garbage else []
+    )
     assert document == {
         "version": 1,
         "tests": [
@@ -152,7 +159,8 @@ def test_json_report_schema(pytester: pytest.Pytester) -> None:
                 "device": "cpu",
                 "outcome": "leaked",
                 "baseline_bytes": document["tests"][0]["baseline_bytes"],
-                "end_bytes": document["tests"][0]["baseline_bytes"] + 4096,
+                # the collection that confirms a leak frees older garbage too (earlier inline runs')
+                "end_bytes": document["tests"][0]["baseline_bytes"] + 4096 - garbage,
                 "leaked_bytes": 4096,
                 "peak_bytes": None,
                 "budget": {"peak": None, "leak": 100},
@@ -178,7 +186,8 @@ def test_json_report_schema(pytester: pytest.Pytester) -> None:
                 "reason": None,
                 "trace": None,
                 "cycle_bytes": 0,
-                "details": {},
+                "details": document["tests"][0]["details"],
+                "notes": document["tests"][0]["notes"],
             }
         ],
         "fixtures": [],
