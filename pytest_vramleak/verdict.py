@@ -46,41 +46,87 @@ class GrowthVerdict:
     growth_bytes: int
     """Bytes held after the last measured step above the warm-up baseline."""
     per_step_bytes: float
-    """How much the lower and upper bounds of memory rose per step from the first half to the second."""
+    """How fast memory grew while it grew: bytes kept per step over the steps of the growth."""
     message: str
+    settled_at: int | None = None
+    """Where memory rose inside the measured steps and then stayed flat: the measured step (from 1)
+    after which it stopped rising. Not a leak; a longer warm-up would leave it out."""
+    kept_bytes: int = 0
+    """Bytes kept for good during the measured steps (the floor's rise), growing or settled."""
+
+
+LATE_GROWTH_STEPS = 3
+"""Measured steps at the end that each grew: growth, whatever the steps before them did."""
 
 
 def judge_growth(steps: Sequence[int], tolerance: int, device: str = "cpu") -> GrowthVerdict:
     """Decide whether memory keeps growing across measured steps.
 
-    ``steps`` are bytes above the warm-up baseline after each measured step. The steps are split
-    into an earlier and a later half (the middle step is left out when their number is odd), and
-    memory grows when both the lowest and the highest figure of the later half are more than
-    ``tolerance`` bytes above those of the earlier half: the whole band memory moves in has risen.
+    ``steps`` are bytes above the warm-up baseline after each measured step. Memory grows when
 
-    That flags steady growth and growth that comes every other step or every k-th step (k at most
-    half the measured steps), and leaves alone memory that rises and then stays flat within the
-    first half (lazily created state, a bounded buffer filling up), and memory that goes up and
-    down by the same amounts (gradient accumulation, temporaries of the measured step).
+    - the band it moves in rose: both the lowest and the highest figure of the later half of the
+      steps are more than ``tolerance`` above those of the earlier half (the middle step is left
+      out when their number is odd). That flags steady growth, growth every k-th step, and small
+      growth under a sawtooth (gradient accumulation), and leaves alone memory that goes up and
+      down by the same amounts (temporaries, accumulation) and a spike on the last step; or
+    - each of the last :data:`LATE_GROWTH_STEPS` steps grew, by more than ``tolerance`` in all:
+      growth that starts late (after 49 flat steps, +1 GiB a step);
+
+    unless memory *settled*: its last new high came longer ago than the longest interval between
+    new highs before it (a bounded buffer that filled up, state made at the first real optimizer
+    step), which is reported with the step where it settled. The rate given is that of the
+    growing steps at the end for growth that started late, else what the last step holds over
+    the measured steps.
     """
     if len(steps) < 2:
         raise ValueError(f"the step check needs at least 2 measured steps, got {len(steps)}")
-    half = len(steps) // 2
-    earlier, later = steps[:half], steps[len(steps) - half :]
-    floor_rise = min(later) - min(earlier)
-    ceiling_rise = max(later) - max(earlier)
-    distance = len(steps) - half
-    rise = min(floor_rise, ceiling_rise)
-    grows = floor_rise > tolerance and ceiling_rise > tolerance
-    per_step = rise / distance
+    count = len(steps)
+    half = count // 2
+    earlier, later = steps[:half], steps[count - half :]
+    band_rose = min(later) - min(earlier) > tolerance and max(later) - max(earlier) > tolerance
+    tail = steps[-LATE_GROWTH_STEPS - 1 :]
+    late = (
+        count > LATE_GROWTH_STEPS
+        and all(after > before for before, after in zip(tail, tail[1:]))
+        and tail[-1] - tail[0] > tolerance
+    )
+    highs = _new_highs(steps)
+    gaps = [later_high - earlier_high for earlier_high, later_high in zip(highs, highs[1:])]
+    since_last_high = count - 1 - highs[-1] if highs else count
+    paused = bool(highs) and since_last_high > 0 and since_last_high >= max(gaps, default=1)
     growth = steps[-1]
-    message = ""
-    if grows:
+    if late or (band_rose and not paused):
+        if late:  # the rate of the run of growing steps at the end
+            first = count - 1
+            while first > 0 and steps[first] > steps[first - 1]:
+                first -= 1
+            base, increases = steps[first], count - 1 - first
+            if first == 0 and steps[0] > 0:  # it grew from the baseline on
+                base, increases = 0, count
+            total = steps[-1] - base
+            per_step = total / increases
+        else:  # the band rose: what the last step holds, over the measured steps
+            total = max(0, steps[-1])
+            per_step = total / count
         message = (
-            f"memory grew {format_size(per_step)} per step over {len(steps)} measured steps "
-            f"({format_size(growth)} in total) on {device}, tolerance {format_size(tolerance)}"
+            f"memory grew {format_size(per_step)} per step over {count} measured steps "
+            f"({format_size(total)} in total) on {device}, tolerance {format_size(tolerance)}"
         )
-    return GrowthVerdict(grows, growth, per_step, message)
+        return GrowthVerdict(True, growth, per_step, message, None, total)
+    # Not growing; settled where it rose to a new high and has held at least some of it since.
+    kept = min(steps[highs[-1] :]) if highs else 0
+    settled = highs[-1] + 1 if highs and since_last_high > 0 and kept > tolerance else None
+    return GrowthVerdict(False, growth, 0.0, "", settled, kept if settled else 0)
+
+
+def _new_highs(steps: Sequence[int]) -> list[int]:
+    """The steps whose figure passed every figure before it (and the baseline, 0)."""
+    highs, highest = [], 0
+    for index, value in enumerate(steps):
+        if value > highest:
+            highs.append(index)
+            highest = value
+    return highs
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,42 @@ def test_growth_figures() -> None:
     assert verdict.message == "memory grew 1.0 KiB per step over 8 measured steps (8.0 KiB in total) on cpu, tolerance 0 B"
 
 
+@pytest.mark.parametrize(
+    ("name", "steps", "per_step"),
+    [
+        ("starts in the later half", [0] * 49 + [1 << 30, 2 << 30, 3 << 30], 1 << 30),
+        ("starts late, 2.5 KiB a step", [0, 0, 0, 0, 0, 2560, 5120, 7680], 2560),
+        ("every third step", [0, 0, 4096, 4096, 4096, 8192, 8192, 8192, 12288], 4096 / 3),
+        ("under a sawtooth", [1016, 2032, 3048, 8, 1024, 2040, 3056, 16], 2),
+    ],
+)
+def test_growth_is_flagged_with_its_real_rate(name: str, steps: list[int], per_step: float) -> None:
+    verdict = judge_growth(steps, tolerance=0)
+    assert verdict.grows, name
+    assert verdict.per_step_bytes == pytest.approx(per_step, rel=0.01), name
+
+
+@pytest.mark.parametrize(
+    ("name", "steps", "settled_at"),
+    [
+        ("a buffer full at the 6th step", [4864, 9728, 14592, 19456, 24320, 29184, 29184, 29184], 6),
+        ("optimizer state at the first real step, under accumulation", [0, 11064, 22112, 22112, 22112, 11064, 22112, 22112], 3),
+        ("a cache filled in the first steps", [K, 2 * K, 3 * K, 3 * K, 3 * K, 3 * K, 3 * K, 3 * K], 3),
+    ],
+)
+def test_memory_that_rises_and_stays_flat_is_settled(name: str, steps: list[int], settled_at: int) -> None:
+    verdict = judge_growth(steps, tolerance=0)
+    assert not verdict.grows, name
+    assert verdict.settled_at == settled_at, name
+    assert verdict.kept_bytes > 0
+
+
+@pytest.mark.parametrize("steps", [[0] * 8, [K, 0] * 4, [5 * K, 4 * K, 3 * K, 2 * K, K, 0], [0] * 7 + [5 * K]])
+def test_memory_that_never_stays_up_is_not_settled(steps: list[int]) -> None:
+    verdict = judge_growth(steps, tolerance=0)
+    assert (verdict.grows, verdict.settled_at, verdict.kept_bytes) == (False, None, 0)
+
+
 def test_growth_needs_two_steps() -> None:
     with pytest.raises(ValueError, match="at least 2 measured steps"):
         judge_growth([K], 0)
