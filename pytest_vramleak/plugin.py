@@ -33,7 +33,7 @@ from .release import PercentError, ReleaseScheduler, parse_percent
 from .report import TestResult, leaked_figure, render_markdown, write_json, write_text_atomically
 from .sizes import SizeError, format_size, parse_size
 from .snapshot import describe, memory_contents
-from .steps import StepResult, StepWatcher
+from .steps import StepNotRun, StepResult, StepWatcher, step_caller
 from .tracker import SIZES_COMPARED_PER_CHECK, StorageRef, Tracker
 from .verdict import Budget, Increase, parse_increase
 
@@ -99,6 +99,9 @@ class Check:
     error: str | None = None
     steps: list[StepResult] = field(default_factory=list)
     step_leaked: bool = False
+    left_early: StepResult | None = None
+    """A step loop left early that grew: it fails the test as it tears down."""
+    call_passed: bool = False
     result: TestResult | None = None
 
 
@@ -467,6 +470,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
                 report.sections.append(("vramleak: what filled the memory", memory_contents(check.meter, call.excinfo.value)))
         except Exception as error:  # never let the forensics replace the test's own failure
             report.sections.append(("vramleak: what filled the memory", f"could not be read: {type(error).__name__}: {error}"))
+    if report.when == "call":
+        check.call_passed = report.passed
     if report.when in ("setup", "call") and check.unchecked_reason is None:
         if check.step_leaked:
             check.unchecked_reason = "memory grew across the steps of the vramleak fixture"
@@ -475,22 +480,27 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         elif report.skipped:
             check.unchecked_reason = "the test was skipped" if not hasattr(report, "wasxfail") else "the test xfailed"
     if report.when == "teardown":
+        judged = [step for step in check.steps if step.verdict is not None]
         if check.step_leaked:
             outcome = "leaked"
-        elif check.steps and check.unchecked_reason is None and not report.failed:
+        elif judged and check.unchecked_reason is None and not report.failed:
             outcome = "passed"  # checked through the fixture alone
         else:
             outcome = "unchecked"
         result = check.result or _result(item, check, outcome)
         if result.outcome == "unchecked" and result.reason is None:
-            result.reason = check.error or check.unchecked_reason or ("teardown failed" if report.failed else None)
+            unjudged = next((step.reason for step in check.steps if step.reason), None)
+            result.reason = check.error or check.unchecked_reason or unjudged or ("teardown failed" if report.failed else None)
         if check.steps:
-            last = check.steps[-1]
+            last = next((step for step in reversed(check.steps) if step.grows), check.steps[-1])
             result.steps = list(last.steps)
             result.warmup_steps = list(last.warmup_steps)
             if last.leak is not None and not result.tensors:
                 result.tensors = [group.to_json() for group in last.leak.groups]
-            result.growth_bytes = last.verdict.growth_bytes
+            result.growth_bytes = last.verdict.growth_bytes if last.verdict is not None else None
+            result.settled_after_step = last.settled_after
+            if last.settled_after is not None:
+                result.notes.append(last.describe())
             result.device = result.device or last.device
         report.vramleak = result.to_json()  # type: ignore[attr-defined]
         # JUnit XML writes a test's teardown properties: CI dashboards read the figures there.
@@ -513,6 +523,8 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
             check.result = _result(item, check, "unchecked")
             check.result.reason = f"vramleak internal error: {check.error}"
             raise VramLeak(f"vramleak could not check this test: {check.error}", pytrace=False)
+        if check.left_early is not None and check.call_passed:
+            raise VramLeak(check.left_early.describe(), pytrace=False)
         if check.unchecked_reason or not check.started or check.engine is None:
             return outcome
         try:
@@ -742,6 +754,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             "so no test is charged)"
         )
         lines += [f"    held by {chain}" for chain in finding.get("held_by", [])]
+    for result in config.stash.get(RESULTS, []):
+        if result.get("settled_after_step") is not None:
+            lines += [f"{result['nodeid']}: {note}" for note in result.get("notes", []) if "settled" in note]
     cycles = sorted((r for r in config.stash.get(RESULTS, []) if r.get("cycle_bytes")), key=lambda r: -r["cycle_bytes"])
     for result in cycles[:5]:
         lines.append(
@@ -843,12 +858,13 @@ class VramLeakFixture:
 
     The first ``warmup`` steps are not measured (ini ``vramleak_warmup``, default 2); memory is
     measured after each later step, and the test fails when it keeps growing (see the README for
-    the rule). ``vramleak.results`` holds every check's figures.
+    the rule). A loop left early (``break``, ``return``, an exception the test catches) is judged
+    on the steps measured so far, as the test tears down. ``vramleak.results`` holds every
+    check's figures.
     """
 
-    def __init__(self, watcher: StepWatcher, on_result: Callable[[StepResult], None]) -> None:
+    def __init__(self, watcher: StepWatcher) -> None:
         self._watcher = watcher
-        self._on_result = on_result
 
     @property
     def results(self) -> list[StepResult]:
@@ -860,26 +876,28 @@ class VramLeakFixture:
         try:
             self._watcher.check_arguments(n, warmup)
         except ValueError as error:
-            pytest.fail(f"vramleak.{error}", pytrace=False)
-        return self._run(n, warmup)
+            message = f"vramleak.{error}"
+        else:
+            return self._run(n, warmup)
+        pytest.fail(message, pytrace=False)
 
     def _run(self, n: int, warmup: int | None) -> Iterator[int]:
         yield from self._watcher.steps(n, warmup=warmup)
-        self._finish(self._watcher.results[-1])
-
-    def check(self, step: Callable[[int], Any], *, steps: int = 10, warmup: int | None = None) -> StepResult:
-        """Call ``step(i)`` ``steps`` times and fail the test if memory kept growing."""
-        for index in self.steps(steps, warmup=warmup):
-            step(index)
-        return self._watcher.results[-1]
-
-    def _finish(self, result: StepResult) -> None:
-        self._on_result(result)
+        result = self._watcher.results[-1]
         if result.grows:
-            lines = [result.verdict.message, "after each measured step, above the warm-up baseline: " + ", ".join(format_size(s) for s in result.steps)]
-            if result.leak is not None:
-                lines += ["tensors created after warm-up that outlived their step:", result.leak.render()]
-            raise VramLeak("\n".join(lines), pytrace=False)
+            raise VramLeak(result.describe(), pytrace=False)
+
+    def check(self, step: Callable[..., Any], *, steps: int = 10, warmup: int | None = None) -> StepResult:
+        """Call ``step(i)`` (or ``step()``) ``steps`` times and fail the test if memory kept growing."""
+        try:
+            call = step_caller(step)
+            for index in self.steps(steps, warmup=warmup):
+                call(index)
+        except StepNotRun as error:
+            message = f"vramleak.{error}"
+        else:
+            return self._watcher.results[-1]
+        pytest.fail(message, pytrace=False)
 
 
 @pytest.fixture
@@ -895,6 +913,12 @@ def vramleak(request: pytest.FixtureRequest) -> VramLeakFixture:
     meter = check.meter if check is not None and check.meter is not None else _meter_for(request.node, budget.device if budget else None)
     if check is None:
         check = request.node.stash[CHECK] = Check(None, meter)
+    def on_result(result: StepResult) -> None:
+        check.steps.append(result)
+        check.step_leaked = check.step_leaked or result.grows
+        if result.grows and result.stopped_early:
+            check.left_early = result
+
     watcher = StepWatcher(
         meter.name,
         warmup=settings.warmup,
@@ -902,10 +926,6 @@ def vramleak(request: pytest.FixtureRequest) -> VramLeakFixture:
         meter=meter,
         tracker=request.config.stash[TRACKER],
         record_sites=settings.sites != "off",
+        on_result=on_result,
     )
-
-    def on_result(result: StepResult) -> None:
-        check.steps.append(result)
-        check.step_leaked = check.step_leaked or result.grows
-
-    return VramLeakFixture(watcher, on_result)
+    return VramLeakFixture(watcher)

@@ -71,6 +71,8 @@ class TestResult:
     warmup_steps: list[int] | None = None
     """The same after each warm-up step of that check."""
     growth_bytes: int | None = None
+    settled_after_step: int | None = None
+    """Where a step check's memory rose and then stayed flat: the step after which it did."""
     tensors: list[dict[str, Any]] = field(default_factory=list)
     reason: str | None = None
     """Why a test is unchecked, or the plugin's own error."""

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from .devices import Meter
 from .sites import SiteRecorder
+from .sizes import format_size
 from .snapshot import Leak, describe, meter_for
 from .tracker import Mark, StorageRef, Tracker
 from .verdict import GrowthVerdict, judge_growth
@@ -25,15 +27,57 @@ class StepResult:
     warmup: int
     steps: list[int]
     """Bytes above the warm-up baseline after each measured step."""
-    verdict: GrowthVerdict
+    verdict: GrowthVerdict | None
+    """None where the loop stopped before two steps were measured (see ``reason``)."""
     leak: Leak | None = None
     """Tensors created after warm-up that outlived a step, with their holders; only when memory grew."""
     warmup_steps: list[int] = field(default_factory=list)
     """Bytes above the warm-up baseline after each warm-up step (the last is the baseline: 0)."""
+    planned: int = 0
+    """Steps the loop was asked for."""
+    ran: int = 0
+    """Steps that ran to their end (fewer where the loop was left early)."""
+    reason: str | None = None
+    """Why the loop was not judged."""
 
     @property
     def grows(self) -> bool:
-        return self.verdict.grows
+        return self.verdict is not None and self.verdict.grows
+
+    @property
+    def stopped_early(self) -> bool:
+        """The loop was left (``break``, ``return``, an exception) before its last step ended."""
+        return self.ran < self.planned
+
+    @property
+    def settled_after(self) -> int | None:
+        """Where memory rose and then stayed flat: the loop's step (from 0) after which it did."""
+        if self.verdict is None or self.verdict.settled_at is None:
+            return None
+        return self.warmup + self.verdict.settled_at - 1
+
+    def describe(self) -> str:
+        """The failure text of a loop that grew, or a line on one that settled or was not judged."""
+        if self.reason:
+            return self.reason
+        if self.grows:
+            assert self.verdict is not None
+            early = f" (the loop was left early: {len(self.steps)} of {self.planned - self.warmup} steps measured)" if self.stopped_early else ""
+            lines = [
+                self.verdict.message + early,
+                "after each measured step, above the warm-up baseline: " + ", ".join(format_size(s) for s in self.steps),
+            ]
+            if self.leak is not None:
+                lines += ["tensors created after warm-up that outlived their step:", self.leak.render()]
+            return "\n".join(lines)
+        settled = self.settled_after
+        if settled is not None:
+            assert self.verdict is not None
+            return (
+                f"memory rose by {format_size(self.verdict.kept_bytes)} during the measured steps and stayed flat after "
+                f"step {settled} (settled: not a leak); warmup={settled + 1} would leave it out of the measured steps"
+            )
+        return ""
 
 
 @dataclass
@@ -52,6 +96,8 @@ class StepWatcher:
     """Tracks storages between steps; one is made for the loop when none is given."""
     record_sites: bool = True
     """Record where the tensors of the first measured steps are made (see :mod:`pytest_vramleak.sites`)."""
+    on_result: Callable[[StepResult], None] | None = None
+    """Called with each loop's result as the loop ends, also one left early."""
     results: list[StepResult] = field(default_factory=list)
 
     def check_arguments(self, n: int, warmup: int | None) -> int:
@@ -66,17 +112,20 @@ class StepWatcher:
     def steps(self, n: int, *, warmup: int | None = None) -> Iterator[int]:
         """Yield ``0 .. n-1``; after the loop, ``self.results[-1]`` holds the verdict.
 
-        The first ``warmup`` iterations are not measured; at least two must remain.
+        The first ``warmup`` iterations are not measured; at least two must remain. A loop left
+        early is judged on the steps measured so far where there are two or more.
         """
         warmup = self.check_arguments(n, warmup)
         meter = self.meter or meter_for(self.device)
         loop = _Loop(meter, self.tracker or Tracker(meter.name), self.record_sites)
         loop.open()
+        ran = 0
         try:
             if warmup == 0:
                 loop.take_baseline()
             for index in range(n):
                 yield index
+                ran = index + 1
                 if index < warmup - 1:
                     loop.measure_warmup()
                 elif index == warmup - 1:
@@ -84,17 +133,74 @@ class StepWatcher:
                 else:
                     loop.measure_step(recording_ends=index == warmup + RECORDED_STEPS - 1)
         finally:
+            # Also where the loop is left early: the generator is closed, and nothing may be raised.
+            result = self._judge(loop, warmup, n, ran)
             loop.close()
-        figures = loop.figures()
-        verdict = judge_growth(figures, self.tolerance, meter.name)
-        leak = loop.explain() if verdict.grows else None
-        self.results.append(StepResult(meter.name, warmup, figures, verdict, leak, loop.warmup_figures()))
+            self.results.append(result)
+            if self.on_result is not None:
+                self.on_result(result)
 
-    def check(self, step: Callable[[int], Any], *, steps: int = 10, warmup: int | None = None) -> StepResult:
-        """Call ``step(i)`` for ``i`` in ``0 .. steps-1`` and return the result of the check."""
+    def _judge(self, loop: _Loop, warmup: int, planned: int, ran: int) -> StepResult:
+        device = loop.meter.name
+        figures = loop.figures()
+        if len(figures) < 2:
+            reason = f"not checked: the loop was left early, with {len(figures)} of {planned - warmup} steps measured (at least 2 are needed)"
+            return StepResult(device, warmup, figures, None, None, loop.warmup_figures(), planned, ran, reason)
+        verdict = judge_growth(figures, self.tolerance, device)
+        leak = loop.explain() if verdict.grows else None
+        return StepResult(device, warmup, figures, verdict, leak, loop.warmup_figures(), planned, ran)
+
+    def check(self, step: Callable[..., Any], *, steps: int = 10, warmup: int | None = None) -> StepResult:
+        """Call ``step(i)`` (or ``step()``) for ``i`` in ``0 .. steps-1`` and return the result of the check."""
+        call = step_caller(step)
         for index in self.steps(steps, warmup=warmup):
-            step(index)
+            call(index)
         return self.results[-1]
+
+
+def step_caller(step: Callable[..., Any]) -> Callable[[int], None]:
+    """``step`` as a function of the step's index: it may take the index or nothing.
+
+    A generator or coroutine function would return without running its body: that is an error,
+    as is a step that returns a generator or coroutine (a lambda around one).
+    """
+    if not callable(step):
+        raise StepNotRun(f"check() needs a function that runs one step, got {type(step).__name__} {step!r}")
+    if inspect.isgeneratorfunction(step) or inspect.iscoroutinefunction(step) or inspect.isasyncgenfunction(step):
+        raise StepNotRun(_NOT_RUN.format(name=getattr(step, "__qualname__", repr(step))))
+    takes_index = True
+    try:
+        signature = inspect.signature(step)
+    except (TypeError, ValueError):  # a builtin without a signature: give it the index
+        pass
+    else:
+        try:
+            signature.bind(0)
+        except TypeError:
+            try:
+                signature.bind()
+            except TypeError:
+                raise StepNotRun(f"check() calls step(i) or step(), and {getattr(step, '__qualname__', repr(step))}{signature} takes neither") from None
+            takes_index = False
+
+    def call(index: int) -> None:
+        returned = step(index) if takes_index else step()
+        if inspect.isgenerator(returned) or inspect.iscoroutine(returned) or inspect.isasyncgen(returned):
+            if inspect.iscoroutine(returned):
+                returned.close()  # never awaited, on purpose: no RuntimeWarning
+            raise StepNotRun(_NOT_RUN.format(name=getattr(step, "__qualname__", repr(step))))
+
+    return call
+
+
+class StepNotRun(TypeError):
+    """A step function that does not run a step: a usage error."""
+
+
+_NOT_RUN = (
+    "check() was given {name}, which returns a generator or coroutine without running its body: "
+    "pass a plain function that runs one step, or iterate `for i in vramleak.steps(n)` yourself"
+)
 
 
 class _Loop:

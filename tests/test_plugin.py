@@ -167,6 +167,7 @@ def test_json_report_schema(pytester: pytest.Pytester) -> None:
                 "steps": None,
                 "warmup_steps": None,
                 "growth_bytes": None,
+                "settled_after_step": None,
                 "tensors": [
                     {
                         "title": "float32[2, 512] on cpu: 1 tensor, 4.0 KiB",

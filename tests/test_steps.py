@@ -208,3 +208,152 @@ def test_warmup_and_tolerance_from_ini(pytester: pytest.Pytester) -> None:
         """
     )
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+LEFT_EARLY = {
+    "break": """
+        def test_it(vramleak):
+            kept = []
+            for step in vramleak.steps(10):
+                kept.append(torch.ones(256))
+                if step == 6:
+                    break
+    """,
+    "return": """
+        def test_it(vramleak):
+            kept = []
+            for step in vramleak.steps(10):
+                kept.append(torch.ones(256))
+                if step == 6:
+                    return
+    """,
+    "exception_caught_by_the_test": """
+        def test_it(vramleak):
+            kept = []
+            try:
+                for step in vramleak.steps(10):
+                    kept.append(torch.ones(256))
+                    if step == 6:
+                        raise ValueError("diverged")
+            except ValueError:
+                pass
+    """,
+}
+
+
+@pytest.mark.parametrize("how", sorted(LEFT_EARLY))
+def test_a_loop_left_early_is_judged_on_the_steps_it_measured(pytester: pytest.Pytester, run_checked, how: str) -> None:
+    pytester.makepyfile(test_it=TRAINING + textwrap.dedent(LEFT_EARLY[how]))
+    result, report = run_checked()
+    result.assert_outcomes(passed=1, failed=1)  # the body passed; the teardown reports the growth
+    result.stdout.fnmatch_lines(["memory grew 1.0 KiB per step over 4 measured steps * (the loop was left early: 4 of 8 steps measured)"])
+    assert report["test_it"]["outcome"] == "leaked"
+    assert report["test_it"]["steps"] == [1024 * n for n in range(1, 5)]
+
+
+def test_a_loop_left_before_two_steps_were_measured_is_unchecked(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import torch
+
+        def test_it(vramleak):
+            for step in vramleak.steps(10):
+                if step == 2:
+                    break
+        """
+    )
+    result, report = run_checked()
+    result.assert_outcomes(passed=1)
+    assert report["test_it"]["outcome"] == "unchecked"
+    assert report["test_it"]["reason"] == "not checked: the loop was left early, with 0 of 8 steps measured (at least 2 are needed)"
+
+
+@pytest.mark.parametrize(
+    ("step", "message"),
+    [
+        ("generator_step", "vramleak.check() was given generator_step, which returns a generator or coroutine without running its body*"),
+        ("lambda i: generator_step(i)", "vramleak.check() was given test_it.<locals>.<lambda>, which returns a generator or coroutine*"),
+        ("coroutine_step", "vramleak.check() was given coroutine_step, which returns a generator or coroutine*"),
+        ("two_arguments", "vramleak.check() calls step(i) or step(), and two_arguments(a, b) takes neither"),
+    ],
+)
+def test_check_refuses_a_step_that_would_not_run(pytester: pytest.Pytester, step: str, message: str) -> None:
+    pytester.makepyfile(
+        test_it=f"""
+        import torch
+
+        def generator_step(i):
+            torch.ones(256)
+            yield
+
+        async def coroutine_step(i):
+            torch.ones(256)
+
+        def two_arguments(a, b):
+            pass
+
+        def test_it(vramleak):
+            vramleak.check({step}, steps=6)
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-W", "error")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([message.replace("(", "[(]").replace(")", "[)]")])
+    result.stdout.no_fnmatch_line("*pytest_vramleak*")
+
+
+def test_check_takes_a_step_without_a_parameter(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import torch
+        KEPT = []
+
+        def test_clean(vramleak):
+            assert not vramleak.check(lambda: torch.ones(256).sum(), steps=6).grows
+
+        def test_leaks(vramleak):
+            vramleak.check(lambda: KEPT.append(torch.ones(256)), steps=6)
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["FAILED test_it.py::test_leaks - VramLeak: memory grew 1.0 KiB per step*"])
+
+
+def test_a_bad_step_count_is_said_once(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        def test_it(vramleak):
+            for step in vramleak.steps(0):
+                pass
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["vramleak.steps(0, warmup=2) leaves 0 measured step(s); at least 2 are needed", "*short test summary*"])
+    assert result.stdout.str().count("leaves 0 measured step(s); at least 2 are needed") == 1
+    result.stdout.no_fnmatch_line("*During handling of the above exception*")
+
+
+def test_memory_that_settles_inside_the_window_passes_and_is_reported(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import collections, torch
+
+        def test_it(vramleak):
+            recent = collections.deque(maxlen=6)  # full at step 5
+            for step in vramleak.steps(10):
+                recent.append(torch.ones(1024))
+        """
+    )
+    result, report = run_checked()
+    result.assert_outcomes(passed=1)
+    assert report["test_it"]["outcome"] == "passed"
+    assert report["test_it"]["settled_after_step"] == 5
+    result.stdout.fnmatch_lines(
+        [
+            "*= vramleak summary =*",
+            "test_it.py::test_it: memory rose by 16.0 KiB during the measured steps and stayed flat after step 5 "
+            "(settled: not a leak); warmup=6 would leave it out of the measured steps",
+        ]
+    )
