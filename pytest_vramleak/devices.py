@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import gc
 import os
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -301,13 +302,28 @@ def _spend_unknown_block_warning(torch: Any, enable: Any, disable: Any) -> None:
         os.close(saved_stderr)
 
 
+# Where torch's profilers start: (module, name) of each function that enables one on a thread.
+_PROFILER_ENTRIES = (
+    ("torch.autograd.profiler", "_prepare_profiler"),
+    ("torch.autograd.profiler", "_enable_profiler"),
+    ("torch.autograd.profiler_legacy", "_enable_profiler_legacy"),
+)
+
+
 @dataclass
 class CpuMeter:
-    """CPU tensors: a census of live storages, and the profiler's allocation events for the peak."""
+    """CPU tensors: a census of live storages, and the profiler's allocation events for the peak.
+
+    Only one profiler runs on a thread. While the meter's runs, torch's functions that start a
+    profiler are wrapped: a test that starts its own first stops the meter's, whose peak is then
+    not known (None), and the test's profiler starts as it would without the plugin.
+    """
 
     torch: Any
     name: str = "cpu"
     _profiling: bool = False
+    _thread: int = 0
+    _replaced: list[tuple[Any, str, Any]] = field(default_factory=list)
 
     def settle(self) -> None:
         gc.collect()
@@ -331,8 +347,44 @@ class CpuMeter:
         )
         autograd._enable_profiler_legacy(config)
         self._profiling = True
+        self._thread = threading.get_ident()
+        self._step_aside_for_the_tests_profiler()
+
+    def _step_aside_for_the_tests_profiler(self) -> None:
+        import sys
+
+        for module_name, name in _PROFILER_ENTRIES:
+            module = sys.modules.get(module_name)
+            original = getattr(module, name, None)
+            if original is None:
+                continue
+
+            def starting(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+                if threading.get_ident() == self._thread:
+                    self._give_up()
+                return _original(*args, **kwargs)
+
+            setattr(module, name, starting)
+            self._replaced.append((module, name, original))
+
+    def _put_back(self) -> None:
+        while self._replaced:
+            module, name, original = self._replaced.pop()
+            setattr(module, name, original)
+
+    def _give_up(self) -> None:
+        """Stop the meter's profiler, keeping no peak: the test starts one of its own."""
+        self._put_back()
+        if self._profiling:
+            self._profiling = False
+            autograd = self.torch._C._autograd
+            try:
+                autograd._disable_profiler_legacy(autograd._ProfilerDisableOptions(True, True))
+            except RuntimeError:
+                pass
 
     def stop_peak(self) -> int | None:
+        self._put_back()
         if not self._profiling:
             return None
         self._profiling = False

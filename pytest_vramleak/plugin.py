@@ -866,6 +866,9 @@ class VramLeakFixture:
     def __init__(self, watcher: StepWatcher) -> None:
         self._watcher = watcher
 
+    def __repr__(self) -> str:
+        return f"<vramleak fixture: {len(self.results)} step check(s) so far>"
+
     @property
     def results(self) -> list[StepResult]:
         """The step checks run so far in this test."""

@@ -287,7 +287,9 @@ def test_constants_of_an_inductor_graph_are_not_the_tests_leak(pytester: pytest.
         """
     )
     try:
-        result, report = run_checked("-p", "no:randomly")
+        # Warnings are errors, as the plugin must emit none (reading a fake tensor's data pointer
+        # warns); torch's own deprecation warnings while compiling are left alone.
+        result, report = run_checked("-p", "no:randomly", "-W", "error", "-W", "ignore::DeprecationWarning")
     finally:
         torch._dynamo.reset()
     assert report["test_compiled"]["outcome"] == "passed", result.stdout.str()
@@ -357,3 +359,106 @@ def test_a_failed_tests_frames_are_freed_before_the_next_checked_test(pytester: 
     # In a process of its own: an inline run's recorder would keep the failed test's report too.
     pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly").assert_outcomes(passed=1, failed=1)
     pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "-p", "no:vramleak").assert_outcomes(failed=2)
+
+
+@pytest.mark.parametrize("sites", ["auto", "on"])
+def test_compiled_recurrent_networks_run_as_without_the_plugin(pytester: pytest.Pytester, sites: str) -> None:
+    # Compiling nn.LSTM's forward failed ("zeros(): argument 'dtype' must be torch.dtype, not int")
+    # while a torch function mode was on the stack, as the plugin's old site recorder was.
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+
+        LSTM = torch.nn.LSTM(8, 8, batch_first=True)
+        GRU = torch.nn.GRU(8, 8, batch_first=True)
+
+        @torch.compile(backend="eager")
+        def run_lstm(x):
+            out, _ = LSTM(x)
+            return out.sum()
+
+        @torch.compile(backend="eager")
+        def run_gru(x):
+            out, _ = GRU(x)
+            return out.sum()
+
+        @pytest.mark.vram_budget
+        def test_checked_lstm():
+            run_lstm(torch.ones(2, 4, 8)).backward()
+            LSTM.zero_grad(set_to_none=True)  # the gradients would stay with the module otherwise
+
+        @pytest.mark.vram_budget
+        def test_checked_gru():
+            with torch.no_grad():
+                run_gru(torch.ones(2, 4, 8))
+
+        def test_unchecked():
+            run_lstm(torch.ones(2, 4, 8))
+            run_gru(torch.ones(2, 4, 8))
+
+        def test_steps(vramleak):
+            for step in vramleak.steps(6):
+                run_lstm(torch.ones(2, 4, 8)).backward()
+            LSTM.zero_grad(set_to_none=True)
+        """
+    )
+    # In a process of its own: what compiling imports cannot be imported twice in one process.
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak", f"--vramleak-sites={sites}")
+    result.assert_outcomes(passed=4)
+    result.stdout.no_fnmatch_line("*pytest_vramleak*")
+
+
+USER_ERRORS_AND_WARNINGS = """
+import pytest, torch
+
+@pytest.mark.vram_budget
+def test_torch_error():
+    torch.ones(2, 3) @ torch.ones(4, 5)
+
+def test_torch_error_in_steps(vramleak):
+    for step in vramleak.steps(6):
+        if step == 4:
+            torch.ones(2, 3) @ torch.ones(4, 5)
+
+@pytest.mark.vram_budget
+def test_warning_from_cpp():
+    # torch warns from C++ about resizing a non-empty out= tensor
+    torch.add(torch.ones(2), torch.ones(2), out=torch.ones(3))
+
+def test_warning_from_cpp_in_steps(vramleak):
+    for step in vramleak.steps(6):
+        torch.add(torch.ones(2), torch.ones(2), out=torch.ones(3))
+"""
+
+
+@pytest.mark.parametrize("sites", ["auto", "on"])
+def test_errors_and_warnings_look_as_without_the_plugin(pytester: pytest.Pytester, sites: str) -> None:
+    pytester.makepyfile(test_it=USER_ERRORS_AND_WARNINGS)
+    pytester.makeconftest(
+        """
+        import pytest
+
+        class StandIn:  # the run without the plugin: the same steps, unchecked
+            @pytest.fixture
+            def vramleak(self):
+                return type("Steps", (), {"steps": lambda self, n, warmup=2: range(n)})()
+
+        def pytest_configure(config):
+            if not config.pluginmanager.hasplugin("vramleak"):
+                config.pluginmanager.register(StandIn(), "stand-in")
+        """
+    )
+    # A filter on the warning's module: it must name the test's module, as without the plugin.
+    pytester.makeini("[pytest]\nfilterwarnings =\n    error::UserWarning:test_it\n")
+    arguments = ("-p", "no:cacheprovider", "-p", "no:randomly", "--tb=line", "-W", "ignore::DeprecationWarning")
+    plain = pytester.runpytest(*arguments, "-p", "no:vramleak")
+    checked = pytester.runpytest(*arguments, "--vramleak", f"--vramleak-sites={sites}")
+    assert checked.parseoutcomes() == plain.parseoutcomes() == {"failed": 4}
+
+    def failure_lines(result: pytest.RunResult) -> list[str]:
+        return sorted(line for line in result.stdout.lines if line.startswith(str(pytester.path)))
+
+    assert failure_lines(checked) == failure_lines(plain)
+    assert len(failure_lines(plain)) == 4
+    long = pytester.runpytest(*arguments[:-2], "--tb=long", "--vramleak", f"--vramleak-sites={sites}")
+    long.stdout.no_fnmatch_line("*pytest_vramleak/*.py:*")  # no frame of the plugin's in any traceback

@@ -678,3 +678,32 @@ def test_a_mode_the_test_leaves_entered_stays_and_the_site_recorder_leaves(pytes
         while len(torch.overrides._get_current_function_mode_stack()) > depth:
             torch.overrides._pop_mode()  # the test's own mode, which it never left
     result.assert_outcomes(passed=2)
+
+
+@pytest.mark.parametrize("options", [(), ("--vramleak-save=base",)], ids=["peak budget", "save"])
+def test_a_test_that_runs_its_own_profiler_gets_no_peak(pytester: pytest.Pytester, run_checked, options: tuple[str, ...]) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+
+        @pytest.mark.vram_budget("1 MiB")
+        def test_profiles():
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as profiler:
+                torch.ones(1024).sum()
+            assert profiler.key_averages()
+
+        @pytest.mark.vram_budget("1 MiB")
+        def test_profiles_with_the_autograd_profiler():
+            with torch.autograd.profiler.profile(profile_memory=True):
+                torch.ones(1024).sum()
+
+        @pytest.mark.vram_budget("1 MiB")
+        def test_after():
+            torch.ones(1024).sum()
+        """
+    )
+    result, report = run_checked("-p", "no:randomly", *options)
+    result.assert_outcomes(passed=3)
+    assert report["test_profiles"]["peak_bytes"] is None
+    assert report["test_profiles_with_the_autograd_profiler"]["peak_bytes"] is None
+    assert report["test_after"]["peak_bytes"] is not None  # the plugin's own profiler works again
