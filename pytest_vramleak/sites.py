@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 MAX_CALLERS = 3
 FRAMES_TRACED = 16
+_PLUGIN_DIR = os.path.dirname(__file__) + os.sep
 
 
 @functools.lru_cache(maxsize=1)
@@ -221,8 +222,8 @@ class SiteRecorder:
 
     def _stack(self, tensor: Any) -> tuple[Site, ...]:
         frames = _frames_of(tensor)
-        if not frames:
-            return ()
+        if not frames or frames[0][0].startswith(_PLUGIN_DIR):
+            return ()  # an object the plugin itself made, reading a tensor: no site of the user's
         return tuple((filename, line, enclosing_function(filename, line)) for filename, line, _ in user_sites(frames))
 
     def site_of(self, tensor: Any, storage: Any) -> tuple[Site, ...] | None:

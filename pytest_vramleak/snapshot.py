@@ -341,6 +341,7 @@ def describe(
     target_groups: list[tuple[TensorGroup, str]] = []
     owner_groups: dict[int, TensorGroup] = {}
     primaries: list[Found] = []
+    counted: set[int] = set()
     try:
         gc_tensors = [f.tensor for finds in located.values() for f in finds if f.via in ("gc", "storage")]
         orphans = without_python_holders(gc_tensors, exclude_types=(Found,)) if gc_tensors else set()
@@ -367,6 +368,9 @@ def describe(
             kind = "tensor" if found.via == "gc" else found.via
             group = groups.setdefault((dtype, shape, where, kind), TensorGroup(dtype, shape, where, kind=kind))
             group.bytes += found.nbytes
+            if id(found.tensor) in counted:  # a sparse or nested tensor: several storages, one tensor
+                continue
+            counted.add(id(found.tensor))
             group.count += 1
             owner_groups.setdefault(id(found.tensor), group)
             site = _allocation_site(sites, found)

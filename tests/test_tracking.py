@@ -84,6 +84,44 @@ LEAKS = {
         def test_it():
             KEPT.append(torch.ones(4096).untyped_storage())
         """,
+    "sparse_coo": """
+        KEPT = []
+
+        @pytest.mark.vram_budget
+        def test_it():
+            KEPT.append(torch.eye(64).to_sparse())
+        """,
+    "sparse_csr": """
+        KEPT = []
+
+        @pytest.mark.vram_budget
+        def test_it():
+            KEPT.append(torch.eye(64).to_sparse_csr())
+        """,
+    "sparse_csc": """
+        KEPT = []
+
+        @pytest.mark.filterwarnings("ignore:Sparse:UserWarning")  # torch: support in beta
+        @pytest.mark.vram_budget
+        def test_it():
+            KEPT.append(torch.eye(64).to_sparse_csc())
+        """,
+    "sparse_bsr": """
+        KEPT = []
+
+        @pytest.mark.filterwarnings("ignore:Sparse:UserWarning")  # torch: support in beta
+        @pytest.mark.vram_budget
+        def test_it():
+            KEPT.append(torch.eye(64).to_sparse_bsr((4, 4)))
+        """,
+    "nested_tensor": """
+        KEPT = []
+
+        @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")  # torch: a prototype
+        @pytest.mark.vram_budget
+        def test_it():
+            KEPT.append(torch.nested.nested_tensor([torch.ones(2, 8), torch.ones(5, 8)]))
+        """,
     "leak_then_the_test_freezes_the_heap": """
         import gc
         KEPT = []
@@ -356,3 +394,61 @@ def test_an_indexed_storage_object_lives_as_long_as_its_storage() -> None:
     assert reference() is view.untyped_storage()
     del view
     assert reference() is None
+
+
+@pytest.mark.parametrize("layout", ["to_sparse()", "to_sparse_csr()", "to_sparse_bsr((4, 4))"])
+def test_sparse_leaks_are_named(pytester: pytest.Pytester, run_checked, layout: str) -> None:
+    pytester.makepyfile(
+        test_it=f"""
+        import pytest, torch
+        KEPT = []
+
+        @pytest.mark.filterwarnings("ignore:Sparse:UserWarning")  # torch: support in beta
+        @pytest.mark.vram_budget
+        def test_it():
+            KEPT.append(torch.eye(64).{layout})
+        """
+    )
+    result, report = run_checked()
+    assert report["test_it"]["outcome"] == "leaked"
+    result.stdout.fnmatch_lines(["*held by test_it.KEPT[[]0]*"])
+
+
+def test_nested_tensors_are_checked_named_and_stepped(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        KEPT = []
+
+        pytestmark = pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors:UserWarning")  # torch: a prototype
+
+        def ragged():
+            return torch.nested.nested_tensor([torch.ones(2, 8), torch.ones(5, 8)])
+
+        @pytest.mark.vram_budget
+        def test_leaks():
+            KEPT.append(ragged())
+
+        @pytest.mark.vram_budget
+        def test_clean():
+            ragged().unbind()
+
+        def test_steps(vramleak):
+            for step in vramleak.steps(6):
+                KEPT.append(ragged())
+
+        @pytest.mark.vram_budget
+        def test_runs_out_of_memory():
+            kept = ragged()
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        """
+    )
+    result, report = run_checked("-p", "no:randomly")
+    assert report["test_leaks"]["outcome"] == "leaked"
+    assert report["test_leaks"]["tensors"][0]["dtype"] == "nested float32"
+    assert report["test_clean"]["outcome"] == "passed"
+    assert report["test_steps"]["outcome"] == "leaked"
+    result.stdout.fnmatch_lines(["nested float32[[]2] on cpu: 1 tensor, *", "*held by test_it.KEPT[[]0]*"])
+    result.stdout.fnmatch_lines(["*vramleak: what filled the memory*", "largest tensors:"])
+    result.stdout.no_fnmatch_line("*could not be read*")
+    result.stdout.no_fnmatch_line("*NestedTensorImpl doesn't support sizes*")
