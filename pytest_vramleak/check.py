@@ -21,7 +21,7 @@ budget. On CPU each observation reads what the test made and what died (see
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from typing import Any
 from .devices import CudaMeter, Meter, clear_torch_caches, explain_reserved, measure_growth
 from .diagnosis import held_by_torch_cache
 from .history import AllocatorHistory
+from .referrers import NamedRoot
 from .report import render_groups
 from .sizes import format_size
 from .sites import SiteRecorder, Sites, SiteSource
@@ -112,6 +113,7 @@ class LeakCheck:
         record_sites: bool = False,
         trace_folder: Path | None = None,
         name: str = "check",
+        named_roots: Callable[[], Sequence[NamedRoot]] | None = None,
     ) -> None:
         self.meter = meter or meter_for(device)
         self.budget = budget or Budget()
@@ -119,6 +121,8 @@ class LeakCheck:
         self.rules = rules
         self.name = name
         """What the check is of (a test id): names a saved allocator snapshot."""
+        self.named_roots = named_roots
+        """Values to name as their owner calls them when they hold a leak (a test's fixtures)."""
         self.result = CheckResult(self.meter.name)
         self._record_sites = record_sites
         self._trace_folder = trace_folder
@@ -355,7 +359,8 @@ class LeakCheck:
                 continue
             keys = [(ref.device, ref.pointer) for ref in self.leaked_storages(device) if ref() is not None]
             with self.tracker.unfrozen():
-                groups = describe(keys, device, sites=sites) if keys else []
+                named = self.named_roots() if self.named_roots is not None else ()
+                groups = describe(keys, device, sites=sites, named=named) if keys else []
             if device == result.device:
                 result.groups = groups
             else:

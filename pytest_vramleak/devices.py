@@ -96,11 +96,11 @@ def resolve_device(spec: str | None, torch: Any) -> str:
     kind, _, index_text = spec.partition(":")
     if kind not in ("cuda", "mps", "xpu"):
         raise ValueError(f"unknown device {spec!r}; use auto, cpu, cuda, cuda:N, mps or xpu")
-    if index_text and not index_text.isdigit():
+    if index_text and not (index_text.isascii() and index_text.isdigit()):
         raise ValueError(f"unknown device {spec!r}; the index after ':' must be a number")
     backend = getattr(torch, kind, None)
     if backend is None or not backend.is_available():
-        raise DeviceUnavailable(f"device {kind} is not available in this process")
+        raise DeviceUnavailable(f"device {spec} is not available in this process (no {kind} device)")
     if kind == "mps":
         return "mps"
     count = backend.device_count()

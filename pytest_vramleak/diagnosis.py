@@ -53,6 +53,25 @@ def diagnose(group: Any) -> list[str]:
             "a closure (a callback, a logger) captured it and lives on: drop the callback when done, or "
             "capture a detached copy or a Python number instead"
         )
+    if any(chain.startswith("fixture '") for chain in chains):
+        fixture = next(chain for chain in chains if chain.startswith("fixture '")).split(")")[0] + ")"
+        if any(".grad" in chain or chain.endswith(".grad") for chain in chains if chain.startswith("fixture '")) or group.kind == "grad":
+            found.append(
+                f"backward() through the model {fixture} keeps for many tests made its gradients, which stay with the "
+                "model: call model.zero_grad(set_to_none=True) at the end of the test or in the fixture's teardown, "
+                "or give each test its own model (a function-scoped fixture)"
+            )
+        else:
+            found.append(
+                f"state kept on a value that {fixture} shares between tests (a cached result, lazily made state): "
+                "clear it at the end of the test or in the fixture's teardown, or make the fixture function-scoped"
+            )
+    if any(chain.startswith("parametrize value ") for chain in chains):
+        found.append(
+            "a parametrize value, which pytest keeps for the whole session, kept what the test computed on it (a "
+            "metric's cached compute() result, lazily made state): build the object inside the test or in a "
+            "function-scoped fixture, or reset it (e.g. metric.reset()) at the end of the test"
+        )
     if group.count > 1 and chains and all(_module_container_entry(chain) for chain in chains) and not found:
         found.append(
             f"a module-level container gained {group.count} entries and never let them go (a cache "

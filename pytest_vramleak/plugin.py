@@ -21,69 +21,31 @@ import sys
 from pathlib import Path
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 
 from .census import StorageKey
+from .referrers import NamedRoot
 from .check import LeakCheck, Rules
 from .devices import CudaMeter, DeviceUnavailable, Meter, is_out_of_memory, make_meter, pin_worker, resolve_device
 from .html_report import is_html_path, render_html
-from .release import PercentError, ReleaseScheduler, parse_percent
+from .release import ReleaseScheduler
 from .report import TestResult, leaked_figure, render_markdown, write_json, write_text_atomically
 from .sizes import SizeError, format_size, parse_size
 from .snapshot import describe, memory_contents
 from .steps import StepNotRun, StepResult, StepWatcher, step_caller
 from .tracker import SIZES_COMPARED_PER_CHECK, StorageRef, Tracker
-from .verdict import Budget, Increase, parse_increase
+from .options import OPTIONS, OptionError, Settings, check_device_spec, saved_run_path
+from .options import read_settings as read_options
+from .verdict import Budget
 
 MARKER = "vram_budget"
 EXEMPT_MARKER = "allow_vram_leak"
-DEFAULT_WARMUP = 2
-_DEVICE_SPECS = "auto|cpu|cuda|cuda:N|mps|xpu"
-
-_HELP = {
-    "vramleak": "check every test for leaked tensor memory, as if marked vram_budget()",
-    "vramleak_device": f"device to measure: {_DEVICE_SPECS} (default auto: the current accelerator, else cpu)",
-    "vramleak_report": "write a report of every checked test to this path: HTML when it ends in .html or .htm, else JSON (repeat for both)",
-    "vramleak_warmup": f"unmeasured warm-up steps of the vramleak fixture (default {DEFAULT_WARMUP})",
-    "vramleak_tolerance": "growth across measured steps that is not yet a leak, e.g. '64 KiB' (default 0)",
-    "vramleak_sites": "record where leaked tensors were allocated: auto (in step checks), on (in every checked test too, slower) or off (default auto)",
-    "vramleak_strict_cycles": "fail tests whose tensors lived on reference cycles until garbage collection",
-    "vramleak_pin_workers": "give each pytest-xdist worker its own GPU, by worker number",
-    "vramleak_trace": "record the CUDA allocator's history while checked tests run; save a snapshot per leaking test",
-    "vramleak_save": "save each checked test's peak and end figures under this name (in .vramleak/ under the root folder)",
-    "vramleak_compare": "compare each checked test's peak with the run saved under this name; fail growth past --vramleak-max-increase",
-    "vramleak_max_increase": "growth over the compared run that fails a test only past both limits, e.g. '10%, 1 MiB' (default '10%, 64 KiB')",
-    "vramleak_markdown": "write a Markdown summary for a CI job page to this path (default: append to $GITHUB_STEP_SUMMARY when set)",
-    "vramleak_release_above": "between tests, empty the CUDA caching allocator when its reserved memory passes this share of a device, e.g. 80%",
-}
-
-
 class VramLeak(pytest.fail.Exception):  # type: ignore[name-defined,misc]
     """A test leaked or went over its peak budget."""
 
     __module__ = "builtins"  # shown as "VramLeak: ..." like pytest's own "Failed: ..."
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The effective options, CLI first, then ini."""
-
-    every_test: bool
-    device: str
-    report_paths: tuple[str, ...]
-    """Where to write reports: HTML for ``.html``/``.htm``, JSON otherwise."""
-    warmup: int
-    tolerance: int
-    sites: str = "auto"
-    release_above: float | None = None
-    strict_cycles: bool = False
-    trace: bool = False
-    save: str | None = None
-    compare: dict[str, dict[str, Any]] | None = None
-    """The saved run's figures by test id, when comparing."""
-    max_increase: Increase = Increase()
 
 
 @dataclass
@@ -110,7 +72,7 @@ RESULTS = pytest.StashKey[list[dict[str, Any]]]()
 CHECK = pytest.StashKey[Check]()
 BUDGET = pytest.StashKey[Budget | None]()
 TRACKER = pytest.StashKey[Tracker]()
-ACTIVE = pytest.StashKey["Check | None"]()
+ACTIVE = pytest.StashKey[Optional[Check]]()
 """The check of the test being set up, run or torn down."""
 
 
@@ -127,131 +89,32 @@ def vram_budget(peak: Any = None, *, leak: Any = 0, device: str | None = None) -
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("vramleak", "tensor memory leak checks (pytest-vramleak)")
-    group.addoption("--vramleak", action="store_true", default=None, help=_HELP["vramleak"])
-    group.addoption("--vramleak-device", default=None, metavar="DEVICE", help=_HELP["vramleak_device"])
-    group.addoption("--vramleak-report", action="append", default=None, metavar="PATH", help=_HELP["vramleak_report"])
-    group.addoption("--vramleak-warmup", default=None, metavar="N", help=_HELP["vramleak_warmup"])
-    group.addoption("--vramleak-tolerance", default=None, metavar="SIZE", help=_HELP["vramleak_tolerance"])
-    group.addoption("--vramleak-sites", default=None, metavar="auto|on|off", help=_HELP["vramleak_sites"])
-    group.addoption("--vramleak-strict-cycles", action="store_true", default=None, help=_HELP["vramleak_strict_cycles"])
-    group.addoption("--vramleak-pin-workers", action="store_true", default=None, help=_HELP["vramleak_pin_workers"])
-    group.addoption("--vramleak-trace", action="store_true", default=None, help=_HELP["vramleak_trace"])
-    group.addoption("--vramleak-markdown", default=None, metavar="PATH", help=_HELP["vramleak_markdown"])
-    group.addoption("--vramleak-save", default=None, metavar="NAME", help=_HELP["vramleak_save"])
-    group.addoption("--vramleak-compare", default=None, metavar="NAME", help=_HELP["vramleak_compare"])
-    group.addoption("--vramleak-max-increase", default=None, metavar="LIMITS", help=_HELP["vramleak_max_increase"])
-    group.addoption("--vramleak-release-above", default=None, metavar="PERCENT", help=_HELP["vramleak_release_above"])
-    parser.addini("vramleak", _HELP["vramleak"], type="bool", default=False)
-    parser.addini("vramleak_device", _HELP["vramleak_device"], default="auto")
-    parser.addini("vramleak_report", _HELP["vramleak_report"], type="args", default=[])
-    parser.addini("vramleak_warmup", _HELP["vramleak_warmup"], default=str(DEFAULT_WARMUP))
-    parser.addini("vramleak_tolerance", _HELP["vramleak_tolerance"], default="0")
-    parser.addini("vramleak_sites", _HELP["vramleak_sites"], default="auto")
-    parser.addini("vramleak_strict_cycles", _HELP["vramleak_strict_cycles"], type="bool", default=False)
-    parser.addini("vramleak_pin_workers", _HELP["vramleak_pin_workers"], type="bool", default=False)
-    parser.addini("vramleak_trace", _HELP["vramleak_trace"], type="bool", default=False)
-    parser.addini("vramleak_markdown", _HELP["vramleak_markdown"], default="")
-    parser.addini("vramleak_save", _HELP["vramleak_save"], default="")
-    parser.addini("vramleak_compare", _HELP["vramleak_compare"], default="")
-    parser.addini("vramleak_max_increase", _HELP["vramleak_max_increase"], default="10%, 64 KiB")
-    parser.addini("vramleak_release_above", _HELP["vramleak_release_above"], default="")
+    for option in OPTIONS:
+        if option.flag:
+            group.addoption(option.cli, action="store_true", default=None, help=option.help)
+        else:
+            action = "append" if option.repeat else "store"
+            group.addoption(option.cli, action=action, default=None, metavar=option.metavar, help=option.help)
+        if option.repeat:
+            parser.addini(option.ini, option.help, type="args", default=[])
+        else:
+            parser.addini(option.ini, option.help, type="string", default=option.default)
 
 
 def _option(config: pytest.Config, ini_name: str) -> tuple[Any, str]:
     """The value of a setting and where it came from, for error messages."""
-    cli_name = "--" + ini_name.replace("_", "-")
     value = config.getoption(ini_name)
     if value is not None:
-        return value, cli_name
+        return value, "--" + ini_name.replace("_", "-")
     return config.getini(ini_name), f"ini option {ini_name}"
 
 
-def _check_device_spec(spec: str) -> str:
-    spec = spec.strip().lower()
-    kind, _, index = spec.partition(":")
-    if spec in ("auto", "cpu", "mps", "xpu", "cuda") or (kind in ("cuda", "xpu") and index.isdigit()):
-        return spec
-    raise ValueError(f"unknown device {spec!r}; expected {_DEVICE_SPECS}")
-
-
 def read_settings(config: pytest.Config) -> Settings:
-    """Read and validate every option; a bad value is a usage error naming its source."""
-    every_test, _ = _option(config, "vramleak")
-    device, source = _option(config, "vramleak_device")
+    """Read and check every option; a bad value is a usage error naming its source."""
     try:
-        device = _check_device_spec(str(device))
-    except ValueError as error:
-        raise pytest.UsageError(f"{source}: {error}") from None
-    report_paths, source = _option(config, "vramleak_report")
-    for report in report_paths:
-        problem = _unwritable(Path(report))
-        if problem:
-            raise pytest.UsageError(f"{source}: cannot write a report to {report}: {problem}")
-    warmup_text, source = _option(config, "vramleak_warmup")
-    try:
-        warmup = int(str(warmup_text).strip())
-        if warmup < 0:
-            raise ValueError
-    except ValueError:
-        raise pytest.UsageError(f"{source}: expected a whole number of steps >= 0, got {warmup_text!r}") from None
-    tolerance_text, source = _option(config, "vramleak_tolerance")
-    try:
-        tolerance = parse_size(str(tolerance_text))
-    except SizeError as error:
-        raise pytest.UsageError(f"{source}: {error}") from None
-    sites_text, source = _option(config, "vramleak_sites")
-    sites = str(sites_text).strip().lower()
-    if sites not in ("auto", "on", "off"):
-        raise pytest.UsageError(f"{source}: expected auto, on or off, got {sites_text!r}")
-    release_text, source = _option(config, "vramleak_release_above")
-    try:
-        release_above = parse_percent(release_text) if str(release_text).strip() else None
-    except PercentError as error:
-        raise pytest.UsageError(f"{source}: {error}") from None
-    strict_cycles, _ = _option(config, "vramleak_strict_cycles")
-    trace, _ = _option(config, "vramleak_trace")
-    save, _ = _option(config, "vramleak_save")
-    compare_name, source = _option(config, "vramleak_compare")
-    compare = None
-    if compare_name:
-        path = _saved_run_path(config, compare_name)
-        try:
-            compare = json.loads(path.read_text())["tests"]
-        except (OSError, ValueError, KeyError) as error:
-            raise pytest.UsageError(f"{source}: cannot read the saved run {compare_name!r} at {path}: {error}") from None
-    increase_text, source = _option(config, "vramleak_max_increase")
-    try:
-        max_increase = parse_increase(increase_text)
-    except (ValueError, SizeError) as error:
-        raise pytest.UsageError(f"{source}: {error}") from None
-    return Settings(
-        bool(every_test),
-        device,
-        tuple(str(path) for path in report_paths if str(path).strip()),
-        warmup,
-        tolerance,
-        sites,
-        release_above,
-        bool(strict_cycles),
-        bool(trace),
-        save or None,
-        compare,
-        max_increase,
-    )
-
-
-def _unwritable(path: Path) -> str | None:
-    """Why a report could never be written at ``path`` (a folder there, a file where a folder must be), if so."""
-    if path.is_dir():
-        return "it is a folder"
-    for parent in path.absolute().parents:
-        if parent.exists():
-            return None if parent.is_dir() else f"{parent} is a file, not a folder"
-    return None
-
-
-def _saved_run_path(config: pytest.Config, name: str) -> Path:
-    return config.rootpath / ".vramleak" / f"{name}.json"
+        return read_options(functools.partial(_option, config), config.rootpath)
+    except OptionError as error:
+        raise pytest.UsageError(str(error)) from None
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -270,7 +133,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_Recorder(config.stash[RESULTS]), "vramleak-recorder")
     config.pluginmanager.register(_XdistController(config), "vramleak-xdist")
     workerinput = getattr(config, "workerinput", None)
-    if workerinput is not None and _option(config, "vramleak_pin_workers")[0]:
+    if workerinput is not None and config.stash[SETTINGS].pin_workers:
         torch = _import_torch()
         if torch is not None:
             pin_worker(str(workerinput.get("workerid", "")), torch, os.environ)
@@ -331,7 +194,7 @@ def _parse_marker(item: pytest.Item, mark: pytest.Mark) -> Budget:
     device = mark.kwargs.get("device")
     if device is not None:
         try:
-            device = _check_device_spec(device) if isinstance(device, str) else _check_device_spec(repr(device))
+            device = check_device_spec(device) if isinstance(device, str) else check_device_spec(repr(device))
         except ValueError as error:
             raise pytest.UsageError(f"{where}(device={device!r}): {error}") from None
     leak = sizes["leak"]
@@ -340,15 +203,43 @@ def _parse_marker(item: pytest.Item, mark: pytest.Mark) -> Budget:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    every_test = config.stash[SETTINGS].every_test
+    settings = config.stash[SETTINGS]
+    unavailable: dict[str, str | None] = {}
     for item in items:
         mark = item.get_closest_marker(MARKER)
         if item.get_closest_marker(EXEMPT_MARKER) is not None:
             item.stash[BUDGET] = None
         elif mark is not None:
             item.stash[BUDGET] = _parse_marker(item, mark)
-        elif every_test:
-            item.stash[BUDGET] = Budget()
+        elif settings.every_test:
+            item.stash[BUDGET] = Budget(leak=settings.default_leak)
+        budget = item.stash.get(BUDGET, None)
+        if budget is None and "vramleak" not in getattr(item, "fixturenames", ()):
+            continue
+        # A device that is not there skips the test, with the reason, where the test is.
+        spec = (budget.device if budget else None) or settings.device
+        if spec not in unavailable:
+            unavailable[spec] = _unavailable(spec)
+        reason = unavailable[spec]
+        if reason is not None:
+            item.add_marker(pytest.mark.skip(reason=reason))
+            item.stash[SKIPPED] = True
+
+
+SKIPPED = pytest.StashKey[bool]()
+"""Set on a test skipped because torch or its device is missing: no check is set up for it."""
+
+
+def _unavailable(spec: str) -> str | None:
+    """Why a check on device ``spec`` cannot run here, if so."""
+    torch = _import_torch()
+    if torch is None:
+        return f"vramleak: torch is not installed ({_torch_import_error[0]})"
+    try:
+        resolve_device(spec, torch)
+    except DeviceUnavailable as error:
+        return f"vramleak: {error}"
+    return None
 
 
 def _meter_for(item: pytest.Item, device_spec: str | None) -> Meter:
@@ -398,7 +289,7 @@ def _engine_result(item: pytest.Item, check: Check) -> TestResult:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     budget = item.stash.get(BUDGET, None)
     tracker = item.config.stash[TRACKER]
-    if budget is None and "vramleak" not in getattr(item, "fixturenames", ()):
+    if (budget is None and "vramleak" not in getattr(item, "fixturenames", ())) or item.stash.get(SKIPPED, False):
         tracker.stale = True  # this test runs untracked; the index must be rebuilt after it
         return
     check = Check(budget)
@@ -431,6 +322,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             record_sites=settings.sites == "on" and budget is not None,
             trace_folder=_trace_folder(item.config) if trace else None,
             name=item.nodeid,
+            named_roots=functools.partial(_named_roots, item),
         )
         check.engine.begin()
     except Exception as error:
@@ -647,6 +539,22 @@ class FixtureMemory:
 
 
 FIXTURES = pytest.StashKey[list[FixtureMemory]]()
+FIXTURE_DEFS = pytest.StashKey[dict[int, pytest.FixtureDef[Any]]]()
+"""Fixtures wider than a test that were set up, so that what their values hold is named after them."""
+
+
+def _named_roots(item: pytest.Item) -> list[NamedRoot]:
+    """Values pytest keeps for many tests, named as the user wrote them: the test's parametrize
+    values, and the values of fixtures wider than a test."""
+    named = []
+    callspec = getattr(item, "callspec", None)
+    for name, value in getattr(callspec, "params", {}).items():
+        named.append(NamedRoot(f"parametrize value {name} of {item.name}", value, "parametrize"))
+    for fixturedef in item.config.stash.get(FIXTURE_DEFS, {}).values():
+        cached = fixturedef.cached_result
+        if cached is not None and cached[0] is not None:
+            named.append(NamedRoot(f"fixture '{fixturedef.argname}' ({fixturedef.scope} scope)", cached[0], "fixture"))
+    return named
 MAX_FIXTURE_CHAINS = 3
 
 
@@ -656,6 +564,8 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.Fix
     check on an accelerator reads nothing otherwise), and, with --vramleak, reported if still
     alive after the fixture's teardown."""
     config = request.config
+    if fixturedef.scope != "function":
+        config.stash.setdefault(FIXTURE_DEFS, {})[id(fixturedef)] = fixturedef
     tracker = config.stash[TRACKER]
     check = config.stash.get(ACTIVE, None) if fixturedef.scope != "function" else None
     if check is None or check.meter is None or not tracker.active:
@@ -730,8 +640,20 @@ def _offenders(results: list[dict[str, Any]], verbosity: int) -> list[str]:
     return lines
 
 
+CYCLE_NOTE_BYTES = 1024**2
+"""Memory left to the cycle collector that the summary mentions without -v."""
+
+
+def _latest(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per test, the last reported: a test run again (a rerun plugin, a crashed xdist
+    worker's test run elsewhere) is listed once."""
+    return list({result["nodeid"]: result for result in results}.values())
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    lines = _offenders(config.stash.get(RESULTS, []), config.get_verbosity())
+    results = _latest(config.stash.get(RESULTS, []))
+    verbosity = config.get_verbosity()
+    lines = _offenders(results, verbosity)
     scheduler = config.stash.get(RELEASER, None)
     if scheduler is not None and scheduler.releases:
         lines.append(
@@ -754,10 +676,12 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             "so no test is charged)"
         )
         lines += [f"    held by {chain}" for chain in finding.get("held_by", [])]
-    for result in config.stash.get(RESULTS, []):
+    for result in results:
         if result.get("settled_after_step") is not None:
             lines += [f"{result['nodeid']}: {note}" for note in result.get("notes", []) if "settled" in note]
-    cycles = sorted((r for r in config.stash.get(RESULTS, []) if r.get("cycle_bytes")), key=lambda r: -r["cycle_bytes"])
+    # Memory a reference cycle kept until collection is worth a line when it is large; with -v, always.
+    least = 1 if verbosity > 0 else CYCLE_NOTE_BYTES
+    cycles = sorted((r for r in results if (r.get("cycle_bytes") or 0) >= least), key=lambda r: -r["cycle_bytes"])
     for result in cycles[:5]:
         lines.append(
             f"{result['nodeid']}: {format_size(result['cycle_bytes'])} lived in reference cycles until garbage "
@@ -792,18 +716,18 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         worker = getattr(config, "workerinput", {}).get("workerid")
         workeroutput["vramleak_fixtures"] = [{**leftover, "worker": worker} for leftover in config.stash[LEFTOVERS]]
         return
-    # One entry per test, the last reported: a test run again (a rerun plugin, a crashed xdist
-    # worker's test re-run elsewhere) is listed once.
-    results: list[dict[str, Any]] = list({r["nodeid"]: r for r in config.stash[RESULTS]}.values())
+    results = _latest(config.stash[RESULTS])
     leftovers: list[dict[str, Any]] = config.stash[LEFTOVERS]
     outputs: list[tuple[str, Callable[[], None]]] = [("the Markdown summary", lambda: _write_markdown(config, results))]
-    if settings.save:
+    if settings.save and session.exitstatus == pytest.ExitCode.INTERRUPTED:
+        config.stash[OUTPUT_ERRORS].append(f"the run was interrupted: the saved run {settings.save!r} was left as it was")
+    elif settings.save:
         figures = {
             r["nodeid"]: {name: r[name] for name in ("device", "peak_bytes", "end_bytes", "leaked_bytes")}
             for r in results
             if r["outcome"] != "unchecked"
         }
-        path = _saved_run_path(config, settings.save)
+        path = saved_run_path(config.rootpath, settings.save)
         outputs.append((f"the saved run to {path}", lambda: write_text_atomically(path, json.dumps({"version": 1, "tests": figures}, indent=2) + "\n")))
     for report in settings.report_paths:
         if is_html_path(report):
@@ -843,7 +767,7 @@ def _about(config: pytest.Config) -> dict[str, str]:
 
 def _write_markdown(config: pytest.Config, results: list[dict[str, Any]]) -> None:
     """The Markdown summary, to ``--vramleak-markdown`` or appended to ``$GITHUB_STEP_SUMMARY``."""
-    path, _ = _option(config, "vramleak_markdown")
+    path = config.stash[SETTINGS].markdown
     if not results:
         return
     if path:
@@ -930,5 +854,6 @@ def vramleak(request: pytest.FixtureRequest) -> VramLeakFixture:
         tracker=request.config.stash[TRACKER],
         record_sites=settings.sites != "off",
         on_result=on_result,
+        named_roots=functools.partial(_named_roots, request.node),
     )
     return VramLeakFixture(watcher)

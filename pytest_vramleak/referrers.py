@@ -54,6 +54,20 @@ class FrameLocal:
         self.value = value
 
 
+class NamedRoot:
+    """A root the caller names: a value a test runner keeps for the whole session, written as the
+    user wrote it (``fixture 'model' (module scope)``, ``parametrize value lr of test_fit[...]``)
+    rather than through the runner's internals."""
+
+    __slots__ = ("label", "value", "kind")
+
+    def __init__(self, label: str, value: Any, kind: str = "value") -> None:
+        self.label = label
+        self.value = value
+        self.kind = kind
+        """``fixture`` or ``parametrize``: which diagnosis fits state kept on it."""
+
+
 def _frames_not_ours(own: set[int]) -> list[types.FrameType]:
     """The frames on the stack, innermost first, less this package's own."""
     stack: list[types.FrameType] = []
@@ -143,6 +157,7 @@ def find_chains(
     max_frontier: int = 5_000,
     exclude_types: tuple[type, ...] = (),
     frames: Sequence[types.FrameType] = (),
+    named: Sequence[NamedRoot] = (),
 ) -> list[list[Any]]:
     """For each target, a shortest chain ``[root, ..., target]`` of objects holding it.
 
@@ -156,7 +171,9 @@ def find_chains(
     stack = _frames_not_ours(own)
     on_stack = {id(f) for f in stack}
     # Frames the caller names (those of an error being reported) count as roots like running ones.
-    running_locals = _running_locals([*frames, *stack])
+    running_locals: dict[int, Any] = {id(root.value): root for root in named}
+    for ident, frame_local in _running_locals([*frames, *stack]).items():
+        running_locals.setdefault(ident, frame_local)
     held_by: dict[int, list[Any]] = {}  # id(holder) -> the objects it holds one level nearer a target
     origins: dict[int, int] = {id(t): 1 << i for i, t in enumerate(targets)}  # bit i: leads to targets[i]
     unrooted = (1 << len(targets)) - 1
@@ -324,6 +341,8 @@ def root_text(root: Any) -> str:
         return _module_name(root)
     if type(root) is FrameLocal:
         return f"{frame_text(root.frame)} local '{root.name}'"
+    if type(root) is NamedRoot:
+        return root.label
     if type(root) is types.FrameType:
         return f"frame {frame_text(root)}"
     if type(root) is type:
@@ -338,7 +357,7 @@ def edge_text(parent: Any, child: Any, mode: Any) -> tuple[str, Any]:
     namespace (``"attr"``), an ``nn.Module``'s namespace, a frame's locals, or a function's closure.
     """
     kind = type(parent)
-    if kind is FrameLocal:
+    if kind is FrameLocal or kind is NamedRoot:
         return "", None
     if issubclass(kind, dict):
         found, key = _key_of(parent, child)
@@ -429,6 +448,8 @@ def _root_kind(root: Any) -> str:
         return "module"
     if type(root) is FrameLocal:
         return "frame local"
+    if type(root) is NamedRoot:
+        return root.kind
     if type(root) is types.FrameType:
         return "frame"
     if type(root) is type:
@@ -466,6 +487,7 @@ def holder_paths(
     max_depth: int = BACKWARD_LEVELS,
     exclude_types: tuple[type, ...] = (),
     frames: Sequence[types.FrameType] = (),
+    named: Sequence[NamedRoot] = (),
 ) -> list[list[tuple[str, str]] | None]:
     """Per target, the :func:`chain_parts` of the chain of references that keeps it alive.
 
@@ -473,7 +495,7 @@ def holder_paths(
     graph, a registry in an extension).
     """
     with whole_heap():
-        chains = find_chains(targets, max_depth=max_depth, exclude_types=exclude_types, frames=frames)
+        chains = find_chains(targets, max_depth=max_depth, exclude_types=exclude_types, frames=frames, named=named)
     try:
         return [chain_parts(chain) if len(chain) > 1 else None for chain in chains]
     finally:

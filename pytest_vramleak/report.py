@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -113,7 +114,7 @@ def render_markdown(results: Sequence[dict[str, Any]]) -> str:
         "| --- | --- | --- | --- | --- |",
     ]
     lines += [
-        f"| `{r['nodeid']}` | {r['device']} | {r['outcome'].replace('_', ' ')} | {size_text(r.get('leaked_bytes'))} | {size_text(r.get('peak_bytes'))} |"
+        f"| {_code(r['nodeid'])} | {r['device']} | {r['outcome'].replace('_', ' ')} | {size_text(r.get('leaked_bytes'))} | {size_text(r.get('peak_bytes'))} |"
         for r in failing
     ]
     holders = [(r["nodeid"], group) for r in failing for group in r.get("tensors", [])]
@@ -121,9 +122,18 @@ def render_markdown(results: Sequence[dict[str, Any]]) -> str:
         lines += ["", "<details><summary>What holds the leaked tensors</summary>", ""]
         for nodeid, group in holders:
             held = group["held_by"][0] if group["held_by"] else "no chain found"
-            lines.append(f"- `{nodeid}`: {group['dtype']}{shape_text(group['shape'])}, {format_size(group['bytes'])}, held by `{held}`")
+            lines.append(f"- {_code(nodeid)}: {group['dtype']}{shape_text(group['shape'])}, {format_size(group['bytes'])}, held by {_code(held)}")
         lines += ["", "</details>"]
     return "\n".join(lines) + "\n"
+
+
+def _code(text: str) -> str:
+    """``text`` as a Markdown code span that stays on its line and in its table cell."""
+    text = " ".join(str(text).splitlines()).replace("|", "\\|")
+    if "`" not in text:
+        return f"`{text}`"
+    fence = "`" * (max(len(run) for run in re.findall("`+", text)) + 1)
+    return f"{fence} {text} {fence}"
 
 
 def _umask() -> int:

@@ -25,7 +25,7 @@ from typing import Any
 from .census import Found, StorageKey, live_tensors, take_census, walk, whole_heap
 from .devices import Meter, make_meter, resolve_device
 from .diagnosis import diagnose
-from .referrers import holder_paths, without_python_holders
+from .referrers import NamedRoot, holder_paths, without_python_holders
 from .report import render_groups, shape_text
 from .sizes import format_size
 from .sites import SiteSource, describe_stack
@@ -120,10 +120,12 @@ class TensorGroup:
     kind: str = "tensor"
     """``tensor``, ``grad`` (a gradient of a live tensor), ``graph`` (saved by an autograd graph) or
     ``storage`` (a storage object kept without a tensor)."""
+    cls: str = ""
+    """The tensors' class where it is a subclass of ``torch.Tensor`` (``Parameter``, a user's own)."""
 
     def title(self) -> str:
         """One line: what the tensors are, how many, how many bytes."""
-        shape = shape_text(self.shape)
+        shape = shape_text(self.shape) + (f" {self.cls}" if self.cls else "")
         if self.kind == "graph":
             return (
                 f"autograd graph of a {self.dtype}{shape} tensor on {self.device}: "
@@ -149,6 +151,7 @@ class TensorGroup:
             "allocated_at": list(self.allocated_at),
             "diagnoses": list(self.diagnoses),
             "kind": self.kind,
+            "class": self.cls,
             "graph_bytes": self.graph_bytes,
         }
 
@@ -269,6 +272,15 @@ def _group_key(found: Found) -> tuple[str, tuple[int, ...], str]:
     return tensor_key(found.tensor)
 
 
+def tensor_class(tensor: Any) -> str:
+    """The name of a tensor's class where it is a subclass of ``torch.Tensor`` (``Parameter``), else ``""``."""
+    cls = type(tensor)
+    if cls is _torch().Tensor:
+        return ""
+    name = type.__dict__["__qualname__"].__get__(cls)
+    return name if type(name) is str else "?"
+
+
 def tensor_key(tensor: Any) -> tuple[str, tuple[int, ...], str]:
     """dtype, shape and device of a tensor: a nested tensor's shape is its number of components."""
     torch = _torch()
@@ -321,8 +333,10 @@ def describe(
     name: bool = True,
     sites: SiteSource | None = None,
     frames: Sequence[types.FrameType] = (),
+    named: Sequence[NamedRoot] = (),
 ) -> list[TensorGroup]:
-    """Group the live storages in ``keys`` by dtype, shape and device, and name their holders.
+    """Group the live storages in ``keys`` by dtype, shape and device, and name their holders
+    (values in ``named`` by the names given, such as a test's fixtures and parametrize values).
 
     A storage saved only by an autograd graph is added to the group of the tensor whose graph
     holds it (``graph_bytes``); a gradient is named through the tensor it belongs to.
@@ -353,7 +367,8 @@ def describe(
                 group = owner_groups.get(id(found.owner))
                 if group is None:
                     dtype, shape, where = tensor_key(found.owner)
-                    group = groups.setdefault((dtype, shape, where, "graph"), TensorGroup(dtype, shape, where, kind="graph"))
+                    cls = tensor_class(found.owner)
+                    group = groups.setdefault((dtype, shape, where, "graph", cls), TensorGroup(dtype, shape, where, kind="graph", cls=cls))
                     owner_groups[id(found.owner)] = group
                     group.count += 1
                     targets.append(found.owner)
@@ -366,7 +381,8 @@ def describe(
                 continue
             dtype, shape, where = _group_key(found)
             kind = "tensor" if found.via == "gc" else found.via
-            group = groups.setdefault((dtype, shape, where, kind), TensorGroup(dtype, shape, where, kind=kind))
+            cls = tensor_class(found.tensor) if found.via != "storage" else ""
+            group = groups.setdefault((dtype, shape, where, kind, cls), TensorGroup(dtype, shape, where, kind=kind, cls=cls))
             group.bytes += found.nbytes
             if id(found.tensor) in counted:  # a sparse or nested tensor: several storages, one tensor
                 continue
@@ -380,7 +396,7 @@ def describe(
                 targets.append(found.tensor if found.via in ("gc", "storage") else found.owner)
                 target_groups.append((group, ".grad" if found.via == "grad" else ""))
         if name and targets:
-            for (group, suffix), path in zip(target_groups, holder_paths(targets, exclude_types=(Found,), frames=frames)):
+            for (group, suffix), path in zip(target_groups, holder_paths(targets, exclude_types=(Found,), frames=frames, named=named)):
                 path = ([*path, (suffix, "Tensor")] if suffix else path) if path is not None else [(HELD_FROM_CPP, "")]
                 line = "".join(text for text, _ in path)
                 if line not in group.held_by:

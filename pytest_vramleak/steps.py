@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .devices import Meter
+from .referrers import NamedRoot
 from .sites import SiteRecorder
 from .sizes import format_size
 from .snapshot import Leak, describe, meter_for
@@ -98,6 +99,8 @@ class StepWatcher:
     """Record where the tensors of the first measured steps are made (see :mod:`pytest_vramleak.sites`)."""
     on_result: Callable[[StepResult], None] | None = None
     """Called with each loop's result as the loop ends, also one left early."""
+    named_roots: Callable[[], Sequence[NamedRoot]] | None = None
+    """Values to name as their owner calls them when they hold a leak (a test's fixtures)."""
     results: list[StepResult] = field(default_factory=list)
 
     def check_arguments(self, n: int, warmup: int | None) -> int:
@@ -117,7 +120,7 @@ class StepWatcher:
         """
         warmup = self.check_arguments(n, warmup)
         meter = self.meter or meter_for(self.device)
-        loop = _Loop(meter, self.tracker or Tracker(meter.name), self.record_sites)
+        loop = _Loop(meter, self.tracker or Tracker(meter.name), self.record_sites, self.named_roots)
         loop.open()
         ran = 0
         try:
@@ -210,7 +213,10 @@ class _Loop:
     accelerator, the allocator's counter, and the tracker is read only to name a leak.
     """
 
-    def __init__(self, meter: Meter, tracker: Tracker, record_sites: bool) -> None:
+    def __init__(
+        self, meter: Meter, tracker: Tracker, record_sites: bool, named_roots: Callable[[], Sequence[NamedRoot]] | None = None
+    ) -> None:
+        self.named_roots = named_roots
         self.meter = meter
         self.tracker = tracker
         self.on_cpu = meter.name == "cpu"
@@ -278,6 +284,7 @@ class _Loop:
         refs += [ref for ref, _ in tracker.grown_older(device, since=self.baseline_clock)]
         keys = [(ref.device, ref.pointer) for ref in refs if ref() is not None]
         with tracker.unfrozen():  # naming holders needs the whole heap
-            groups = describe(keys, device, sites=self.recorder) if keys else []
+            named = self.named_roots() if self.named_roots is not None else ()
+            groups = describe(keys, device, sites=self.recorder, named=named) if keys else []
         end = self.baseline_bytes + (self.figures()[-1] if self.measured else 0)
         return Leak(device, self.baseline_bytes, end, end - self.baseline_bytes, groups)

@@ -462,3 +462,52 @@ def test_errors_and_warnings_look_as_without_the_plugin(pytester: pytest.Pyteste
     assert len(failure_lines(plain)) == 4
     long = pytester.runpytest(*arguments[:-2], "--tb=long", "--vramleak", f"--vramleak-sites={sites}")
     long.stdout.no_fnmatch_line("*pytest_vramleak/*.py:*")  # no frame of the plugin's in any traceback
+
+
+def test_values_pytest_keeps_are_named_as_the_user_wrote_them(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+
+        class Metric:
+            def __init__(self):
+                self._computed = None
+
+            def compute(self):
+                if self._computed is None:  # cached on first use, as torchmetrics does
+                    self._computed = torch.ones(2, 8)
+                return self._computed
+
+        @pytest.fixture(scope="module")
+        def model():
+            return torch.nn.Linear(8, 8)
+
+        @pytest.mark.vram_budget
+        @pytest.mark.parametrize("metric", [Metric()])
+        def test_metric(metric):
+            metric.compute()
+
+        @pytest.mark.vram_budget
+        def test_backward(model):
+            model(torch.ones(2, 8)).sum().backward()
+
+        def test_later(model):  # keeps the module's model alive after test_backward
+            pass
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(passed=3, failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*held by parametrize value metric of test_metric[[]metric0[]]._computed",
+            "*diagnosis: a parametrize value, which pytest keeps for the whole session, kept what the test computed on it*",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "*held by fixture 'model' (module scope).weight.grad",
+            "*diagnosis: backward() through the model fixture 'model' (module scope) keeps for many tests made its gradients*",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*local 'item'*")
+    result.stdout.no_fnmatch_line("*_fixture_defs*")

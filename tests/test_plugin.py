@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -181,6 +182,7 @@ def test_json_report_schema(pytester: pytest.Pytester) -> None:
                         "allocated_at": ["test_it.py:6 in test_leaks()"],
                         "diagnoses": [],
                         "kind": "tensor",
+                        "class": "",
                         "graph_bytes": 0,
                     }
                 ],
@@ -278,7 +280,8 @@ def test_absent_device_skips_with_reason(pytester: pytest.Pytester) -> None:
     )
     result = pytester.runpytest("-p", "no:cacheprovider", "-rs")
     result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(["SKIPPED * vramleak: device cuda is not available in this process"])
+    # the device asked for, and the test's own place (not the plugin's)
+    result.stdout.fnmatch_lines(["SKIPPED [[]1] test_it.py:3: vramleak: device cuda:7 is not available in this process (no cuda device)"])
 
 
 def test_runs_without_warnings_and_keeps_no_reference(pytester: pytest.Pytester) -> None:
@@ -351,7 +354,14 @@ def test_without_torch_marked_tests_skip_with_reason(pytester: pytest.Pytester) 
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs")
     result.assert_outcomes(passed=1, skipped=2)
-    result.stdout.fnmatch_lines(["SKIPPED [[]2] *: vramleak: torch is not installed (import of torch halted; None in sys.modules)"])
+    result.stdout.fnmatch_lines(
+        [
+            "SKIPPED [[]1] test_it.py:3: vramleak: torch is not installed (import of torch halted; None in sys.modules)",
+            # pytest folds a skip marked without a decorator into its file, without a line
+            "SKIPPED [[]1] test_it.py: vramleak: torch is not installed (import of torch halted; None in sys.modules)",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*plugin.py*")
 
 
 def test_markers_and_fixture_are_documented(pytester: pytest.Pytester) -> None:
@@ -707,3 +717,202 @@ def test_a_test_that_runs_its_own_profiler_gets_no_peak(pytester: pytest.Pyteste
     assert report["test_profiles"]["peak_bytes"] is None
     assert report["test_profiles_with_the_autograd_profiler"]["peak_bytes"] is None
     assert report["test_after"]["peak_bytes"] is not None  # the plugin's own profiler works again
+
+
+def test_a_default_leak_budget_for_tests_checked_by_vramleak(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        CACHE = {}
+
+        def test_caches_a_result():
+            CACHE["mean"] = torch.ones(4)  # 16 B kept, as a metric caches compute()
+
+        def test_leaks():
+            CACHE["features"] = torch.ones(1024)
+
+        @pytest.mark.vram_budget  # its own marker: no leak allowed
+        def test_marked():
+            CACHE["marked"] = torch.ones(4)
+        """
+    )
+    result, report = run_checked("-p", "no:randomly", "--vramleak", "--vramleak-leak=64 B")
+    assert {name: entry["outcome"] for name, entry in report.items()} == {
+        "test_caches_a_result": "passed",
+        "test_leaks": "leaked",
+        "test_marked": "leaked",
+    }
+    assert report["test_caches_a_result"]["budget"] == {"peak": None, "leak": 64}
+    pytester.makeini("[pytest]\nvramleak = true\nvramleak_leak = 8 KiB\n")
+    result, report = run_checked("-p", "no:randomly")
+    assert report["test_leaks"]["outcome"] == "passed"
+
+
+def test_the_headline_agrees_with_the_tensors_listed(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        TABLE = {"old": torch.ones(64)}
+
+        @pytest.mark.vram_budget
+        def test_replaces_and_adds():
+            TABLE["old"] = torch.ones(64)  # 256 B made, 256 B of older memory freed
+            TABLE["new"] = torch.ones(4)  # 16 B more
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(
+        [
+            "leaked 16 B on cpu, allowed 0 B (272 B made and still alive, 256 B of older memory freed)",
+            "*",
+            "leaked tensors:",
+            "float32[[]64] on cpu: 1 tensor, 256 B",
+            "*",
+            "float32[[]4] on cpu: 1 tensor, 16 B",
+        ]
+    )
+
+
+def test_memory_left_to_the_cycle_collector_is_noted_when_it_matters(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        class Node:
+            pass
+
+        def make_cycle(size):
+            import torch
+            node = Node()
+            node.me = node
+            node.payload = torch.ones(size)
+
+        def test_small():
+            make_cycle(4)
+
+        def test_large():
+            make_cycle(1024 * 1024)
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak")
+    result.stdout.fnmatch_lines(["test_it.py::test_large: 4.0 MiB lived in reference cycles until garbage collection*"])
+    result.stdout.no_fnmatch_line("*test_small*reference cycles*")
+    result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak", "-v")
+    result.stdout.fnmatch_lines(["test_it.py::test_small: 16 B lived in reference cycles until garbage collection*"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--vramleak-max-increase=nan%",), "--vramleak-max-increase: the percentage must be a finite number, got 'nan%'"),
+        (("--vramleak-max-increase=inf%",), "--vramleak-max-increase: the percentage must be a finite number, got 'inf%'"),
+        (("--vramleak-device=cuda:\u00b2",), "--vramleak-device: unknown device 'cuda:\u00b2'; expected auto|cpu|cuda|cuda:N|mps|xpu"),
+        (("--vramleak-save=../../x",), "--vramleak-save: a saved run's name is letters, digits, '_', '-' and '.' (kept in .vramleak/), got '../../x'"),
+        (("--vramleak-report=",), "--vramleak-report: the report's path is empty"),
+        (("--vramleak-leak=lots",), "--vramleak-leak: cannot read 'lots' as a size*"),
+    ],
+)
+def test_bad_values_are_usage_errors_naming_their_source(pytester: pytest.Pytester, args: tuple[str, ...], message: str) -> None:
+    pytester.makepyfile(test_it="def test_it():\n    pass\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {message.replace('[', '[[]')}"])
+    assert not (pytester.path.parent / "x.json").exists() and not (pytester.path / ".vramleak").exists()
+
+
+def test_a_bad_switch_in_the_ini_file_names_its_key(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nvramleak = maybe\n")
+    pytester.makepyfile(test_it="def test_it():\n    pass\n")
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: ini option vramleak: expected true or false, got 'maybe'"])
+
+
+def test_a_test_reported_twice_is_summarised_once(pytester: pytest.Pytester) -> None:
+    # What a rerun plugin does: run a test's protocol again and report it again.
+    pytester.makeconftest(
+        """
+        from _pytest.runner import runtestprotocol
+
+        def pytest_runtest_protocol(item, nextitem):
+            for _ in range(2):
+                item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+                runtestprotocol(item, nextitem=nextitem)
+                item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+            return True
+        """
+    )
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        CACHE = []
+
+        @pytest.mark.vram_budget
+        def test_leaks():
+            CACHE.append(torch.ones(1024))
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.stdout.str().count("  test_it.py::test_leaks (cpu)") == 1
+
+
+def test_the_markdown_table_survives_any_test_id(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        CACHE = []
+
+        @pytest.mark.vram_budget
+        @pytest.mark.parametrize("text", ["a|b", "tick`tock", "two\\nlines"])
+        def test_leaks(text):
+            CACHE.append(torch.ones(1024))
+        """
+    )
+    path = pytester.path / "summary.md"
+    pytester.runpytest("-p", "no:cacheprovider", f"--vramleak-markdown={path}")
+    rows = [line for line in path.read_text().splitlines() if line.startswith("| ") and "test_leaks" in line]
+    assert len(rows) == 3
+    for row in rows:  # five cells each: the id's own '|' is escaped, its backtick fenced, its newline gone
+        assert len([cell for cell in re.split(r"(?<!\\)\|", row)[1:-1]]) == 5, row
+
+
+def test_an_interrupted_run_keeps_the_saved_run(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+
+        @pytest.mark.vram_budget("1 MiB")
+        def test_first():
+            torch.ones(1024).sum()
+
+        def test_interrupted():
+            raise KeyboardInterrupt
+        """
+    )
+    saved = pytester.path / ".vramleak" / "base.json"
+    saved.parent.mkdir()
+    saved.write_text('{"version": 1, "tests": {}}\n')
+    # In a process of its own: the interruption would stop this run too.
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak-save=base")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    assert saved.read_text() == '{"version": 1, "tests": {}}\n'
+    result.stdout.fnmatch_lines(["vramleak: the run was interrupted: the saved run 'base' was left as it was"])
+
+
+def test_a_tensor_subclass_is_named(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+
+        class Quantity(torch.Tensor):
+            pass
+
+        KEPT = []
+
+        @pytest.mark.vram_budget
+        def test_it():
+            KEPT.append(torch.ones(8).as_subclass(Quantity))
+            KEPT.append(torch.nn.Parameter(torch.ones(4)))
+        """
+    )
+    result, report = run_checked()
+    result.stdout.fnmatch_lines(["float32[[]8] Quantity on cpu: 1 tensor, 32 B", "*", "float32[[]4] Parameter on cpu: 1 tensor, 16 B"])
+    assert sorted(group["class"] for group in report["test_it"]["tensors"]) == ["Parameter", "Quantity"]

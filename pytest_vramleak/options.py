@@ -1,0 +1,260 @@
+"""The plugin's options: what each means, its ini twin, and how its value is read and checked.
+
+Plain logic, without pytest: :func:`read_settings` takes a function that returns an option's
+value and where it came from (``--vramleak-device`` or ``ini option vramleak_device``), and a
+bad value raises :class:`OptionError` naming that source.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .release import PercentError, parse_percent
+from .sizes import SizeError, parse_size
+from .verdict import Increase, parse_increase
+
+DEFAULT_WARMUP = 2
+DEVICE_SPECS = "auto|cpu|cuda|cuda:N|mps|xpu"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: ``--vramleak-x`` on the command line, ``vramleak_x`` in the ini file."""
+
+    ini: str
+    help: str
+    default: str
+    flag: bool = False
+    """A switch without a value on the command line (``--vramleak``), true or false in the ini file."""
+    metavar: str | None = None
+    repeat: bool = False
+    """Given several times on the command line, or as several words in the ini file."""
+
+    @property
+    def cli(self) -> str:
+        return "--" + self.ini.replace("_", "-")
+
+
+OPTIONS = (
+    Option("vramleak", "check every test for leaked tensor memory, as if marked vram_budget()", "false", flag=True),
+    Option("vramleak_device", f"device to measure: {DEVICE_SPECS} (default auto: the current accelerator, else cpu)", "auto", metavar="DEVICE"),
+    Option(
+        "vramleak_leak",
+        "leak budget of tests that --vramleak checks and that carry no vram_budget marker of their own, e.g. '64 B' (default 0)",
+        "0",
+        metavar="SIZE",
+    ),
+    Option(
+        "vramleak_report",
+        "write a report of every checked test to this path: HTML when it ends in .html or .htm, else JSON (repeat for both)",
+        "",
+        metavar="PATH",
+        repeat=True,
+    ),
+    Option("vramleak_warmup", f"unmeasured warm-up steps of the vramleak fixture (default {DEFAULT_WARMUP})", str(DEFAULT_WARMUP), metavar="N"),
+    Option("vramleak_tolerance", "growth across measured steps that is not yet a leak, e.g. '64 KiB' (default 0)", "0", metavar="SIZE"),
+    Option(
+        "vramleak_sites",
+        "record where leaked tensors were allocated: auto (in step checks), on (in every checked test too, slower) or off (default auto)",
+        "auto",
+        metavar="auto|on|off",
+    ),
+    Option("vramleak_strict_cycles", "fail tests whose tensors lived on reference cycles until garbage collection", "false", flag=True),
+    Option("vramleak_pin_workers", "give each pytest-xdist worker its own GPU, by worker number", "false", flag=True),
+    Option("vramleak_trace", "record the CUDA allocator's history while checked tests run; save a snapshot per leaking test", "false", flag=True),
+    Option(
+        "vramleak_markdown",
+        "write a Markdown summary for a CI job page to this path (default: append to $GITHUB_STEP_SUMMARY when set)",
+        "",
+        metavar="PATH",
+    ),
+    Option(
+        "vramleak_save",
+        "save each checked test's peak and end figures under this name (in .vramleak/ under the root folder)",
+        "",
+        metavar="NAME",
+    ),
+    Option(
+        "vramleak_compare",
+        "compare each checked test's peak with the run saved under this name; fail growth past --vramleak-max-increase",
+        "",
+        metavar="NAME",
+    ),
+    Option(
+        "vramleak_max_increase",
+        "growth over the compared run that fails a test only past both limits, e.g. '10%, 1 MiB' (default '10%, 64 KiB')",
+        "10%, 64 KiB",
+        metavar="LIMITS",
+    ),
+    Option(
+        "vramleak_release_above",
+        "between tests, empty the CUDA caching allocator when its reserved memory passes this share of a device, e.g. 80%",
+        "",
+        metavar="PERCENT",
+    ),
+)
+
+
+class OptionError(ValueError):
+    """A setting's value cannot work; the message names where it came from."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The effective options, command line first, then ini."""
+
+    every_test: bool
+    device: str
+    report_paths: tuple[str, ...]
+    """Where to write reports: HTML for ``.html``/``.htm``, JSON otherwise."""
+    warmup: int
+    tolerance: int
+    sites: str = "auto"
+    release_above: float | None = None
+    strict_cycles: bool = False
+    trace: bool = False
+    save: str | None = None
+    compare: dict[str, dict[str, Any]] | None = None
+    """The saved run's figures by test id, when comparing."""
+    max_increase: Increase = Increase()
+    default_leak: int = 0
+    """The leak budget of tests checked by ``--vramleak`` alone."""
+    markdown: str = ""
+    pin_workers: bool = False
+
+
+Getter = Callable[[str], tuple[Any, str]]
+"""An option's value (command line first, then ini) and where it came from."""
+
+_TRUE = ("true", "yes", "on", "1", "y", "t")
+_FALSE = ("false", "no", "off", "0", "n", "f", "")
+
+
+def _switch(get: Getter, name: str) -> bool:
+    value, source = get(name)
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise OptionError(f"{source}: expected true or false, got {value!r}")
+
+
+def check_device_spec(spec: str) -> str:
+    """``spec`` lowered, or ValueError: ``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps``, ``xpu``, ``xpu:N``."""
+    spec = spec.strip().lower()
+    if spec in ("auto", "cpu", "mps", "xpu", "cuda") or re.fullmatch(r"(cuda|xpu):[0-9]+", spec):
+        return spec
+    raise ValueError(f"unknown device {spec!r}; expected {DEVICE_SPECS}")
+
+
+def unwritable(path: Path) -> str | None:
+    """Why a report could never be written at ``path`` (a folder there, a file where a folder must be), if so."""
+    if path.is_dir():
+        return "it is a folder"
+    for parent in path.absolute().parents:
+        if parent.exists():
+            return None if parent.is_dir() else f"{parent} is a file, not a folder"
+    return None
+
+
+_SAVE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+def saved_run_path(rootpath: Path, name: str) -> Path:
+    """Where the run saved as ``name`` lives: ``.vramleak/NAME.json`` under the root folder."""
+    return rootpath / ".vramleak" / f"{name}.json"
+
+
+def _save_name(value: Any, source: str) -> str | None:
+    name = str(value or "").strip()
+    if not name:
+        return None
+    if not _SAVE_NAME.fullmatch(name):
+        raise OptionError(f"{source}: a saved run's name is letters, digits, '_', '-' and '.' (kept in .vramleak/), got {value!r}")
+    return name
+
+
+def read_settings(get: Getter, rootpath: Path) -> Settings:
+    """Read and check every option; a bad value raises :class:`OptionError` naming its source."""
+    every_test = _switch(get, "vramleak")
+    device, source = get("vramleak_device")
+    try:
+        device = check_device_spec(str(device))
+    except ValueError as error:
+        raise OptionError(f"{source}: {error}") from None
+    reports, source = get("vramleak_report")
+    report_paths = []
+    for report in reports or ():
+        if not str(report).strip():
+            raise OptionError(f"{source}: the report's path is empty")
+        problem = unwritable(Path(report))
+        if problem:
+            raise OptionError(f"{source}: cannot write a report to {report}: {problem}")
+        report_paths.append(str(report))
+    warmup_text, source = get("vramleak_warmup")
+    try:
+        warmup = int(str(warmup_text).strip())
+        if warmup < 0:
+            raise ValueError
+    except ValueError:
+        raise OptionError(f"{source}: expected a whole number of steps >= 0, got {warmup_text!r}") from None
+    sizes = {}
+    for name in ("vramleak_tolerance", "vramleak_leak"):
+        text, source = get(name)
+        try:
+            sizes[name] = parse_size(str(text))
+        except SizeError as error:
+            raise OptionError(f"{source}: {error}") from None
+    sites_text, source = get("vramleak_sites")
+    sites = str(sites_text).strip().lower()
+    if sites not in ("auto", "on", "off"):
+        raise OptionError(f"{source}: expected auto, on or off, got {sites_text!r}")
+    release_text, source = get("vramleak_release_above")
+    try:
+        release_above = parse_percent(release_text) if str(release_text).strip() else None
+    except PercentError as error:
+        raise OptionError(f"{source}: {error}") from None
+    save = _save_name(*get("vramleak_save"))
+    compare_value, source = get("vramleak_compare")
+    compare_name = _save_name(compare_value, source)
+    compare = None
+    if compare_name:
+        path = saved_run_path(rootpath, compare_name)
+        try:
+            compare = json.loads(path.read_text())["tests"]
+        except (OSError, ValueError, KeyError) as error:
+            raise OptionError(f"{source}: cannot read the saved run {compare_name!r} at {path}: {error}") from None
+    increase_text, source = get("vramleak_max_increase")
+    try:
+        max_increase = parse_increase(increase_text)
+    except (ValueError, SizeError) as error:
+        raise OptionError(f"{source}: {error}") from None
+    if not math.isfinite(max_increase.fraction):
+        raise OptionError(f"{source}: the percentage must be a finite number, got {increase_text!r}")
+    markdown, _ = get("vramleak_markdown")
+    return Settings(
+        every_test=every_test,
+        device=device,
+        report_paths=tuple(report_paths),
+        warmup=warmup,
+        tolerance=sizes["vramleak_tolerance"],
+        sites=sites,
+        release_above=release_above,
+        strict_cycles=_switch(get, "vramleak_strict_cycles"),
+        trace=_switch(get, "vramleak_trace"),
+        save=save,
+        compare=compare,
+        max_increase=max_increase,
+        default_leak=sizes["vramleak_leak"],
+        markdown=str(markdown or ""),
+        pin_workers=_switch(get, "vramleak_pin_workers"),
+    )
