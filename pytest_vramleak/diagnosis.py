@@ -20,16 +20,25 @@ def diagnose(group: Any) -> list[str]:
     """One or two lines per pattern the group matches, cause first, then the fix."""
     chains: Sequence[str] = group.held_by
     found: list[str] = []
-    if group.graph_bytes:
+    if group.graph_bytes and group.kind == "graph" and chains and all(" local '" in chain for chain in chains):
+        found.append(
+            f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors "
+            "behind a tensor a running loop carries from step to step with its grad_fn (a hidden state, a running "
+            "total), so each step's graph holds every earlier one: detach it each step (hidden = hidden.detach()), "
+            "or keep loss.item() instead"
+        )
+    elif group.graph_bytes:
         found.append(
             f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors "
             "behind a tensor that still has its grad_fn (a loss or output stored with its graph); "
             "store loss.item() or tensor.detach() instead, or run the step under torch.no_grad()"
         )
-    if any(_HOOK_DICTS.search(chain) for chain in chains):
+    hook = getattr(group, "hook", "")
+    if any(_HOOK_DICTS.search(chain) for chain in chains) or hook:
         found.append(
-            "a module hook keeps what it is given: keep the handle register_*_hook() returns and call "
-            "handle.remove() when done, or clear what the hook appends to"
+            ("a module hook keeps what it is given" + (f" ({hook} appends to what holds these tensors)" if hook else ""))
+            + ": keep the handle register_*_hook() returns and call handle.remove() when done, or clear what the "
+            "hook appends to"
         )
     if any(" -> lru_cache" in chain for chain in chains):
         found.append(

@@ -528,3 +528,38 @@ def without_python_holders(objects: Sequence[Any], *, exclude_types: tuple[type,
         held.update(id(r) for r in gc.get_referents(holder) if id(r) in wanted_ids)
     del referrers
     return wanted_ids - held
+
+
+_HOOK_ATTRIBUTES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks")
+
+
+def module_hook_holding(target: Any) -> str | None:
+    """The module hook whose closure holds ``target``'s container (a list a forward hook appends
+    to), as ``forward hook of a Linear``, or None. Five walks of the heap: for a leak only."""
+    with whole_heap():
+        containers = [c for c in gc.get_referrers(target) if type(c) in (list, dict, collections.deque)]
+        for container in containers[:3]:
+            for cell in gc.get_referrers(container):
+                if type(cell) is not types.CellType:
+                    continue
+                for closure in gc.get_referrers(cell):
+                    if type(closure) is not tuple:
+                        continue
+                    for function in gc.get_referrers(closure):
+                        if type(function) is not types.FunctionType or function.__closure__ is not closure:
+                            continue
+                        for hooks in gc.get_referrers(function):
+                            if not issubclass(type(hooks), dict):
+                                continue
+                            # The module, or its __dict__ where Python keeps the attributes apart.
+                            holders = gc.get_referrers(hooks)
+                            holders += [m for d in holders if type(d) is dict for m in gc.get_referrers(d)]
+                            for module in holders:
+                                if not _is_nn_module(module):
+                                    continue
+                                namespace = _instance_dict(module) or {}
+                                for attribute in _HOOK_ATTRIBUTES:
+                                    if namespace.get(attribute) is hooks:
+                                        kind = attribute.strip("_").removesuffix("_hooks").replace("_", " ")
+                                        return f"a {kind} hook of a {type_name(module)}"
+    return None

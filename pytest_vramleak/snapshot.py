@@ -16,6 +16,7 @@ one keeps nothing of the user's alive.
 
 from __future__ import annotations
 
+import re
 import types
 import weakref
 from collections.abc import Iterable, Sequence
@@ -25,12 +26,14 @@ from typing import Any
 from .census import Found, StorageKey, live_tensors, take_census, walk, whole_heap
 from .devices import Meter, make_meter, resolve_device
 from .diagnosis import diagnose
-from .referrers import NamedRoot, holder_paths, without_python_holders
+from .referrers import NamedRoot, holder_paths, module_hook_holding, without_python_holders
 from .report import render_groups, shape_text
 from .sizes import format_size
 from .sites import SiteSource, describe_stack
 
 MAX_CHAINS_PER_GROUP = 3
+MAX_HOOK_CHECKS = 3
+_HOOK_CHAIN = re.compile(r"\._\w*_hooks\[")
 HELD_FROM_CPP = "<no Python reference: held from C++, e.g. by a hook or cache inside torch or an extension>"
 
 
@@ -122,6 +125,8 @@ class TensorGroup:
     ``storage`` (a storage object kept without a tensor)."""
     cls: str = ""
     """The tensors' class where it is a subclass of ``torch.Tensor`` (``Parameter``, a user's own)."""
+    hook: str = ""
+    """A module hook that holds the tensors' container (``a forward hook of a Linear``), if one does."""
 
     def title(self) -> str:
         """One line: what the tensors are, how many, how many bytes."""
@@ -167,10 +172,12 @@ class Leak:
     """See :meth:`Snapshot.leaked_since`."""
     groups: list[TensorGroup] = field(default_factory=list)
     details: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    """What the groups alone do not say (how the memory grew)."""
 
     def render(self) -> str:
-        """The groups and their holders as text, one group per paragraph."""
-        return render_groups(self.groups)
+        """The notes, then the groups and their holders, one group per paragraph."""
+        return "\n".join([*self.notes, render_groups(self.groups)])
 
 
 def meter_for(device: str | None = "auto") -> Meter:
@@ -402,6 +409,14 @@ def describe(
                 if line not in group.held_by:
                     group.held_by.append(line)
                     group.held_by_paths.append(path)
+            # A hook that appends what it sees to a list the test also holds: the shortest chain
+            # is the test's local, but the hook is the cause.
+            checked: set[int] = set()
+            for target, (group, suffix) in zip(targets, target_groups):
+                if name and not suffix and id(group) not in checked and group.kind == "tensor" and len(checked) < MAX_HOOK_CHECKS:
+                    checked.add(id(group))
+                    if not any(_HOOK_CHAIN.search(chain) for chain in group.held_by):
+                        group.hook = module_hook_holding(target) or ""
     finally:
         located.clear()
         primaries.clear()

@@ -150,7 +150,7 @@ class StepWatcher:
             reason = f"not checked: the loop was left early, with {len(figures)} of {planned - warmup} steps measured (at least 2 are needed)"
             return StepResult(device, warmup, figures, None, None, loop.warmup_figures(), planned, ran, reason)
         verdict = judge_growth(figures, self.tolerance, device)
-        leak = loop.explain() if verdict.grows else None
+        leak = loop.explain(verdict.per_step_bytes) if verdict.grows else None
         return StepResult(device, warmup, figures, verdict, leak, loop.warmup_figures(), planned, ran)
 
     def check(self, step: Callable[..., Any], *, steps: int = 10, warmup: int | None = None) -> StepResult:
@@ -273,18 +273,29 @@ class _Loop:
     def warmup_figures(self) -> list[int]:
         return [w - self.baseline_bytes for w in self.warming]
 
-    def explain(self) -> Leak:
+    def explain(self, per_step: float) -> Leak:
         """The tensors made after warm-up that outlived a step (alive after the next-to-last step
         and at the end), with their holders. The last step's own temporaries are not among them."""
         tracker, device = self.tracker, self.meter.name
         if not self.on_cpu:
             tracker.catch_up()
         lasting = tracker.created(device, since=self.baseline_clock, before=self.penultimate_clock + 1)
-        refs = lasting or tracker.created(device, since=self.baseline_clock)
+        notes = []
+        refs = lasting
+        if not lasting:
+            # No storage outlived a step: memory grows through one replaced by a bigger one each
+            # step. That one is larger than a step's growth; the last step's temporaries are not.
+            made = sorted(tracker.created(device, since=self.baseline_clock), key=lambda ref: -ref.nbytes)
+            refs = [ref for ref in made if ref.nbytes > per_step] or made
+            notes.append(
+                "no tensor made after warm-up outlived its step: one is replaced each step by a bigger one "
+                "(torch.cat onto itself, a buffer that grows): keep the pieces in a list and concatenate once, "
+                "or preallocate and fill"
+            )
         refs += [ref for ref, _ in tracker.grown_older(device, since=self.baseline_clock)]
         keys = [(ref.device, ref.pointer) for ref in refs if ref() is not None]
         with tracker.unfrozen():  # naming holders needs the whole heap
             named = self.named_roots() if self.named_roots is not None else ()
             groups = describe(keys, device, sites=self.recorder, named=named) if keys else []
         end = self.baseline_bytes + (self.figures()[-1] if self.measured else 0)
-        return Leak(device, self.baseline_bytes, end, end - self.baseline_bytes, groups)
+        return Leak(device, self.baseline_bytes, end, end - self.baseline_bytes, groups, notes=notes)

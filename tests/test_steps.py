@@ -357,3 +357,70 @@ def test_memory_that_settles_inside_the_window_passes_and_is_reported(pytester: 
             "(settled: not a leak); warmup=6 would leave it out of the measured steps",
         ]
     )
+
+
+def test_the_tensor_that_grows_is_named_not_the_steps_temporaries(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import torch
+
+        def test_it(vramleak):
+            everything = torch.empty(0, 8)
+            for step in vramleak.steps(8):
+                batch = torch.ones(4, 8)
+                loss = batch.sum()
+                everything = torch.cat([everything, batch])
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "no tensor made after warm-up outlived its step: one is replaced each step by a bigger one (torch.cat onto itself*",
+            "float32[[]32, 8] on cpu: 1 tensor, 1.0 KiB",
+            "    held by test_it:* local 'everything'",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*local 'batch'*")
+    result.stdout.no_fnmatch_line("*local 'loss'*")
+
+
+def test_a_hidden_state_carried_with_its_graph_is_diagnosed(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import torch
+
+        def test_it(vramleak):
+            rnn = torch.nn.RNN(8, 8)
+            hidden = torch.zeros(1, 1, 8)
+            for step in vramleak.steps(8):
+                out, hidden = rnn(torch.ones(1, 1, 8), hidden)
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*diagnosis: autograd graph kept alive: * carries from step to step *hidden = hidden.detach()*"])
+
+
+def test_a_hook_that_appends_to_a_local_list_is_diagnosed(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import torch
+
+        def test_it(vramleak):
+            model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+            activations = []
+            model[0].register_forward_hook(lambda module, args, out: activations.append(out))
+            for step in vramleak.steps(8):
+                with torch.no_grad():
+                    model(torch.ones(2, 8))
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "    held by test_it:* local 'activations'[[]*]",
+            "    diagnosis: a module hook keeps what it is given (a forward hook of a Linear appends to what holds these tensors)*",
+        ]
+    )
