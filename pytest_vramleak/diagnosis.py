@@ -33,6 +33,16 @@ def diagnose(group: Any) -> list[str]:
             "behind a tensor that still has its grad_fn (a loss or output stored with its graph); "
             "store loss.item() or tensor.detach() instead, or run the step under torch.no_grad()"
         )
+    if any(" -> autograd graph of " in chain for chain in chains):
+        found.append(
+            "an autograd node (a grad_fn) was kept, not a tensor: it keeps what its graph saved for backward and "
+            "the leaves it accumulates into; keep loss.item() or a detached tensor instead of loss.grad_fn"
+        )
+    if any(kind == "ndarray" for path in getattr(group, "held_by_paths", []) for _, kind in path):
+        found.append(
+            "a numpy array made by tensor.numpy() shares the tensor's memory and keeps it alive: keep array.copy() "
+            "instead, or drop the array"
+        )
     hook = getattr(group, "hook", "")
     if any(_HOOK_DICTS.search(chain) for chain in chains) or hook:
         found.append(

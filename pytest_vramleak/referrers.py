@@ -123,17 +123,49 @@ around: a single forward pass from the roots finds every remaining chain, howeve
 walk of the heap, so the cost never grows as heap size times chain length."""
 
 
+def _is_ndarray(obj: Any) -> bool:
+    cls = type(obj)
+    return cls.__name__ == "ndarray" and cls.__module__ == "numpy"
+
+
+def _referents(node: Any, by_storage: dict[int, Any]) -> list[Any]:
+    """What ``node`` refers to. A numpy array made by ``tensor.numpy()`` is invisible to gc, and
+    so is the tensor it keeps (its ``base``): where that tensor shares a target's storage, the
+    array counts as referring to the target."""
+    if _is_ndarray(node):
+        base = type(node).base.__get__(node)  # the C attribute: no code of the array's runs
+        if base is None:
+            return []
+        for storage_id in _storage_ids(base):
+            target = by_storage.get(storage_id)
+            if target is not None:
+                return [target]
+        return [base]
+    return gc.get_referents(node)
+
+
+def _storage_ids(obj: Any) -> list[int]:
+    from .census import _torch, is_tensor_type, tensor_storages
+
+    if not is_tensor_type(type(obj)):
+        return []
+    torch = _torch()
+    with torch._C.DisableTorchFunction():
+        return [id(storage) for storage in tensor_storages(obj)]
+
+
 def _search_forward(
-    wanted: set[int], roots: Sequence[Any], ignore: set[int], exclude_types: tuple[type, ...]
+    wanted: set[int], roots: Sequence[Any], ignore: set[int], exclude_types: tuple[type, ...], by_storage: dict[int, Any] | None = None
 ) -> dict[int, list[Any]]:
     """Shortest chains from ``roots`` to the wanted ids, breadth first along ``gc.get_referents``."""
     parent: dict[int, Any] = {id(r): None for r in roots}
     queue = collections.deque(roots)
     found: dict[int, list[Any]] = {}
     remaining = set(wanted)
+    by_storage = by_storage or {}
     while queue and remaining:
         node = queue.popleft()
-        for child in gc.get_referents(node):
+        for child in _referents(node, by_storage):
             ident = id(child)
             if ident in parent or ident in ignore or type(child) in exclude_types:
                 continue
@@ -235,7 +267,9 @@ def find_chains(
         module_roots = [m for m in list(sys.modules.values()) if is_module_root(m)]
         starts = module_roots + list(running_locals.values())
         ignore.update((id(module_roots), id(starts), id(chains_by_target), id(wanted)))
-        chains_by_target.update(_search_forward(wanted - chains_by_target.keys(), starts, ignore, exclude_types))
+        remaining = wanted - chains_by_target.keys()
+        by_storage = {storage: target for target in targets if id(target) in remaining for storage in _storage_ids(target)}
+        chains_by_target.update(_search_forward(remaining, starts, ignore, exclude_types, by_storage))
         module_roots.clear()
         starts.clear()
     # a real root beats a dead end: the farthest holder reached that nothing in Python holds
@@ -380,6 +414,8 @@ def edge_text(parent: Any, child: Any, mode: Any) -> tuple[str, Any]:
             if item is child:
                 return f"[{index}]", None
         return f" -> {kind.__name__} item", None
+    if _is_ndarray(parent):
+        return ".base", None
     if kind is types.CellType:
         return ("" if mode == "cell" else " -> cell contents"), None
     if kind in (set, frozenset):

@@ -16,6 +16,7 @@ one keeps nothing of the user's alive.
 
 from __future__ import annotations
 
+import gc
 import re
 import types
 import weakref
@@ -23,10 +24,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .census import Found, StorageKey, live_tensors, take_census, walk, whole_heap
+from .census import Found, StorageKey, _graph_tensors, live_tensors, take_census, tensor_storages, walk, whole_heap
 from .devices import Meter, make_meter, resolve_device
 from .diagnosis import diagnose
-from .referrers import NamedRoot, holder_paths, module_hook_holding, without_python_holders
+from .referrers import NamedRoot, holder_paths, module_hook_holding, type_name, without_python_holders
 from .report import render_groups, shape_text
 from .sizes import format_size
 from .sites import SiteSource, describe_stack
@@ -258,6 +259,65 @@ def _locate(keys: Iterable[StorageKey], device: str, defer_owners: set[int] | No
     return located
 
 
+_node_type_cache: dict[type, bool] = {}
+
+
+def _is_graph_node(obj: Any) -> bool:
+    cls = type(obj)
+    known = _node_type_cache.get(cls)
+    if known is None:
+        try:
+            from torch.autograd.graph import Node
+
+            known = issubclass(cls, Node)
+        except Exception:
+            known = False
+        if len(_node_type_cache) < 10_000:
+            _node_type_cache[cls] = known
+    return known
+
+
+def _paths_through_graph_nodes(
+    targets: list[Any], frames: Sequence[types.FrameType], named: Sequence[NamedRoot]
+) -> dict[int, list[tuple[str, str]]]:
+    """For tensors nothing in Python refers to: the chain to an autograd node (a ``grad_fn``) that
+    Python holds and whose graph keeps the tensor (saved for backward, or the leaf it accumulates
+    into). The node was kept, not a tensor."""
+    torch = _torch()
+    wanted: dict[int, Any] = {}
+    with torch._C.DisableTorchFunction():
+        for target in targets:
+            for storage in tensor_storages(target):
+                wanted[id(storage)] = target
+    found: dict[int, tuple[Any, str]] = {}
+    with whole_heap():
+        nodes = [obj for obj in gc.get_objects() if _is_graph_node(obj)]
+    try:
+        visited: set[int] = set()
+        keep: list[Any] = []
+        with torch._C.DisableTorchFunction():
+            for node in nodes:
+                for saved in _graph_tensors(node, visited, keep):
+                    for storage in tensor_storages(saved):
+                        target = wanted.get(id(storage))
+                        if target is not None and id(target) not in found:
+                            found[id(target)] = (node, type_name(node))
+        keep.clear()
+        if not found:
+            return {}
+        holders = list({id(node): node for node, _ in found.values()}.values())
+        node_paths = dict(zip((id(node) for node in holders), holder_paths(holders, exclude_types=(Found,), frames=frames, named=named)))
+        paths = {}
+        for ident, (node, kind) in found.items():
+            path = node_paths.get(id(node))
+            if path is not None:
+                paths[ident] = [*path, (f" -> autograd graph of {kind}", "Tensor")]
+        return paths
+    finally:
+        nodes.clear()
+        found.clear()
+
+
 def _graph_owners() -> list[Any]:
     """Tensors Python sees that have an autograd graph: the candidates for owning saved tensors."""
     torch = _torch()
@@ -403,7 +463,12 @@ def describe(
                 targets.append(found.tensor if found.via in ("gc", "storage") else found.owner)
                 target_groups.append((group, ".grad" if found.via == "grad" else ""))
         if name and targets:
-            for (group, suffix), path in zip(target_groups, holder_paths(targets, exclude_types=(Found,), frames=frames, named=named)):
+            paths = holder_paths(targets, exclude_types=(Found,), frames=frames, named=named)
+            if any(path is None for path in paths):
+                # Nothing in Python refers to these tensors: an autograd node Python holds may.
+                through_nodes = _paths_through_graph_nodes([t for t, p in zip(targets, paths) if p is None], frames, named)
+                paths = [path if path is not None else through_nodes.get(id(target)) for target, path in zip(targets, paths)]
+            for (group, suffix), path in zip(target_groups, paths):
                 path = ([*path, (suffix, "Tensor")] if suffix else path) if path is not None else [(HELD_FROM_CPP, "")]
                 line = "".join(text for text, _ in path)
                 if line not in group.held_by:

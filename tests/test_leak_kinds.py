@@ -511,3 +511,61 @@ def test_values_pytest_keeps_are_named_as_the_user_wrote_them(pytester: pytest.P
     )
     result.stdout.no_fnmatch_line("*local 'item'*")
     result.stdout.no_fnmatch_line("*_fixture_defs*")
+
+
+HELD_WITHOUT_A_TENSOR_IN_PYTHON = {
+    "an_autograd_node": (
+        """
+        NODES = []
+
+        @pytest.mark.vram_budget
+        def test_it():
+            x = torch.randn(64, 64, requires_grad=True)
+            NODES.append((x * 2).exp().sum().grad_fn)
+        """,
+        "held by test_it.NODES[[]0] -> autograd graph of SumBackward0",
+        "an autograd node (a grad_fn) was kept, not a tensor*",
+    ),
+    "a_numpy_array_over_a_tensor": (
+        """
+        ARRAYS = []
+
+        @pytest.mark.vram_budget
+        def test_it():
+            ARRAYS.append(torch.ones(1024).numpy())
+        """,
+        "held by test_it.ARRAYS[[]0].base",
+        "a numpy array made by tensor.numpy() shares the tensor's memory*",
+    ),
+    "a_scripted_module": (
+        """
+        SCRIPTED = []
+
+        class Shift(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("offset", torch.ones(256))
+
+            def forward(self, x):
+                return x + self.offset
+
+        @pytest.mark.vram_budget
+        def test_it():
+            SCRIPTED.append(torch.jit.script(Shift()))
+        """,
+        "held by test_it.SCRIPTED[[]0]*offset",
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HELD_WITHOUT_A_TENSOR_IN_PYTHON))
+def test_held_from_cpp_only_when_nothing_in_python_holds_it(pytester: pytest.Pytester, kind: str) -> None:
+    source, holder, diagnosis = HELD_WITHOUT_A_TENSOR_IN_PYTHON[kind]
+    pytester.makepyfile(test_it="import pytest, torch\n" + textwrap.dedent(source))
+    result = pytester.runpytest("-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines([f"    {holder}"])
+    if diagnosis:
+        result.stdout.fnmatch_lines([f"    diagnosis: {diagnosis}"])
+    result.stdout.no_fnmatch_line("*held from C++*")

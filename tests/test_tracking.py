@@ -87,6 +87,7 @@ LEAKS = {
     "sparse_coo": """
         KEPT = []
 
+        @pytest.mark.filterwarnings("ignore:Sparse:UserWarning")  # torch: support in beta
         @pytest.mark.vram_budget
         def test_it():
             KEPT.append(torch.eye(64).to_sparse())
@@ -94,6 +95,7 @@ LEAKS = {
     "sparse_csr": """
         KEPT = []
 
+        @pytest.mark.filterwarnings("ignore:Sparse:UserWarning")  # torch: support in beta
         @pytest.mark.vram_budget
         def test_it():
             KEPT.append(torch.eye(64).to_sparse_csr())
