@@ -21,6 +21,7 @@ budget. On CPU each observation reads what the test made and what died (see
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,6 +137,7 @@ class LeakCheck:
         self._others: list[tuple[CudaMeter, int]] = []
         self._watching_peak = False
         self._owns_tracker = tracker is None
+        self._threads_before: set[str] = set()
 
     # -- the phases -----------------------------------------------------------------------------
 
@@ -145,6 +147,8 @@ class LeakCheck:
 
     def begin(self) -> None:
         """Set-up starts: from now on, what is made belongs to the check."""
+        current = threading.get_ident()
+        self._threads_before = {thread.name for thread in threading.enumerate() if thread.ident != current}
         if not self.tracker.active:
             self.tracker.begin(index=self.on_cpu)
 
@@ -282,7 +286,7 @@ class LeakCheck:
         if garbage:
             self.result.details["older_garbage_freed_bytes"] = garbage
             self.result.notes.append(
-                f"confirming the leak, a full collection also freed {format_size(garbage)} of older garbage: not the test's doing"
+                f"confirming a suspected leak, a full collection also freed {format_size(garbage)} of older garbage: not the test's doing"
             )
 
     def _finish_accelerator(self, confirm: Callable[[], None] | None) -> None:
@@ -367,20 +371,27 @@ class LeakCheck:
                 result.other_groups[device] = groups
 
     def _discount_torch_caches(self) -> None:
-        """Take out what only PyTorch's own caches hold (the constants of compiled graphs, which
-        ``torch._dynamo.reset()`` does not always free): never the test's leak."""
-        result = self.result
-        cached = [group for group in result.groups if held_by_torch_cache(group)]
-        if not cached or result.leaked_bytes is None:
-            return
-        cached_bytes = sum(group.bytes for group in cached)
-        result.leaked_bytes = max(0, result.leaked_bytes - cached_bytes)
-        if result.created_bytes is not None:
-            result.created_bytes = max(0, result.created_bytes - cached_bytes)
-        result.groups = [group for group in result.groups if group not in cached]
-        result.notes.append(
-            f"{format_size(cached_bytes)} held by caches PyTorch keeps itself (compiled graphs and their constants): not counted"
+        """Take out what is not the check's to answer for: what only PyTorch's own caches hold
+        (the constants of compiled graphs, which ``torch._dynamo.reset()`` does not always free),
+        and what only threads running since before the check hold in their frames."""
+        threads = tuple(f"thread '{name}' " for name in self._threads_before)
+        self._discount(held_by_torch_cache, "held by caches PyTorch keeps itself (compiled graphs and their constants)")
+        self._discount(
+            lambda group: bool(group.held_by) and all(chain.startswith(threads) for chain in group.held_by) if threads else False,
+            "held by threads that were running before the test began",
         )
+
+    def _discount(self, predicate: Callable[[TensorGroup], bool], holders: str) -> None:
+        result = self.result
+        groups = [group for group in result.groups if predicate(group)]
+        if not groups or result.leaked_bytes is None:
+            return
+        discounted = sum(group.bytes for group in groups)
+        result.leaked_bytes = max(0, result.leaked_bytes - discounted)
+        if result.created_bytes is not None:
+            result.created_bytes = max(0, result.created_bytes - discounted)
+        result.groups = [group for group in result.groups if group not in groups]
+        result.notes.append(f"{format_size(discounted)} {holders}: not counted")
         self._apply_rules()
         if result.outcome != "leaked":
             result.groups = []

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import gc
 import sys
+import threading
 import types
 from collections.abc import Sequence
 from typing import Any
@@ -46,12 +47,14 @@ class FrameLocal:
     A running frame's locals are not visible to ``gc.get_referrers``, so they are checked directly.
     """
 
-    __slots__ = ("frame", "name", "value")
+    __slots__ = ("frame", "name", "value", "thread")
 
-    def __init__(self, frame: types.FrameType, name: str, value: Any) -> None:
+    def __init__(self, frame: types.FrameType, name: str, value: Any, thread: str = "") -> None:
         self.frame = frame
         self.name = name
         self.value = value
+        self.thread = thread
+        """The name of the thread the frame runs in, where it is not the one searching."""
 
 
 class NamedRoot:
@@ -79,7 +82,23 @@ def _frames_not_ours(own: set[int]) -> list[types.FrameType]:
     return stack
 
 
-def _running_locals(frames: Sequence[types.FrameType]) -> dict[int, FrameLocal]:
+def _other_threads_frames() -> list[tuple[str, types.FrameType]]:
+    """``(thread name, frame)`` for every frame running in another thread, innermost first."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    current = threading.get_ident()
+    found = []
+    for ident, frame in sys._current_frames().items():
+        if ident == current:
+            continue
+        name = names.get(ident, str(ident))
+        current_frame: types.FrameType | None = frame
+        while current_frame is not None:
+            found.append((name, current_frame))
+            current_frame = current_frame.f_back
+    return found
+
+
+def _running_locals(frames: Sequence[types.FrameType], thread: str = "") -> dict[int, FrameLocal]:
     found: dict[int, FrameLocal] = {}
     for frame in frames:
         try:
@@ -89,7 +108,7 @@ def _running_locals(frames: Sequence[types.FrameType]) -> dict[int, FrameLocal]:
         if type(local_values) is not dict or local_values is frame.f_globals:
             continue  # a module's top level: the module itself is the root
         for name, value in dict.items(local_values):
-            found.setdefault(id(value), FrameLocal(frame, name, value))
+            found.setdefault(id(value), FrameLocal(frame, name, value, thread))
     return found
 
 
@@ -206,6 +225,10 @@ def find_chains(
     running_locals: dict[int, Any] = {id(root.value): root for root in named}
     for ident, frame_local in _running_locals([*frames, *stack]).items():
         running_locals.setdefault(ident, frame_local)
+    # Other threads' running frames are roots too: a background thread's local is no C++ holder.
+    for thread_name, frame in _other_threads_frames():
+        for ident, frame_local in _running_locals([frame], thread_name).items():
+            running_locals.setdefault(ident, frame_local)
     held_by: dict[int, list[Any]] = {}  # id(holder) -> the objects it holds one level nearer a target
     origins: dict[int, int] = {id(t): 1 << i for i, t in enumerate(targets)}  # bit i: leads to targets[i]
     unrooted = (1 << len(targets)) - 1
@@ -374,7 +397,8 @@ def root_text(root: Any) -> str:
     if issubclass(type(root), types.ModuleType):
         return _module_name(root)
     if type(root) is FrameLocal:
-        return f"{frame_text(root.frame)} local '{root.name}'"
+        thread = f"thread '{root.thread}' " if root.thread else ""
+        return f"{thread}{frame_text(root.frame)} local '{root.name}'"
     if type(root) is NamedRoot:
         return root.label
     if type(root) is types.FrameType:
@@ -533,9 +557,36 @@ def holder_paths(
     with whole_heap():
         chains = find_chains(targets, max_depth=max_depth, exclude_types=exclude_types, frames=frames, named=named)
     try:
-        return [chain_parts(chain) if len(chain) > 1 else None for chain in chains]
+        return [(chain_parts(chain) if still_holds(chain) else [(CHANGED, "")]) if len(chain) > 1 else None for chain in chains]
     finally:
         chains.clear()
+
+
+CHANGED = "<its holders changed while they were searched (another thread at work?): not named>"
+
+
+def still_holds(chain: Sequence[Any]) -> bool:
+    """Whether each object of ``[root, ..., target]`` still refers to the next one: a chain found
+    while another thread changed what it passes through is not shown as if it held."""
+    for parent, child in zip(chain, chain[1:]):
+        if type(parent) in (FrameLocal, NamedRoot):
+            if parent.value is not child:
+                return False
+        elif _is_ndarray(parent):
+            continue  # followed by storage, not by reference
+        elif not _refers_to(parent, child):
+            return False
+    return True
+
+
+def _refers_to(parent: Any, child: Any) -> bool:
+    # An object's attributes may have moved into a __dict__ since (naming edges reads __dict__).
+    for referent in gc.get_referents(parent):
+        if referent is child:
+            return True
+        if type(referent) is dict and any(value is child for value in dict.values(referent)):
+            return True
+    return False
 
 
 def name_holders(

@@ -14,11 +14,11 @@ through ``.grad``) get the site where Python first saw them, or none.
 
 from __future__ import annotations
 
+import ast
 import ctypes
 import functools
 import linecache
 import os
-import re
 import sys
 import tracemalloc
 from dataclasses import dataclass, field
@@ -55,32 +55,34 @@ def site_text(site: Site) -> str:
     return f"{text} in {function}()" if function else text
 
 
-_DEF = re.compile(r"^(\s*)(?:async\s+)?def\s+(\w+)")
+@functools.lru_cache(maxsize=64)
+def _functions_by_line(filename: str, stamp: tuple[int, int]) -> tuple[tuple[int, int, str], ...]:
+    """``(first line, last line, name)`` of every function in a source file, innermost last."""
+    source = "".join(linecache.getlines(filename))
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return ()
+    spans = [
+        (node.lineno, node.end_lineno or node.lineno, node.name)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    ]
+    return tuple(sorted(spans, key=lambda span: span[0]))
 
 
 def enclosing_function(filename: str, line: int) -> str:
-    """The name of the function whose body holds ``line``, read from the source (tracemalloc
-    records files and lines only): the nearest ``def`` above it, less indented than it."""
-    lines = linecache.getlines(filename)
-    if not 0 < line <= len(lines):
+    """The name of the innermost function whose body holds ``line``, read from the source
+    (tracemalloc records files and lines only), or ``""`` at a module's or class's top level."""
+    try:
+        status = os.stat(filename)
+    except OSError:
         return ""
-    target = lines[line - 1]
-    indent = len(target) - len(target.lstrip())
-    for text in reversed(lines[: line - 1]):
-        stripped = text.lstrip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        depth = len(text) - len(stripped)
-        if depth < indent:
-            match = _DEF.match(text)
-            if match:
-                return match.group(2)
-            if stripped.startswith("class "):
-                return ""
-            indent = depth
-            if depth == 0:
-                return "<module>"
-    return "<module>" if indent else ""
+    name = ""
+    for first, last, function in _functions_by_line(filename, (status.st_mtime_ns, status.st_size)):
+        if first <= line <= last:
+            name = function  # spans are sorted by start: the last match is the innermost
+    return name
 
 
 def _short_path(filename: str) -> str:

@@ -9,6 +9,8 @@ import torch
 
 from pytest_vramleak import diff, take_snapshot
 
+from .conftest import read_report
+
 def literal(pattern: str) -> str:
     """``pattern`` for fnmatch_lines with its brackets matched literally; ``*`` stays a wildcard."""
     return pattern.replace("[", "[[]")
@@ -264,7 +266,7 @@ def test_compiled_graph_constants_are_named_as_pytorchs_cache() -> None:
     assert diff(before).leaked_bytes == 0
 
 
-def test_constants_of_an_inductor_graph_are_not_the_tests_leak(pytester: pytest.Pytester, run_checked, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_constants_of_an_inductor_graph_are_not_the_tests_leak(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     # Inductor keeps a compiled graph's constants as globals of its generated module, which
     # torch._dynamo.reset() does not free: a cache of PyTorch's all the same.
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(pytester.path / "inductor-cache"))
@@ -286,12 +288,14 @@ def test_constants_of_an_inductor_graph_are_not_the_tests_leak(pytester: pytest.
             KEPT.append(torch.compile(convolve, backend="inductor")(torch.ones(1, 1, 8)))
         """
     )
-    try:
-        # Warnings are errors, as the plugin must emit none (reading a fake tensor's data pointer
-        # warns); torch's own deprecation warnings while compiling are left alone.
-        result, report = run_checked("-p", "no:randomly", "-W", "error", "-W", "ignore::DeprecationWarning")
-    finally:
-        torch._dynamo.reset()
+    # Warnings are errors, as the plugin must emit none (reading a fake tensor's data pointer
+    # warns); torch's own deprecation warnings while compiling are left alone. In a process of its
+    # own: what inductor imports cannot be imported twice in one process.
+    path = pytester.path / "vramleak.json"
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:randomly", f"--vramleak-report={path}", "-W", "error", "-W", "ignore::DeprecationWarning"
+    )
+    report = read_report(path)
     assert report["test_compiled"]["outcome"] == "passed", result.stdout.str()
     assert report["test_compiled"]["leaked_bytes"] == 0
     assert any("held by caches PyTorch keeps itself" in note for note in report["test_compiled"]["notes"])

@@ -150,7 +150,7 @@ def test_json_report_schema(pytester: pytest.Pytester) -> None:
     garbage = document["tests"][0]["details"].get("older_garbage_freed_bytes", 0)
     assert set(document["tests"][0]["details"]) <= {"older_garbage_freed_bytes"}
     assert document["tests"][0]["notes"] == (
-        [f"confirming the leak, a full collection also freed {format_size(garbage)} of older garbage: not the test's doing"] if garbage else []
+        [f"confirming a suspected leak, a full collection also freed {format_size(garbage)} of older garbage: not the test's doing"] if garbage else []
     )
     assert document == {
         "version": 1,

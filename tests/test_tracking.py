@@ -454,3 +454,99 @@ def test_nested_tensors_are_checked_named_and_stepped(pytester: pytest.Pytester,
     result.stdout.fnmatch_lines(["*vramleak: what filled the memory*", "largest tensors:"])
     result.stdout.no_fnmatch_line("*could not be read*")
     result.stdout.no_fnmatch_line("*NestedTensorImpl doesn't support sizes*")
+
+
+def test_what_a_thread_running_since_before_the_test_holds_is_not_charged(pytester: pytest.Pytester, run_checked) -> None:
+    # A background thread of an earlier test makes and holds tensors while a later test runs.
+    pytester.makepyfile(
+        test_it="""
+        import threading
+        import pytest, torch
+
+        GO, DONE, STOP = threading.Event(), threading.Event(), threading.Event()
+
+        def loader():
+            GO.wait()
+            prefetched = torch.ones(4096)  # made while test_clean runs, held in this frame
+            DONE.set()
+            STOP.wait()
+
+        def test_starts_a_background_thread():
+            threading.Thread(target=loader, name="prefetcher", daemon=True).start()
+
+        @pytest.mark.vram_budget
+        def test_clean():
+            GO.set()
+            DONE.wait()
+
+        @pytest.mark.vram_budget
+        def test_starts_its_own_thread_that_keeps_memory():
+            ready = threading.Event()
+
+            def hold():
+                kept = torch.ones(1024)
+                ready.set()
+                STOP.wait()
+
+            threading.Thread(target=hold, name="holder", daemon=True).start()
+            ready.wait()
+
+        def test_stop():
+            STOP.set()
+        """
+    )
+    result, report = run_checked("-p", "no:randomly")
+    assert report["test_clean"]["outcome"] == "passed", result.stdout.str()
+    assert report["test_clean"]["notes"] == ["16.0 KiB held by threads that were running before the test began: not counted"]
+    own = report["test_starts_its_own_thread_that_keeps_memory"]
+    assert own["outcome"] == "leaked"
+    (chain,) = own["tensors"][0]["held_by"]
+    assert chain.startswith("thread 'holder' hold:") and chain.endswith(" local 'kept'")
+    result.stdout.no_fnmatch_line("*held from C++*")
+
+
+def test_a_chain_that_changed_while_it_was_searched_is_not_shown_as_holding() -> None:
+    from pytest_vramleak.referrers import CHANGED, FrameLocal, still_holds
+
+    holder = {"batch": [object()]}
+    target = holder["batch"][0]
+    chain = [holder, holder["batch"], target]
+    assert still_holds(chain)
+    holder["batch"] = []  # another thread replaced the list
+    holder_list = chain[1]
+    holder_list.clear()
+    assert not still_holds(chain)
+    assert CHANGED.startswith("<its holders changed while they were searched")
+    local = FrameLocal(None, "x", target)  # type: ignore[arg-type]
+    assert still_holds([local, target]) and not still_holds([local, object()])
+
+
+def test_holders_that_change_during_the_search_are_said_to_have_changed(
+    pytester: pytest.Pytester, run_checked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pytest_vramleak.referrers as referrers
+
+    search = referrers.find_chains
+
+    def search_while_another_thread_empties_the_cache(*args: object, **kwargs: object) -> list[list[object]]:
+        chains = search(*args, **kwargs)  # type: ignore[arg-type]
+        for chain in chains:
+            for holder in chain:
+                if type(holder) is list:
+                    holder.clear()
+        return chains
+
+    monkeypatch.setattr(referrers, "find_chains", search_while_another_thread_empties_the_cache)
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        CACHE = []
+
+        @pytest.mark.vram_budget
+        def test_it():
+            CACHE.append(torch.ones(1024))
+        """
+    )
+    result, report = run_checked()
+    assert report["test_it"]["tensors"][0]["held_by"] == [referrers.CHANGED]
+    result.stdout.no_fnmatch_line("*held by test_it.CACHE*")
