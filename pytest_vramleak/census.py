@@ -293,9 +293,13 @@ def walk(device: str | None = None, *, defer_owners: frozenset[int] | set[int] =
     def on_device(key: StorageKey) -> bool:
         return device is None or key[0] == device
 
+    tensor_classes = tensor_types()
+    exact = set(tensor_classes)
     try:
         with torch._C.DisableTorchFunction():
-            for obj in gc.get_objects():
+            # Tensors and storage objects refer to their classes: finding them among the classes'
+            # referrers runs in C, where a Python loop over every object of the heap would not.
+            for obj in gc.get_referrers(*tensor_classes, *storage_classes):
                 cls = type(obj)
                 if cls in storage_classes:
                     storage = storage_of_storage_object(obj)
@@ -303,7 +307,7 @@ def walk(device: str | None = None, *, defer_owners: frozenset[int] | set[int] =
                     if facts is not None and on_device((facts[0], facts[1])):
                         yield Found((facts[0], facts[1]), facts[2], obj, "storage", storage=storage)
                     continue
-                if not is_tensor_type(cls):
+                if cls not in exact:
                     continue
                 for key, nbytes, storage in _keys_of(obj):
                     if on_device(key):

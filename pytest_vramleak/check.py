@@ -138,6 +138,8 @@ class LeakCheck:
         self._watching_peak = False
         self._owns_tracker = tracker is None
         self._threads_before: set[str] = set()
+        self._settled = False
+        """Every generation was collected since the body ended (confirming a suspected leak)."""
 
     # -- the phases -----------------------------------------------------------------------------
 
@@ -283,6 +285,7 @@ class LeakCheck:
         if confirm is not None:
             confirm()
         garbage = self.tracker.settle()[self.meter.name]
+        self._settled = True
         if garbage:
             self.result.details["older_garbage_freed_bytes"] = garbage
             self.result.notes.append(
@@ -364,7 +367,7 @@ class LeakCheck:
             keys = [(ref.device, ref.pointer) for ref in self.leaked_storages(device) if ref() is not None]
             with self.tracker.unfrozen():
                 named = self.named_roots() if self.named_roots is not None else ()
-                groups = describe(keys, device, sites=sites, named=named) if keys else []
+                groups = describe(keys, device, sites=sites, named=named, collected=self._settled) if keys else []
             if device == result.device:
                 result.groups = groups
             else:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import collections
 import gc
+import itertools
+import operator
 import sys
 import threading
 import types
@@ -209,8 +211,11 @@ def find_chains(
     exclude_types: tuple[type, ...] = (),
     frames: Sequence[types.FrameType] = (),
     named: Sequence[NamedRoot] = (),
+    collect: bool = True,
 ) -> list[list[Any]]:
     """For each target, a shortest chain ``[root, ..., target]`` of objects holding it.
+
+    ``collect=False`` where the caller has just collected every generation.
 
     The search stops as soon as every target has a root, and only keeps expanding the holders
     of targets still without one. Where no root is found within ``max_depth`` levels the chain
@@ -237,7 +242,8 @@ def find_chains(
     dead_ends: dict[int, Any] = {}
     frontier: tuple[Any, ...] = tuple(targets)
     depth = 0
-    gc.collect()  # cycles freed now would otherwise show up as holders
+    if collect:
+        gc.collect()  # cycles freed now would otherwise show up as holders
     while frontier and unrooted and depth < max_depth:
         depth += 1
         ignore.add(id(frontier))
@@ -434,9 +440,9 @@ def edge_text(parent: Any, child: Any, mode: Any) -> tuple[str, Any]:
             for index, cell in enumerate(parent):
                 if cell is child and index < len(function.__code__.co_freevars):
                     return f" -> closure var '{function.__code__.co_freevars[index]}'", "cell"
-        for index, item in enumerate(parent):
-            if item is child:
-                return f"[{index}]", None
+        matches = list(map(operator.is_, parent, itertools.repeat(child)))
+        if True in matches:
+            return f"[{matches.index(True)}]", None
         return f" -> {kind.__name__} item", None
     if _is_ndarray(parent):
         return ".base", None
@@ -548,6 +554,7 @@ def holder_paths(
     exclude_types: tuple[type, ...] = (),
     frames: Sequence[types.FrameType] = (),
     named: Sequence[NamedRoot] = (),
+    collect: bool = True,
 ) -> list[list[tuple[str, str]] | None]:
     """Per target, the :func:`chain_parts` of the chain of references that keeps it alive.
 
@@ -555,7 +562,7 @@ def holder_paths(
     graph, a registry in an extension).
     """
     with whole_heap():
-        chains = find_chains(targets, max_depth=max_depth, exclude_types=exclude_types, frames=frames, named=named)
+        chains = find_chains(targets, max_depth=max_depth, exclude_types=exclude_types, frames=frames, named=named, collect=collect)
     try:
         return [(chain_parts(chain) if still_holds(chain) else [(CHANGED, "")]) if len(chain) > 1 else None for chain in chains]
     finally:
@@ -579,14 +586,17 @@ def still_holds(chain: Sequence[Any]) -> bool:
     return True
 
 
+def _holds(items: Any, child: Any) -> bool:
+    """Whether ``child`` is one of ``items``, compared by identity in C (a table of 10^6 entries)."""
+    return any(map(operator.is_, items, itertools.repeat(child)))
+
+
 def _refers_to(parent: Any, child: Any) -> bool:
+    referents = gc.get_referents(parent)
+    if _holds(referents, child):
+        return True
     # An object's attributes may have moved into a __dict__ since (naming edges reads __dict__).
-    for referent in gc.get_referents(parent):
-        if referent is child:
-            return True
-        if type(referent) is dict and any(value is child for value in dict.values(referent)):
-            return True
-    return False
+    return any(type(referent) is dict and _holds(dict.values(referent), child) for referent in referents)
 
 
 def name_holders(

@@ -401,6 +401,7 @@ def describe(
     sites: SiteSource | None = None,
     frames: Sequence[types.FrameType] = (),
     named: Sequence[NamedRoot] = (),
+    collected: bool = False,
 ) -> list[TensorGroup]:
     """Group the live storages in ``keys`` by dtype, shape and device, and name their holders
     (values in ``named`` by the names given, such as a test's fixtures and parametrize values).
@@ -463,7 +464,7 @@ def describe(
                 targets.append(found.tensor if found.via in ("gc", "storage") else found.owner)
                 target_groups.append((group, ".grad" if found.via == "grad" else ""))
         if name and targets:
-            paths = holder_paths(targets, exclude_types=(Found,), frames=frames, named=named)
+            paths = holder_paths(targets, exclude_types=(Found,), frames=frames, named=named, collect=not collected)
             if any(path is None for path in paths):
                 # Nothing in Python refers to these tensors: an autograd node Python holds may.
                 through_nodes = _paths_through_graph_nodes([t for t, p in zip(targets, paths) if p is None], frames, named)
@@ -480,7 +481,10 @@ def describe(
             for target, (group, suffix) in zip(targets, target_groups):
                 if name and not suffix and id(group) not in checked and group.kind == "tensor" and len(checked) < MAX_HOOK_CHECKS:
                     checked.add(id(group))
-                    if not any(_HOOK_CHAIN.search(chain) for chain in group.held_by):
+                    # Only a closure can tie a container to a hook; a running frame's local is
+                    # where such a container is usually seen (five walks of the heap otherwise).
+                    local = any(" local '" in chain or "closure var" in chain for chain in group.held_by)
+                    if local and not any(_HOOK_CHAIN.search(chain) for chain in group.held_by):
                         group.hook = module_hook_holding(target) or ""
     finally:
         located.clear()
