@@ -120,6 +120,10 @@ class _Sentinel:
     """Made right after each freeze: a scan that does not find it means someone else froze the heap."""
 
 
+class _OldSentinel:
+    """Frozen with the heap as a test begins: finding it means someone else unfroze the heap."""
+
+
 class StorageRef(weakref.ref):  # type: ignore[type-arg]
     """A weak reference to a storage object, with what the tracker knows of the storage."""
 
@@ -202,6 +206,8 @@ class Tracker:
         """Someone else froze the heap: the tracker freezes nothing and scans every unfrozen object."""
         self._begun = False
         self._sentinel: _Sentinel | None = None
+        self._old_sentinel: _OldSentinel | None = None
+        self._offsets_open = True
         self._born_override: int | None = None
         self._drift: list[tuple[StorageRef, int]] | None = None
         self.sizes_skipped = False
@@ -240,7 +246,9 @@ class Tracker:
         self._young_dead = 0
         self._begun = True
         self._observed = False
+        self._offsets_open = True
         if not self._foreign:
+            self._old_sentinel = _OldSentinel()  # frozen with the heap: found again only if someone unfreezes it
             gc.freeze()
             self._froze = True
             FREEZERS.add(self)
@@ -252,7 +260,7 @@ class Tracker:
         if self._begun and not self._observed:
             self.unindexed = True  # what this test made and kept is not indexed
         self._begun = False
-        self._sentinel = None
+        self._sentinel = self._old_sentinel = None
         FREEZERS.discard(self)
         if self._froze:
             self._froze = False
@@ -273,6 +281,8 @@ class Tracker:
         ``watch`` off where an allocator counts the memory.
         """
         started = time.perf_counter()
+        if self._old_sentinel is not None and gc.get_referrers(_OldSentinel):
+            self._someone_thawed()
         if collect:
             gc.collect()  # while frozen: the young generations only
         graphs = graph_clock(_torch()) if watch else None
@@ -516,6 +526,15 @@ class Tracker:
         if self._froze:
             self._refreeze()
 
+    def _someone_thawed(self) -> None:
+        """The test unfroze the heap: garbage older than the test can now be collected, and what
+        older storages die from here on cannot offset a leak (it may be that garbage)."""
+        FREEZERS.discard(self)
+        self._froze = False
+        self._foreign = True
+        self._sentinel = self._old_sentinel = None
+        self._offsets_open = False
+
     def _refreeze(self) -> None:
         gc.freeze()
         self.refrozen()
@@ -669,7 +688,7 @@ class Tracker:
                     del self._storages[ref.ident]
                 self._totals[ref.device] -= ref.nbytes
                 if self._begun and ref.born < self.begin_clock:
-                    if offsets:
+                    if offsets and self._offsets_open:
                         self._freed.append((self.clock, ref))
                     else:
                         self._older_garbage[ref.device] += ref.nbytes
