@@ -90,18 +90,14 @@ def _nbytes() -> Any:
 
 
 def graph_clock(torch: Any) -> int | None:
-    """This thread's autograd sequence counter, read by making one node (about ten microseconds).
+    """This thread's autograd sequence counter, or None where torch does not say it.
 
-    Every autograd node takes its thread's next sequence number when it is made, so a counter
-    that moved means the thread built graphs. Each reading takes one number itself. Torch
-    function modes, subclasses and Python dispatch modes are kept out, so no code of the user's
-    runs, and grad mode is forced on for the moment (the reading may happen inside ``no_grad``).
-    """
+    Every autograd node takes its thread's next number when it is made, so a counter that moved
+    means the thread built graphs; where it cannot be read, every observation compares the
+    gradients (2b of the module docstring)."""
+    peek = getattr(torch._C._autograd, "_get_sequence_nr", None)
     try:
-        keys = torch._C.DispatchKeySet(torch._C.DispatchKey.Python) | torch._C.DispatchKeySet(torch._C.DispatchKey.PythonTLSSnapshot)
-        with torch._C.DisableTorchFunction(), torch._C._ExcludeDispatchKeyGuard(keys), torch.inference_mode(False), torch.enable_grad():
-            node = torch.ones((), device="cpu", requires_grad=True).sum().grad_fn
-            return int(node._sequence_nr())
+        return int(peek()) if peek is not None else None
     except Exception:
         return None
 
@@ -190,6 +186,12 @@ class Tracker:
         self._observed = False
         self._entries: dict[int, Entry] = {}
         self._capable: dict[int, Entry] = {}
+        self._capable_new: dict[int, Entry] = {}
+        """Leaves that require grad indexed since the current test began: few, and they come and go."""
+        self._grad_refs: list[TensorRef] | None = None
+        """The references of the entries in ``_capable``, in one list, and the ids of their
+        gradients when last read: what :meth:`_read_gradients` compares (rebuilt on a change)."""
+        self._grad_known: list[int] = []
         self._storages: dict[int, StorageRef] = {}
         self._dead: list[StorageRef] = []
         self._dead_tensors: list[int] = []
@@ -240,6 +242,10 @@ class Tracker:
                 self._index_between_tests()
             gc.collect(1)  # young garbage earlier tests left in cycles goes now, not after this test
         self._process_dead()  # storages that died before the test: not the test's doing
+        if self._capable_new:  # leaves that outlived the test that made them join the kept lists
+            self._capable.update(self._capable_new)
+            self._capable_new.clear()
+            self._grad_refs = None
         self.clock += 1
         self.begin_clock = self.clock
         self._young, self._freed, self._grown = [], [], []
@@ -292,8 +298,7 @@ class Tracker:
         self._scan()
         scanned = time.perf_counter() - started
         if watch and since is not None:
-            # The last reading took one number itself; anything beyond it is a node of the test's.
-            if graphs is None or since.graphs is None or graphs - since.graphs > 1:
+            if graphs is None or since.graphs is None or graphs != since.graphs:
                 self._read_gradients()
             if len(self._storages) <= SIZES_COMPARED_PER_CHECK:
                 self._compare_sizes()
@@ -448,35 +453,55 @@ class Tracker:
     def _read_gradients(self) -> None:
         """Compare the gradient of every indexed leaf that requires grad with what was read (2b),
         at C speed; read again, in full, the tensors whose gradient changed. (A gradient that grew
-        in place is a storage whose size changed: 2c.)"""
+        in place is a storage whose size changed: 2c. One that was replaced died: 2a, since a
+        tensor is among the users of its gradient's storages, so a gradient object's id that an
+        earlier one had cannot hide a change.)
+
+        The leaves indexed before the test began are compared from lists kept between calls;
+        those indexed since, few and short-lived, one by one."""
         self.grad_reads += 1
-        entries = list(self._capable.values())
-        tensors = list(map(operator.call, map(_ENTRY_REF, entries)))
-        if any(map(operator.is_, tensors, itertools.repeat(None))):  # some died since: forget them
-            for ident, entry in list(self._capable.items()):
-                if entry.ref() is None:
-                    self._forget(ident, entry)
-            entries = list(self._capable.values())
-            tensors = list(map(operator.call, map(_ENTRY_REF, entries)))
         torch = _torch()
         with torch._C.DisableTorchFunction():
+            for ident, entry in list(self._capable_new.items()):
+                tensor = entry.ref()
+                if tensor is None:
+                    self._forget(ident, entry)
+                elif _GRAD(tensor) is not entry.grad():
+                    self._read_tensor(tensor, set(), [])
+            if self._grad_refs is None:
+                entries = list(self._capable.values())
+                self._grad_refs = list(map(_ENTRY_REF, entries))
+                self._grad_known = [id(entry.grad()) for entry in entries]
+            tensors = list(map(operator.call, self._grad_refs))
+            if any(map(operator.is_, tensors, itertools.repeat(None))):  # some died since: forget them
+                for ident, entry in list(self._capable.items()):
+                    if entry.ref() is None:
+                        self._forget(ident, entry)
+                entries = list(self._capable.values())
+                self._grad_refs = list(map(_ENTRY_REF, entries))
+                self._grad_known = [id(entry.grad()) for entry in entries]
+                tensors = list(map(operator.call, self._grad_refs))
             try:
                 grads = list(map(_GRAD, tensors))
             except Exception:  # a tensor that will not say: read each in full
                 grads = [_Nothing] * len(tensors)
-            same = list(map(operator.is_, grads, map(operator.call, map(_ENTRY_GRAD, entries))))
-            if False in same:
-                for tensor, unchanged in zip(tensors, same):
-                    if not unchanged:
+            ids = list(map(id, grads))
+            grads.clear()
+            if ids != self._grad_known:
+                for tensor, now, before in zip(tensors, ids, self._grad_known):
+                    if now != before:
                         self._read_tensor(tensor, set(), [])
+                self._grad_refs = None
         tensors.clear()
-        grads.clear()
 
     def _forget(self, ident: int, entry: Entry) -> None:
         if self._entries.get(ident) is entry:
             del self._entries[ident]
         if self._capable.get(ident) is entry:
             del self._capable[ident]
+            self._grad_refs = None
+        if self._capable_new.get(ident) is entry:
+            del self._capable_new[ident]
 
     def _scan(self) -> None:
         """Read every tensor and storage object in the unfrozen generations."""
@@ -562,6 +587,8 @@ class Tracker:
         """Index every tensor and storage of the heap (the first check, and after untracked code ran)."""
         self._entries.clear()
         self._capable.clear()
+        self._capable_new.clear()
+        self._grad_refs = None
         with whole_heap():
             # Garbage indexed here (cycles of untracked code) can only die after the test that
             # follows: frozen meanwhile, it offsets nothing.
@@ -615,16 +642,28 @@ class Tracker:
         except Exception:
             return
         if entry.capable:
-            self._capable[ident] = entry
-        elif ident in self._capable:
-            del self._capable[ident]
+            if self._capable.get(ident) is not entry and self._capable_new.get(ident) is not entry:
+                self._capable_new[ident] = entry
+        else:
+            self._capable_new.pop(ident, None)
+            if self._capable.pop(ident, None) is not None:
+                self._grad_refs = None
         if grad is not None and is_tensor_type(type(grad)):
-            entry.grad = weakref.ref(grad)
+            if entry.grad() is not grad:
+                entry.grad = weakref.ref(grad)
+                if ident in self._capable:
+                    self._grad_refs = None
             if id(grad) not in visited:
                 visited.add(id(grad))
                 keep.append(grad)
                 self._read_tensor(grad, visited, keep)
+            grad_entry = self._entries.get(id(grad))
+            for ref in grad_entry.storages if grad_entry is not None else ():
+                if ident not in ref.users:
+                    ref.users.append(ident)  # its gradient's death is this tensor's change too
         else:
+            if entry.grad is not _NO_GRAD and ident in self._capable:
+                self._grad_refs = None
             entry.grad = _NO_GRAD
         if grad_fn is not None:
             for saved in _graph_tensors(grad_fn, visited, keep):
