@@ -79,6 +79,23 @@ def whole_heap() -> Iterator[None]:
             tracker.refrozen()
 
 
+@contextmanager
+def collections_paused() -> Iterator[None]:
+    """Keep Python's collector from running while many objects are indexed at once.
+
+    Indexing allocates several small objects per tensor; with the heap unfrozen, the collections
+    those allocations set off walk it again and again (most of the time indexing 10^5 tensors).
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def _subclasses(*roots: type) -> list[type]:
     found: list[type] = []
     pending = list(roots)

@@ -71,6 +71,7 @@ from .census import (
     FREEZERS,
     _graph_tensors,
     _torch,
+    collections_paused,
     is_tensor_type,
     storage_facts,
     storage_of_storage_object,
@@ -471,7 +472,7 @@ class Tracker:
             if self._grad_refs is None:
                 entries = list(self._capable.values())
                 self._grad_refs = list(map(_ENTRY_REF, entries))
-                self._grad_known = [id(entry.grad()) for entry in entries]
+                self._grad_known = list(map(id, map(operator.call, map(_ENTRY_GRAD, entries))))
             tensors = list(map(operator.call, self._grad_refs))
             if any(map(operator.is_, tensors, itertools.repeat(None))):  # some died since: forget them
                 for ident, entry in list(self._capable.items()):
@@ -479,7 +480,7 @@ class Tracker:
                         self._forget(ident, entry)
                 entries = list(self._capable.values())
                 self._grad_refs = list(map(_ENTRY_REF, entries))
-                self._grad_known = [id(entry.grad()) for entry in entries]
+                self._grad_known = list(map(id, map(operator.call, map(_ENTRY_GRAD, entries))))
                 tensors = list(map(operator.call, self._grad_refs))
             try:
                 grads = list(map(_GRAD, tensors))
@@ -516,7 +517,7 @@ class Tracker:
         visited: set[int] = set()
         keep: list[Any] = []
         try:
-            with torch._C.DisableTorchFunction():
+            with torch._C.DisableTorchFunction(), collections_paused():
                 for obj in found:
                     kind = type(obj)
                     if kind in tensors:
@@ -571,7 +572,7 @@ class Tracker:
         storage_classes = set(storage_types())
         visited: set[int] = set()
         keep: list[Any] = []
-        with torch._C.DisableTorchFunction():
+        with torch._C.DisableTorchFunction(), collections_paused():
             for generation in (0, 1):
                 for obj in gc.get_objects(generation):
                     kind = type(obj)
