@@ -226,18 +226,22 @@ class SiteRecorder:
         frames = _frames_of(tensor)
         if not frames or frames[0][0].startswith(_PLUGIN_DIR):
             return ()  # an object the plugin itself made, reading a tensor: no site of the user's
-        return tuple((filename, line, enclosing_function(filename, line)) for filename, line, _ in user_sites(frames))
+        return user_sites(frames)  # functions are named as a site is asked for: reading the source costs
+
+    @staticmethod
+    def _named(stack: tuple[Site, ...]) -> tuple[Site, ...]:
+        return tuple((filename, line, enclosing_function(filename, line)) for filename, line, _ in stack)
 
     def site_of(self, tensor: Any, storage: Any) -> tuple[Site, ...] | None:
         """Where ``tensor`` (whose storage is ``storage``) was made, if recorded."""
         known = self._sites.get(id(storage))
         try:
             if known is not None and known[:2] == (storage.data_ptr(), storage.nbytes()):
-                return known[2]
+                return self._named(known[2])
         except Exception:
             return None
         if tracemalloc.is_tracing():
-            return self._stack(tensor) or None
+            return self._named(self._stack(tensor)) or None
         return None
 
     def clear(self) -> None:

@@ -74,10 +74,9 @@ from .census import (
     collections_paused,
     is_tensor_type,
     storage_facts,
-    storage_of_storage_object,
-    storage_types,
     tensor_storages,
     tensor_types,
+    untyped_storage_types,
     whole_heap,
 )
 
@@ -280,23 +279,25 @@ class Tracker:
 
     # -- observing ------------------------------------------------------------------------------
 
-    def observe(self, *, collect: bool = True, since: Mark | None = None, watch: bool = True) -> Mark:
+    def observe(self, *, collect: bool = True, since: Mark | None = None, watch: bool = True, generations: int = 2) -> Mark:
         """Collect young garbage, note what died, read what is young, and return the moment.
 
         With ``since`` (an earlier observation of the same test) and ``watch``, also look at
         what is older for changes since then (2b and 2c of the module docstring). Leave
-        ``watch`` off where an allocator counts the memory.
+        ``watch`` off where an allocator counts the memory. ``generations=1`` collects the
+        youngest two of the unfrozen generations only: where garbage left in the oldest is frozen
+        next and cannot die before the measurements that follow (a step loop's baseline).
         """
         started = time.perf_counter()
-        if self._old_sentinel is not None and gc.get_referrers(_OldSentinel):
-            self._someone_thawed()
+        offsets_before = len(self._freed)
         if collect:
-            gc.collect()  # while frozen: the young generations only
+            gc.collect(generations)  # while frozen: what was made since the freeze only
         graphs = graph_clock(_torch()) if watch else None
         self.clock += 1
         self._observed = True
         self._process_dead()
-        self._scan()
+        if self._scan(thaw=self._old_sentinel is not None):
+            self._someone_thawed(offsets_before)
         scanned = time.perf_counter() - started
         if watch and since is not None:
             if graphs is None or since.graphs is None or graphs != since.graphs:
@@ -504,16 +505,17 @@ class Tracker:
         if self._capable_new.get(ident) is entry:
             del self._capable_new[ident]
 
-    def _scan(self) -> None:
-        """Read every tensor and storage object in the unfrozen generations."""
+    def _scan(self, *, thaw: bool = False) -> bool:
+        """Read every tensor and storage object in the unfrozen generations; with ``thaw``, say
+        whether the old sentinel is among them (someone unfroze the heap: see :meth:`begin`)."""
         torch = _torch()
         tensor_classes = tensor_types()
-        storage_classes = storage_types()
-        found = gc.get_referrers(*tensor_classes, *storage_classes, _Sentinel)
+        storage_classes = untyped_storage_types()
+        found = gc.get_referrers(*tensor_classes, *storage_classes, _Sentinel, *((_OldSentinel,) if thaw else ()))
         tensors = set(tensor_classes)
         storages = set(storage_classes)
         sentinel = self._sentinel
-        saw_sentinel = False
+        saw_sentinel = thawed = False
         visited: set[int] = set()
         keep: list[Any] = []
         try:
@@ -523,16 +525,17 @@ class Tracker:
                     if kind in tensors:
                         self._read_tensor(obj, visited, keep)
                     elif kind in storages:
-                        storage = storage_of_storage_object(obj)
-                        if storage is not None:
-                            self._register(storage, None)
+                        self._register(obj, None)
                     elif obj is sentinel:
                         saw_sentinel = True
+                    elif thaw and obj is self._old_sentinel:
+                        thawed = True
         finally:
             found.clear()
             keep.clear()
-        if self._froze and not saw_sentinel:
+        if self._froze and not saw_sentinel and not thawed:
             self._someone_froze()
+        return thawed
 
     def _someone_froze(self) -> None:
         """The test froze the heap itself: what it made since the tracker's freeze is frozen too.
@@ -552,14 +555,18 @@ class Tracker:
         if self._froze:
             self._refreeze()
 
-    def _someone_thawed(self) -> None:
+    def _someone_thawed(self, offsets_since: int) -> None:
         """The test unfroze the heap: garbage older than the test can now be collected, and what
-        older storages die from here on cannot offset a leak (it may be that garbage)."""
+        older storages die from here on cannot offset a leak (it may be that garbage); nor can
+        what died in the observation that found it out (from ``offsets_since`` in the list)."""
         FREEZERS.discard(self)
         self._froze = False
         self._foreign = True
         self._sentinel = self._old_sentinel = None
         self._offsets_open = False
+        for _, ref in self._freed[offsets_since:]:
+            self._older_garbage[ref.device] += ref.nbytes
+        del self._freed[offsets_since:]
 
     def _refreeze(self) -> None:
         gc.freeze()
@@ -569,7 +576,7 @@ class Tracker:
         """Index the tensors made since the last checked test ended (still in the young generations)."""
         torch = _torch()
         tensor_classes = set(tensor_types())
-        storage_classes = set(storage_types())
+        storage_classes = set(untyped_storage_types())
         visited: set[int] = set()
         keep: list[Any] = []
         with torch._C.DisableTorchFunction(), collections_paused():
@@ -579,9 +586,7 @@ class Tracker:
                     if kind in tensor_classes:
                         self._read_tensor(obj, visited, keep)
                     elif kind in storage_classes:
-                        storage = storage_of_storage_object(obj)
-                        if storage is not None:
-                            self._register(storage, None)
+                        self._register(obj, None)
         keep.clear()
 
     def _rebuild(self) -> None:
