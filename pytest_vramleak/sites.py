@@ -64,9 +64,9 @@ def _functions_by_line(filename: str, stamp: tuple[int, int]) -> tuple[tuple[int
     except (SyntaxError, ValueError):
         return ()
     spans = [
-        (node.lineno, node.end_lineno or node.lineno, node.name)
+        (node.lineno, node.end_lineno or node.lineno, node.name if not isinstance(node, ast.Lambda) else "<lambda>")
         for node in ast.walk(tree)
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
     ]
     return tuple(sorted(spans, key=lambda span: span[0]))
 
