@@ -3,8 +3,9 @@
     python benchmarks/run.py                  # 180 tests, 5 alternating rounds
     python benchmarks/run.py --tests 300 --rounds 7
 
-Configurations: plain pytest; ``--vramleak`` (every test checked); the same without recording
-allocation sites (``--vramleak-sites=off``), to show what recording them costs; a naive check in PyTorch's
+Configurations: plain pytest; ``--vramleak`` (every test checked); the same with
+``--vramleak-confirm=3 --vramleak-fail-on=growth`` (tests over budget re-run); the same recording allocation
+sites in every test (``--vramleak-sites=on``), to show what recording them costs; a naive check in PyTorch's
 style (``naive_check.py``: collect garbage and count live tensors around every test); and
 ``--memray`` where pytest-memray is installed. Prints the median wall time of each and its ratio
 to plain pytest, for whole runs (interpreter start and torch import included) and for the time
@@ -56,7 +57,8 @@ def main() -> None:
     configurations = {
         "plain": ["-p", "no:vramleak"],
         "--vramleak": ["--vramleak"],
-        "no sites": ["--vramleak", "--vramleak-sites=off"],
+        "confirm": ["--vramleak", "--vramleak-confirm=3", "--vramleak-fail-on=growth"],
+        "sites on": ["--vramleak", "--vramleak-sites=on"],
         "naive check": ["-p", "no:vramleak", "-p", "naive_check"],
     }
     if importlib.util.find_spec("pytest_memray") is not None:

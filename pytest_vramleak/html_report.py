@@ -43,8 +43,10 @@ def _signed_figure(value: int | None) -> int:
 # -- the step chart ----------------------------------------------------------------------------
 
 
-def step_chart(warmup_steps: Sequence[int], steps: Sequence[int], *, title: str = "") -> str:
-    """An SVG line chart of memory above the warm-up baseline after each step, warm-up shaded."""
+def step_chart(
+    warmup_steps: Sequence[int], steps: Sequence[int], *, title: str = "", unit: str = "step", above: str = "the warm-up baseline"
+) -> str:
+    """An SVG line chart of memory above ``above`` after each step (or run: ``unit``), warm-up shaded."""
     values = [*warmup_steps, *steps]
     if not values:
         return ""
@@ -64,7 +66,7 @@ def step_chart(warmup_steps: Sequence[int], steps: Sequence[int], *, title: str 
 
     parts = [
         f'<svg class="chart" role="img" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
-        f'aria-label="{_escape(title or "memory after each step")}">'
+        f'aria-label="{_escape(title or "memory after each " + unit)}">'
     ]
     warm = len(warmup_steps)
     if warm:
@@ -78,14 +80,14 @@ def step_chart(warmup_steps: Sequence[int], steps: Sequence[int], *, title: str 
     stride = max(1, (count + 11) // 12)
     for index in range(0, count, stride):
         parts.append(f'<text class="tick" x="{x(index):.1f}" y="{top + plot_height + 18}" text-anchor="middle">{index + 1}</text>')
-    parts.append(f'<text class="axis" x="{left + plot_width / 2:.1f}" y="{height - 4}" text-anchor="middle">step</text>')
+    parts.append(f'<text class="axis" x="{left + plot_width / 2:.1f}" y="{height - 4}" text-anchor="middle">{unit}</text>')
     points = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(values))
     parts.append(f'<polyline class="series" points="{points}"/>')
     for index, value in enumerate(values):
-        phase = "warm-up step" if index < warm else "step"
+        phase = f"warm-up {unit}" if index < warm else unit
         parts.append(
             f'<circle class="{"point warm" if index < warm else "point"}" cx="{x(index):.1f}" cy="{y(value):.1f}" r="3.5">'
-            f"<title>{phase} {index + 1}: {_escape(size_text(value))} above the warm-up baseline</title></circle>"
+            f"<title>{phase} {index + 1}: {_escape(size_text(value))} above {_escape(above)}</title></circle>"
         )
     parts.append("</svg>")
     return "".join(parts)
@@ -224,7 +226,9 @@ def _figures(result: Mapping[str, Any]) -> str:
         allowed = f" (budget {size_text(budget['peak'])})" if budget.get("peak") is not None else ""
         figures.append(f"peak above baseline {size_text(result['peak_bytes'])}{allowed}")
     if result.get("growth_bytes") is not None:
-        figures.append(f"grew {size_text(result['growth_bytes'])} across the measured steps")
+        figures.append(f"grew {size_text(result['growth_bytes'])} across the measured {'runs' if result.get('repetitions') else 'steps'}")
+    if result.get("pattern"):
+        figures.append(f"pattern: {result['pattern']}")
     if result.get("cycle_bytes"):
         figures.append(f"{size_text(result['cycle_bytes'])} lived in reference cycles until collected")
     return " · ".join(_escape(f) for f in figures)
@@ -250,6 +254,7 @@ def _has_details(result: Mapping[str, Any]) -> bool:
     return bool(
         result["outcome"] in ("leaked", "over_budget")
         or result.get("steps")
+        or result.get("repetitions")
         or result.get("tensors")
         or result.get("cycle_bytes")
         or (result["outcome"] == "unchecked" and result.get("reason"))
@@ -275,6 +280,16 @@ def _section(result: Mapping[str, Any], anchor: str) -> str:
             f'<figure class="steps">{step_chart(warmup, result["steps"], title="memory after each step of " + result["nodeid"])}'
             f"<figcaption>memory above the warm-up baseline after each step; {len(warmup)} warm-up steps shaded, "
             f"{len(result['steps'])} measured</figcaption></figure>"
+        )
+    if result.get("repetitions"):
+        warm = int(result.get("repetition_warmup") or 0)
+        runs = result["repetitions"]
+        chart = step_chart(runs[:warm], runs[warm:], title="memory after each run of " + result["nodeid"], unit="run", above="the first run's baseline")
+        parts.append(
+            f'<figure class="steps runs">{chart}<figcaption>memory left after each run of the test, above the first run\'s baseline; '
+            f"{warm} warm-up runs shaded, {len(runs) - warm} measured"
+            + (f"; pattern: {_escape(result['pattern'])}" if result.get("pattern") else "")
+            + "</figcaption></figure>"
         )
     if result.get("trace"):
         parts.append(f'<p class="trace">allocator history saved to <code>{_escape(result["trace"])}</code> (open it at pytorch.org/memory_viz)</p>')
@@ -314,7 +329,9 @@ def _row(result: Mapping[str, Any], anchor: str | None) -> str:
         value = result.get(key)
         cells.append(f'<td class="number" data-value="{_signed_figure(value)}">{_escape(size_text(value))}</td>')
     cells.append(
-        f'<td data-value="{OUTCOME_ORDER.get(outcome, 9)}"{reason}><span class="badge {outcome}">{_escape(_outcome_text(outcome))}</span></td>'
+        f'<td data-value="{OUTCOME_ORDER.get(outcome, 9)}"{reason}><span class="badge {outcome}">{_escape(_outcome_text(outcome))}</span>'
+        + (f' <span class="pattern">{_escape(result["pattern"].replace("_", " "))}</span>' if result.get("pattern") else "")
+        + "</td>"
     )
     return f'<tr class="{outcome}">' + "".join(cells) + "</tr>"
 
@@ -474,6 +491,7 @@ ul.diagnoses li { color: var(--leaked); }
 .fixtures .diagnosis { color: var(--leaked); font-size: 12.5px; }
 ul.diagnoses li::marker { content: "\\26A0  "; }
 figure.steps { margin: 8px 0; }
+.pattern { color: var(--muted); font-size: 12px; }
 figcaption { color: var(--muted); font-size: 12.5px; }
 .chart .warmup { fill: #eef1f6; }
 .chart .warmup-label { fill: var(--muted); font-size: 11px; }

@@ -60,6 +60,24 @@ OPTIONS = (
     Option("vramleak_warmup", f"unmeasured warm-up steps of the vramleak fixture (default {DEFAULT_WARMUP})", str(DEFAULT_WARMUP), metavar="N"),
     Option("vramleak_tolerance", "growth across measured steps that is not yet a leak, e.g. '64 KiB' (default 0)", "0", metavar="SIZE"),
     Option(
+        "vramleak_repeat",
+        "run each checked test N times (warm-up runs first) and classify what it left: grows, kept_once or settled (default 1: once)",
+        "1",
+        metavar="N",
+    ),
+    Option(
+        "vramleak_confirm",
+        "re-run each test found over its leak budget N more times, to tell memory that grows from memory kept once (default 0: never)",
+        "0",
+        metavar="N",
+    ),
+    Option(
+        "vramleak_fail_on",
+        "which leaks fail a test: any (default), or growth (only memory that grows across repeated runs; kept_once is listed)",
+        "any",
+        metavar="any|growth",
+    ),
+    Option(
         "vramleak_sites",
         "record where leaked tensors were allocated: auto (in step checks), on (in every checked test too, slower) or off (default auto)",
         "auto",
@@ -127,6 +145,12 @@ class Settings:
     """The leak budget of tests checked by ``--vramleak`` alone."""
     markdown: str = ""
     pin_workers: bool = False
+    repeat: int = 1
+    """Runs of each checked test (``--vramleak-repeat``); a marker's ``repeat=`` wins."""
+    confirm: int = 0
+    """Re-runs of a test found over its leak budget, to classify it (``--vramleak-confirm``)."""
+    fail_on: str = "any"
+    """``any``: every leak past the budget fails; ``growth``: only memory that grows across runs."""
 
 
 Getter = Callable[[str], tuple[Any, str]]
@@ -207,6 +231,19 @@ def read_settings(get: Getter, rootpath: Path) -> Settings:
             raise ValueError
     except ValueError:
         raise OptionError(f"{source}: expected a whole number of steps >= 0, got {warmup_text!r}") from None
+    repeat = _count(get, "vramleak_repeat", minimum=1, what="runs")
+    confirm = _count(get, "vramleak_confirm", minimum=0, what="re-runs")
+    if 1 < repeat < warmup + 2:
+        raise OptionError(
+            f"{get('vramleak_repeat')[1]}: {repeat} runs leave {max(0, repeat - warmup)} measured after {warmup} warm-up runs; "
+            f"at least 2 are needed: use {warmup + 2} or more, or a shorter --vramleak-warmup"
+        )
+    if confirm == 1:
+        raise OptionError(f"{get('vramleak_confirm')[1]}: at least 2 re-runs are needed to tell growth from memory kept once, got 1")
+    fail_on_text, source = get("vramleak_fail_on")
+    fail_on = str(fail_on_text).strip().lower()
+    if fail_on not in ("any", "growth"):
+        raise OptionError(f"{source}: expected any or growth, got {fail_on_text!r}")
     sizes = {}
     for name in ("vramleak_tolerance", "vramleak_leak"):
         text, source = get(name)
@@ -257,4 +294,18 @@ def read_settings(get: Getter, rootpath: Path) -> Settings:
         default_leak=sizes["vramleak_leak"],
         markdown=str(markdown or ""),
         pin_workers=_switch(get, "vramleak_pin_workers"),
+        repeat=repeat,
+        confirm=confirm,
+        fail_on=fail_on,
     )
+
+
+def _count(get: Getter, name: str, *, minimum: int, what: str) -> int:
+    text, source = get(name)
+    try:
+        value = int(str(text).strip())
+        if value < minimum:
+            raise ValueError
+    except ValueError:
+        raise OptionError(f"{source}: expected a whole number of {what} >= {minimum}, got {text!r}") from None
+    return value

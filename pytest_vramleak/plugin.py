@@ -31,6 +31,7 @@ from .check import LeakCheck, Rules
 from .devices import CudaMeter, DeviceUnavailable, Meter, is_out_of_memory, make_meter, pin_worker, resolve_device
 from .html_report import is_html_path, render_html
 from .release import ReleaseScheduler
+from .repeats import Repetitions, Run, decide, report_runs, run_repeated
 from .report import TestResult, leaked_figure, render_markdown, write_json, write_text_atomically
 from .sizes import SizeError, format_size, parse_size
 from .snapshot import describe, memory_contents
@@ -74,17 +75,23 @@ BUDGET = pytest.StashKey[Budget | None]()
 TRACKER = pytest.StashKey[Tracker]()
 ACTIVE = pytest.StashKey[Optional[Check]]()
 """The check of the test being set up, run or torn down."""
+REPEAT = pytest.StashKey[int]()
+"""Runs of a test whose marker says ``repeat=``."""
+REPEATS = pytest.StashKey[Repetitions]()
+"""The runs of a test run more than once, while it runs."""
 
 
-def vram_budget(peak: Any = None, *, leak: Any = 0, device: str | None = None) -> Any:
+def vram_budget(peak: Any = None, *, leak: Any = 0, device: str | None = None, repeat: int | None = None) -> Any:
     """Put a test under a leak budget and a peak-memory budget: ``@vram_budget("2 GiB", leak="1 MiB")``.
 
     The same as ``@pytest.mark.vram_budget(...)``; sizes are bytes or strings such as ``"512 MiB"``.
     Also usable bare, ``@vram_budget``, for the defaults (no peak limit, no leak allowed).
+    ``repeat=N`` runs the test N times to classify what it leaves (see ``--vramleak-repeat``).
     """
     if callable(peak):
         return getattr(pytest.mark, MARKER)(peak)
-    return getattr(pytest.mark, MARKER)(peak, leak=leak, device=device)
+    extra = {} if repeat is None else {"repeat": repeat}
+    return getattr(pytest.mark, MARKER)(peak, leak=leak, device=device, **extra)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -120,9 +127,10 @@ def read_settings(config: pytest.Config) -> Settings:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        f"{MARKER}(peak=None, *, leak=0, device=None): fail the test if it leaves more than `leak` bytes "
+        f"{MARKER}(peak=None, *, leak=0, device=None, repeat=None): fail the test if it leaves more than `leak` bytes "
         "of tensor memory allocated after teardown, or holds more than `peak` bytes above its baseline "
-        "during the call. Sizes are bytes or strings like '512 MiB'. device: auto|cpu|cuda|cuda:N|mps|xpu.",
+        "during the call. Sizes are bytes or strings like '512 MiB'. device: auto|cpu|cuda|cuda:N|mps|xpu. "
+        "repeat: run the test N times and classify what it leaves (grows, kept_once, settled).",
     )
     config.addinivalue_line("markers", f"{EXEMPT_MARKER}: exempt this test from the leak check of --vramleak.")
     config.stash[SETTINGS] = read_settings(config)
@@ -179,9 +187,11 @@ def _parse_marker(item: pytest.Item, mark: pytest.Mark) -> Budget:
     where = f"{item.nodeid}: @pytest.mark.{MARKER}"
     if len(mark.args) > 1:
         raise pytest.UsageError(f"{where} takes one positional argument (peak), got {len(mark.args)}: {mark.args!r}")
-    unknown = sorted(set(mark.kwargs) - {"peak", "leak", "device"})
+    unknown = sorted(set(mark.kwargs) - {"peak", "leak", "device", "repeat"})
     if unknown:
-        raise pytest.UsageError(f"{where}: unknown keyword {unknown[0]!r}; use peak, leak or device")
+        raise pytest.UsageError(f"{where}: unknown keyword {unknown[0]!r}; use peak, leak, device or repeat")
+    if "repeat" in mark.kwargs and mark.kwargs["repeat"] is not None:
+        item.stash[REPEAT] = _check_repeat(mark.kwargs["repeat"], item.config.stash[SETTINGS].warmup, f"{where}(repeat=...)")
     if mark.args and "peak" in mark.kwargs:
         raise pytest.UsageError(f"{where}: peak given both by position and by keyword")
     values = {"peak": mark.args[0] if mark.args else mark.kwargs.get("peak"), "leak": mark.kwargs.get("leak", 0)}
@@ -200,6 +210,18 @@ def _parse_marker(item: pytest.Item, mark: pytest.Mark) -> Budget:
     leak = sizes["leak"]
     assert leak is not None  # parse_size never returns None
     return Budget(peak=sizes["peak"], leak=leak, device=device)
+
+
+def _check_repeat(value: Any, warmup: int, where: str) -> int:
+    """A number of runs that leaves at least two measured after ``warmup``, or a usage error."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise pytest.UsageError(f"{where}: expected a whole number of runs >= 1, got {value!r}")
+    if value > 1 and value < warmup + 2:
+        raise pytest.UsageError(
+            f"{where}: {value} runs leave {max(0, value - warmup)} measured after {warmup} warm-up runs; "
+            f"at least 2 are needed: use repeat={warmup + 2} or more, or a shorter --vramleak-warmup"
+        )
+    return value
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -283,6 +305,73 @@ def _engine_result(item: pytest.Item, check: Check) -> TestResult:
     result.tensors = [group.to_json() for group in engine.groups]
     result.tensors += [group.to_json() for groups in engine.other_groups.values() for group in groups]
     return result
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    """Run a test more than once where ``repeat`` or ``--vramleak-confirm`` asks; report it once."""
+    settings = item.config.stash[SETTINGS]
+    if item.stash.get(BUDGET, None) is None or item.stash.get(SKIPPED, False):
+        return None
+    if item.config.getoption("setupshow", False) or item.config.getoption("setuponly", False):
+        return None
+    repeat = item.stash.get(REPEAT, settings.repeat)
+    if repeat > 1:
+        repetitions = Repetitions(planned=repeat, warmup=settings.warmup)
+    elif settings.confirm:
+        repetitions = Repetitions(planned=1, warmup=1, mode="confirm")
+    else:
+        return None
+    item.stash[REPEATS] = repetitions
+    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    try:
+        reports = run_repeated(item, nextitem, repetitions)
+    finally:
+        del item.stash[REPEATS]
+    report_runs(item, reports)
+    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
+
+
+def _judge_run(item: pytest.Item, check: Check, engine: Any) -> None:
+    """Note one run of a repeated test; at its last run, decide. Raises VramLeak when it fails."""
+    repetitions = item.stash[REPEATS]
+    budget = check.budget or Budget()
+    settings = item.config.stash[SETTINGS]
+    repetitions.runs.append(Run(engine.leaked_bytes or 0, engine.outcome, list(engine.groups)))
+    if len(repetitions.runs) == 1:
+        repetitions.first = engine
+        repetitions.first_result = _engine_result(item, check)
+        confirming = repetitions.mode == "confirm" and (engine.leaked_bytes or 0) > budget.leak
+        if confirming and not (item.session.shouldfail or item.session.shouldstop):
+            repetitions.planned = 1 + settings.confirm
+            repetitions.final = False
+    if not repetitions.final:
+        return
+    if len(repetitions.runs) == 1:  # run once after all (confirm mode, nothing to confirm)
+        if engine.outcome != "passed":
+            raise VramLeak(engine.report(), pytrace=False)
+        return
+    decision = decide(
+        repetitions,
+        repetitions.first,
+        leak_budget=budget.leak,
+        peak_budget=budget.peak,
+        tolerance=settings.tolerance,
+        fail_on=settings.fail_on,
+        device=check.meter.name if check.meter else "?",
+    )
+    result = repetitions.first_result
+    result.outcome = decision.outcome
+    result.pattern = decision.pattern
+    result.repetitions = repetitions.series()
+    result.repetition_warmup = repetitions.warmup
+    result.tensors = [group.to_json() for group in decision.groups]
+    if decision.pattern == "grows":
+        result.growth_bytes = repetitions.measured()[-1]
+    check.result = result
+    if decision.message:
+        raise VramLeak(decision.message, pytrace=False)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -383,6 +472,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         if result.outcome == "unchecked" and result.reason is None:
             unjudged = next((step.reason for step in check.steps if step.reason), None)
             result.reason = check.error or check.unchecked_reason or unjudged or ("teardown failed" if report.failed else None)
+        repetitions = item.stash.get(REPEATS, None)
+        if repetitions is not None and result.repetitions is None and repetitions.started > 1:
+            result.repetitions = repetitions.series()
+            result.repetition_warmup = repetitions.warmup
+        if repetitions is not None and result.outcome == "unchecked" and repetitions.started > 1 and result.reason:
+            result.reason += f" (run {repetitions.started} of {repetitions.planned})"
         if check.steps:
             last = next((step for step in reversed(check.steps) if step.grows), check.steps[-1])
             result.steps = list(last.steps)
@@ -426,7 +521,9 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
             check.result = _result(item, check, "unchecked")
             check.result.reason = f"vramleak internal error: {type(error).__name__}: {error}"
             raise VramLeak(f"vramleak could not check this test: {type(error).__name__}: {error}", pytrace=False) from None
-        if engine.outcome != "passed":
+        if REPEATS in item.stash:
+            _judge_run(item, check, engine)
+        elif engine.outcome != "passed":
             raise VramLeak(engine.report(), pytrace=False)
         return outcome
     finally:
@@ -584,8 +681,12 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.Fix
 def _fixture_leftovers(config: pytest.Config) -> list[dict[str, Any]]:
     """Fixtures wider than a test whose storages are still alive once every fixture is torn down,
     with what holds them (a walk of the heap, paid only when some are left)."""
-    leftovers = []
-    for memory in config.stash.get(FIXTURES, []):
+    leftovers: list[dict[str, Any]] = []
+    memories = config.stash.get(FIXTURES, [])
+    if not memories:
+        return leftovers
+    gc.collect()  # fixture values on reference cycles (a model and its modules' hooks) are garbage, not kept
+    for memory in memories:
         alive = memory.alive()
         if not alive:
             continue
@@ -628,16 +729,26 @@ def _offenders(results: list[dict[str, Any]], verbosity: int) -> list[str]:
     leaks = sorted((r for r in results if r["outcome"] == "leaked" and leaked_figure(r)), key=lambda r: -leaked_figure(r))
     if leaks:
         lines.append("largest leaks:")
-        lines += [
-            f"  {format_size(leaked_figure(r)):>10}  {r['nodeid']} ({r['device']}"
-            + (", grew across steps)" if not r.get("leaked_bytes") else ")")
-            for r in leaks[:shown]
-        ]
+        lines += [f"  {format_size(leaked_figure(r)):>10}  {r['nodeid']} ({_leak_kind(r)})" for r in leaks[:shown]]
+    kept = [r for r in results if r["outcome"] != "leaked" and r.get("pattern") in ("kept_once", "settled")]
+    if kept:
+        lines.append("memory kept once, not growing (passed: --vramleak-fail-on=growth):")
+        for r in sorted(kept, key=lambda r: -(r.get("leaked_bytes") or 0))[:shown]:
+            lines.append(f"  {format_size(r.get('leaked_bytes') or 0):>10}  {r['nodeid']} ({_leak_kind(r)})")
+            holders = [chain for group in r.get("tensors", []) for chain in group.get("held_by", [])]
+            lines += [f"              held by {chain}" for chain in holders[:MAX_FIXTURE_CHAINS]]
     peaks = sorted((r for r in results if r.get("peak_bytes")), key=lambda r: -r["peak_bytes"])
     if peaks and verbosity > 0:
         lines.append("highest peaks above baseline:")
         lines += [f"  {format_size(r['peak_bytes']):>10}  {r['nodeid']} ({r['device']})" for r in peaks[:shown]]
     return lines
+
+
+def _leak_kind(result: dict[str, Any]) -> str:
+    """``cpu``, ``cpu, grew across steps``, ``cpu, kept once`` ...: the device and the leak's pattern."""
+    if result.get("pattern"):
+        return f"{result['device']}, {result['pattern'].replace('_', ' ')}"
+    return f"{result['device']}, grew across steps" if not result.get("leaked_bytes") else str(result["device"])
 
 
 CYCLE_NOTE_BYTES = 1024**2

@@ -81,6 +81,11 @@ class TestResult:
     """The allocator snapshot saved for this test (``--vramleak-trace``), if any."""
     cycle_bytes: int | None = None
     """Bytes of storages the test created that only the cycle collector freed (a finding, not a leak)."""
+    pattern: str | None = None
+    """For a test run more than once: ``grows``, ``kept_once`` or ``settled`` (see :mod:`pytest_vramleak.repeats`)."""
+    repetitions: list[int] | None = None
+    """Memory left after each run of a repeated test, above its first run's baseline."""
+    repetition_warmup: int | None = None
     details: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     """Lines that explain the figures: the driver's view, reserved memory, what PyTorch's caches hold."""

@@ -48,7 +48,10 @@ tensor or storage object T, directly, as T's gradient, or through T's autograd g
 Where the heap is frozen by someone else (a conftest that froze it, or a test that freezes it),
 nothing is frozen by the tracker: it notices (a young sentinel object made at each freeze goes
 missing from its scans, or the freeze count is not zero when a test begins), indexes the whole
-heap once, and from then on each scan walks every unfrozen object: correct, and slower.
+heap once, and from then on each scan walks every unfrozen object: correct, and slower. Where a
+test unfreezes the heap, an old sentinel frozen with it shows up in the next scan: older garbage
+may then be collected, so from there on what older storages free offsets nothing (it is reported
+as older garbage freed).
 
 Accelerators have allocator counters (see :mod:`pytest_vramleak.devices`); there the tracker is
 asked only to name what leaked, and reads every indexed tensor on that device then.

@@ -213,3 +213,40 @@ def test_table_shows_only_failing_tests_on_request(browser: Any, report_page: Pa
     only_failing.click()
     assert shown() == ["test_cache", "test_hook", "test_loop", "test_quiet"]
     assert errors(browser) == []
+
+
+def test_run_chart_of_a_repeated_test_renders(browser: Any, tmp_path: Path) -> None:
+    (tmp_path / "test_suite.py").write_text(
+        """
+import torch
+
+KEPT = []
+
+def test_grows():
+    KEPT.append(torch.ones(256))
+"""
+    )
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--vramleak", "--vramleak-repeat=6", f"--vramleak-report={tmp_path / 'r.html'}"]
+    result = subprocess.run([*command, "test_suite.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == pytest.ExitCode.TESTS_FAILED, result.stdout + result.stderr
+    browser.get((tmp_path / "r.html").as_uri())
+    assert errors(browser) == []
+    chart = browser.execute_script(
+        """
+        const svg = document.querySelector('figure.runs svg.chart');
+        const box = (el) => { const r = el.getBoundingClientRect(); return [r.left, r.top, r.width, r.height]; };
+        return {
+          label: svg.getAttribute('aria-label'),
+          axis: svg.querySelector('text.axis').textContent,
+          points: Array.from(svg.querySelectorAll('circle')).map((c) => [box(c), c.getAttribute('class')]),
+          pattern: document.querySelector('td .pattern').textContent,
+        };
+        """
+    )
+    assert chart["label"] == "memory after each run of test_suite.py::test_grows"
+    assert chart["axis"] == "run"
+    assert chart["pattern"] == "grows"
+    points = chart["points"]
+    assert [kind for _, kind in points] == ["point warm"] * 2 + ["point"] * 4
+    heights = [top + height / 2 for (_, top, _, height), _ in points]
+    assert heights == sorted(heights, reverse=True)  # each run drawn higher: memory grew

@@ -169,6 +169,9 @@ def test_json_report_schema(pytester: pytest.Pytester) -> None:
                 "warmup_steps": None,
                 "growth_bytes": None,
                 "settled_after_step": None,
+                "pattern": None,
+                "repetitions": None,
+                "repetition_warmup": None,
                 "tensors": [
                     {
                         "title": "float32[2, 512] on cpu: 1 tensor, 4.0 KiB",
@@ -204,7 +207,7 @@ def test_json_report_schema(pytester: pytest.Pytester) -> None:
         ("vram_budget(leak=-1)", "test_it.py::test_it: @pytest.mark.vram_budget(leak=-1): size must not be negative, got -1"),
         ("vram_budget('12 parsecs')", "test_it.py::test_it: @pytest.mark.vram_budget(peak='12 parsecs'): unknown unit 'parsecs' in '12 parsecs'*"),
         ("vram_budget(leak=1.5)", "test_it.py::test_it: @pytest.mark.vram_budget(leak=1.5): expected bytes as an int or a string*got float 1.5"),
-        ("vram_budget(leek=0)", "test_it.py::test_it: @pytest.mark.vram_budget: unknown keyword 'leek'; use peak, leak or device"),
+        ("vram_budget(leek=0)", "test_it.py::test_it: @pytest.mark.vram_budget: unknown keyword 'leek'; use peak, leak, device or repeat"),
         ("vram_budget(1, 2)", "test_it.py::test_it: @pytest.mark.vram_budget takes one positional argument (peak), got 2: (1, 2)"),
         ("vram_budget(1, peak=2)", "test_it.py::test_it: @pytest.mark.vram_budget: peak given both by position and by keyword"),
         ("vram_budget(device='tpu')", "test_it.py::test_it: @pytest.mark.vram_budget(device='tpu'): unknown device 'tpu'*"),
@@ -365,7 +368,7 @@ def test_without_torch_marked_tests_skip_with_reason(pytester: pytest.Pytester) 
 
 
 def test_markers_and_fixture_are_documented(pytester: pytest.Pytester) -> None:
-    pytester.runpytest("--markers").stdout.fnmatch_lines(["@pytest.mark.vram_budget(peak=None, *, leak=0, device=None): *", "@pytest.mark.allow_vram_leak: *"])
+    pytester.runpytest("--markers").stdout.fnmatch_lines(["@pytest.mark.vram_budget(peak=None, *, leak=0, device=None, repeat=None): *", "@pytest.mark.allow_vram_leak: *"])
     pytester.makepyfile(test_it="def test_it():\n    pass\n")
     pytester.runpytest("--fixtures").stdout.fnmatch_lines(["vramleak -- *", "    Check repeated training or inference steps*"])
 
