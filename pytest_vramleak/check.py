@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .devices import CudaMeter, Meter, clear_torch_caches, explain_reserved, measure_growth
+from .devices import CpuMeter, CudaMeter, Meter, clear_torch_caches, explain_reserved, measure_growth
 from .diagnosis import held_by_torch_cache
 from .history import AllocatorHistory
+from .peaks import PeakBreakdown
 from .referrers import NamedRoot
 from .report import render_groups
 from .sizes import format_size
@@ -69,6 +70,10 @@ class CheckResult:
     freed_older_bytes: int | None = None
     """On CPU: bytes of older storages the check freed, which offset what it created."""
     peak_bytes: int | None = None
+    peak_breakdown: PeakBreakdown | None = None
+    """On CPU, for a test with a peak budget: what filled the memory at the peak, by kind."""
+    peak_over: bool = False
+    """Whether the peak passed its budget (the breakdown is then part of the report)."""
     cycle_bytes: int | None = None
     details: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -93,6 +98,8 @@ class CheckResult:
     def report(self) -> str:
         """The failure text: the sentence, the figures, the notes and the leaked tensors."""
         lines = [self.message, self.figures(), *self.notes]
+        if self.peak_over and self.peak_breakdown is not None:
+            lines.append(self.peak_breakdown.render())
         if self.outcome == "leaked":
             lines += ["leaked tensors:", render_groups(self.groups)]
             for device, groups in self.other_groups.items():
@@ -134,6 +141,7 @@ class LeakCheck:
         self._accelerator_clock = 0
         """On an accelerator, the tracker's clock when the body started: what it makes is seen later."""
         self._driver_at_start: int | None = None
+        self._pinned_at_start: int | None = None
         self._others: list[tuple[CudaMeter, int]] = []
         self._watching_peak = False
         self._owns_tracker = tracker is None
@@ -165,6 +173,8 @@ class LeakCheck:
             self._accelerator_clock = self.tracker.clock
             meter.settle()
             self._allocated_at_start = result.baseline_bytes = meter.allocated_bytes()
+            if isinstance(meter, CudaMeter):
+                self._pinned_at_start = meter.pinned_bytes()
             details = meter.details()
             self._driver_at_start = details.get("driver_used_bytes")
             if isinstance(meter, CudaMeter):
@@ -173,6 +183,8 @@ class LeakCheck:
         if peak is None:
             peak = self.budget.peak is not None or not self.on_cpu
         if peak:
+            if isinstance(meter, CpuMeter):
+                meter.categorize_peak = self.budget.peak is not None
             meter.start_peak()
             self._watching_peak = True
         if self._record_sites and self.on_cpu:
@@ -196,6 +208,8 @@ class LeakCheck:
             if self._watching_peak:
                 self._watching_peak = False
                 self.result.peak_bytes = self.meter.stop_peak()
+                if isinstance(self.meter, CpuMeter):
+                    self.result.peak_breakdown = self.meter.peak_breakdown
 
     def finish(self, confirm: Callable[[], None] | None = None) -> CheckResult:
         """Measure after teardown and decide. ``confirm`` drops what the caller still holds for the
@@ -308,11 +322,19 @@ class LeakCheck:
         for other, allocated in self._others:
             other_growth = measure_growth(other, allocated, None, budget.leak)
             result.details[f"{other.name}_leaked_bytes"] = other_growth.allocated
+        pinned = meter.pinned_bytes() if isinstance(meter, CudaMeter) and self._pinned_at_start is not None else None
+        if pinned is not None and self._pinned_at_start is not None:
+            result.details["pinned_host_leaked_bytes"] = pinned - self._pinned_at_start
+        if isinstance(meter, CudaMeter):
+            for name, value in (("reserved_peak_bytes", meter.reserved_peak), ("pinned_host_peak_bytes", meter.pinned_peak)):
+                if value is not None:
+                    result.details[name] = value
 
     def _apply_rules(self) -> None:
         result, budget, rules = self.result, self.budget, self.rules
         assert result.leaked_bytes is not None
         verdict = judge_budget(budget, result.device, result.leaked_bytes, result.peak_bytes)
+        result.peak_over = budget.peak is not None and result.peak_bytes is not None and result.peak_bytes > budget.peak
         messages = [verdict.message] if verdict.message else []
         if self.on_cpu and verdict.outcome == "leaked" and result.freed_older_bytes:
             messages[0] += (
@@ -320,6 +342,25 @@ class LeakCheck:
                 f"{format_size(result.freed_older_bytes)} of older memory freed)"
             )
         outcome = verdict.outcome
+        pinned_leak = result.details.get("pinned_host_leaked_bytes", 0)
+        if pinned_leak > budget.leak:
+            outcome = "leaked"
+            messages.append(
+                f"leaked {format_size(pinned_leak)} of pinned host memory (torch.cuda.host_memory_stats), allowed {format_size(budget.leak)}: "
+                "pinned buffers kept alive (a pin_memory() copy stored somewhere, a DataLoader with pin_memory=True whose iterator lives on)"
+            )
+        for name, limit, what in (
+            ("reserved_peak_bytes", budget.reserved, "memory reserved by the caching allocator"),
+            ("pinned_host_peak_bytes", budget.pinned, "pinned host memory"),
+        ):
+            if limit is None:
+                continue
+            used = result.details.get(name)
+            if used is None:
+                result.notes.append(f"the budget for {what} was not checked: {result.device} keeps no statistics of it")
+            elif used > limit:
+                outcome = outcome if outcome == "leaked" else "over_budget"
+                messages.append(f"{what} peaked at {format_size(used)} above its level at the start on {result.device}, allowed {format_size(limit)}")
         for other, _ in self._others:
             grew = result.details.get(f"{other.name}_leaked_bytes", 0)
             if grew > budget.leak:

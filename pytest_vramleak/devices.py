@@ -17,11 +17,13 @@ from __future__ import annotations
 import gc
 import os
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from .census import take_census
+from .peaks import PeakBreakdown, breakdown
 from .sizes import format_size
 
 
@@ -146,7 +148,13 @@ class CudaMeter:
     own check does) before the first measurement, so the first test to touch the device is not
     blamed for them."""
     _peak_base: int = 0
+    _reserved_base: int = 0
+    _pinned_base: int = 0
     _warm: bool = False
+    reserved_peak: int | None = None
+    """Most bytes reserved by the caching allocator above its level at ``start_peak``."""
+    pinned_peak: int | None = None
+    """Most bytes of pinned host memory in use above its level at ``start_peak``."""
 
     @property
     def index(self) -> int:
@@ -180,10 +188,37 @@ class CudaMeter:
         self.settle()
         self.backend.reset_peak_memory_stats(self.index)
         self._peak_base = self.allocated_bytes()
+        self._reserved_base = int(self.backend.memory_reserved(self.index))
+        pinned = self.pinned_bytes()
+        if pinned is not None:
+            self.backend.reset_peak_host_memory_stats()
+            self._pinned_base = pinned
 
     def stop_peak(self) -> int | None:
         self.backend.synchronize(self.index)
+        if hasattr(self.backend, "max_memory_reserved"):
+            self.reserved_peak = max(0, int(self.backend.max_memory_reserved(self.index)) - self._reserved_base)
+        stats = self._host_stats()
+        if stats is not None and "active_bytes.peak" in stats:
+            self.pinned_peak = max(0, int(stats["active_bytes.peak"]) - self._pinned_base)
         return max(0, int(self.backend.max_memory_allocated(self.index)) - self._peak_base)
+
+    def _host_stats(self) -> dict[str, Any] | None:
+        """The pinned host allocator's statistics, where the backend keeps them (CUDA)."""
+        stats = getattr(self.backend, "host_memory_stats", None)
+        if stats is None or not hasattr(self.backend, "reset_peak_host_memory_stats"):
+            return None
+        try:
+            return dict(stats())
+        except (RuntimeError, AttributeError):
+            return None
+
+    def pinned_bytes(self) -> int | None:
+        """Bytes of pinned host memory handed out to tensors (``active_bytes.current``), where known."""
+        stats = self._host_stats()
+        if stats is None or "active_bytes.current" not in stats:
+            return None
+        return int(stats["active_bytes.current"])
 
     def details(self) -> dict[str, int]:
         figures = {"reserved_bytes": int(self.backend.memory_reserved(self.index))}
@@ -277,6 +312,20 @@ class MpsMeter:
 _unknown_block_warning_spent = False
 
 
+@contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """File descriptor 2 sent to the null device meanwhile: torch's profiler (kineto) prints
+    ``profiler_start`` and ``profiler_stop`` lines there as it starts and stops."""
+    saved_stderr = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved_stderr, 2)
+        os.close(saved_stderr)
+
+
 def _spend_unknown_block_warning(torch: Any, enable: Any, disable: Any) -> None:
     """Use up c10's once-per-process "Memory block of unknown size" message where nobody sees it.
 
@@ -321,9 +370,16 @@ class CpuMeter:
 
     torch: Any
     name: str = "cpu"
+    categorize_peak: bool = False
+    """Record the peak with torch's memory profiler, which puts each allocation in a category
+    (see :mod:`pytest_vramleak.peaks`); slower than the plain allocation events, so only asked
+    for tests with a peak budget."""
+    peak_breakdown: PeakBreakdown | None = None
+    """The last peak's breakdown by category, where it was asked for and could be read."""
     _profiling: bool = False
     _thread: int = 0
     _replaced: list[tuple[Any, str, Any]] = field(default_factory=list)
+    _profile: Any = None
 
     def settle(self) -> None:
         gc.collect()
@@ -334,8 +390,21 @@ class CpuMeter:
     def start_peak(self) -> None:
         autograd = self.torch._C._autograd
         self._profiling = False
+        self.peak_breakdown = None
         if autograd._profiler_enabled():
             return  # the test's own profiler is running; ours would fail to start
+        if self.categorize_peak:
+            import torch.profiler
+
+            self._profile = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
+            )  # what torch's memory profiler needs to categorize
+            with _quiet_stderr():
+                self._profile.start()
+            self._profiling = True
+            self._thread = threading.get_ident()
+            self._step_aside_for_the_tests_profiler()
+            return
         profiler = self.torch._C._profiler
         config = profiler.ProfilerConfig(
             profiler.ProfilerState.CPU, False, True, False, False, False, profiler._ExperimentalConfig()
@@ -377,6 +446,14 @@ class CpuMeter:
         self._put_back()
         if self._profiling:
             self._profiling = False
+            if self._profile is not None:
+                profile, self._profile = self._profile, None
+                try:
+                    with _quiet_stderr():
+                        profile.stop()
+                except RuntimeError:
+                    pass
+                return
             autograd = self.torch._C._autograd
             try:
                 autograd._disable_profiler_legacy(autograd._ProfilerDisableOptions(True, True))
@@ -388,6 +465,8 @@ class CpuMeter:
         if not self._profiling:
             return None
         self._profiling = False
+        if self._profile is not None:
+            return self._stop_categorized()
         autograd = self.torch._C._autograd
         try:
             events = autograd._disable_profiler_legacy(autograd._ProfilerDisableOptions(True, True))
@@ -400,6 +479,17 @@ class CpuMeter:
                     level += event.cpu_memory_usage()
                     peak = max(peak, level)
         return peak
+
+    def _stop_categorized(self) -> int | None:
+        profile, self._profile = self._profile, None
+        try:
+            with _quiet_stderr():
+                profile.stop()
+            results = profile.profiler.kineto_results
+        except (RuntimeError, AttributeError):
+            return None  # the test stopped or replaced the profiler itself
+        self.peak_breakdown = breakdown(results, "cpu")
+        return None if self.peak_breakdown is None else self.peak_breakdown.peak_bytes
 
     def details(self) -> dict[str, int]:
         return {}

@@ -93,6 +93,82 @@ def step_chart(
     return "".join(parts)
 
 
+# -- the peak by kind ------------------------------------------------------------------------
+
+CATEGORY_COLORS = {
+    "activations": "#4c78a8",
+    "gradients": "#f58518",
+    "optimizer state": "#54a24b",
+    "parameters": "#b279a2",
+    "inputs": "#eeca3b",
+    "temporaries": "#9d755d",
+    "autograd detail": "#72b7b2",
+    "uncategorized": "#bab0ac",
+}
+
+
+def peak_bars(breakdown: Mapping[str, Any], *, title: str = "") -> str:
+    """A stacked bar of the memory at the peak by kind, with its legend."""
+    categories = [(name, int(size)) for name, size in (breakdown.get("categories") or {}).items() if int(size) > 0]
+    total = sum(size for _, size in categories)
+    if not total:
+        return ""
+    width, height = 640, 28
+    parts = [f'<svg class="peak-bar" role="img" viewBox="0 0 {width} {height}" width="{width}" height="{height}" aria-label="{_escape(title or "memory at the peak by kind")}">']
+    left = 0.0
+    for name, size in categories:
+        span = width * size / total
+        parts.append(
+            f'<rect class="segment" data-category="{_escape(name)}" x="{left:.1f}" y="0" width="{span:.1f}" height="{height}" '
+            f'fill="{CATEGORY_COLORS.get(name, "#888")}"><title>{_escape(name)}: {_escape(size_text(size))}</title></rect>'
+        )
+        left += span
+    parts.append("</svg>")
+    legend = "".join(
+        f'<li data-category="{_escape(name)}"><span class="swatch" style="background:{CATEGORY_COLORS.get(name, "#888")}"></span>'
+        f"{_escape(name)} {_escape(size_text(size))} ({100 * size / total:.0f}%)</li>"
+        for name, size in categories
+    )
+    return "".join(parts) + f'<ul class="legend">{legend}</ul>'
+
+
+def peak_timeline(breakdown: Mapping[str, Any], *, title: str = "") -> str:
+    """Stacked areas of memory by kind over the time the peak was watched."""
+    timeline = breakdown.get("timeline") or {}
+    times = [int(t) for t in timeline.get("times_us") or []]
+    series = [(name, [int(v) for v in values]) for name, values in (timeline.get("categories") or {}).items()]
+    if len(times) < 2 or not series:
+        return ""
+    width, height = 640, 200
+    left, right, top, bottom = 84, 20, 12, 34
+    plot_width, plot_height = width - left - right, height - top - bottom
+    stacked = [0] * len(times)
+    layers = []
+    for name, values in series:
+        lower = list(stacked)
+        stacked = [base + max(0, value) for base, value in zip(stacked, values)]
+        layers.append((name, lower, list(stacked)))
+    high = max(stacked) or 1
+    span = (times[-1] - times[0]) or 1
+
+    def x(index: int) -> float:
+        return left + plot_width * (times[index] - times[0]) / span
+
+    def y(value: int) -> float:
+        return top + plot_height * (1 - value / high)
+
+    parts = [f'<svg class="chart peak-timeline" role="img" viewBox="0 0 {width} {height}" width="{width}" height="{height}" aria-label="{_escape(title or "memory by kind over time")}">']
+    for name, lower, upper in layers:
+        forward = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(upper))
+        backward = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in reversed(list(enumerate(lower))))
+        parts.append(f'<polygon class="area" data-category="{_escape(name)}" points="{forward} {backward}" fill="{CATEGORY_COLORS.get(name, "#888")}"><title>{_escape(name)}</title></polygon>')
+    for tick in (0, high):
+        parts.append(f'<text class="tick" x="{left - 8}" y="{y(tick) + 4:.1f}" text-anchor="end">{_escape(size_text(tick))}</text>')
+    parts.append(f'<text class="axis" x="{left + plot_width / 2:.1f}" y="{height - 4}" text-anchor="middle">time ({(times[-1] - times[0]) / 1000:.1f} ms)</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
 # -- the retention graph -----------------------------------------------------------------------
 
 
@@ -255,6 +331,7 @@ def _has_details(result: Mapping[str, Any]) -> bool:
         result["outcome"] in ("leaked", "over_budget")
         or result.get("steps")
         or result.get("repetitions")
+        or result.get("peak_breakdown")
         or result.get("tensors")
         or result.get("cycle_bytes")
         or (result["outcome"] == "unchecked" and result.get("reason"))
@@ -289,6 +366,15 @@ def _section(result: Mapping[str, Any], anchor: str) -> str:
             f'<figure class="steps runs">{chart}<figcaption>memory left after each run of the test, above the first run\'s baseline; '
             f"{warm} warm-up runs shaded, {len(runs) - warm} measured"
             + (f"; pattern: {_escape(result['pattern'])}" if result.get("pattern") else "")
+            + "</figcaption></figure>"
+        )
+    breakdown = result.get("peak_breakdown")
+    if breakdown:
+        parts.append(
+            f'<figure class="peak">{peak_bars(breakdown, title="memory at the peak of " + result["nodeid"] + " by kind")}'
+            f'{peak_timeline(breakdown, title="memory by kind over the call of " + result["nodeid"])}'
+            "<figcaption>memory above the start of the call by kind (torch's memory profiler): at the peak, and over time"
+            + (f"; {_escape(breakdown['remedy'])}" if breakdown.get("remedy") else "")
             + "</figcaption></figure>"
         )
     if result.get("trace"):
@@ -492,6 +578,9 @@ ul.diagnoses li { color: var(--leaked); }
 ul.diagnoses li::marker { content: "\\26A0  "; }
 figure.steps { margin: 8px 0; }
 .pattern { color: var(--muted); font-size: 12px; }
+figure.peak { margin: 8px 0; }
+.legend { list-style: none; padding: 0; margin: 4px 0 8px; display: flex; flex-wrap: wrap; gap: 12px; font-size: 12px; }
+.swatch { display: inline-block; width: 10px; height: 10px; margin-right: 4px; vertical-align: middle; }
 figcaption { color: var(--muted); font-size: 12.5px; }
 .chart .warmup { fill: #eef1f6; }
 .chart .warmup-label { fill: var(--muted); font-size: 11px; }

@@ -83,6 +83,7 @@ OPTIONS = (
         "auto",
         metavar="auto|on|off",
     ),
+    Option("vramleak_peaks", "measure the peak of every checked test on CPU too (accelerators measure it always)", "false", flag=True),
     Option("vramleak_strict_cycles", "fail tests whose tensors lived on reference cycles until garbage collection", "false", flag=True),
     Option("vramleak_pin_workers", "give each pytest-xdist worker its own GPU, by worker number", "false", flag=True),
     Option("vramleak_trace", "record the CUDA allocator's history while checked tests run; save a snapshot per leaking test", "false", flag=True),
@@ -150,6 +151,8 @@ class Settings:
     confirm: int = 0
     """Re-runs of a test found over its leak budget, to classify it (``--vramleak-confirm``)."""
     fail_on: str = "any"
+    peaks: bool = False
+    """Measure every checked test's CPU peak (torch's profiler around each test body)."""
     """``any``: every leak past the budget fails; ``growth``: only memory that grows across runs."""
 
 
@@ -297,6 +300,7 @@ def read_settings(get: Getter, rootpath: Path) -> Settings:
         repeat=repeat,
         confirm=confirm,
         fail_on=fail_on,
+        peaks=_switch(get, "vramleak_peaks"),
     )
 
 

@@ -81,16 +81,20 @@ REPEATS = pytest.StashKey[Repetitions]()
 """The runs of a test run more than once, while it runs."""
 
 
-def vram_budget(peak: Any = None, *, leak: Any = 0, device: str | None = None, repeat: int | None = None) -> Any:
+def vram_budget(
+    peak: Any = None, *, leak: Any = 0, device: str | None = None, repeat: int | None = None, reserved: Any = None, pinned: Any = None
+) -> Any:
     """Put a test under a leak budget and a peak-memory budget: ``@vram_budget("2 GiB", leak="1 MiB")``.
 
     The same as ``@pytest.mark.vram_budget(...)``; sizes are bytes or strings such as ``"512 MiB"``.
     Also usable bare, ``@vram_budget``, for the defaults (no peak limit, no leak allowed).
-    ``repeat=N`` runs the test N times to classify what it leaves (see ``--vramleak-repeat``).
+    ``repeat=N`` runs the test N times to classify what it leaves (see ``--vramleak-repeat``);
+    on CUDA, ``reserved`` and ``pinned`` bound the caching allocator's reserved memory and pinned
+    host memory above their levels at the start of the call.
     """
     if callable(peak):
         return getattr(pytest.mark, MARKER)(peak)
-    extra = {} if repeat is None else {"repeat": repeat}
+    extra = {name: value for name, value in (("repeat", repeat), ("reserved", reserved), ("pinned", pinned)) if value is not None}
     return getattr(pytest.mark, MARKER)(peak, leak=leak, device=device, **extra)
 
 
@@ -127,10 +131,11 @@ def read_settings(config: pytest.Config) -> Settings:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        f"{MARKER}(peak=None, *, leak=0, device=None, repeat=None): fail the test if it leaves more than `leak` bytes "
+        f"{MARKER}(peak=None, *, leak=0, device=None, repeat=None, reserved=None, pinned=None): fail the test if it leaves more than `leak` bytes "
         "of tensor memory allocated after teardown, or holds more than `peak` bytes above its baseline "
         "during the call. Sizes are bytes or strings like '512 MiB'. device: auto|cpu|cuda|cuda:N|mps|xpu. "
-        "repeat: run the test N times and classify what it leaves (grows, kept_once, settled).",
+        "repeat: run the test N times and classify what it leaves (grows, kept_once, settled). "
+        "reserved, pinned (CUDA): bound the caching allocator's reserved memory and pinned host memory during the call.",
     )
     config.addinivalue_line("markers", f"{EXEMPT_MARKER}: exempt this test from the leak check of --vramleak.")
     config.stash[SETTINGS] = read_settings(config)
@@ -187,18 +192,23 @@ def _parse_marker(item: pytest.Item, mark: pytest.Mark) -> Budget:
     where = f"{item.nodeid}: @pytest.mark.{MARKER}"
     if len(mark.args) > 1:
         raise pytest.UsageError(f"{where} takes one positional argument (peak), got {len(mark.args)}: {mark.args!r}")
-    unknown = sorted(set(mark.kwargs) - {"peak", "leak", "device", "repeat"})
+    unknown = sorted(set(mark.kwargs) - {"peak", "leak", "device", "repeat", "reserved", "pinned"})
     if unknown:
-        raise pytest.UsageError(f"{where}: unknown keyword {unknown[0]!r}; use peak, leak, device or repeat")
+        raise pytest.UsageError(f"{where}: unknown keyword {unknown[0]!r}; use peak, leak, device, repeat, reserved or pinned")
     if "repeat" in mark.kwargs and mark.kwargs["repeat"] is not None:
         item.stash[REPEAT] = _check_repeat(mark.kwargs["repeat"], item.config.stash[SETTINGS].warmup, f"{where}(repeat=...)")
     if mark.args and "peak" in mark.kwargs:
         raise pytest.UsageError(f"{where}: peak given both by position and by keyword")
-    values = {"peak": mark.args[0] if mark.args else mark.kwargs.get("peak"), "leak": mark.kwargs.get("leak", 0)}
+    values = {
+        "peak": mark.args[0] if mark.args else mark.kwargs.get("peak"),
+        "leak": mark.kwargs.get("leak", 0),
+        "reserved": mark.kwargs.get("reserved"),
+        "pinned": mark.kwargs.get("pinned"),
+    }
     sizes: dict[str, int | None] = {}
     for name, value in values.items():
         try:
-            sizes[name] = None if value is None and name == "peak" else parse_size(value)
+            sizes[name] = None if value is None and name != "leak" else parse_size(value)
         except SizeError as error:
             raise pytest.UsageError(f"{where}({name}={value!r}): {error}") from None
     device = mark.kwargs.get("device")
@@ -209,7 +219,7 @@ def _parse_marker(item: pytest.Item, mark: pytest.Mark) -> Budget:
             raise pytest.UsageError(f"{where}(device={device!r}): {error}") from None
     leak = sizes["leak"]
     assert leak is not None  # parse_size never returns None
-    return Budget(peak=sizes["peak"], leak=leak, device=device)
+    return Budget(peak=sizes["peak"], leak=leak, device=device, reserved=sizes["reserved"], pinned=sizes["pinned"])
 
 
 def _check_repeat(value: Any, warmup: int, where: str) -> int:
@@ -288,6 +298,7 @@ def _result(item: pytest.Item, check: Check, outcome: str) -> TestResult:
     if engine is not None:
         result.baseline_bytes = engine.baseline_bytes
         result.peak_bytes = engine.peak_bytes
+        result.peak_breakdown = engine.peak_breakdown.to_json() if engine.peak_breakdown is not None else None
     return result
 
 
@@ -399,7 +410,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             strict_cycles=settings.strict_cycles,
             saved_peak=saved_peak,
             max_increase=settings.max_increase,
-            watch_peak=None if not (settings.save or settings.compare is not None) else True,
+            watch_peak=None if not (settings.save or settings.compare is not None or settings.peaks) else True,
         )
         trace = settings.trace and isinstance(check.meter, CudaMeter) and budget is not None
         check.engine = LeakCheck(
@@ -448,7 +459,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         tracker = item.config.stash[TRACKER]
         try:
             with tracker.unfrozen():
-                report.sections.append(("vramleak: what filled the memory", memory_contents(check.meter, call.excinfo.value)))
+                contents = memory_contents(check.meter, call.excinfo.value)
+            breakdown = check.engine.result.peak_breakdown if check.engine is not None else None
+            if breakdown is not None:
+                contents += "\n" + breakdown.render()
+            report.sections.append(("vramleak: what filled the memory", contents))
         except Exception as error:  # never let the forensics replace the test's own failure
             report.sections.append(("vramleak: what filled the memory", f"could not be read: {type(error).__name__}: {error}"))
     if report.when == "call":

@@ -81,6 +81,8 @@ class TestResult:
     """The allocator snapshot saved for this test (``--vramleak-trace``), if any."""
     cycle_bytes: int | None = None
     """Bytes of storages the test created that only the cycle collector freed (a finding, not a leak)."""
+    peak_breakdown: dict[str, Any] | None = None
+    """What filled the memory at the peak, by kind (CPU tests with a peak budget; see :mod:`pytest_vramleak.peaks`)."""
     pattern: str | None = None
     """For a test run more than once: ``grows``, ``kept_once`` or ``settled`` (see :mod:`pytest_vramleak.repeats`)."""
     repetitions: list[int] | None = None

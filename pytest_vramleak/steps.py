@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .devices import Meter
+from .devices import CudaMeter, Meter
 from .referrers import NamedRoot
 from .sites import SiteRecorder
 from .sizes import format_size
@@ -40,10 +40,13 @@ class StepResult:
     """Steps that ran to their end (fewer where the loop was left early)."""
     reason: str | None = None
     """Why the loop was not judged."""
+    fragmentation: GrowthVerdict | None = None
+    """CUDA: the growth rule applied to memory reserved but not allocated after each measured step,
+    where it grew while allocated memory did not (the caching allocator fragmenting)."""
 
     @property
     def grows(self) -> bool:
-        return self.verdict is not None and self.verdict.grows
+        return (self.verdict is not None and self.verdict.grows) or self.fragmentation is not None
 
     @property
     def stopped_early(self) -> bool:
@@ -61,6 +64,15 @@ class StepResult:
         """The failure text of a loop that grew, or a line on one that settled or was not judged."""
         if self.reason:
             return self.reason
+        if self.fragmentation is not None:
+            growth = self.fragmentation
+            return (
+                f"memory reserved but not allocated grew {format_size(growth.per_step_bytes)} per step over {len(self.steps)} "
+                f"measured steps ({format_size(growth.kept_bytes)} in total) on {self.device}, while allocated memory did not: "
+                "the caching allocator's cache is fragmenting, so reserved memory "
+                "climbs toward an out-of-memory error; set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, or keep "
+                "tensor shapes steady across steps (pad variable-length batches to a few sizes)"
+            )
         if self.grows:
             assert self.verdict is not None
             early = f" (the loop was left early: {len(self.steps)} of {self.planned - self.warmup} steps measured)" if self.stopped_early else ""
@@ -151,7 +163,13 @@ class StepWatcher:
             return StepResult(device, warmup, figures, None, None, loop.warmup_figures(), planned, ran, reason)
         verdict = judge_growth(figures, self.tolerance, device)
         leak = loop.explain(verdict.per_step_bytes) if verdict.grows else None
-        return StepResult(device, warmup, figures, verdict, leak, loop.warmup_figures(), planned, ran)
+        result = StepResult(device, warmup, figures, verdict, leak, loop.warmup_figures(), planned, ran)
+        slack = loop.slack_figures()
+        if not verdict.grows and len(slack) >= 2:
+            fragmenting = judge_growth(slack, self.tolerance, device)
+            if fragmenting.grows:
+                result.fragmentation = fragmenting
+        return result
 
     def check(self, step: Callable[..., Any], *, steps: int = 10, warmup: int | None = None) -> StepResult:
         """Call ``step(i)`` (or ``step()``) for ``i`` in ``0 .. steps-1`` and return the result of the check."""
@@ -225,10 +243,13 @@ class _Loop:
         self.recorder = SiteRecorder() if record_sites and self.on_cpu else None
         self.warming: list[int] = []
         self.measured: list[int] = []
+        self.slack: list[int] = []
+        """CUDA: bytes reserved but not allocated at the baseline, then after each measured step."""
         self.baseline_bytes = 0
         self.baseline_clock = 0
         self.penultimate_clock = 0
         self.last_mark: Mark | None = None
+        self._last_slack: int | None = None
 
     def open(self) -> None:
         if self.owns_tracker:
@@ -245,7 +266,10 @@ class _Loop:
             self.last_mark = self.tracker.observe(since=self.last_mark, generations=generations)
             return self.tracker.total("cpu")
         self.meter.settle()
-        return self.meter.allocated_bytes()
+        allocated = self.meter.allocated_bytes()
+        if isinstance(self.meter, CudaMeter):
+            self._last_slack = int(self.meter.backend.memory_reserved(self.meter.index)) - allocated
+        return allocated
 
     def measure_warmup(self) -> None:
         # Warm-up steps may import much (an optimizer's first step): the objects they leave in
@@ -257,6 +281,8 @@ class _Loop:
         # until the loop ends: it cannot die during the measured steps, where each collection is
         # full but walks only what was made since.
         self.baseline_bytes = self._measure(generations=1)
+        if self._last_slack is not None:
+            self.slack = [self._last_slack]
         self.tracker.freeze_young()  # each step's observation then reads what that step made
         self.warming.append(self.baseline_bytes)
         self.baseline_clock = self.penultimate_clock = self.tracker.clock
@@ -266,6 +292,8 @@ class _Loop:
     def measure_step(self, *, recording_ends: bool) -> None:
         self.penultimate_clock = self.tracker.clock
         self.measured.append(self._measure())
+        if self.slack and self._last_slack is not None:
+            self.slack.append(self._last_slack)
         if recording_ends and self.recorder is not None:
             # Tracing every allocation costs more than a small step; what a loop leaks, it leaks
             # in its first measured steps too: note where those were made, and stop.
@@ -274,6 +302,10 @@ class _Loop:
 
     def figures(self) -> list[int]:
         return [m - self.baseline_bytes for m in self.measured]
+
+    def slack_figures(self) -> list[int]:
+        """Reserved-but-unallocated bytes after each measured step, above the baseline's (CUDA only)."""
+        return [value - self.slack[0] for value in self.slack[1:]]
 
     def warmup_figures(self) -> list[int]:
         return [w - self.baseline_bytes for w in self.warming]

@@ -15,6 +15,10 @@ class Budget:
     peak: int | None = None
     leak: int = 0
     device: str | None = None
+    reserved: int | None = None
+    """CUDA: bytes the caching allocator may reserve above its level at the start of the call, at most."""
+    pinned: int | None = None
+    """CUDA: bytes of pinned host memory the test may hold above its baseline at any moment."""
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,9 @@ class FakeCuda:
     """Frees that land at the next synchronize, like memory released by work still queued."""
     asked_driver: list[int] = field(default_factory=list)
     memory: FakeMemory = field(default_factory=FakeMemory)
+    peak_reserved: dict[int, int] = field(default_factory=dict)
+    pinned: list[int] = field(default_factory=lambda: [0, 0])
+    """Pinned host memory: bytes handed out now, and the most since the last reset."""
 
     def is_available(self) -> bool:
         return self.available
@@ -76,8 +79,26 @@ class FakeCuda:
 
     def allocate(self, index: int, nbytes: int) -> None:
         self.allocated[index] = self.allocated.get(index, 0) + nbytes
-        self.reserved[index] = max(self.reserved.get(index, 0), self.allocated[index])
+        self.reserve(index, max(0, self.allocated[index] - self.reserved.get(index, 0)))
         self.peak[index] = max(self.peak.get(index, 0), self.allocated[index])
+
+    def reserve(self, index: int, nbytes: int) -> None:
+        """The allocator reserves more from the driver (a new segment) without handing it out."""
+        self.reserved[index] = self.reserved.get(index, 0) + nbytes
+        self.peak_reserved[index] = max(self.peak_reserved.get(index, 0), self.reserved[index])
+
+    def pin(self, nbytes: int) -> None:
+        self.pinned[0] += nbytes
+        self.pinned[1] = max(self.pinned[1], self.pinned[0])
+
+    def host_memory_stats(self) -> dict[str, int]:
+        return {"active_bytes.current": self.pinned[0], "active_bytes.peak": self.pinned[1]}
+
+    def reset_peak_host_memory_stats(self) -> None:
+        self.pinned[1] = self.pinned[0]
+
+    def max_memory_reserved(self, index: int = 0) -> int:
+        return self.peak_reserved.get(index, 0)
 
     def free(self, index: int, nbytes: int) -> None:
         self.allocated[index] -= nbytes
@@ -93,6 +114,7 @@ class FakeCuda:
 
     def reset_peak_memory_stats(self, index: int = 0) -> None:
         self.peak[index] = self.allocated.get(index, 0)
+        self.peak_reserved[index] = self.reserved.get(index, 0)
 
 
 class FakeAccelerator:

@@ -7,6 +7,7 @@ Needs Chromium and ChromeDriver (Debian: ``apt-get install chromium chromium-dri
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -250,3 +251,43 @@ def test_grows():
     assert [kind for _, kind in points] == ["point warm"] * 2 + ["point"] * 4
     heights = [top + height / 2 for (_, top, _, height), _ in points]
     assert heights == sorted(heights, reverse=True)  # each run drawn higher: memory grew
+
+
+def test_peak_bars_and_timeline_render_with_a_legend_matching_the_json(browser: Any, tmp_path: Path) -> None:
+    (tmp_path / "test_suite.py").write_text(
+        """
+import pytest, torch
+
+@pytest.mark.vram_budget("64 KiB")
+def test_adam_step():
+    model = torch.nn.Linear(256, 256)
+    model.weight.grad = torch.ones_like(model.weight)
+    torch.optim.Adam(model.parameters()).step()
+"""
+    )
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", f"--vramleak-report={tmp_path / 'r.html'}", f"--vramleak-report={tmp_path / 'r.json'}"]
+    result = subprocess.run([*command, "test_suite.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == pytest.ExitCode.TESTS_FAILED, result.stdout + result.stderr
+    categories = json.loads((tmp_path / "r.json").read_text())["tests"][0]["peak_breakdown"]["categories"]
+    shown = {name for name, size in categories.items() if size > 0}
+    browser.get((tmp_path / "r.html").as_uri())
+    assert errors(browser) == []
+    page = browser.execute_script(
+        """
+        const box = (el) => { const r = el.getBoundingClientRect(); return [r.left, r.top, r.width, r.height]; };
+        const bar = document.querySelector('figure.peak svg.peak-bar');
+        return {
+          bar: box(bar),
+          segments: Array.from(bar.querySelectorAll('rect.segment')).map((r) => [r.dataset.category, box(r)[2]]),
+          legend: Array.from(document.querySelectorAll('figure.peak ul.legend li')).map((li) => li.dataset.category),
+          areas: Array.from(document.querySelectorAll('figure.peak svg.peak-timeline polygon.area')).map((p) => [p.dataset.category, box(p)[3]]),
+        };
+        """
+    )
+    assert set(page["legend"]) == shown
+    assert [name for name, _ in page["segments"]] == page["legend"]
+    total = sum(categories[name] for name in shown)
+    for name, width in page["segments"]:  # each segment as wide as its share of the peak
+        assert abs(width - page["bar"][2] * categories[name] / total) <= 1.5
+    assert {name for name, _ in page["areas"]} >= {"optimizer state", "parameters"}
+    assert all(height > 0 for name, height in page["areas"] if name in ("optimizer state", "parameters"))

@@ -1,0 +1,165 @@
+"""What filled the memory at a test's peak, by kind: a CPU test over its peak budget, and an
+out-of-memory failure, show a breakdown from torch's memory profiler with the remedy that fits."""
+
+from __future__ import annotations
+
+import pytest
+
+MODEL = """
+import pytest
+import torch
+
+torch.manual_seed(0)
+MODEL = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(64, 4, 256, batch_first=True), 2)
+BATCH = torch.randn(16, 32, 64)
+"""
+
+
+def test_a_training_step_over_its_peak_budget_is_explained_by_kind(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(
+        test_it=MODEL
+        + """
+@pytest.mark.vram_budget("1 MiB")
+def test_training_step():
+    MODEL(BATCH).sum().backward()
+    MODEL.zero_grad(set_to_none=True)
+"""
+    )
+    result, report = run_checked("-s")
+    result.assert_outcomes(passed=1, failed=1)
+    entry = report["test_training_step"]
+    breakdown = entry["peak_breakdown"]
+    categories = breakdown["categories"]
+    assert abs(sum(categories.values()) - entry["peak_bytes"]) <= 0.05 * entry["peak_bytes"]
+    assert breakdown["dominant"] == "activations"
+    assert categories["activations"] > 0.5 * entry["peak_bytes"]
+    assert "activation checkpointing" in breakdown["remedy"] and "mixed precision" in breakdown["remedy"]
+    result.stdout.fnmatch_lines(
+        [
+            "peaked at * above baseline on cpu, allowed 1.0 MiB",
+            "*",
+            "memory at the peak (* above the start), by kind (torch's memory profiler):",
+            "  activations *%",
+            "*made by aten::* in *, from test_it.py:10 in test_training_step()",
+            "*",
+            "*",
+            "  autograd detail *",
+        ]
+    )
+    result.stdout.fnmatch_lines(["  remedy: activations saved for backward fill the peak: activation checkpointing*"])
+    # Torch's profiler prints its start and stop on file descriptor 2; none of it reaches the user.
+    assert "profiler_start" not in result.stdout.str() + result.stderr.str()
+
+
+def test_evaluation_under_no_grad_lists_no_activations(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(
+        test_it=MODEL
+        + """
+@pytest.mark.vram_budget("256 KiB")
+def test_evaluation():
+    with torch.no_grad():
+        MODEL(BATCH)
+"""
+    )
+    result, report = run_checked()
+    breakdown = report["test_evaluation"]["peak_breakdown"]
+    assert breakdown["categories"]["activations"] == 0
+    assert breakdown["dominant"] == "temporaries"
+    result.stdout.no_fnmatch_line("  activations *")
+    result.stdout.fnmatch_lines(["  temporaries *100.0%"])
+
+
+def test_an_adam_step_shows_optimizer_state(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest
+        import torch
+
+        @pytest.mark.vram_budget("64 KiB")
+        def test_adam_step():
+            model = torch.nn.Linear(512, 512)
+            model.weight.grad = torch.ones_like(model.weight)
+            torch.optim.Adam(model.parameters()).step()
+        """
+    )
+    result, report = run_checked()
+    categories = report["test_adam_step"]["peak_breakdown"]["categories"]
+    assert categories["optimizer state"] >= 2 * 512 * 512 * 4  # exp_avg and exp_avg_sq of the weight
+    result.stdout.fnmatch_lines(["  optimizer state *", "*made by aten::*, from test_it.py:8 in test_adam_step()"])
+
+
+def test_a_test_within_its_peak_budget_keeps_its_breakdown_in_the_report_only(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest
+        import torch
+
+        @pytest.mark.vram_budget("1 GiB")
+        def test_small():
+            torch.ones(1000).sum()
+
+        @pytest.mark.vram_budget
+        def test_without_a_peak_budget():
+            torch.ones(1000).sum()
+        """
+    )
+    result, report = run_checked()
+    result.assert_outcomes(passed=2)
+    assert report["test_small"]["peak_breakdown"]["categories"]
+    assert report["test_without_a_peak_budget"]["peak_breakdown"] is None
+    result.stdout.no_fnmatch_line("*memory at the peak*")
+
+
+def test_running_out_of_memory_shows_the_breakdown(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest
+        import torch
+
+        @pytest.mark.vram_budget("1 GiB")
+        def test_runs_out():
+            activations = [torch.ones(256, 256, requires_grad=True) * 2 for _ in range(4)]
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1099511627776 bytes")
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*vramleak: what filled the memory*", "*", "memory at the peak (2.0 MiB above the start), by kind*", "*made by aten::ones, from test_it.py:6 in <listcomp>()"]
+    )
+
+
+def test_a_tests_own_profiler_under_a_peak_budget_runs_as_without_the_plugin(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest
+        import torch
+
+        @pytest.mark.vram_budget("1 GiB")
+        def test_profiles():
+            torch.ones(10)
+            with torch.profiler.profile(profile_memory=True) as prof:
+                torch.ones(1000).sum()
+            assert prof.key_averages()
+        """
+    )
+    result, report = run_checked()
+    result.assert_outcomes(passed=1)
+    assert report["test_profiles"]["peak_bytes"] is None
+    assert report["test_profiles"]["peak_breakdown"] is None
+
+
+def test_peaks_option_measures_every_cpu_test(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import torch
+
+        def test_makes_a_megabyte():
+            torch.ones(256, 1024).sum()
+        """
+    )
+    _, report = run_checked("--vramleak")
+    assert report["test_makes_a_megabyte"]["peak_bytes"] is None
+    _, report = run_checked("--vramleak", "--vramleak-peaks")
+    assert report["test_makes_a_megabyte"]["peak_bytes"] >= 1024 * 1024
+    assert report["test_makes_a_megabyte"]["peak_breakdown"] is None  # breakdowns are for tests with a peak budget
