@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .check import CheckResult, LeakCheck, Rules
+from .ranks import watch_rank
 from .sizes import SizeError, format_size, parse_size
 from .snapshot import Leak, Snapshot, TensorGroup, diff, take_snapshot
 from .steps import StepResult, StepWatcher
@@ -29,6 +30,7 @@ __all__ = [
     "parse_size",
     "take_snapshot",
     "vram_budget",
+    "watch_rank",
 ]
 
 

@@ -21,6 +21,10 @@ budget. On CPU each observation reads what the test made and what died (see
 from __future__ import annotations
 
 import gc
+import itertools
+import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +35,8 @@ from .devices import CpuMeter, CudaMeter, Meter, clear_torch_caches, explain_res
 from .diagnosis import held_by_torch_cache
 from .history import AllocatorHistory
 from .peaks import PeakBreakdown
+from .processes import Children, ProcessGroups, describe_children, describe_groups
+from .ranks import RANKS_ENV, collect, describe as describe_ranks
 from .referrers import NamedRoot
 from .report import render_groups
 from .sizes import format_size
@@ -38,6 +44,9 @@ from .sites import SiteRecorder, Sites, SiteSource
 from .snapshot import TensorGroup, describe, meter_for
 from .tracker import Mark, StorageRef, Tracker
 from .verdict import Budget, BudgetVerdict, Increase, judge_budget, judge_increase
+
+
+_CHECKS = itertools.count()
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,12 @@ class CheckResult:
     """On CPU, for a test with a peak budget: what filled the memory at the peak, by kind."""
     peak_over: bool = False
     """Whether the peak passed its budget (the breakdown is then part of the report)."""
+    left_behind: list[str] = field(default_factory=list)
+    """Process groups and child processes the check's code left alive, one block each."""
+    memory_leaked: bool = False
+    """Whether memory (not only process groups or children) is what leaked."""
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+    """What each rank process reported through :func:`~pytest_vramleak.ranks.watch_rank`."""
     cycle_bytes: int | None = None
     details: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -100,7 +115,8 @@ class CheckResult:
         lines = [self.message, self.figures(), *self.notes]
         if self.peak_over and self.peak_breakdown is not None:
             lines.append(self.peak_breakdown.render())
-        if self.outcome == "leaked":
+        lines += self.left_behind
+        if self.outcome == "leaked" and self.memory_leaked:
             lines += ["leaked tensors:", render_groups(self.groups)]
             for device, groups in self.other_groups.items():
                 lines += [f"leaked tensors on {device}:", render_groups(groups)]
@@ -142,6 +158,10 @@ class LeakCheck:
         """On an accelerator, the tracker's clock when the body started: what it makes is seen later."""
         self._driver_at_start: int | None = None
         self._pinned_at_start: int | None = None
+        self.process_groups = ProcessGroups()
+        self.children = Children()
+        self._ranks_folder: Path | None = None
+        self._ranks_env_before: str | None = None
         self._others: list[tuple[CudaMeter, int]] = []
         self._watching_peak = False
         self._owns_tracker = tracker is None
@@ -161,6 +181,12 @@ class LeakCheck:
         self._threads_before = {thread.name for thread in threading.enumerate() if thread.ident != current}
         if not self.tracker.active:
             self.tracker.begin(index=self.on_cpu)
+        self.process_groups.begin()
+        self.children.begin()
+        # Rank processes started from here on inherit where to report (see pytest_vramleak.ranks).
+        self._ranks_folder = Path(tempfile.gettempdir()) / f"vramleak-ranks-{os.getpid()}-{next(_CHECKS)}"  # made by the first rank
+        self._ranks_env_before = os.environ.get(RANKS_ENV)
+        os.environ[RANKS_ENV] = str(self._ranks_folder)
 
     def start(self) -> None:
         """The body starts: take the baseline, start watching the peak."""
@@ -220,7 +246,7 @@ class LeakCheck:
             else:
                 self._finish_accelerator(confirm)
             self._apply_rules()
-            if self.result.outcome == "leaked":
+            if self.result.outcome == "leaked" and self.result.memory_leaked:
                 self._explain()
                 self._discount_torch_caches()
             return self.result
@@ -232,6 +258,14 @@ class LeakCheck:
 
     def close(self) -> None:
         """Unfreeze the heap; the check holds nothing of the code it checked."""
+        self.process_groups.end()
+        if self._ranks_folder is not None:
+            if self._ranks_env_before is None:
+                os.environ.pop(RANKS_ENV, None)
+            else:
+                os.environ[RANKS_ENV] = self._ranks_env_before
+            shutil.rmtree(self._ranks_folder, ignore_errors=True)
+            self._ranks_folder = None
         if self.sites is not None:
             self.sites.stop()
             self.sites.clear()
@@ -377,6 +411,25 @@ class LeakCheck:
                 f"left {format_size(result.cycle_bytes or 0)} on {result.device} to the cycle collector, allowed "
                 f"{format_size(budget.leak)} (--vramleak-strict-cycles): break the reference cycle, e.g. with weakref"
             )
+        result.memory_leaked = outcome == "leaked"
+        groups, children = self.process_groups.left(), self.children.left()
+        if groups:
+            outcome = "leaked"
+            messages.append(f"left {len(groups)} torch.distributed process group(s) alive")
+            result.left_behind.append(describe_groups(groups))
+            result.details["process_groups_left"] = len(groups)
+        if children:
+            outcome = "leaked"
+            messages.append(f"left {len(children)} child process(es) running")
+            result.left_behind.append(describe_children(children))
+            result.details["child_processes_left"] = len(children)
+        if self._ranks_folder is not None:
+            result.ranks = collect(self._ranks_folder)
+            line, text = describe_ranks(result.ranks)
+            if line:
+                outcome = "leaked"
+                messages.append(line)
+                result.left_behind.append(text)
         result.outcome = outcome
         result.message = "; ".join(messages)
 

@@ -332,6 +332,7 @@ def _has_details(result: Mapping[str, Any]) -> bool:
         or result.get("steps")
         or result.get("repetitions")
         or result.get("peak_breakdown")
+        or result.get("ranks")
         or result.get("tensors")
         or result.get("cycle_bytes")
         or (result["outcome"] == "unchecked" and result.get("reason"))
@@ -379,6 +380,15 @@ def _section(result: Mapping[str, Any], anchor: str) -> str:
         )
     if result.get("trace"):
         parts.append(f'<p class="trace">allocator history saved to <code>{_escape(result["trace"])}</code> (open it at pytorch.org/memory_viz)</p>')
+    for index, rank in enumerate(result.get("ranks") or []):
+        who = f"rank {rank['rank']}" if rank.get("rank") is not None else "a process"
+        leaked = rank.get("leaked_bytes")
+        parts.append(
+            f'<h3 class="rank">{_escape(who)} (pid {_escape(rank.get("pid"))}): {_escape(_outcome_text(str(rank.get("outcome"))))}'
+            + (f", leaked {_escape(size_text(leaked))} on {_escape(rank.get('device'))}" if leaked else "")
+            + "</h3>"
+        )
+        parts += [_group_html(group, f"{anchor}-rank{index}-{i}") for i, group in enumerate((rank.get("tensors") or [])[:MAX_GROUPS_DRAWN])]
     groups = result.get("tensors") or []
     parts += [_group_html(group, f"{anchor}-{i}") for i, group in enumerate(groups[:MAX_GROUPS_DRAWN])]
     if len(groups) > MAX_GROUPS_DRAWN:
@@ -405,6 +415,8 @@ _COLUMNS = (
 def _row(result: Mapping[str, Any], anchor: str | None) -> str:
     nodeid = _escape(result["nodeid"])
     name = f'<a href="#{anchor}">{nodeid}</a>' if anchor else nodeid
+    if result.get("shard"):
+        name += f' <span class="shard">{_escape(result["shard"])}</span>'
     outcome = result["outcome"]
     reason = f' title="{_escape(result["reason"])}"' if result.get("reason") else ""
     cells = [
@@ -577,7 +589,7 @@ ul.diagnoses li { color: var(--leaked); }
 .fixtures .diagnosis { color: var(--leaked); font-size: 12.5px; }
 ul.diagnoses li::marker { content: "\\26A0  "; }
 figure.steps { margin: 8px 0; }
-.pattern { color: var(--muted); font-size: 12px; }
+.pattern, .shard { color: var(--muted); font-size: 12px; }
 figure.peak { margin: 8px 0; }
 .legend { list-style: none; padding: 0; margin: 4px 0 8px; display: flex; flex-wrap: wrap; gap: 12px; font-size: 12px; }
 .swatch { display: inline-block; width: 10px; height: 10px; margin-right: 4px; vertical-align: middle; }

@@ -94,6 +94,12 @@ OPTIONS = (
         metavar="PATH",
     ),
     Option(
+        "vramleak_benchmark_json",
+        "write each checked test's peak and leaked bytes to this path as benchmark-tracking CI actions chart them ({name, unit, value})",
+        "",
+        metavar="PATH",
+    ),
+    Option(
         "vramleak_save",
         "save each checked test's peak and end figures under this name (in .vramleak/ under the root folder)",
         "",
@@ -152,6 +158,8 @@ class Settings:
     """Re-runs of a test found over its leak budget, to classify it (``--vramleak-confirm``)."""
     fail_on: str = "any"
     peaks: bool = False
+    benchmark_json: str = ""
+    """Where to write the figures for benchmark-tracking CI actions (``--vramleak-benchmark-json``)."""
     """Measure every checked test's CPU peak (torch's profiler around each test body)."""
     """``any``: every leak past the budget fails; ``growth``: only memory that grows across runs."""
 
@@ -301,7 +309,18 @@ def read_settings(get: Getter, rootpath: Path) -> Settings:
         confirm=confirm,
         fail_on=fail_on,
         peaks=_switch(get, "vramleak_peaks"),
+        benchmark_json=_output_path(get, "vramleak_benchmark_json"),
     )
+
+
+def _output_path(get: Getter, name: str) -> str:
+    value, source = get(name)
+    path = str(value or "").strip()
+    if path:
+        problem = unwritable(Path(path))
+        if problem:
+            raise OptionError(f"{source}: cannot write to {path}: {problem}")
+    return path
 
 
 def _count(get: Getter, name: str, *, minimum: int, what: str) -> int:

@@ -17,6 +17,7 @@ import functools
 import gc
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 from collections.abc import Callable, Generator, Iterator
@@ -32,7 +33,7 @@ from .devices import CudaMeter, DeviceUnavailable, Meter, is_out_of_memory, make
 from .html_report import is_html_path, render_html
 from .release import ReleaseScheduler
 from .repeats import Repetitions, Run, decide, report_runs, run_repeated
-from .report import TestResult, leaked_figure, render_markdown, write_json, write_text_atomically
+from .report import TestResult, benchmark_entries, leaked_figure, render_markdown, write_json, write_text_atomically
 from .sizes import SizeError, format_size, parse_size
 from .snapshot import describe, memory_contents
 from .steps import StepNotRun, StepResult, StepWatcher, step_caller
@@ -312,7 +313,8 @@ def _engine_result(item: pytest.Item, check: Check) -> TestResult:
     result.details = dict(engine.details)
     result.cycle_bytes = engine.cycle_bytes
     result.trace = engine.trace
-    result.notes = [note for note in engine.notes if note]
+    result.notes = [note for note in engine.notes if note] + list(engine.left_behind)
+    result.ranks = [{key: value for key, value in rank.items() if key != "report"} for rank in engine.ranks]
     result.tensors = [group.to_json() for group in engine.groups]
     result.tensors += [group.to_json() for groups in engine.other_groups.values() for group in groups]
     return result
@@ -684,6 +686,9 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.Fix
         return (yield)
     before = tracker.clock
     value = yield
+    if check.engine is not None:  # what the fixture made or started belongs to its scope, not to the test
+        check.engine.process_groups.adopt()
+        check.engine.children.adopt()
     tracker.observe(collect=False, watch=False)
     if config.stash[SETTINGS].every_test:
         created = tracker.created(check.meter.name, since=before)
@@ -859,7 +864,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         if is_html_path(report):
             outputs.append((f"the HTML report to {report}", functools.partial(_write_html, config, report, results, leftovers)))
         else:
-            outputs.append((f"the JSON report to {report}", functools.partial(write_json, report, results, fixtures=leftovers)))
+            about = {**_about(config), "host": socket.gethostname()}
+            outputs.append((f"the JSON report to {report}", functools.partial(write_json, report, results, fixtures=leftovers, about=about)))
+    if settings.benchmark_json:
+        benchmark = json.dumps(benchmark_entries(results), indent=2) + "\n"
+        outputs.append((f"the benchmark figures to {settings.benchmark_json}", functools.partial(write_text_atomically, settings.benchmark_json, benchmark)))
     errors = config.stash[OUTPUT_ERRORS]
     for what, write in outputs:
         try:

@@ -83,6 +83,8 @@ class TestResult:
     """Bytes of storages the test created that only the cycle collector freed (a finding, not a leak)."""
     peak_breakdown: dict[str, Any] | None = None
     """What filled the memory at the peak, by kind (CPU tests with a peak budget; see :mod:`pytest_vramleak.peaks`)."""
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+    """What each rank process reported through ``watch_rank()``: rank, pid, outcome, leaked bytes, tensors."""
     pattern: str | None = None
     """For a test run more than once: ``grows``, ``kept_once`` or ``settled`` (see :mod:`pytest_vramleak.repeats`)."""
     repetitions: list[int] | None = None
@@ -97,14 +99,37 @@ class TestResult:
 
 
 def write_json(
-    path: str | os.PathLike[str], results: Iterable[dict[str, Any]], *, fixtures: Iterable[dict[str, Any]] = ()
+    path: str | os.PathLike[str],
+    results: Iterable[dict[str, Any]],
+    *,
+    fixtures: Iterable[dict[str, Any]] = (),
+    about: Mapping[str, str] | None = None,
 ) -> None:
     """Write the report atomically: a reader sees the old file or the whole new one, never half.
 
-    ``fixtures`` lists wider-scoped fixtures whose storages outlived their teardown.
+    ``fixtures`` lists wider-scoped fixtures whose storages outlived their teardown; ``about``
+    says where and when the run was made (what merging shards keeps per test).
     """
-    document = {"version": REPORT_VERSION, "tests": sorted(results, key=lambda r: r["nodeid"]), "fixtures": list(fixtures)}
+    document: dict[str, Any] = {"version": REPORT_VERSION, "tests": sorted(results, key=lambda r: r["nodeid"]), "fixtures": list(fixtures)}
+    if about:
+        document["about"] = dict(about)
     write_text_atomically(path, json.dumps(document, indent=2) + "\n")
+
+
+def benchmark_entries(results: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each checked test's peak and leaked bytes as benchmark-tracking CI actions chart them: a list
+    of ``{"name", "unit", "value"}``, smaller is better (github-action-benchmark's
+    ``customSmallerIsBetter``)."""
+    entries = []
+    for result in sorted(results, key=lambda r: r["nodeid"]):
+        if result["outcome"] == "unchecked":
+            continue
+        device = result.get("device") or "?"
+        for key, what in (("peak_bytes", "peak"), ("leaked_bytes", "leaked")):
+            value = result.get(key)
+            if value is not None:
+                entries.append({"name": f"{result['nodeid']} {what} ({device})", "unit": "bytes", "value": int(value)})
+    return entries
 
 
 def render_markdown(results: Sequence[dict[str, Any]]) -> str:

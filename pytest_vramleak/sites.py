@@ -31,8 +31,12 @@ _PLUGIN_DIR = os.path.dirname(__file__) + os.sep
 
 @functools.lru_cache(maxsize=1)
 def _directories() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Library code a site never points into (torch, this plugin), and the test runner's code
-    (pytest, pluggy), where a stack stops."""
+    """Library code a site never points into (torch, this plugin), and the code that runs the
+    user's (pytest, pluggy, the start of a thread or of a multiprocessing process), where a stack
+    stops."""
+    import multiprocessing
+    import threading
+
     import pluggy
     import pytest
     import torch
@@ -40,7 +44,13 @@ def _directories() -> tuple[tuple[str, ...], tuple[str, ...]]:
     def folder(module: Any) -> str:
         return os.path.dirname(module.__file__ or "") + os.sep
 
-    runner = (folder(pytest), os.path.dirname(folder(pytest).rstrip(os.sep)) + os.sep + "_pytest" + os.sep, folder(pluggy))
+    runner = (
+        folder(pytest),
+        os.path.dirname(folder(pytest).rstrip(os.sep)) + os.sep + "_pytest" + os.sep,
+        folder(pluggy),
+        folder(multiprocessing),
+        threading.__file__,
+    )
     return (folder(torch), os.path.dirname(__file__) + os.sep), runner
 
 

@@ -76,9 +76,10 @@ def test_the_error_check_sees_a_broken_page(browser: Any, tmp_path: Path) -> Non
     assert any("undefinedFunction" in message for message in errors(browser))
 
 
-@pytest.fixture(scope="module")
-def report_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A report written by a real run: a cache leak, a hook leak, a growing loop and a quiet test."""
+@pytest.fixture(scope="module", params=["one run", "two shards merged"])
+def report_page(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A report written by a real run: a cache leak, a hook leak, a growing loop and a quiet test;
+    or the same tests run as two shards that selected different tests, merged into one page."""
     folder = tmp_path_factory.mktemp("report")
     (folder / "test_suite.py").write_text(
         """
@@ -111,9 +112,17 @@ def test_loop(vramleak):
 """
     )
     # In a process of its own, so that what these tests leak on purpose stays there.
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-q", f"--vramleak-report={folder / 'r.html'}"]
-    result = subprocess.run([*command, "test_suite.py"], cwd=folder, capture_output=True, text=True, timeout=300)
-    assert result.returncode == pytest.ExitCode.TESTS_FAILED, result.stdout + result.stderr
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-q"]
+    if request.param == "one run":
+        result = subprocess.run([*command, f"--vramleak-report={folder / 'r.html'}", "test_suite.py"], cwd=folder, capture_output=True, text=True, timeout=300)
+        assert result.returncode == pytest.ExitCode.TESTS_FAILED, result.stdout + result.stderr
+        return folder / "r.html"
+    for shard, selection in (("shard-1", "cache or quiet"), ("shard-2", "hook or loop")):
+        result = subprocess.run([*command, f"--vramleak-report={folder / shard}.json", "-k", selection, "test_suite.py"], cwd=folder, capture_output=True, text=True, timeout=300)
+        assert result.returncode == pytest.ExitCode.TESTS_FAILED, result.stdout + result.stderr
+    merge = [sys.executable, "-m", "pytest_vramleak", "merge", "shard-1.json", "shard-2.json", "--html", "r.html"]
+    result = subprocess.run(merge, cwd=folder, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
     return folder / "r.html"
 
 

@@ -147,6 +147,8 @@ def test_json_report_schema(pytester: pytest.Pytester) -> None:
     path = pytester.path / "out" / "report.json"
     pytester.runpytest("-p", "no:cacheprovider", f"--vramleak-report={path}", "--vramleak-sites=on")
     document = json.loads(path.read_text())
+    about = document.pop("about")
+    assert set(about) == {"generated", "pytest-vramleak", "torch", "python", "settings", "host"}
     garbage = document["tests"][0]["details"].get("older_garbage_freed_bytes", 0)
     assert set(document["tests"][0]["details"]) <= {"older_garbage_freed_bytes"}
     assert document["tests"][0]["notes"] == (
@@ -164,6 +166,8 @@ def test_json_report_schema(pytester: pytest.Pytester) -> None:
                 "end_bytes": document["tests"][0]["baseline_bytes"] + 4096 - garbage,
                 "leaked_bytes": 4096,
                 "peak_bytes": None,
+                "peak_breakdown": None,
+                "ranks": [],
                 "budget": {"peak": None, "leak": 100},
                 "steps": None,
                 "warmup_steps": None,
@@ -207,7 +211,7 @@ def test_json_report_schema(pytester: pytest.Pytester) -> None:
         ("vram_budget(leak=-1)", "test_it.py::test_it: @pytest.mark.vram_budget(leak=-1): size must not be negative, got -1"),
         ("vram_budget('12 parsecs')", "test_it.py::test_it: @pytest.mark.vram_budget(peak='12 parsecs'): unknown unit 'parsecs' in '12 parsecs'*"),
         ("vram_budget(leak=1.5)", "test_it.py::test_it: @pytest.mark.vram_budget(leak=1.5): expected bytes as an int or a string*got float 1.5"),
-        ("vram_budget(leek=0)", "test_it.py::test_it: @pytest.mark.vram_budget: unknown keyword 'leek'; use peak, leak, device or repeat"),
+        ("vram_budget(leek=0)", "test_it.py::test_it: @pytest.mark.vram_budget: unknown keyword 'leek'; use peak, leak, device, repeat, reserved or pinned"),
         ("vram_budget(1, 2)", "test_it.py::test_it: @pytest.mark.vram_budget takes one positional argument (peak), got 2: (1, 2)"),
         ("vram_budget(1, peak=2)", "test_it.py::test_it: @pytest.mark.vram_budget: peak given both by position and by keyword"),
         ("vram_budget(device='tpu')", "test_it.py::test_it: @pytest.mark.vram_budget(device='tpu'): unknown device 'tpu'*"),
@@ -368,7 +372,7 @@ def test_without_torch_marked_tests_skip_with_reason(pytester: pytest.Pytester) 
 
 
 def test_markers_and_fixture_are_documented(pytester: pytest.Pytester) -> None:
-    pytester.runpytest("--markers").stdout.fnmatch_lines(["@pytest.mark.vram_budget(peak=None, *, leak=0, device=None, repeat=None): *", "@pytest.mark.allow_vram_leak: *"])
+    pytester.runpytest("--markers").stdout.fnmatch_lines(["@pytest.mark.vram_budget(peak=None, *, leak=0, device=None, repeat=None, reserved=None, pinned=None): *", "@pytest.mark.allow_vram_leak: *"])
     pytester.makepyfile(test_it="def test_it():\n    pass\n")
     pytester.runpytest("--fixtures").stdout.fnmatch_lines(["vramleak -- *", "    Check repeated training or inference steps*"])
 

@@ -1,0 +1,112 @@
+"""One report from several runs: shards of a CI job on different machines, or runs that selected
+different tests.
+
+    python -m pytest_vramleak merge shard-1.json shard-2.json --json all.json --html all.html
+
+Each test keeps the shard that ran it (``shard``: the report's file name without its suffix, or
+what an earlier merge recorded, so merging merged reports changes nothing). A test found in two
+reports with the same figures is listed once; with different figures, the later report on the
+command line wins and the merge says so. Reports of another format version are refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .html_report import render_html
+from .report import REPORT_VERSION, write_json, write_text_atomically
+
+
+class MergeError(ValueError):
+    """A report that cannot be merged; the message names the file."""
+
+
+def read_report(path: Path) -> dict[str, Any]:
+    try:
+        document = json.loads(path.read_text())
+    except OSError as error:
+        raise MergeError(f"{path}: cannot be read: {error.strerror or error}") from None
+    except ValueError as error:
+        raise MergeError(f"{path}: not a JSON report: {error}") from None
+    if not isinstance(document, dict) or not isinstance(document.get("tests"), list):
+        raise MergeError(f"{path}: not a pytest-vramleak JSON report (no 'tests' list)")
+    if document.get("version") != REPORT_VERSION:
+        raise MergeError(
+            f"{path}: report format version {document.get('version')!r}, this pytest-vramleak reads version {REPORT_VERSION}: "
+            "merge reports written by the same version"
+        )
+    return document
+
+
+def _without_shard(entry: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in entry.items() if key != "shard"}
+
+
+def merge(documents: Sequence[tuple[str, dict[str, Any]]]) -> tuple[dict[str, Any], list[str]]:
+    """The merged document of ``(shard name, report)`` pairs, and what the merge has to say."""
+    tests: dict[str, dict[str, Any]] = {}
+    origin: dict[str, str] = {}
+    fixtures: dict[str, dict[str, Any]] = {}
+    messages: list[str] = []
+    shards: list[str] = []
+    for name, document in documents:
+        shards.append(name)
+        for entry in document["tests"]:
+            entry = dict(entry)
+            entry.setdefault("shard", name)
+            nodeid = entry["nodeid"]
+            earlier = tests.get(nodeid)
+            if earlier is not None and _without_shard(earlier) != _without_shard(entry):
+                messages.append(
+                    f"{nodeid} is in {origin[nodeid]} and {name} with different figures "
+                    f"({earlier['outcome']} and {entry['outcome']}): kept the one from {name}"
+                )
+            if earlier is None or _without_shard(earlier) != _without_shard(entry):
+                tests[nodeid] = entry
+                origin[nodeid] = name
+        for fixture in document.get("fixtures", []):
+            fixture = dict(fixture)
+            fixture.setdefault("shard", name)
+            fixtures[json.dumps(_without_shard(fixture), sort_keys=True)] = fixture
+    merged = {
+        "version": REPORT_VERSION,
+        "tests": sorted(tests.values(), key=lambda entry: entry["nodeid"]),
+        "fixtures": list(fixtures.values()),
+        "about": {"merged from": ", ".join(dict.fromkeys(shards))},
+    }
+    return merged, messages
+
+
+def shard_names(paths: Sequence[Path]) -> list[str]:
+    """Each report's shard name: its file name without ``.json``, with its folder where two share a name."""
+    stems = [path.name.removesuffix(".json") for path in paths]
+    return [f"{path.parent.name}/{stem}" if stems.count(stem) > 1 else stem for path, stem in zip(paths, stems)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pytest_vramleak merge", description="Merge pytest-vramleak JSON reports into one JSON and one HTML report.")
+    parser.add_argument("reports", nargs="+", type=Path, help="JSON reports written by --vramleak-report")
+    parser.add_argument("--json", type=Path, help="write the merged JSON report here")
+    parser.add_argument("--html", type=Path, help="write the merged HTML report here")
+    options = parser.parse_args(argv)
+    if options.json is None and options.html is None:
+        parser.error("say where to write the merged report: --json PATH, --html PATH, or both")
+    try:
+        documents = [(name, read_report(path)) for name, path in zip(shard_names(options.reports), options.reports)]
+    except MergeError as error:
+        print(f"pytest-vramleak merge: {error}", file=sys.stderr)
+        return 2
+    merged, messages = merge(documents)
+    for message in messages:
+        print(f"pytest-vramleak merge: {message}", file=sys.stderr)
+    if options.json is not None:
+        write_json(options.json, merged["tests"], fixtures=merged["fixtures"], about=merged["about"])
+    if options.html is not None:
+        write_text_atomically(options.html, render_html(merged["tests"], fixtures=merged["fixtures"], about=merged["about"]))
+    print(f"pytest-vramleak merge: {len(merged['tests'])} tests from {len(documents)} reports")
+    return 0
