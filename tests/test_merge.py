@@ -59,11 +59,16 @@ def test_merging_shards_gives_one_report_that_keeps_each_tests_shard(shards: Pat
     assert page.count('<span class="shard">shard-2</span>') == 2
 
 
-def test_merging_is_idempotent(shards: Path) -> None:
-    assert run_merge(shards, "shard-1.json", "shard-2.json", "--json", "all.json").returncode == 0
-    assert run_merge(shards, "all.json", "all.json", "shard-2.json", "--json", "again.json").returncode == 0
+def test_merging_is_idempotent(shards: Path, pytester: pytest.Pytester) -> None:
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--vramleak-report=xdist.json")  # pytest-xdist merged its workers
+    assert len(json.loads((shards / "xdist.json").read_text())["tests"]) == 3
+    assert run_merge(shards, "shard-1.json", "xdist.json", "--json", "all.json").returncode == 0
+    assert run_merge(shards, "all.json", "all.json", "xdist.json", "--json", "again.json").returncode == 0
     first, again = (json.loads((shards / name).read_text()) for name in ("all.json", "again.json"))
     assert again["tests"] == first["tests"]
+    assert run_merge(shards, "xdist.json", "xdist.json", "--json", "self.json").returncode == 0
+    alone = json.loads((shards / "self.json").read_text())
+    assert [{k: v for k, v in t.items() if k != "shard"} for t in alone["tests"]] == json.loads((shards / "xdist.json").read_text())["tests"]
 
 
 def test_a_test_in_two_reports_with_different_figures_is_said(shards: Path) -> None:
