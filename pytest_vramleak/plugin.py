@@ -703,7 +703,7 @@ def _fixture_leftovers(config: pytest.Config) -> list[dict[str, Any]]:
     with what holds them (a walk of the heap, paid only when some are left)."""
     leftovers: list[dict[str, Any]] = []
     memories = config.stash.get(FIXTURES, [])
-    if not memories:
+    if not any(memory.alive() for memory in memories):
         return leftovers
     gc.collect()  # fixture values on reference cycles (a model and its modules' hooks) are garbage, not kept
     for memory in memories:
