@@ -87,11 +87,12 @@ def _frames_not_ours(own: set[int]) -> list[types.FrameType]:
 def _other_threads_frames() -> list[tuple[str, types.FrameType]]:
     """``(thread name, frame)`` for every frame running in another thread, innermost first."""
     names = {thread.ident: thread.name for thread in threading.enumerate()}
-    current = threading.get_ident()
+    running = sys._current_frames()
+    # This thread's entry is this very frame: kept in a local, it would make a reference cycle
+    # that keeps every frame of the search, and what their locals hold, alive until collected.
+    del running[threading.get_ident()]
     found = []
-    for ident, frame in sys._current_frames().items():
-        if ident == current:
-            continue
+    for ident, frame in running.items():
         name = names.get(ident, str(ident))
         current_frame: types.FrameType | None = frame
         while current_frame is not None:

@@ -923,3 +923,27 @@ def test_a_tensor_subclass_is_named(pytester: pytest.Pytester, run_checked) -> N
     result, report = run_checked()
     result.stdout.fnmatch_lines(["float32[[]8] Quantity on cpu: 1 tensor, 32 B", "*", "float32[[]4] Parameter on cpu: 1 tensor, 16 B"])
     assert sorted(group["class"] for group in report["test_it"]["tensors"]) == ["Parameter", "Quantity"]
+
+
+def test_a_named_leak_is_freed_as_soon_as_the_user_drops_it(pytester: pytest.Pytester) -> None:
+    # Naming holders must leave no reference to the tensors behind, not even in cyclic garbage.
+    pytester.makepyfile(
+        test_it="""
+        import weakref
+        import torch
+
+        class Holder:
+            value = None
+
+        def test_leaks():
+            Holder.value = torch.ones(2)
+
+        def test_drops_it():
+            ref = weakref.ref(Holder.value)
+            Holder.value = None
+            assert ref() is None
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["LEAKED test_it.py::test_leaks - *"])

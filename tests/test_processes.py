@@ -116,13 +116,17 @@ def test_a_subprocess_left_running_is_reported_and_a_waited_one_is_not(pytester:
     pytester.makepyfile(
         test_it="""
         import subprocess
+        import time
         import pytest
 
         RUNNING = []
 
         @pytest.mark.vram_budget
         def test_leaves_it_running():
-            RUNNING.append(subprocess.Popen(["sleep", "30"]))
+            process = subprocess.Popen(["sleep", "30"])
+            RUNNING.append(process)
+            while not open(f"/proc/{process.pid}/cmdline", "rb").read().startswith(b"sleep"):
+                time.sleep(0.01)  # on a loaded machine the child may not have started sleep yet
 
         @pytest.mark.vram_budget
         def test_waits_for_it():

@@ -331,3 +331,23 @@ def test_a_bad_marker_repeat_is_a_usage_error(pytester: pytest.Pytester, value: 
     result = pytester.runpytest("-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*test_it.py::test_it: @pytest.mark.vram_budget(repeat=...): {message}"])
+
+
+def test_memory_replaced_on_every_run_is_kept_once_not_growth(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest
+        import torch
+
+        class Holder:
+            value = None
+
+        @pytest.mark.parametrize("metric", [Holder()])
+        def test_replaces_what_it_keeps(metric):
+            metric.value = torch.ones(2)  # each run replaces the one tensor held
+        """
+    )
+    result, report = run_checked("--vramleak", "--vramleak-confirm=3", "--vramleak-fail-on=growth")
+    result.assert_outcomes(passed=1)
+    entry = report["test_replaces_what_it_keeps[metric0]"]
+    assert (entry["pattern"], entry["repetitions"]) == ("kept_once", [8, 8, 8, 8])
