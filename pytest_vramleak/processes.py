@@ -208,18 +208,21 @@ class Children:
 
             self.before.update({process.pid: "" for process in multiprocessing.active_children() if process.pid is not None})
 
-    def left(self) -> list[Child]:
+    def left(self, *, grace: float = 1.0) -> list[Child]:
+        """Children started since :meth:`begin` that still run; those still running are given up to
+        ``grace`` seconds to finish (a worker told to stop may still be on its way out)."""
+        import time
+
         import multiprocessing
 
-        running = _proc_children() if self.known else None
-        processes = {process.pid: process for process in multiprocessing.active_children()}
-        if running is None:
-            running = {pid: "" for pid in processes if pid is not None}
+        deadline = time.monotonic() + grace
+        while True:
+            processes = {process.pid: process for process in multiprocessing.active_children()}
+            new = self._new(processes)
+            if not new or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
         left = []
-        helpers = _multiprocessing_helpers()
-        new = [
-            pid for pid, started in sorted(running.items()) if not (pid in self.before and self.before[pid] == started) and pid not in helpers
-        ]
         workers = _dataloader_workers() if new else set()
         for pid in new:
             process = processes.get(pid)
@@ -231,6 +234,14 @@ class Children:
                 kind = "process"
             left.append(Child(pid, _command(pid), _rss(pid), kind))
         return left
+
+    def _new(self, processes: dict[int | None, Any]) -> list[int]:
+        """The pids of running children not running at :meth:`begin` (nor multiprocessing's helpers)."""
+        running = _proc_children() if self.known else None
+        if running is None:
+            running = {pid: "" for pid in processes if pid is not None}
+        helpers = _multiprocessing_helpers()
+        return [pid for pid, started in sorted(running.items()) if not (pid in self.before and self.before[pid] == started) and pid not in helpers]
 
 
 def _multiprocessing_helpers() -> set[int]:
