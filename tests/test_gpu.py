@@ -202,3 +202,50 @@ def test_every_cpu_non_leak_passes_on_cuda_too(pytester: pytest.Pytester, kind: 
 
     result = run(pytester, "torch.set_default_device('cuda')\n" + textwrap.dedent(NOT_LEAKS[kind]))
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+
+
+def test_cuda_reserved_and_pinned_budgets(pytester: pytest.Pytester) -> None:
+    result = run(
+        pytester,
+        """
+PINNED = []
+
+@pytest.mark.vram_budget(reserved="8 MiB")
+def test_reserves_a_big_block():
+    block = torch.empty(64 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+    del block
+
+@pytest.mark.vram_budget
+def test_keeps_a_pinned_buffer():
+    PINNED.append(torch.ones(1024, 1024).pin_memory())
+
+@pytest.mark.vram_budget
+def test_frees_its_pinned_buffer():
+    buffer = torch.ones(1024, 1024).pin_memory()
+    del buffer
+""",
+    )
+    result.stdout.fnmatch_lines(["memory reserved by the caching allocator peaked at * above its level at the start on cuda:0, allowed 8.0 MiB"])
+    result.stdout.fnmatch_lines(["leaked * of pinned host memory (torch.cuda.host_memory_stats), allowed 0 B*"])
+    result.stdout.no_fnmatch_line("*test_frees_its_pinned_buffer - *")
+
+
+def test_cuda_fragmentation_across_steps_is_flagged(pytester: pytest.Pytester) -> None:
+    # Growing, differently sized blocks kept across steps while the big ones are freed: the
+    # allocator's cache holds ever more reserved memory it cannot reuse.
+    result = run(
+        pytester,
+        """
+KEPT = []
+
+def test_it(vramleak):
+    for step in vramleak.steps(10):
+        big = torch.empty((21 + step) * 1024 * 1024, dtype=torch.uint8, device="cuda")
+        small = torch.empty(1024, dtype=torch.uint8, device="cuda")
+        del big
+        KEPT.append(small)
+        KEPT.pop(0) if len(KEPT) > 1 else None
+""",
+        "--vramleak-tolerance=64 KiB",
+    )
+    result.stdout.fnmatch_lines(["*memory reserved but not allocated grew * per step*"])
