@@ -163,3 +163,31 @@ def test_peaks_option_measures_every_cpu_test(pytester: pytest.Pytester, run_che
     _, report = run_checked("--vramleak", "--vramleak-peaks")
     assert report["test_makes_a_megabyte"]["peak_bytes"] >= 1024 * 1024
     assert report["test_makes_a_megabyte"]["peak_breakdown"] is None  # breakdowns are for tests with a peak budget
+
+
+def test_a_step_loop_in_a_test_with_a_peak_budget_is_explained_with_its_timeline(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest
+        import torch
+
+        @pytest.mark.vram_budget("64 KiB")
+        def test_loop(vramleak):
+            model = torch.nn.Linear(64, 64)
+            optimizer = torch.optim.Adam(model.parameters())
+            for step in vramleak.steps(6):
+                model(torch.randn(32, 64)).sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+        """
+    )
+    result, report = run_checked()
+    entry = report["test_loop"]
+    assert entry["outcome"] == "over_budget"
+    assert entry["steps"] == [0, 0, 0, 0]  # the loop itself does not grow
+    breakdown = entry["peak_breakdown"]
+    assert breakdown["categories"]["optimizer state"] > 0 and breakdown["categories"]["gradients"] > 0
+    timeline = breakdown["timeline"]
+    assert len(timeline["times_us"]) > 10
+    assert all(len(values) == len(timeline["times_us"]) for values in timeline["categories"].values())
+    result.stdout.fnmatch_lines(["memory at the peak (* above the start), by kind*", "  optimizer state *"])
