@@ -147,6 +147,7 @@ def run_repeated(item: pytest.Item, nextitem: pytest.Item | None, repetitions: R
     ``--setup-show`` and ``--setup-only`` tests run once: the caller does not come here.)
     """
     reports: list[pytest.TestReport] = []
+    spent: dict[str, float] = {}  # seconds per phase over every run: the reports logged carry the sums
     while True:
         repetitions.started += 1
         if hasattr(item, "_request") and not item._request:
@@ -170,10 +171,14 @@ def run_repeated(item: pytest.Item, nextitem: pytest.Item | None, repetitions: R
             repetitions.stopped = "teardown failed"
         elif len(repetitions.runs) < repetitions.started and repetitions.stopped is None:
             repetitions.stopped = f"run {repetitions.started} was not checked"
+        for report in reports:
+            spent[report.when] = spent.get(report.when, 0.0) + report.duration
         if not repetitions.wants_more:
             if not repetitions.final:
                 # This run was torn down toward ``item`` but is the last: finish toward ``nextitem``.
                 _finish_teardown(item, nextitem, reports[-1])
+            for report in reports:
+                report.duration = spent[report.when]
             return reports
 
 

@@ -351,3 +351,18 @@ def test_memory_replaced_on_every_run_is_kept_once_not_growth(pytester: pytest.P
     result.assert_outcomes(passed=1)
     entry = report["test_replaces_what_it_keeps[metric0]"]
     assert (entry["pattern"], entry["repetitions"]) == ("kept_once", [8, 8, 8, 8])
+
+
+def test_the_reported_durations_cover_every_run(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import time
+
+        def test_takes_a_while():
+            time.sleep(0.05)
+        """
+    )
+    pytester.runpytest("-p", "no:cacheprovider", "--vramleak", "--vramleak-repeat=4", "--junitxml=junit.xml")
+    junit = (pytester.path / "junit.xml").read_text()
+    seconds = float(junit.split('time="')[2].split('"')[0])  # the testcase's, after the testsuite's
+    assert seconds >= 4 * 0.05
