@@ -4,10 +4,13 @@ A check in the parent process cannot see memory in its children. Code that runs 
 its work in :func:`watch_rank`::
 
     def worker(rank, world_size):
-        dist.init_process_group("gloo", ..., rank=rank, world_size=world_size)
-        with pytest_vramleak.watch_rank():
+        with pytest_vramleak.watch_rank(rank):
+            dist.init_process_group("gloo", ..., rank=rank, world_size=world_size)
             train_a_few_steps()
-        dist.destroy_process_group()
+            dist.destroy_process_group()
+
+(A gloo group still alive when the block ends has crashed ranks while the check measured; made
+and destroyed inside the block, it has not.)
 
 While a checked test runs, the plugin names a folder in the environment variable
 :data:`RANKS_ENV`, which the processes it starts inherit. :func:`watch_rank` runs a whole check
@@ -47,11 +50,13 @@ def _rank() -> int | None:
 
 
 @contextmanager
-def watch_rank(device: str = "auto", *, leak: int | str = 0) -> Iterator[None]:
+def watch_rank(rank: int | None = None, device: str = "auto", *, leak: int | str = 0) -> Iterator[None]:
     """Check the block for leaked memory on ``device`` and report it to the parent test's check.
 
-    ``leak`` is the bytes the block may leave (an int or a size string such as ``"1 MiB"``).
-    Does nothing where no checked test is waiting for the result (no :data:`RANKS_ENV`).
+    ``rank`` names the process in the report; where it is not given, torch.distributed's rank
+    when the block ends, else the ``RANK`` environment variable. ``leak`` is the bytes the block
+    may leave (an int or a size string such as ``"1 MiB"``). Does nothing where no checked test
+    is waiting for the result (no :data:`RANKS_ENV`).
     """
     folder = os.environ.get(RANKS_ENV)
     if not folder:
@@ -72,14 +77,14 @@ def watch_rank(device: str = "auto", *, leak: int | str = 0) -> Iterator[None]:
         try:
             check.stop()
             if not failed:
-                _write(Path(folder), _entry(check.finish()))
+                _write(Path(folder), _entry(check.finish(), rank))
         finally:
             check.close()
 
 
-def _entry(result: Any) -> dict[str, Any]:
+def _entry(result: Any, rank: int | None) -> dict[str, Any]:
     return {
-        "rank": _rank(),
+        "rank": rank if rank is not None else _rank(),
         "pid": os.getpid(),
         "device": result.device,
         "outcome": result.outcome,
