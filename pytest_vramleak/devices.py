@@ -337,18 +337,12 @@ def _spend_unknown_block_warning(torch: Any, enable: Any, disable: Any) -> None:
         return
     _unknown_block_warning_spent = True
     block = torch.ones(16)
-    saved_stderr = os.dup(2)
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 2)
-            enable()
-            try:
-                del block
-            finally:
-                disable()
-    finally:
-        os.dup2(saved_stderr, 2)
-        os.close(saved_stderr)
+    with _quiet_stderr():
+        enable()
+        try:
+            del block
+        finally:
+            disable()
 
 
 # Where torch's profilers start: (module, name) of each function that enables one on a thread.
@@ -401,20 +395,17 @@ class CpuMeter:
             )  # what torch's memory profiler needs to categorize
             with _quiet_stderr():
                 self._profile.start()
-            self._profiling = True
-            self._thread = threading.get_ident()
-            self._step_aside_for_the_tests_profiler()
-            return
-        profiler = self.torch._C._profiler
-        config = profiler.ProfilerConfig(
-            profiler.ProfilerState.CPU, False, True, False, False, False, profiler._ExperimentalConfig()
-        )
-        _spend_unknown_block_warning(
-            self.torch,
-            lambda: autograd._enable_profiler_legacy(config),
-            lambda: autograd._disable_profiler_legacy(autograd._ProfilerDisableOptions(True, True)),
-        )
-        autograd._enable_profiler_legacy(config)
+        else:
+            profiler = self.torch._C._profiler
+            config = profiler.ProfilerConfig(
+                profiler.ProfilerState.CPU, False, True, False, False, False, profiler._ExperimentalConfig()
+            )
+            _spend_unknown_block_warning(
+                self.torch,
+                lambda: autograd._enable_profiler_legacy(config),
+                lambda: autograd._disable_profiler_legacy(autograd._ProfilerDisableOptions(True, True)),
+            )
+            autograd._enable_profiler_legacy(config)
         self._profiling = True
         self._thread = threading.get_ident()
         self._step_aside_for_the_tests_profiler()

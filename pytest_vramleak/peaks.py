@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from .sites import site_text
 from .sizes import format_size
 
 CATEGORIES = ("activations", "gradients", "optimizer state", "parameters", "inputs", "temporaries", "autograd detail", "uncategorized")
@@ -212,7 +213,7 @@ def _describe(event: Any, nbytes: int) -> str:
             callsite = fields.callsite  # the function entered, at its first line
             if site is None and _is_users(callsite.file_name):
                 line = below.typed[1].caller.line_number if below is not None else callsite.line_number
-                site = f"{_short(callsite.file_name)}:{line} in {callsite.function_name}()"
+                site = site_text((callsite.file_name, line, callsite.function_name))
             below = parent
         elif parent.typed[0] == _EventType.PyCCall:  # a C function (torch.ones_like) called from Python
             below = parent
@@ -234,11 +235,3 @@ def _is_users(path: str) -> bool:
         return False
     first = path.replace(os.sep, "/").split("/", 1)[0]
     return first.removesuffix(".py") not in _NOT_USERS and "site-packages/torch/" not in path
-
-
-def _short(path: str) -> str:
-    """A path under the current folder relative to it, as pytest prints test files."""
-    if not os.path.isabs(path):
-        return path
-    relative = os.path.relpath(path)
-    return path if relative.startswith("..") else relative

@@ -20,10 +20,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from .sites import site_text, user_sites
 from .sizes import format_size
-
-_PLUGIN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
 
 def _c10d() -> Any | None:
     """``torch.distributed.distributed_c10d`` where a test has imported it and it works, else None."""
@@ -109,15 +107,10 @@ class ProcessGroups:
 
 
 def _user_site(stack: list[traceback.FrameSummary]) -> str | None:
-    """The innermost frame outside torch, the plugin and pytest: ``test_x.py:12 in test_it()``."""
-    torch_dir = os.sep + "torch" + os.sep
-    for frame in reversed(stack):
-        path = frame.filename
-        if torch_dir in path or path.startswith(_PLUGIN_DIR) or os.sep + "_pytest" + os.sep in path or os.sep + "pluggy" + os.sep in path:
-            continue
-        relative = os.path.relpath(path) if os.path.isabs(path) else path
-        return f"{path if relative.startswith('..') else relative}:{frame.lineno} in {frame.name}()"
-    return None
+    """The innermost frame of the user's code (see :func:`pytest_vramleak.sites.user_sites`):
+    ``test_x.py:12 in test_it()``."""
+    found = user_sites([(frame.filename, frame.lineno or 0, frame.name) for frame in reversed(stack)])
+    return site_text(found[0]) if found else None
 
 
 def describe_groups(groups: list[LeftGroup]) -> str:
@@ -195,14 +188,16 @@ class Children:
     known: bool = False
 
     def begin(self) -> None:
-        self.known = _proc_children() is not None
+        running = _proc_children()
+        self.known = running is not None
         self.before = {}
-        self.adopt()
+        self.adopt(running)
 
-    def adopt(self) -> None:
-        """Count the children running now as older than the check (a wider-scoped fixture started them)."""
+    def adopt(self, running: dict[int, str] | None = None) -> None:
+        """Count the children running now (``running``, where just read) as older than the check (a
+        wider-scoped fixture started them)."""
         if self.known:
-            self.before.update(_proc_children() or {})
+            self.before.update(running if running is not None else _proc_children() or {})
         else:
             import multiprocessing
 

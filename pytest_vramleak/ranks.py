@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from .report import write_text_atomically
 from .sizes import format_size
 
 RANKS_ENV = "PYTEST_VRAMLEAK_RANKS"
@@ -97,11 +98,8 @@ def _entry(result: Any, rank: int | None) -> dict[str, Any]:
 
 
 def _write(folder: Path, entry: dict[str, Any]) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
     name = f"rank-{entry['rank'] if entry['rank'] is not None else 'unknown'}-{entry['pid']}.json"
-    temporary = folder / (name + ".part")
-    temporary.write_text(json.dumps(entry))
-    temporary.replace(folder / name)
+    write_text_atomically(folder / name, json.dumps(entry))  # the parent never reads half a file
 
 
 def collect(folder: Path) -> list[dict[str, Any]]:

@@ -203,10 +203,6 @@ def report_runs(item: pytest.Item, reports: list[pytest.TestReport]) -> None:
         item.ihook.pytest_runtest_logreport(report=report)
 
 
-def pattern_json(repetitions: Repetitions, pattern: str | None) -> dict[str, Any]:
-    return {"pattern": pattern, "repetitions": repetitions.series(), "repetition_warmup": repetitions.warmup}
-
-
 @dataclass(frozen=True)
 class Decision:
     """The verdict on a repeated test: outcome, pattern, failure text (empty when it passes)."""
