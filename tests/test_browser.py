@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,14 @@ def test_the_error_check_sees_a_broken_page(browser: Any, tmp_path: Path) -> Non
     page = tmp_path / "broken.html"
     page.write_text("<!DOCTYPE html><title>broken</title><script>undefinedFunction();</script>")
     browser.get(page.as_uri())
-    assert any("undefinedFunction" in message for message in errors(browser))
+    # Chromium hands its console log over asynchronously: wait for the entry, so that it is read
+    # here and not by the next test's check.
+    seen: list[str] = []
+    deadline = time.monotonic() + 10
+    while not any("undefinedFunction" in message for message in seen) and time.monotonic() < deadline:
+        seen += errors(browser)
+        time.sleep(0.05)
+    assert any("undefinedFunction" in message for message in seen)
 
 
 @pytest.fixture(scope="module", params=["one run", "two shards merged"])
