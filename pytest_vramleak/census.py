@@ -210,8 +210,11 @@ def storage_facts(storage: Any, *, empty: bool = False) -> tuple[str, int, int] 
     of ``torch.compile`` are: their data pointer is never read, since reading it warns)."""
     try:
         device = storage.device
-        kind, index = device.type, device.index
-        if kind == "meta":
+        name: Any = _device_names.get(device, _UNSEEN)
+        if name is _UNSEEN:
+            # str(torch.device) and its fields cost more than the rest: once per device
+            name = _device_names[device] = None if device.type == "meta" else str(device)
+        if name is None:
             return None
         nbytes = storage.nbytes()
         pointer = storage.data_ptr() if nbytes else 0
@@ -219,13 +222,12 @@ def storage_facts(storage: Any, *, empty: bool = False) -> tuple[str, int, int] 
         return None
     if (not pointer or not nbytes) and not (empty and not nbytes):
         return None
-    name = _device_names.get((kind, index))
-    if name is None:
-        name = _device_names[(kind, index)] = str(device)  # str(torch.device) costs more than the rest
     return name, pointer, nbytes
 
 
-_device_names: dict[tuple[str, int | None], str] = {}
+_UNSEEN = object()
+_device_names: dict[Any, str | None] = {}
+"""Each device met (a ``torch.device``), by name; None for the meta device."""
 
 
 @dataclass(frozen=True)
