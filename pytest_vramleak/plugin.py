@@ -12,6 +12,7 @@ pytest's test phases:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import gc
@@ -37,7 +38,7 @@ from .report import TestResult, benchmark_entries, leaked_figure, render_markdow
 from .sizes import SizeError, format_size, parse_size
 from .snapshot import describe, memory_contents
 from .steps import StepNotRun, StepResult, StepWatcher, step_caller
-from .tracker import SIZES_COMPARED_PER_CHECK, StorageRef, Tracker
+from .tracker import COMPARED_PER_CHECK, StorageRef, Tracker
 from .options import OPTIONS, OptionError, Settings, check_device_spec, saved_run_path
 from .options import read_settings as read_options
 from .verdict import Budget
@@ -547,34 +548,45 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         item.config.stash[ACTIVE] = None
         if check.engine is not None:
             check.engine.close()
-        if nextitem is None or getattr(nextitem, "module", None) is not getattr(item, "module", None):
-            _look_for_drift(item)
+        item.config.stash.setdefault(DRIFT_SPAN, [item.nodeid, item.nodeid])[1] = item.nodeid
+        _look_for_drift(item.config, due=True)
 
 
 DRIFT = pytest.StashKey[list[dict[str, Any]]]()
-"""Older storages found grown in place between checks (see :meth:`Tracker.drift`)."""
+"""Older tensors found grown in place, or given gradients, between checks (see :meth:`Tracker.drift`)."""
+DRIFT_SPAN = pytest.StashKey[list[str]]()
+"""The first and the last checked test since the last comparison between checks."""
 
 
-def _look_for_drift(item: pytest.Item) -> None:
-    """As a module's last test ends: where the checks could not afford to compare every storage's
-    size, compare them now and report what grew in place, charged to no test."""
-    tracker = item.config.stash[TRACKER]
-    if not tracker.sizes_skipped:
+def _look_for_drift(config: pytest.Config, *, due: bool) -> None:
+    """Where checks could not afford to compare every storage's size and every leaf's gradient,
+    compare them now, between tests (``due``: as often as keeps the cost small; otherwise
+    whenever a check deferred them), and report what changed, charged to no test."""
+    tracker = config.stash.get(TRACKER, None)
+    if tracker is None or tracker.active or not (tracker.drift_due() if due else tracker.deferred):
         return
-    found = tracker.drift()
+    first, last = config.stash.get(DRIFT_SPAN, ["", ""])
+    with contextlib.suppress(KeyError):
+        del config.stash[DRIFT_SPAN]
+    try:
+        found = tracker.drift()
+    except Exception as error:  # said in the summary, never a crashed session
+        config.stash[OUTPUT_ERRORS].append(f"could not compare older tensors between checks: {type(error).__name__}: {error}")
+        return
     if not found:
         return
+    where = last if first == last else f"{first} to {last}"
     devices = sorted({ref.device for ref, _ in found})
     for device in devices:
         grown = [(ref, delta) for ref, delta in found if ref.device == device]
-        finding: dict[str, Any] = {"where": item.nodeid.split("::")[0], "device": device, "bytes": sum(delta for _, delta in grown)}
+        finding: dict[str, Any] = {"where": where, "device": device, "bytes": sum(delta for _, delta in grown)}
         try:
             groups = describe({(ref.device, ref.pointer) for ref, _ in grown}, device)
         except Exception as error:  # the finding stands without its holders
             finding["held_by"] = [f"not named: vramleak could not search the heap: {type(error).__name__}: {error}"]
         else:
             finding["held_by"] = list(dict.fromkeys(chain for group in groups for chain in group.held_by))[:MAX_FIXTURE_CHAINS]
-        item.config.stash.setdefault(DRIFT, []).append(finding)
+        config.stash.setdefault(DRIFT, []).append(finding)
 
 
 def _drop_fixture_values(item: pytest.Item) -> None:
@@ -802,9 +814,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         lines += [f"    diagnosis: {finding}" for finding in leftover.get("diagnoses", [])]
     for finding in config.stash.get(DRIFT, []):
         lines.append(
-            f"older tensors grew in place by {format_size(finding['bytes'])} on {finding['device']} during {finding['where']} "
-            f"(this process holds over {SIZES_COMPARED_PER_CHECK:,} storages: their sizes are compared between test modules, "
-            "so no test is charged)"
+            f"older tensors grew in place or were given gradients, {format_size(finding['bytes'])} on {finding['device']}, "
+            f"during {finding['where']} (this process holds over {COMPARED_PER_CHECK:,} storages or leaves: checks compare "
+            "their sizes and gradients between tests, and watch each backward pass, so no test is charged)"
         )
         lines += [f"    held by {chain}" for chain in finding.get("held_by", [])]
     for result in results:
@@ -837,6 +849,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     tracker = config.stash.get(TRACKER, None)
     if tracker is not None:
         tracker.end()  # never leave the heap frozen behind a session
+        if OUTPUT_ERRORS in config.stash:
+            _look_for_drift(config, due=False)
     settings = config.stash.get(SETTINGS, None)
     if settings is None:
         return

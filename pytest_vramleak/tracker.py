@@ -31,19 +31,29 @@ tensor or storage object T, directly, as T's gradient, or through T's autograd g
 
    a. one of its storages dies (``set_``, ``.data =``, ``swap_tensors``, freeing its gradient):
       the storage's callback names the tensors that used it, which are read again;
-   b. backward accumulates a new gradient into it: that needs an autograd graph, whose nodes
-      take this thread's autograd sequence numbers; when the counter moved during the test,
-      the gradients of every indexed leaf that requires grad are compared with what was read;
+   b. backward writes a new gradient into it. A backward pass writes ``.grad`` only into the
+      leaves its graph reaches and the tensors it is given as ``inputs``; the check watches
+      every backward pass run through ``torch.autograd`` while it runs, on any thread and
+      whenever its graph was built (:mod:`pytest_vramleak.backward`), and reads those tensors
+      again where their gradient changed. Tensors that retain their gradient without being
+      leaves are few: each backward pass compares all of them. A backward pass that does not
+      go through ``torch.autograd`` (the C++ engine called directly, TorchScript) still needs
+      a graph, whose nodes take this thread's autograd sequence numbers: when the counter
+      moved during the test, the gradients of every indexed leaf that requires grad are
+      compared with what was read, at C speed, in a process that holds up to
+      :data:`COMPARED_PER_CHECK` of them; beyond that, between checks (:meth:`Tracker.drift`);
    c. it grows in place (``resize_``, an ``out=`` argument that resizes, ``storage.resize_``):
       the sizes of all indexed storages are compared with what was read, in one pass at C
       speed (about 0.07 microseconds a storage), the only reading as costly as the process's
-      storages are many. So it is done at each check only up to
-      :data:`SIZES_COMPARED_PER_CHECK` storages; in a process that holds more, between
-      checks (:meth:`Tracker.drift`), where what grew is reported but charged to no test.
+      storages are many. So it is done at each check only up to :data:`COMPARED_PER_CHECK`
+      storages; in a process that holds more, between checks (:meth:`Tracker.drift`).
 
+   :meth:`Tracker.drift` runs between tests as often as keeps its cost to :data:`DRIFT_SHARE`
+   of the run, and once as the session ends: what it finds is reported, charged to no test.
    What stays unseen: a tensor older than the test given a new storage while its old one
-   lives on (``set_`` on one of two views of a buffer), and a gradient that backward on
-   another thread, or on a graph built before the test, accumulates into an older leaf.
+   lives on (``set_`` on one of two views of a buffer), and a gradient that an unwatched
+   backward pass on another thread writes into an older leaf, in a process that holds no more
+   than :data:`COMPARED_PER_CHECK` leaves (beyond that, :meth:`Tracker.drift` finds it).
 
 Where the heap is frozen by someone else (a conftest that froze it, or a test that freezes it),
 nothing is frozen by the tracker: it notices (a young sentinel object made at each freeze goes
@@ -70,6 +80,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
+from .backward import BackwardWatch
 from .census import (
     FREEZERS,
     _graph_tensors,
@@ -105,10 +116,15 @@ def graph_clock(torch: Any) -> int | None:
         return None
 
 
-SIZES_COMPARED_PER_CHECK = 20_000
-"""Up to this many indexed storages, each check compares all their sizes (at most about a
-millisecond and a half); with more, the comparison waits for :meth:`Tracker.drift`, which the
-pytest layer calls as each test module ends."""
+COMPARED_PER_CHECK = 2_000
+"""Up to this many indexed storages (or leaves that can take a gradient), each check compares all
+their sizes (or gradients) with what was read: about a tenth of a millisecond. With more, the
+check relies on what it watched (the leaves each backward pass reached), and the exhaustive
+comparison waits for :meth:`Tracker.drift`, which the pytest layer calls between tests, as often
+as keeps its cost under :data:`DRIFT_SHARE` of the run."""
+
+DRIFT_SHARE = 0.05
+"""The share of the run's time the comparisons between checks may take (see :meth:`Tracker.drift_due`)."""
 
 REFREEZE_AFTER_SECONDS = 0.002
 """An observation that spent longer than this collecting and scanning young objects (a step
@@ -154,6 +170,13 @@ _ENTRY_GRAD = operator.attrgetter("grad")
 _GRAD = operator.attrgetter("_grad")
 
 
+@functools.lru_cache(maxsize=1)
+def _storage_readers() -> tuple[Any, Any]:
+    """``TensorBase``'s own ``untyped_storage`` and ``is_nested`` getter: no subclass's code runs."""
+    base = _torch()._C.TensorBase
+    return base.untyped_storage, base.is_nested.__get__
+
+
 class Entry:
     """What the tracker last read of one tensor."""
 
@@ -195,6 +218,17 @@ class Tracker:
         """The references of the entries in ``_capable``, in one list, and the ids of their
         gradients when last read: what :meth:`_read_gradients` compares (rebuilt on a change)."""
         self._grad_known: list[int] = []
+        self._retainers: dict[int, Entry] = {}
+        """Tensors that are not leaves but retain their gradient: backward writes theirs without
+        an ``AccumulateGrad`` node, so each backward pass compares them all (they are few)."""
+        self._touched: dict[int, Entry] = {}
+        """Indexed tensors a backward pass may have given a gradient since the last observation."""
+        self._touched_new: list[weakref.ref[Any]] = []
+        """The same, not indexed when noted."""
+        self._backward_ran = False
+        self._watch = BackwardWatch(self._backward_noted)
+        self._storage_died = self._on_death  # bound once: indexing makes a reference per storage
+        self._tensor_died = self._on_tensor_death
         self._storages: dict[int, StorageRef] = {}
         self._dead: list[StorageRef] = []
         self._dead_tensors: list[int] = []
@@ -215,8 +249,11 @@ class Tracker:
         self._offsets_open = True
         self._born_override: int | None = None
         self._drift: list[tuple[StorageRef, int]] | None = None
-        self.sizes_skipped = False
-        """Set when a check skipped comparing sizes (too many storages); :meth:`drift` does it later."""
+        self._drift_new: list[StorageRef] = []
+        self.deferred = False
+        """Set when a check left an exhaustive comparison (sizes, gradients) to :meth:`drift`."""
+        self._last_drift = (0.0, 0.0)
+        """When the last :meth:`drift` ended, and what it cost (seconds)."""
         self.full_reads = 0
         """How many times every indexed tensor was read again (for tests and benchmarks)."""
         self.grad_reads = 0
@@ -256,6 +293,10 @@ class Tracker:
         self._begun = True
         self._observed = False
         self._offsets_open = True
+        self._touched.clear()
+        self._touched_new.clear()
+        self._backward_ran = False
+        self._watching = self._watch.start()
         if not self._foreign:
             self._old_sentinel = _OldSentinel()  # frozen with the heap: found again only if someone unfreezes it
             gc.freeze()
@@ -269,6 +310,9 @@ class Tracker:
         if self._begun and not self._observed:
             self.unindexed = True  # what this test made and kept is not indexed
         self._begun = False
+        self._watch.stop()
+        self._touched.clear()
+        self._touched_new.clear()
         self._sentinel = self._old_sentinel = None
         FREEZERS.discard(self)
         if self._froze:
@@ -303,25 +347,55 @@ class Tracker:
             self._someone_thawed(offsets_before)
         scanned = time.perf_counter() - started
         if watch and since is not None:
-            if graphs is None or since.graphs is None or graphs != since.graphs:
-                self._read_gradients()
-            if len(self._storages) <= SIZES_COMPARED_PER_CHECK:
-                self._compare_sizes()
-            else:
-                self.sizes_skipped = True
+            self._watch_older(graphs is None or since.graphs is None or graphs != since.graphs)
         if self._froze and scanned > REFREEZE_AFTER_SECONDS:
             self._refreeze()
         return Mark(self.clock, graphs)
 
+    def _watch_older(self, built_graphs: bool) -> None:
+        """Look for changes to older tensors since the last observation (2b and 2c of the module
+        docstring), at the cost of what the test did where the process holds many."""
+        backward_ran = self._backward_ran
+        self._backward_ran = False
+        if self._touched or self._touched_new:
+            self._read_touched()
+        if backward_ran and self._retainers:
+            self._read_retainers()
+        if built_graphs:
+            if len(self._capable) <= COMPARED_PER_CHECK or not self._watching or self._watch.failed or not self._watch.watching:
+                self._read_gradients()  # small enough, or a backward pass may have gone unwatched
+            else:
+                self.deferred = True  # a backward that did not go through torch.autograd: see drift()
+        if len(self._storages) <= COMPARED_PER_CHECK:
+            self._compare_sizes()
+        else:
+            self.deferred = True
+
+    def drift_due(self) -> bool:
+        """Whether :meth:`drift` should run now: a check deferred a comparison, and the time since
+        the last one is long enough that comparing now keeps their cost under :data:`DRIFT_SHARE`."""
+        ended, cost = self._last_drift
+        return self.deferred and time.perf_counter() - ended >= cost / DRIFT_SHARE
+
     def drift(self) -> list[tuple[StorageRef, int]]:
-        """Compare every storage's size now, between checks, where checks skipped it (more than
-        :data:`SIZES_COMPARED_PER_CHECK` storages): the older storages that grew in place since
-        they were last compared, with their growth, charged to no test."""
-        self.sizes_skipped = False
-        self._drift = []
-        self._compare_sizes()
-        found, self._drift = self._drift, None
-        return [(ref, delta) for ref, delta in found if ref() is not None and delta > 0]
+        """Compare every storage's size and every leaf's gradient now, between checks, where checks
+        deferred it (more than :data:`COMPARED_PER_CHECK` of them): the older storages that grew
+        in place since they were last compared, with their growth, and the gradients given to
+        older tensors by a backward pass no check watched, with their bytes, charged to no test."""
+        started = time.perf_counter()
+        self.deferred = False
+        self._drift, self._drift_new = [], []
+        try:
+            self._process_dead()
+            self._read_gradients()
+            self._compare_sizes()
+            found = [(ref, delta) for ref, delta in self._drift if ref() is not None and delta > 0]
+            found += [(ref, ref.nbytes) for ref in self._drift_new if ref() is not None and ref.nbytes > 0]
+        finally:
+            self._drift, self._drift_new = None, []
+            ended = time.perf_counter()
+            self._last_drift = (ended, ended - started)
+        return found
 
     def _compare_sizes(self) -> None:
         """Compare the size of every indexed storage with what was read (2c), at C speed."""
@@ -499,6 +573,45 @@ class Tracker:
                 self._grad_refs = None
         tensors.clear()
 
+    def _backward_noted(self, tensors: list[Any]) -> None:
+        """A backward pass is about to run (on any thread) and may write the gradients of these."""
+        self._backward_ran = True
+        entries = self._entries
+        for tensor in tensors:
+            entry = entries.get(id(tensor))
+            if entry is not None and entry.ref() is tensor:
+                self._touched[id(tensor)] = entry
+            else:
+                self._touched_new.append(weakref.ref(tensor))
+
+    def _read_touched(self) -> None:
+        """Read again the tensors a backward pass may have given a gradient, where it changed."""
+        touched, self._touched = self._touched, {}
+        new, self._touched_new = self._touched_new, []
+        tensors = [tensor for tensor in map(operator.call, list(new)) if tensor is not None]
+        with _torch()._C.DisableTorchFunction():
+            for entry in list(touched.values()):  # list(): a backward on another thread may still add
+                tensor = entry.ref()
+                if tensor is not None and _GRAD(tensor) is not entry.grad():
+                    tensors.append(tensor)
+            for tensor in tensors:
+                self._read_tensor(tensor, set(), [])
+        tensors.clear()
+
+    def _read_retainers(self) -> None:
+        """Compare the gradients of the tensors that retain theirs with what was read."""
+        changed = []
+        with _torch()._C.DisableTorchFunction():
+            for ident, entry in list(self._retainers.items()):
+                tensor = entry.ref()
+                if tensor is None:
+                    self._forget(ident, entry)
+                elif _GRAD(tensor) is not entry.grad():
+                    changed.append(tensor)
+            for tensor in changed:
+                self._read_tensor(tensor, set(), [])
+        changed.clear()
+
     def _forget(self, ident: int, entry: Entry) -> None:
         if self._entries.get(ident) is entry:
             del self._entries[ident]
@@ -507,6 +620,8 @@ class Tracker:
             self._grad_refs = None
         if self._capable_new.get(ident) is entry:
             del self._capable_new[ident]
+        if self._retainers.get(ident) is entry:
+            del self._retainers[ident]
 
     def _scan(self, *, thaw: bool = False) -> bool:
         """Read every tensor and storage object in the unfrozen generations; with ``thaw``, say
@@ -597,6 +712,7 @@ class Tracker:
         self._entries.clear()
         self._capable.clear()
         self._capable_new.clear()
+        self._retainers.clear()
         self._grad_refs = None
         with whole_heap():
             # Garbage indexed here (cycles of untracked code) can only die after the test that
@@ -628,16 +744,23 @@ class Tracker:
         """Read a tensor whole: its storages, its gradient, the tensors its autograd graph saved."""
         ident = id(tensor)
         entry = self._entries.get(ident)
-        if entry is None or entry.ref() is not tensor:
+        fresh = entry is None or entry.ref() is not tensor
+        if fresh:
             try:
-                tensor_ref = TensorRef(tensor, self._on_tensor_death)
+                tensor_ref = TensorRef(tensor, self._tensor_died)
             except TypeError:
                 return
             tensor_ref.ident = ident
             entry = Entry(tensor_ref)
             self._entries[ident] = entry
+        assert entry is not None
+        untyped_storage, is_nested = _storage_readers()
+        try:  # the common case, one strided storage, without the general function's calls
+            storages: Any = (untyped_storage(tensor),) if not is_nested(tensor) else tensor_storages(tensor)
+        except Exception:
+            storages = tensor_storages(tensor)
         refs: list[StorageRef] = []
-        for storage in tensor_storages(tensor):
+        for storage in storages:
             ref = self._register(storage, ident)
             if ref is not None:
                 refs.append(ref)
@@ -653,10 +776,14 @@ class Tracker:
         if entry.capable:
             if self._capable.get(ident) is not entry and self._capable_new.get(ident) is not entry:
                 self._capable_new[ident] = entry
-        else:
+            if not leaf:
+                self._retainers[ident] = entry
+        elif not fresh:
             self._capable_new.pop(ident, None)
             if self._capable.pop(ident, None) is not None:
                 self._grad_refs = None
+        if leaf and self._retainers:
+            self._retainers.pop(ident, None)
         if grad is not None and is_tensor_type(type(grad)):
             if entry.grad() is not grad:
                 entry.grad = weakref.ref(grad)
@@ -670,8 +797,8 @@ class Tracker:
             for ref in grad_entry.storages if grad_entry is not None else ():
                 if ident not in ref.users:
                     ref.users.append(ident)  # its gradient's death is this tensor's change too
-        else:
-            if entry.grad is not _NO_GRAD and ident in self._capable:
+        elif entry.grad is not _NO_GRAD:
+            if ident in self._capable:
                 self._grad_refs = None
             entry.grad = _NO_GRAD
         if grad_fn is not None:
@@ -705,7 +832,7 @@ class Tracker:
         if facts is None:
             return None
         device, pointer, nbytes = facts
-        ref = StorageRef(storage, self._on_death)
+        ref = StorageRef(storage, self._storage_died)
         born = self.clock if self._born_override is None else self._born_override
         ref.ident, ref.nbytes, ref.device, ref.pointer, ref.born = ident, nbytes, device, pointer, born
         ref.users = [user] if user is not None else []
@@ -713,6 +840,8 @@ class Tracker:
         self._totals[device] += nbytes
         if self._begun and born >= self.begin_clock:
             self._young.append(ref)
+        elif self._drift is not None:
+            self._drift_new.append(ref)
         return ref
 
     def _on_death(self, ref: StorageRef) -> None:

@@ -22,6 +22,35 @@ LEAKS = {
         def test_later(model):  # keeps the module's model, and its gradients, alive after test_it
             pass
         """,
+    "gradient_from_backward_on_another_thread": """
+        import threading
+        MODEL = torch.nn.Linear(64, 64)
+
+        @pytest.mark.vram_budget
+        def test_it():  # this thread builds no graph: the backward pass itself is watched
+            worker = threading.Thread(target=lambda: MODEL(torch.ones(2, 64)).sum().backward())
+            worker.start()
+            worker.join()
+        """,
+    "gradient_through_a_graph_built_before_the_test": """
+        MODEL = torch.nn.Linear(64, 64)
+        LOSS = MODEL(torch.ones(2, 64)).sum()
+
+        @pytest.mark.vram_budget
+        def test_it():
+            LOSS.backward()
+        """,
+    "gradient_retained_by_an_older_non_leaf": """
+        WEIGHT = torch.ones(64, requires_grad=True)
+        WEIGHT.grad = torch.zeros(64)  # accumulated in place: only the retained gradient is new
+        HIDDEN = WEIGHT * 2
+        HIDDEN.retain_grad()
+        LOSS = HIDDEN.sum()
+
+        @pytest.mark.vram_budget
+        def test_it():
+            LOSS.backward()
+        """,
     "storage_swapped_under_an_old_tensor": """
         WEIGHT = torch.nn.Parameter(torch.zeros(16))
 
@@ -550,3 +579,75 @@ def test_holders_that_change_during_the_search_are_said_to_have_changed(
     result, report = run_checked()
     assert report["test_it"]["tensors"][0]["held_by"] == [referrers.CHANGED]
     result.stdout.no_fnmatch_line("*held by test_it.CACHE*")
+
+
+MANY_LEAVES = """
+    import pytest, torch
+
+    # More leaves and storages than a check compares one by one (COMPARED_PER_CHECK).
+    PARAMS = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(1)) for _ in range(2500))
+    BUFFERS = [torch.zeros(1) for _ in range(2500)]
+    MODEL = torch.nn.Linear(64, 64)
+"""
+
+
+def test_a_gradient_given_to_one_of_many_older_leaves_is_charged_to_the_test(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(
+        test_it=textwrap.dedent(MANY_LEAVES)
+        + textwrap.dedent("""
+            @pytest.mark.vram_budget
+            def test_it():
+                MODEL(torch.ones(2, 64)).sum().backward()
+            """)
+    )
+    result, report = run_checked()
+    assert report["test_it"]["outcome"] == "leaked", result.stdout.str()
+    assert report["test_it"]["leaked_bytes"] == (64 * 64 + 64) * 4  # the weight's and the bias's gradients
+
+
+def test_checks_read_only_what_backward_reached_where_leaves_are_many() -> None:
+    import torch
+
+    from pytest_vramleak.tracker import COMPARED_PER_CHECK, Tracker
+
+    params = [torch.nn.Parameter(torch.zeros(1)) for _ in range(COMPARED_PER_CHECK + 1)]
+    model = torch.nn.Linear(8, 8)
+    tracker = Tracker()
+    tracker.begin()
+    try:
+        before = tracker.observe()
+        model(torch.ones(2, 8)).sum().backward()
+        tracker.observe(since=before)
+        created = tracker.created("cpu", since=before.clock)
+        assert sorted(ref.nbytes for ref in created) == [8 * 4, 8 * 8 * 4]
+        assert tracker.grad_reads == 0 and tracker.deferred
+    finally:
+        tracker.end()
+    assert tracker.drift() == [] and tracker.grad_reads == 1 and not tracker.deferred
+    assert len(params) > COMPARED_PER_CHECK
+
+
+def test_what_checks_leave_to_later_is_compared_between_tests(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it=textwrap.dedent(MANY_LEAVES)
+        + textwrap.dedent("""
+            @pytest.mark.vram_budget
+            def test_grows():
+                BUFFERS[0].resize_(4096)
+
+            @pytest.mark.vram_budget
+            def test_unwatched_backward():  # the C++ engine called directly: no check watches it
+                from torch.autograd.variable import Variable
+
+                loss = MODEL(torch.ones(2, 64)).sum()
+                Variable._execution_engine.run_backward((loss,), (torch.ones(()),), False, False, (), True, True)
+            """)
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*older tensors grew in place or were given gradients, 16.0 KiB on cpu, during test_it.py::test_grows (*",
+            "*older tensors grew in place or were given gradients, 16.2 KiB on cpu, during test_it.py::test_unwatched_backward (*",
+        ]
+    )

@@ -1,0 +1,130 @@
+"""Which tensors a backward pass can give a gradient, noted as it starts, at the cost of its graph.
+
+Backward writes ``.grad`` only into the leaves its graph reaches (each behind an
+``AccumulateGrad`` node) and into the tensors passed as its ``inputs``. Every backward run from
+Python (``Tensor.backward``, ``torch.autograd.backward``, and ``torch.autograd.grad``, which
+accumulates nothing) goes through ``torch.autograd.graph._engine_run_backward``, on whatever
+thread it runs; torch itself replaces that function, in both modules that hold it, to trace
+backward (``torch.compiler._patch_engine_backward``). :class:`BackwardWatch` does the same while a
+check runs: before the engine starts, it walks the graph from the roots and hands the tensors it
+may write to a callback, then runs the engine as it would have run. It keeps no reference to them
+and calls no user code: it reads ``next_functions`` and ``variable`` of C++ nodes.
+
+What it cannot see: a backward started without that function (the C++ engine called directly,
+TorchScript). :attr:`BackwardWatch.watching` says whether the wrapper is still the one torch calls.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+_MODULES = ("torch.autograd.graph", "torch.autograd")
+_NAME = "_engine_run_backward"
+
+
+def graph_leaves(roots: Any, inputs: Any) -> list[Any]:
+    """The tensors a backward from ``roots`` (tensors or gradient edges) can write ``.grad`` into:
+    the leaves behind the ``AccumulateGrad`` nodes its graph reaches, a root that is itself a leaf,
+    and the tensors among ``inputs``."""
+    torch: Any = sys.modules["torch"]
+    accumulate = torch._C._functions.AccumulateGrad
+    tensor_type = torch._C.TensorBase
+    found: list[Any] = []
+    stack: list[Any] = []
+    for root in roots if type(roots) in (tuple, list) else (roots,):
+        if issubclass(type(root), tensor_type):
+            node = tensor_type.grad_fn.__get__(root)
+            if node is None:
+                found.append(root)  # backward on a leaf accumulates into the leaf
+            else:
+                stack.append(node)
+        elif type(root) is _gradient_edge():
+            stack.append(root.node)
+    seen: set[int] = set()
+    walked: list[Any] = []  # keeps each node alive, so its id stays its own during the walk
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        walked.append(node)
+        if type(node) is accumulate:
+            found.append(node.variable)
+            continue
+        for next_node, _ in node.next_functions:
+            if next_node is not None and id(next_node) not in seen:
+                stack.append(next_node)
+    walked.clear()
+    for tensor in inputs if type(inputs) in (tuple, list) else ():
+        if issubclass(type(tensor), tensor_type):
+            found.append(tensor)
+        elif type(tensor) is _gradient_edge() and type(tensor.node) is accumulate:
+            found.append(tensor.node.variable)
+    return found
+
+
+def _gradient_edge() -> Any:
+    graph = sys.modules.get(_MODULES[0])
+    return getattr(graph, "GradientEdge", None)
+
+
+class BackwardWatch:
+    """Wraps torch's backward entry point while started; see the module docstring."""
+
+    def __init__(self, noted: Callable[[list[Any]], None]) -> None:
+        self._noted = noted
+        self._original: Any = None
+        self._wrapper: Any = None
+        self.failed = False
+        """Set when a walk raised: the tensors of that backward are not known."""
+
+    def start(self) -> bool:
+        """Put the wrapper in place; False where torch has no such entry point (nothing is watched)."""
+        graph = sys.modules.get(_MODULES[0])
+        original = getattr(graph, _NAME, None)
+        if original is None or not callable(original):
+            return False
+        self.failed = False
+        noted = self._noted
+        torch_function_off = sys.modules["torch"]._C.DisableTorchFunction  # tensor subclasses run no code of theirs
+
+        def run_backward(t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
+            # torch.autograd.grad passes accumulate_grad=False: it writes no .grad. A wrapper left
+            # in place after stop() (someone restored it over torch's own) only passes through.
+            if self._wrapper is run_backward and kwargs.get("accumulate_grad", True):
+                inputs = kwargs["inputs"] if "inputs" in kwargs else (args[3] if len(args) > 3 else ())
+                try:
+                    with torch_function_off():
+                        noted(graph_leaves(t_outputs, inputs))
+                except Exception:
+                    self.failed = True
+            return original(t_outputs, *args, **kwargs)
+
+        run_backward.__wrapped__ = original  # type: ignore[attr-defined]
+        self._original, self._wrapper = original, run_backward
+        for name in _MODULES:
+            module = sys.modules.get(name)
+            if module is not None and getattr(module, _NAME, None) is original:
+                setattr(module, _NAME, run_backward)
+        return True
+
+    @property
+    def watching(self) -> bool:
+        """Whether torch still calls the wrapper (someone may have replaced it since)."""
+        wrapper = self._wrapper
+        return wrapper is not None and all(
+            getattr(sys.modules.get(name), _NAME, None) is wrapper for name in _MODULES if name in sys.modules
+        )
+
+    def stop(self) -> None:
+        """Put torch's function back where the wrapper still stands (never over someone else's)."""
+        wrapper, original = self._wrapper, self._original
+        self._wrapper = self._original = None
+        if wrapper is None:
+            return
+        for name in _MODULES:
+            module = sys.modules.get(name)
+            if module is not None and getattr(module, _NAME, None) is wrapper:
+                setattr(module, _NAME, original)
