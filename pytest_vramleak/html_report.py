@@ -438,9 +438,11 @@ def render_html(
     results: Sequence[Mapping[str, Any]],
     *,
     fixtures: Iterable[Mapping[str, Any]] = (),
+    between_checks: Iterable[Mapping[str, Any]] = (),
     about: Mapping[str, str] | None = None,
 ) -> str:
-    """The whole page for a run's results (the JSON report's ``tests``) and fixture findings.
+    """The whole page for a run's results (the JSON report's ``tests``), fixture findings, and
+    older tensors found changed between checks.
 
     ``about`` lists facts of the run shown under the title (versions, date, device).
     """
@@ -495,6 +497,18 @@ def render_html(
             + "".join(f'<div class="diagnosis">{_escape(finding)}</div>' for finding in f.get("diagnoses", []))
             + "</td></tr>"
             for f in fixtures
+        ]
+        parts.append("</tbody></table>")
+    between = list(between_checks)
+    if between:
+        parts.append('<h2 class="part">Older tensors grown in place or given gradients between checks (charged to no test)</h2>')
+        parts.append('<table class="fixtures"><thead><tr><th>during</th><th>device</th><th>bytes</th><th>held by</th></tr></thead><tbody>')
+        parts += [
+            f'<tr><td><code>{_escape(b["where"])}</code></td><td>{_escape(b["device"])}</td>'
+            f'<td class="number">{_escape(size_text(b["bytes"]))}</td><td>'
+            + "<br>".join(f"<code>{_escape(chain)}</code>" for chain in b.get("held_by", []))
+            + "</td></tr>"
+            for b in between
         ]
         parts.append("</tbody></table>")
     if ordered:

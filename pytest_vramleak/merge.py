@@ -52,6 +52,7 @@ def merge(documents: Sequence[tuple[str, dict[str, Any]]]) -> tuple[dict[str, An
     tests: dict[str, dict[str, Any]] = {}
     origin: dict[str, str] = {}
     fixtures: dict[str, dict[str, Any]] = {}
+    between: dict[str, dict[str, Any]] = {}
     messages: list[str] = []
     shards: list[str] = []
     for name, document in documents:
@@ -73,10 +74,15 @@ def merge(documents: Sequence[tuple[str, dict[str, Any]]]) -> tuple[dict[str, An
             fixture = dict(fixture)
             fixture.setdefault("shard", name)
             fixtures[json.dumps(_without_shard(fixture), sort_keys=True)] = fixture
+        for finding in document.get("between_checks", []):
+            finding = dict(finding)
+            finding.setdefault("shard", name)
+            between[json.dumps(_without_shard(finding), sort_keys=True)] = finding
     merged = {
         "version": REPORT_VERSION,
         "tests": sorted(tests.values(), key=lambda entry: entry["nodeid"]),
         "fixtures": list(fixtures.values()),
+        "between_checks": list(between.values()),
         "about": {"merged from": ", ".join(dict.fromkeys(shards))},
     }
     return merged, messages
@@ -105,8 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for message in messages:
         print(f"pytest-vramleak merge: {message}", file=sys.stderr)
     if options.json is not None:
-        write_json(options.json, merged["tests"], fixtures=merged["fixtures"], about=merged["about"])
+        write_json(options.json, merged["tests"], fixtures=merged["fixtures"], between_checks=merged["between_checks"], about=merged["about"])
     if options.html is not None:
-        write_text_atomically(options.html, render_html(merged["tests"], fixtures=merged["fixtures"], about=merged["about"]))
+        write_text_atomically(options.html, render_html(merged["tests"], fixtures=merged["fixtures"], between_checks=merged["between_checks"], about=merged["about"]))
     print(f"pytest-vramleak merge: {len(merged['tests'])} tests from {len(documents)} reports")
     return 0

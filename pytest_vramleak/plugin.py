@@ -629,8 +629,9 @@ class _XdistController:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
-        found = getattr(node, "workeroutput", {}).get("vramleak_fixtures", [])
-        self.config.stash.setdefault(WORKER_LEFTOVERS, []).extend(found)
+        output = getattr(node, "workeroutput", {})
+        self.config.stash.setdefault(WORKER_LEFTOVERS, []).extend(output.get("vramleak_fixtures", []))
+        self.config.stash.setdefault(DRIFT, []).extend(output.get("vramleak_drift", []))
 
 
 class _Recorder:
@@ -813,10 +814,11 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         lines += [f"    held by {chain}" for chain in leftover.get("held_by", [])]
         lines += [f"    diagnosis: {finding}" for finding in leftover.get("diagnoses", [])]
     for finding in config.stash.get(DRIFT, []):
+        worker = f" (worker {finding['worker']})" if finding.get("worker") else ""
         lines.append(
             f"older tensors grew in place or were given gradients, {format_size(finding['bytes'])} on {finding['device']}, "
-            f"during {finding['where']} (this process holds over {COMPARED_PER_CHECK:,} storages or leaves: checks compare "
-            "their sizes and gradients between tests, and watch each backward pass, so no test is charged)"
+            f"during {finding['where']}{worker} (this process holds over {COMPARED_PER_CHECK:,} storages or leaves: checks "
+            "compare their sizes and gradients between tests, and watch each backward pass, so no test is charged)"
         )
         lines += [f"    held by {chain}" for chain in finding.get("held_by", [])]
     for result in results:
@@ -860,9 +862,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         # Each worker sets up its own module- and session-scoped fixtures: say whose this is.
         worker = getattr(config, "workerinput", {}).get("workerid")
         workeroutput["vramleak_fixtures"] = [{**leftover, "worker": worker} for leftover in config.stash[LEFTOVERS]]
+        workeroutput["vramleak_drift"] = [{**finding, "worker": worker} for finding in config.stash.get(DRIFT, [])]
         return
     results = _latest(config.stash[RESULTS])
     leftovers: list[dict[str, Any]] = config.stash[LEFTOVERS]
+    drift: list[dict[str, Any]] = config.stash.get(DRIFT, [])
     outputs: list[tuple[str, Callable[[], None]]] = [("the Markdown summary", lambda: _write_markdown(config, results))]
     if settings.save and session.exitstatus == pytest.ExitCode.INTERRUPTED:
         config.stash[OUTPUT_ERRORS].append(f"the run was interrupted: the saved run {settings.save!r} was left as it was")
@@ -876,10 +880,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         outputs.append((f"the saved run to {path}", lambda: write_text_atomically(path, json.dumps({"version": 1, "tests": figures}, indent=2) + "\n")))
     for report in settings.report_paths:
         if is_html_path(report):
-            outputs.append((f"the HTML report to {report}", functools.partial(_write_html, config, report, results, leftovers)))
+            outputs.append((f"the HTML report to {report}", functools.partial(_write_html, config, report, results, leftovers, drift)))
         else:
             about = {**_about(config), "host": socket.gethostname()}
-            outputs.append((f"the JSON report to {report}", functools.partial(write_json, report, results, fixtures=leftovers, about=about)))
+            write_report = functools.partial(write_json, report, results, fixtures=leftovers, between_checks=drift, about=about)
+            outputs.append((f"the JSON report to {report}", write_report))
     if settings.benchmark_json:
         benchmark = json.dumps(benchmark_entries(results), indent=2) + "\n"
         outputs.append((f"the benchmark figures to {settings.benchmark_json}", functools.partial(write_text_atomically, settings.benchmark_json, benchmark)))
@@ -896,8 +901,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 OUTPUT_ERRORS = pytest.StashKey[list[str]]()
 
 
-def _write_html(config: pytest.Config, path: str, results: list[dict[str, Any]], leftovers: list[dict[str, Any]]) -> None:
-    write_text_atomically(path, render_html(results, fixtures=leftovers, about=_about(config)))
+def _write_html(config: pytest.Config, path: str, results: list[dict[str, Any]], leftovers: list[dict[str, Any]], drift: list[dict[str, Any]]) -> None:
+    write_text_atomically(path, render_html(results, fixtures=leftovers, between_checks=drift, about=_about(config)))
 
 
 def _about(config: pytest.Config) -> dict[str, str]:

@@ -103,14 +103,22 @@ def write_json(
     results: Iterable[dict[str, Any]],
     *,
     fixtures: Iterable[dict[str, Any]] = (),
+    between_checks: Iterable[dict[str, Any]] = (),
     about: Mapping[str, str] | None = None,
 ) -> None:
     """Write the report atomically: a reader sees the old file or the whole new one, never half.
 
-    ``fixtures`` lists wider-scoped fixtures whose storages outlived their teardown; ``about``
-    says where and when the run was made (what merging shards keeps per test).
+    ``fixtures`` lists wider-scoped fixtures whose storages outlived their teardown;
+    ``between_checks``, older tensors found grown in place or given gradients between checks
+    (charged to no test); ``about`` says where and when the run was made (what merging shards
+    keeps per test).
     """
-    document: dict[str, Any] = {"version": REPORT_VERSION, "tests": sorted(results, key=lambda r: r["nodeid"]), "fixtures": list(fixtures)}
+    document: dict[str, Any] = {
+        "version": REPORT_VERSION,
+        "tests": sorted(results, key=lambda r: r["nodeid"]),
+        "fixtures": list(fixtures),
+        "between_checks": list(between_checks),
+    }
     if about:
         document["about"] = dict(about)
     write_text_atomically(path, json.dumps(document, indent=2) + "\n")

@@ -201,6 +201,7 @@ def test_json_report_schema(pytester: pytest.Pytester) -> None:
             }
         ],
         "fixtures": [],
+        "between_checks": [],
     }
     assert [p.name for p in path.parent.iterdir()] == ["report.json"]  # no temporary file left
 

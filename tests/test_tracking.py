@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -643,11 +644,20 @@ def test_what_checks_leave_to_later_is_compared_between_tests(pytester: pytest.P
                 Variable._execution_engine.run_backward((loss,), (torch.ones(()),), False, False, (), True, True)
             """)
     )
-    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak-report=r.json", "--vramleak-report=r.html")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(
         [
-            "*older tensors grew in place or were given gradients, 16.0 KiB on cpu, during test_it.py::test_grows (*",
+            "*older tensors grew in place or were given gradients, 16.0 KiB on cpu, during test_it.py::test_grows "
+            "(this process holds over 2,000 storages or leaves: checks compare their sizes and gradients between tests, *",
+            "    held by test_it.BUFFERS[0]",
             "*older tensors grew in place or were given gradients, 16.2 KiB on cpu, during test_it.py::test_unwatched_backward (*",
         ]
     )
+    found = json.loads((pytester.path / "r.json").read_text())["between_checks"]
+    assert [(f["where"], f["device"], f["bytes"]) for f in found] == [
+        ("test_it.py::test_grows", "cpu", 4096 * 4 - 4),
+        ("test_it.py::test_unwatched_backward", "cpu", (64 * 64 + 64) * 4),
+    ]
+    assert "test_it.BUFFERS[0]" in found[0]["held_by"][0]
+    assert "charged to no test" in (pytester.path / "r.html").read_text()

@@ -63,3 +63,25 @@ def test_fixture_leftovers_from_every_worker_reach_the_report(pytester: pytest.P
         ["*= vramleak summary =*", "fixture 'table_*' (module scope, test_*.py, worker gw?) still holds 4.0 KiB it allocated, after its teardown"]
     )
 
+
+
+def test_what_workers_found_between_checks_reaches_the_report(pytester: pytest.Pytester) -> None:
+    for name in ("a", "b"):
+        pytester.makepyfile(
+            **{
+                f"test_{name}": """
+                import torch
+
+                BUFFERS = [torch.zeros(1) for _ in range(2500)]  # more storages than a check compares
+
+                def test_grows():
+                    BUFFERS[0].resize_(1024)
+                """
+            }
+        )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak", "--vramleak-report=r.json", "-n", "2")
+    result.assert_outcomes(passed=2)
+    found = json.loads((pytester.path / "r.json").read_text())["between_checks"]
+    assert sorted((f["where"], f["bytes"]) for f in found) == [("test_a.py::test_grows", 4092), ("test_b.py::test_grows", 4092)]
+    assert all(f["worker"] in ("gw0", "gw1") for f in found)
+    result.stdout.fnmatch_lines(["*older tensors grew in place or were given gradients, 4.0 KiB on cpu, during test_?.py::test_grows (worker gw?) (this process holds over 2,000 *"])
