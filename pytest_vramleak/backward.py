@@ -20,6 +20,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from .census import graph_nodes
+
 _MODULES = ("torch.autograd.graph", "torch.autograd")
 _NAME = "_engine_run_backward"
 
@@ -42,20 +44,8 @@ def graph_leaves(roots: Any, inputs: Any) -> list[Any]:
                 stack.append(node)
         elif type(root) is _gradient_edge():
             stack.append(root.node)
-    seen: set[int] = set()
-    walked: list[Any] = []  # keeps each node alive, so its id stays its own during the walk
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        walked.append(node)
-        if type(node) is accumulate:
-            found.append(node.variable)
-            continue
-        for next_node, _ in node.next_functions:
-            if next_node is not None and id(next_node) not in seen:
-                stack.append(next_node)
+    walked: list[Any] = []
+    found += [node.variable for node in graph_nodes(stack, set(), walked) if type(node) is accumulate]
     walked.clear()
     for tensor in inputs if type(inputs) in (tuple, list) else ():
         if issubclass(type(tensor), tensor_type):

@@ -276,18 +276,28 @@ def _saved_names(node: Any) -> tuple[str, ...]:
     return names
 
 
-def _graph_tensors(root: Any, visited: set[int], keep: list[Any]) -> Iterator[Any]:
-    """Tensors saved for backward by the graph under ``root``, each node visited once overall.
+def graph_nodes(roots: list[Any], visited: set[int], keep: list[Any]) -> Iterator[Any]:
+    """Each autograd node under ``roots``, once overall (their ids go into ``visited``).
 
     ``keep`` holds every node visited so that ids stay unique while the walk lasts.
     """
-    stack = [root]
+    stack = list(roots)
     while stack:
         node = stack.pop()
         if node is None or id(node) in visited:
             continue
         visited.add(id(node))
         keep.append(node)
+        yield node
+        try:
+            stack.extend(child for child, _ in node.next_functions)
+        except Exception:
+            continue
+
+
+def _graph_tensors(root: Any, visited: set[int], keep: list[Any]) -> Iterator[Any]:
+    """Tensors saved for backward by the graph under ``root``, each node visited once overall."""
+    for node in graph_nodes([root], visited, keep):
         for name in _saved_names(node):
             try:
                 value = getattr(node, name)
@@ -297,10 +307,6 @@ def _graph_tensors(root: Any, visited: set[int], keep: list[Any]) -> Iterator[An
                 yield from (v for v in value if is_tensor_type(type(v)))
             elif is_tensor_type(type(value)):
                 yield value
-        try:
-            stack.extend(child for child, _ in node.next_functions)
-        except Exception:
-            continue
 
 
 def walk(device: str | None = None, *, defer_owners: frozenset[int] | set[int] = frozenset()) -> Iterator[Found]:
