@@ -293,10 +293,7 @@ class Tracker:
         self._begun = True
         self._observed = False
         self._offsets_open = True
-        self._touched.clear()
-        self._touched_new.clear()
-        self._backward_ran = False
-        self._watching = self._watch.start()
+        self._watch.start()
         if not self._foreign:
             self._old_sentinel = _OldSentinel()  # frozen with the heap: found again only if someone unfreezes it
             gc.freeze()
@@ -313,6 +310,7 @@ class Tracker:
         self._watch.stop()
         self._touched.clear()
         self._touched_new.clear()
+        self._backward_ran = False
         self._sentinel = self._old_sentinel = None
         FREEZERS.discard(self)
         if self._froze:
@@ -360,9 +358,9 @@ class Tracker:
         if self._touched or self._touched_new:
             self._read_touched()
         if backward_ran and self._retainers:
-            self._read_retainers()
+            self._read_changed_gradients(self._retainers)
         if built_graphs:
-            if len(self._capable) <= COMPARED_PER_CHECK or not self._watching or self._watch.failed or not self._watch.watching:
+            if len(self._capable) <= COMPARED_PER_CHECK or self._watch.failed or not self._watch.watching:
                 self._read_gradients()  # small enough, or a backward pass may have gone unwatched
             else:
                 self.deferred = True  # a backward that did not go through torch.autograd: see drift()
@@ -541,12 +539,7 @@ class Tracker:
         self.grad_reads += 1
         torch = _torch()
         with torch._C.DisableTorchFunction():
-            for ident, entry in list(self._capable_new.items()):
-                tensor = entry.ref()
-                if tensor is None:
-                    self._forget(ident, entry)
-                elif _GRAD(tensor) is not entry.grad():
-                    self._read_tensor(tensor, set(), [])
+            self._read_changed_gradients(self._capable_new)
             if self._grad_refs is None:
                 entries = list(self._capable.values())
                 self._grad_refs = list(map(_ENTRY_REF, entries))
@@ -590,19 +583,17 @@ class Tracker:
         new, self._touched_new = self._touched_new, []
         tensors = [tensor for tensor in map(operator.call, list(new)) if tensor is not None]
         with _torch()._C.DisableTorchFunction():
-            for entry in list(touched.values()):  # list(): a backward on another thread may still add
-                tensor = entry.ref()
-                if tensor is not None and _GRAD(tensor) is not entry.grad():
-                    tensors.append(tensor)
             for tensor in tensors:
                 self._read_tensor(tensor, set(), [])
         tensors.clear()
+        self._read_changed_gradients(touched)  # it copies the dict first: a backward on another thread may still add
 
-    def _read_retainers(self) -> None:
-        """Compare the gradients of the tensors that retain theirs with what was read."""
+    def _read_changed_gradients(self, entries: dict[int, Entry]) -> None:
+        """Read again, in full, those of these tensors whose gradient is not the one last read
+        (one by one: for the few); forget those that died."""
         changed = []
         with _torch()._C.DisableTorchFunction():
-            for ident, entry in list(self._retainers.items()):
+            for ident, entry in list(entries.items()):
                 tensor = entry.ref()
                 if tensor is None:
                     self._forget(ident, entry)
@@ -776,13 +767,13 @@ class Tracker:
         if entry.capable:
             if self._capable.get(ident) is not entry and self._capable_new.get(ident) is not entry:
                 self._capable_new[ident] = entry
-            if not leaf:
-                self._retainers[ident] = entry
         elif not fresh:
             self._capable_new.pop(ident, None)
             if self._capable.pop(ident, None) is not None:
                 self._grad_refs = None
-        if leaf and self._retainers:
+        if entry.capable and not leaf:
+            self._retainers[ident] = entry
+        elif self._retainers:
             self._retainers.pop(ident, None)
         if grad is not None and is_tensor_type(type(grad)):
             if entry.grad() is not grad:
