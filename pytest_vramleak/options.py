@@ -40,6 +40,12 @@ class Option:
     def cli(self) -> str:
         return "--" + self.ini.replace("_", "-")
 
+    @property
+    def cli_help(self) -> str:
+        """The help text as argparse wants it: argparse formats command-line help with ``%``
+        (``%(default)s``), so a literal ``%`` is written ``%%``; ini help is printed as it is."""
+        return self.help.replace("%", "%%")
+
 
 OPTIONS = (
     Option("vramleak", "check every test for leaked tensor memory, as if marked vram_budget()", "false", flag=True),

@@ -104,10 +104,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("vramleak", "tensor memory leak checks (pytest-vramleak)")
     for option in OPTIONS:
         if option.flag:
-            group.addoption(option.cli, action="store_true", default=None, help=option.help)
+            group.addoption(option.cli, action="store_true", default=None, help=option.cli_help)
         else:
             action = "append" if option.repeat else "store"
-            group.addoption(option.cli, action=action, default=None, metavar=option.metavar, help=option.help)
+            group.addoption(option.cli, action=action, default=None, metavar=option.metavar, help=option.cli_help)
         if option.repeat:
             parser.addini(option.ini, option.help, type="args", default=[])
         else:
