@@ -41,8 +41,9 @@ from .referrers import NamedRoot
 from .report import render_groups
 from .sizes import format_size
 from .sites import SiteRecorder, Sites, SiteSource
-from .snapshot import TensorGroup, describe, meter_for
-from .tracker import Mark, StorageRef, Tracker
+from .census import storage_key
+from .snapshot import HELD_FROM_CPP, TensorGroup, describe, describe_history, meter_for
+from .tracker import NODE_BYTES, KeptGraph, Mark, StorageRef, Tracker
 from .verdict import Budget, BudgetVerdict, Increase, judge_budget, judge_increase
 
 
@@ -60,6 +61,9 @@ class Rules:
     max_increase: Increase = Increase()
     watch_peak: bool | None = None
     """Measure the peak: None measures it where a budget asks for one or where it is free."""
+    count_cpp_held: bool = False
+    """Count memory that nothing in Python refers to (held by PyTorch itself in C++, nothing the
+    checked code can free) as a leak, rather than naming it and leaving it out."""
 
 
 @dataclass
@@ -72,8 +76,18 @@ class CheckResult:
     message: str = ""
     """One sentence per broken rule, or empty."""
     baseline_bytes: int | None = None
+    """Memory in use as the check began (before a test's set-up)."""
     end_bytes: int | None = None
     leaked_bytes: int | None = None
+    """What the checked code left: bytes of storages it made that are alive, plus older storages'
+    growth in place, less older storages it freed (never below 0); on accelerators, the
+    allocator's growth less what fixtures of a wider scope made meanwhile."""
+    net_bytes: int | None = None
+    """The same before the floor at 0: negative where the code freed more older memory than it kept."""
+    fixture_bytes: int = 0
+    """Memory that fixtures of a wider scope, set up meanwhile, made and still hold: theirs."""
+    graph: KeptGraph | None = None
+    """Autograd nodes the checked code made that tensors alive after it keep (its history)."""
     created_bytes: int | None = None
     """On CPU: bytes of storages made during the check and still alive (what the groups list)."""
     freed_older_bytes: int | None = None
@@ -87,6 +101,11 @@ class CheckResult:
     """Process groups and child processes the check's code left alive, one block each."""
     memory_leaked: bool = False
     """Whether memory (not only process groups or children) is what leaked."""
+    over_budget: bool = False
+    """Whether a budget other than the leak's was passed: the peak, reserved or pinned memory, the saved run's peak."""
+    other_leaks: bool = False
+    """Whether memory that runs again do not classify leaked: pinned host memory, another device,
+    memory left to the cycle collector (--vramleak-strict-cycles)."""
     ranks: list[dict[str, Any]] = field(default_factory=list)
     """What each rank process reported through :func:`~pytest_vramleak.ranks.watch_rank`."""
     cycle_bytes: int | None = None
@@ -98,14 +117,37 @@ class CheckResult:
     other_groups: dict[str, list[TensorGroup]] = field(default_factory=dict)
     """Leaked tensors on the process's other CUDA devices, by device."""
     trace: str | None = None
+    set_aside: list[tuple[str, list[TensorGroup]]] = field(default_factory=list)
+    """What the leak did not count, and why: held only by PyTorch's own caches or in C++, or by
+    threads older than the check (see :func:`name_leak`)."""
+    named: bool = False
+    """Whether the leaked tensors were looked for and their holders named (see :meth:`LeakCheck.explain`)."""
+
+    @property
+    def history_bytes(self) -> int:
+        """The estimated host memory of the kept autograd history."""
+        return self.graph.estimated_bytes if self.graph is not None else 0
 
     def figures(self) -> str:
-        """One line: baseline, end and peak, and reserved memory where there is some."""
+        """One line: memory before and after, what made the difference, the peak, and reserved
+        memory where there is some. Its terms add up: after = before + kept + fixtures' - garbage."""
 
         def size(value: int | None) -> str:
             return "not measured" if value is None else format_size(value)
 
-        text = f"baseline {size(self.baseline_bytes)}, after teardown {size(self.end_bytes)}, peak above baseline {size(self.peak_bytes)}"
+        text = f"before set-up {size(self.baseline_bytes)}, after teardown {size(self.end_bytes)}"
+        terms = []
+        net = self.net_bytes if self.net_bytes is not None else self.leaked_bytes
+        if net:
+            terms.append(f"the test kept {format_size(net)}" if net > 0 else f"the test freed {format_size(-net)} of older memory")
+        if self.fixture_bytes:
+            terms.append(f"fixtures of a wider scope set up meanwhile hold {format_size(self.fixture_bytes)}")
+        garbage = self.details.get("older_garbage_freed_bytes", 0)
+        if garbage:
+            terms.append(f"a full collection freed {format_size(garbage)} of older garbage")
+        if terms:
+            text += " (" + "; ".join(terms) + ")"
+        text += f", peak during the call {size(self.peak_bytes)}"
         if "reserved_bytes" in self.details:
             text += f", reserved by the caching allocator {format_size(self.details['reserved_bytes'])}"
         return text
@@ -116,7 +158,7 @@ class CheckResult:
         if self.peak_over and self.peak_breakdown is not None:
             lines.append(self.peak_breakdown.render())
         lines += self.left_behind
-        if self.outcome == "leaked" and self.memory_leaked:
+        if self.outcome == "leaked" and self.memory_leaked and self.named:
             lines += ["leaked tensors:", render_groups(self.groups)]
             for device, groups in self.other_groups.items():
                 lines += [f"leaked tensors on {device}:", render_groups(groups)]
@@ -138,6 +180,11 @@ class LeakCheck:
         trace_folder: Path | None = None,
         name: str = "check",
         named_roots: Callable[[], Sequence[NamedRoot]] | None = None,
+        settle_leaks: bool = True,
+        name_leaks: bool = True,
+        credit_since: int | None = None,
+        sites: SiteSource | None = None,
+        clear_caches: bool = True,
     ) -> None:
         self.meter = meter or meter_for(device)
         self.budget = budget or Budget()
@@ -148,11 +195,26 @@ class LeakCheck:
         self.named_roots = named_roots
         """Values to name as their owner calls them when they hold a leak (a test's fixtures)."""
         self.result = CheckResult(self.meter.name)
+        self.settle_leaks = settle_leaks
+        """Confirm a suspected leak with a full collection (and PyTorch's caches cleared) before it is final."""
+        self.name_leaks = name_leaks
+        """Name the holders of a leak as the check finishes (else :meth:`explain` does, when asked)."""
+        self.credit_since = credit_since
+        """Where the same code ran before (a test run again): the tracker's clock as its first run
+        began. What those runs made and this one let go counts as freed by this one."""
+        self._sites_given = sites
+        self.clear_caches = clear_caches
+        """Clear PyTorch's own caches (compiled graphs) before confirming a leak. A test run again
+        keeps them between runs: cleared, each run would compile anew."""
         self._record_sites = record_sites
         self._trace_folder = trace_folder
         self.sites: SiteRecorder | None = None
         self.history: AllocatorHistory | None = None
         self._baseline: Mark | None = None
+        self.begin_clock = 0
+        """The tracker's clock as the check began: storages first seen since are the check's."""
+        self._begin_graphs: int | None = None
+        self._allocated_at_begin: int | None = None
         self._allocated_at_start: int | None = None
         self._accelerator_clock = 0
         """On an accelerator, the tracker's clock when the body started: what it makes is seen later."""
@@ -181,6 +243,17 @@ class LeakCheck:
         self._threads_before = {thread.name for thread in threading.enumerate() if thread.ident != current}
         if not self.tracker.active:
             self.tracker.begin(index=self.on_cpu)
+        self.begin_clock = self.tracker.begin_clock
+        self._begin_graphs = self.tracker.begin_graphs
+        if self._begin_graphs is None:
+            from .tracker import graph_clock
+
+            self._begin_graphs = graph_clock(_import_torch())
+        if self.on_cpu:
+            self.result.baseline_bytes = self.tracker.total("cpu")
+        else:
+            self._accelerator_clock = self.begin_clock - 1
+            self._allocated_at_begin = self.result.baseline_bytes = self.meter.allocated_bytes()
         self.process_groups.begin()
         self.children.begin()
         # Rank processes started from here on inherit where to report (see pytest_vramleak.ranks).
@@ -194,11 +267,9 @@ class LeakCheck:
         if self.on_cpu:
             self._baseline = self.tracker.observe()
             self.tracker.freeze_young()  # what set-up made is read again only where it changes
-            result.baseline_bytes = self.tracker.total("cpu")
         else:
-            self._accelerator_clock = self.tracker.clock
             meter.settle()
-            self._allocated_at_start = result.baseline_bytes = meter.allocated_bytes()
+            self._allocated_at_start = meter.allocated_bytes()
             if isinstance(meter, CudaMeter):
                 self._pinned_at_start = meter.pinned_bytes()
             details = meter.details()
@@ -213,7 +284,7 @@ class LeakCheck:
                 meter.categorize_peak = self.budget.peak is not None
             meter.start_peak()
             self._watching_peak = True
-        if self._record_sites and self.on_cpu:
+        if self._record_sites and self.on_cpu and self._sites_given is None:
             self.sites = SiteRecorder()
             self.sites.start()
         if self._trace_folder is not None and isinstance(self.meter, CudaMeter):
@@ -227,7 +298,7 @@ class LeakCheck:
             if self._baseline is not None or self._allocated_at_start is not None:
                 self.result.cycle_bytes = self._cycle_bytes()
             if self.sites is not None and self._baseline is not None:
-                self.sites.capture(self.tracker.pairs(self.tracker.created("cpu", since=self._baseline.clock)))
+                self.sites.capture(self.tracker.pairs(self.tracker.created("cpu", since=self.begin_clock - 1)))
         finally:
             if self.sites is not None:
                 self.sites.stop()  # tracing costs: it covers the body alone
@@ -246,15 +317,27 @@ class LeakCheck:
             else:
                 self._finish_accelerator(confirm)
             self._apply_rules()
-            if self.result.outcome == "leaked" and self.result.memory_leaked:
-                self._explain()
-                self._discount_torch_caches()
+            if self.name_leaks and self.result.outcome == "leaked" and self.result.memory_leaked:
+                self.explain()
+            elif self.suspected:
+                self._save_history()
             return self.result
         finally:
             if self.sites is not None:
                 self.sites.stop()
             if self.history is not None:
                 self.history.stop()
+
+    def adopt_bytes(self, nbytes: int) -> None:
+        """On an accelerator: ``nbytes`` more are a wider-scoped fixture's, set up during the check."""
+        self.result.fixture_bytes += nbytes
+
+    @property
+    def suspected(self) -> bool:
+        """Whether the check found more than its budget left (before it was confirmed): memory,
+        or autograd history the checked code made and left alive."""
+        result = self.result
+        return (result.leaked_bytes or 0) + result.history_bytes > self.budget.leak
 
     def close(self) -> None:
         """Unfreeze the heap; the check holds nothing of the code it checked."""
@@ -267,8 +350,7 @@ class LeakCheck:
             shutil.rmtree(self._ranks_folder, ignore_errors=True)
             self._ranks_folder = None
         if self.sites is not None:
-            self.sites.stop()
-            self.sites.clear()
+            self.sites.stop()  # what it captured stays known: a test run again names its leak later
         if self.history is not None:
             self.history.stop()
         self.tracker.end()
@@ -306,8 +388,7 @@ class LeakCheck:
 
     def _cpu_ledger(self) -> int:
         tracker = self.tracker
-        assert self._baseline is not None
-        since = self._baseline.clock
+        since = self.begin_clock - 1  # what function-scoped fixtures made during set-up is the test's
         created = sum(ref.nbytes for ref in tracker.created("cpu", since=since))
         grown = sum(delta for _, delta in tracker.grown_older("cpu", since=since))
         freed = tracker.freed_older("cpu", since=since)
@@ -315,39 +396,57 @@ class LeakCheck:
         result.created_bytes = created + grown
         result.freed_older_bytes = freed
         result.end_bytes = tracker.total("cpu")
-        result.leaked_bytes = max(0, created + grown - freed)
+        result.fixture_bytes = sum(ref.nbytes for ref in tracker.adopted_alive("cpu"))
+        result.net_bytes = created + grown - freed
+        result.leaked_bytes = max(0, result.net_bytes)
         return result.leaked_bytes
 
     def _finish_cpu(self, confirm: Callable[[], None] | None) -> None:
         assert self._baseline is not None, "finish() before start()"
-        self.tracker.observe(since=self._baseline)
-        if self._cpu_ledger() > self.budget.leak:
-            self._confirm(confirm)
-            self.tracker.observe(watch=False)
-            self._cpu_ledger()
-
-    def _confirm(self, confirm: Callable[[], None] | None) -> None:
-        """Before a suspected leak is final: drop what PyTorch caches for itself (as its own check
-        does), what the caller still holds, and cycles that outlived an observation."""
-        clear_torch_caches(_import_torch())
-        if confirm is not None:
+        tracker = self.tracker
+        tracker.observe(since=self._baseline)
+        self._cpu_ledger()
+        self.result.graph = tracker.kept_graph(threshold=self._begin_graphs)
+        if not self.suspected:
+            return
+        if confirm is not None:  # what pytest still holds of the test's fixtures goes first: cheap
             confirm()
-        garbage = self.tracker.settle()[self.meter.name]
+            tracker.observe(watch=False)
+            self._cpu_ledger()
+            self.result.graph = tracker.kept_graph(threshold=self._begin_graphs)
+        if self.suspected and self.settle_leaks:
+            self._confirm()
+            tracker.observe(watch=False)
+            self._cpu_ledger()
+            self.result.graph = tracker.kept_graph(threshold=self._begin_graphs)
+
+    def _confirm(self) -> None:
+        """Before a suspected leak is final: drop what PyTorch caches for itself (as its own check
+        does), and cycles that outlived an observation."""
+        if self.clear_caches:
+            clear_torch_caches(_import_torch())
+        garbage = self.tracker.settle(credit_since=self.credit_since)[self.meter.name]
         self._settled = True
         if garbage:
-            self.result.details["older_garbage_freed_bytes"] = garbage
-            self.result.notes.append(
-                f"confirming a suspected leak, a full collection also freed {format_size(garbage)} of older garbage: not the test's doing"
-            )
+            self.result.details["older_garbage_freed_bytes"] = self.result.details.get("older_garbage_freed_bytes", 0) + garbage
 
     def _finish_accelerator(self, confirm: Callable[[], None] | None) -> None:
         meter, budget, result = self.meter, self.budget, self.result
-        assert self._allocated_at_start is not None, "finish() before start()"
-        growth = measure_growth(meter, self._allocated_at_start, self._driver_at_start, budget.leak)
-        if growth.allocated > budget.leak:
-            self._confirm(confirm)
-            growth = measure_growth(meter, self._allocated_at_start, self._driver_at_start, budget.leak)
-        result.leaked_bytes = growth.allocated
+        assert self._allocated_at_begin is not None and self._allocated_at_start is not None, "finish() before start()"
+        baseline = self._allocated_at_begin + result.fixture_bytes
+        growth = measure_growth(meter, baseline, self._driver_at_start, budget.leak)
+        result.graph = self.tracker.young_graph(self._begin_graphs)
+        if growth.allocated + result.history_bytes > budget.leak:
+            if confirm is not None:
+                confirm()
+            if self.settle_leaks:
+                if self.clear_caches:
+                    clear_torch_caches(_import_torch())
+                self._settled = True
+            growth = measure_growth(meter, baseline, self._driver_at_start, budget.leak)
+            result.graph = self.tracker.young_graph(self._begin_graphs)
+        result.net_bytes = growth.allocated
+        result.leaked_bytes = max(0, growth.allocated)
         result.end_bytes = meter.allocated_bytes()
         result.details = dict(meter.details())
         if growth.driver is not None:
@@ -367,18 +466,31 @@ class LeakCheck:
     def _apply_rules(self) -> None:
         result, budget, rules = self.result, self.budget, self.rules
         assert result.leaked_bytes is not None
-        verdict = judge_budget(budget, result.device, result.leaked_bytes, result.peak_bytes)
+        result.left_behind = []
+        result.over_budget = result.other_leaks = False
+        history = result.history_bytes
+        verdict = judge_budget(budget, result.device, result.leaked_bytes + history, result.peak_bytes)
         result.peak_over = budget.peak is not None and result.peak_bytes is not None and result.peak_bytes > budget.peak
         messages = [verdict.message] if verdict.message else []
-        if self.on_cpu and verdict.outcome == "leaked" and result.freed_older_bytes:
+        if verdict.outcome == "leaked" and history and result.graph is not None:
+            kept = f"the autograd history of {result.graph.nodes:,} nodes the test made (about {format_size(history)} of host memory)"
+            allowed = f"allowed {format_size(budget.leak)}"
+            found = f"leaked {format_size(result.leaked_bytes + history)} on {result.device}, {allowed}"
+            if result.leaked_bytes:
+                messages[0] = messages[0].replace(found, f"leaked {format_size(result.leaked_bytes)} on {result.device}, {allowed}, and kept {kept}", 1)
+            else:
+                messages[0] = messages[0].replace(found, f"kept {kept} on {result.device}, {allowed}", 1)
+        if self.on_cpu and verdict.outcome == "leaked" and result.freed_older_bytes and result.leaked_bytes:
             messages[0] += (
                 f" ({format_size(result.created_bytes or 0)} made and still alive, "
                 f"{format_size(result.freed_older_bytes)} of older memory freed)"
             )
         outcome = verdict.outcome
+        result.over_budget = result.peak_over
         pinned_leak = result.details.get("pinned_host_leaked_bytes", 0)
         if pinned_leak > budget.leak:
             outcome = "leaked"
+            result.other_leaks = True
             messages.append(
                 f"leaked {format_size(pinned_leak)} of pinned host memory (torch.cuda.host_memory_stats), allowed {format_size(budget.leak)}: "
                 "pinned buffers kept alive (a pin_memory() copy stored somewhere, a DataLoader with pin_memory=True whose iterator lives on)"
@@ -391,22 +503,28 @@ class LeakCheck:
                 continue
             used = result.details.get(name)
             if used is None:
-                result.notes.append(f"the budget for {what} was not checked: {result.device} keeps no statistics of it")
+                note = f"the budget for {what} was not checked: {result.device} keeps no statistics of it"
+                if note not in result.notes:
+                    result.notes.append(note)
             elif used > limit:
+                result.over_budget = True
                 outcome = outcome if outcome == "leaked" else "over_budget"
                 messages.append(f"{what} peaked at {format_size(used)} above its level at the start on {result.device}, allowed {format_size(limit)}")
         for other, _ in self._others:
             grew = result.details.get(f"{other.name}_leaked_bytes", 0)
             if grew > budget.leak:
                 outcome = "leaked"
+                result.other_leaks = True
                 messages.append(f"leaked {format_size(grew)} on {other.name}, allowed {format_size(budget.leak)}")
         if rules.saved_peak is not None and result.peak_bytes is not None:
             grew_text = judge_increase(rules.saved_peak, result.peak_bytes, rules.max_increase, result.device)
             if grew_text:
+                result.over_budget = True
                 outcome = outcome if outcome == "leaked" else "over_budget"
                 messages.append(grew_text)
         if rules.strict_cycles and (result.cycle_bytes or 0) > budget.leak:
             outcome = "leaked"
+            result.other_leaks = True
             messages.append(
                 f"left {format_size(result.cycle_bytes or 0)} on {result.device} to the cycle collector, allowed "
                 f"{format_size(budget.leak)} (--vramleak-strict-cycles): break the reference cycle, e.g. with weakref"
@@ -436,59 +554,72 @@ class LeakCheck:
     # -- explaining -----------------------------------------------------------------------------
 
     def leaked_storages(self, device: str) -> list[StorageRef]:
-        """The storages that make the leak on ``device``: made since the baseline and alive, or older and grown."""
+        """The storages that make the leak on ``device``: made since the check began and alive, or older and grown."""
         tracker = self.tracker
-        since = self._baseline.clock if self._baseline is not None else self._accelerator_clock
+        since = self.begin_clock - 1 if self.on_cpu else self._accelerator_clock
         return tracker.created(device, since=since) + [ref for ref, _ in tracker.grown_older(device, since=since)]
 
-    def _explain(self) -> None:
-        result = self.result
-        sources: list[SiteSource] = [source for source in (self.sites,) if source is not None]
-        if self.history is not None and self._trace_folder is not None:
+    def _save_history(self) -> None:
+        """Save the allocator's history of a leaking check for PyTorch's memory viewer (once)."""
+        if self.history is not None and self._trace_folder is not None and self.result.trace is None:
             path = self.history.save(self._trace_folder, self.name)
-            result.trace = str(path)
-            result.notes.append(f"allocator history saved to {path} (open it in https://pytorch.org/memory_viz)")
+            self.result.trace = str(path)
+            self.result.notes.append(f"allocator history saved to {path} (open it in https://pytorch.org/memory_viz)")
+
+    def site_source(self) -> SiteSource | None:
+        """Where the check's tensors were made, as far as recorded."""
+        sources: list[SiteSource] = [source for source in (self._sites_given, self.sites) if source is not None]
+        if self.history is not None and self._trace_folder is not None:
+            self._save_history()
             sources.append(self.history.sites())
-        sites = Sites(sources) if sources else None
+        return Sites(sources) if sources else None
+
+    def explain(self) -> None:
+        """Name what holds the leaked tensors and the kept autograd history (a walk of the heap),
+        and leave out what is not the checked code's to answer for (see :func:`name_leak`)."""
+        result = self.result
+        if result.named:
+            return
+        result.named = True
+        sites = self.site_source()
         devices = [result.device] + [
             other.name for other, _ in self._others if result.details.get(f"{other.name}_leaked_bytes", 0) > self.budget.leak
         ]
         if not self.on_cpu:
             self.tracker.catch_up()  # the allocator said how much; which storages, the index says
+        named = self.named_roots() if self.named_roots is not None else ()
         for device in devices:
-            if device == result.device and result.leaked_bytes is not None and result.leaked_bytes <= self.budget.leak:
-                continue
-            keys = [(ref.device, ref.pointer) for ref in self.leaked_storages(device) if ref() is not None]
-            with self.tracker.unfrozen():
-                named = self.named_roots() if self.named_roots is not None else ()
-                groups = describe(keys, device, sites=sites, named=named, collected=self._settled) if keys else []
-            if device == result.device:
-                result.groups = groups
+            main = device == result.device
+            refs = self.leaked_storages(device) if not main or (result.leaked_bytes or 0) > 0 else []
+            found = name_leak(
+                self.tracker,
+                device,
+                refs,
+                result.graph.roots if main and result.graph is not None else [],
+                sites=sites,
+                named=named,
+                collected=self._settled,
+                threads_before=self._threads_before,
+                count_cpp_held=self.rules.count_cpp_held,
+            )
+            if main:
+                result.groups = found.groups + found.history
+                self._set_aside(found.set_aside)
             else:
-                result.other_groups[device] = groups
+                result.other_groups[device] = found.groups
 
-    def _discount_torch_caches(self) -> None:
-        """Take out what is not the check's to answer for: what only PyTorch's own caches hold
-        (the constants of compiled graphs, which ``torch._dynamo.reset()`` does not always free),
-        and what only threads running since before the check hold in their frames."""
-        threads = tuple(f"thread '{name}' " for name in self._threads_before)
-        self._discount(held_by_torch_cache, "held by caches PyTorch keeps itself (compiled graphs and their constants)")
-        self._discount(
-            lambda group: bool(group.held_by) and all(chain.startswith(threads) for chain in group.held_by) if threads else False,
-            "held by threads that were running before the test began",
-        )
-
-    def _discount(self, predicate: Callable[[TensorGroup], bool], holders: str) -> None:
+    def _set_aside(self, set_aside: list[tuple[str, list[TensorGroup]]]) -> None:
+        """Take out of the leak what :func:`name_leak` found is not the check's, and decide again."""
         result = self.result
-        groups = [group for group in result.groups if predicate(group)]
-        if not groups or result.leaked_bytes is None:
+        if not set_aside or result.leaked_bytes is None:
             return
-        discounted = sum(group.bytes for group in groups)
-        result.leaked_bytes = max(0, result.leaked_bytes - discounted)
-        if result.created_bytes is not None:
-            result.created_bytes = max(0, result.created_bytes - discounted)
-        result.groups = [group for group in result.groups if group not in groups]
-        result.notes.append(f"{format_size(discounted)} {holders}: not counted")
+        for holders, groups in set_aside:
+            discounted = sum(group.bytes for group in groups)
+            result.leaked_bytes = max(0, result.leaked_bytes - discounted)
+            if result.created_bytes is not None:
+                result.created_bytes = max(0, result.created_bytes - discounted)
+            result.set_aside.append((holders, groups))
+            result.notes.append(f"{format_size(discounted)} {holders}: not counted")
         self._apply_rules()
         if result.outcome != "leaked":
             result.groups = []
@@ -508,3 +639,69 @@ def _import_torch() -> Any:
     import torch
 
     return torch
+
+
+@dataclass
+class NamedLeak:
+    """A leak's storages grouped and named: what is the checked code's, its kept autograd history,
+    and what is set aside (with whose it is)."""
+
+    groups: list[TensorGroup]
+    history: list[TensorGroup]
+    set_aside: list[tuple[str, list[TensorGroup]]]
+
+
+TORCH_CACHES = "held by caches PyTorch keeps itself (compiled graphs and their constants)"
+CPP_HELD = (
+    "held by PyTorch itself in C++: nothing in Python refers to it, so nothing the test can free "
+    "(--vramleak-fail-on=any counts it)"
+)
+OLDER_THREADS = "held by threads that were running before the test began"
+
+
+def held_in_cpp_only(group: TensorGroup) -> bool:
+    """Whether nothing Python can reach holds the group: no Python reference and no autograd node
+    Python holds (a constant torch's tracing keeps, a tensor an extension keeps)."""
+    return group.kind in ("tensor", "grad", "storage") and bool(group.held_by) and all(chain == HELD_FROM_CPP for chain in group.held_by)
+
+
+def name_leak(
+    tracker: Tracker,
+    device: str,
+    refs: Sequence[StorageRef],
+    graph_roots: Sequence[tuple[Any, int]],
+    *,
+    sites: SiteSource | None,
+    named: Sequence[NamedRoot],
+    collected: bool,
+    threads_before: set[str],
+    count_cpp_held: bool,
+) -> NamedLeak:
+    """Group and name ``refs`` (storages) and the tensors in ``graph_roots`` (weak references with
+    the autograd nodes each keeps), and set aside what no test is charged for: what only PyTorch's
+    own caches hold, what nothing in Python reaches (held by PyTorch in C++; unless
+    ``count_cpp_held``), and what only threads running since before the check hold."""
+    keys = [(ref.device, ref.pointer) for ref in refs if ref() is not None]
+    wanted = set(keys)
+    roots = [(tensor, nodes) for tensor, nodes in ((ref(), nodes) for ref, nodes in graph_roots) if tensor is not None]
+    # A kept tensor named among the leaked ones already says it keeps its graph (its saved tensors).
+    roots = [(tensor, nodes) for tensor, nodes in roots if not (storage_key(tensor) or ((None, 0), 0))[0] in wanted]
+    try:
+        with tracker.unfrozen():
+            groups = describe(keys, device, sites=sites, named=named, collected=collected) if keys else []
+            history = describe_history(roots, device, node_bytes=NODE_BYTES, named=named, collect=False) if roots else []
+    finally:
+        roots.clear()
+    threads = tuple(f"thread '{name}' " for name in threads_before)
+    keepers: list[tuple[str, Callable[[TensorGroup], bool]]] = [(TORCH_CACHES, held_by_torch_cache)]
+    if not count_cpp_held:
+        keepers.append((CPP_HELD, held_in_cpp_only))
+    if threads:
+        keepers.append((OLDER_THREADS, lambda group: bool(group.held_by) and all(chain.startswith(threads) for chain in group.held_by)))
+    set_aside = []
+    for holders, predicate in keepers:
+        matched = [group for group in groups if predicate(group)]
+        if matched:
+            set_aside.append((holders, matched))
+            groups = [group for group in groups if group not in matched]
+    return NamedLeak(groups, history, set_aside)

@@ -20,6 +20,13 @@ def diagnose(group: Any) -> list[str]:
     """One or two lines per pattern the group matches, cause first, then the fix."""
     chains: Sequence[str] = group.held_by
     found: list[str] = []
+    if group.kind == "history":
+        return [
+            f"autograd history kept: the tensor's grad_fn links {group.nodes:,} nodes the test made, each step's "
+            "graph behind the one before (total += loss after loss.backward() keeps every step's nodes even once "
+            "backward freed what they saved): accumulate loss.item() or loss.detach() instead, or detach the "
+            "tensor (x = x.detach()) where each step starts"
+        ]
     if group.graph_bytes and group.kind == "graph" and chains and all(" local '" in chain for chain in chains):
         found.append(
             f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors "

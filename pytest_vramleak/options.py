@@ -20,6 +20,9 @@ from .sizes import SizeError, parse_size
 from .verdict import Increase, parse_increase
 
 DEFAULT_WARMUP = 2
+DEFAULT_CONFIRM = 3
+DEFAULT_KEPT_FLOOR = "1 MiB"
+FAIL_ON = ("significant", "growth", "any")
 DEVICE_SPECS = "auto|cpu|cuda|cuda:N|mps|xpu"
 
 
@@ -73,15 +76,24 @@ OPTIONS = (
     ),
     Option(
         "vramleak_confirm",
-        "re-run each test found over its leak budget N more times, to tell memory that grows from memory kept once (default 0: never)",
-        "0",
+        f"run each test found over its leak budget N more times, to tell memory that grows from memory kept once and to record "
+        f"where its tensors are made (default {DEFAULT_CONFIRM}; 0: never)",
+        str(DEFAULT_CONFIRM),
         metavar="N",
     ),
     Option(
         "vramleak_fail_on",
-        "which leaks fail a test: any (default), or growth (only memory that grows across repeated runs; kept_once is listed)",
-        "any",
-        metavar="any|growth",
+        "which leaks fail a test: significant (memory that grows when the test runs again, or memory kept once of at least "
+        "--vramleak-kept-floor; the default for tests without a vram_budget marker), growth (only growth), or any (everything "
+        "past the budget on the first run, kept once or not, memory held by PyTorch in C++ too; the default for marked tests)",
+        "",
+        metavar="significant|growth|any",
+    ),
+    Option(
+        "vramleak_kept_floor",
+        f"memory a test keeps once (not growing) fails it from this size on, under --vramleak-fail-on=significant (default {DEFAULT_KEPT_FLOOR})",
+        DEFAULT_KEPT_FLOOR,
+        metavar="SIZE",
     ),
     Option(
         "vramleak_sites",
@@ -160,9 +172,13 @@ class Settings:
     pin_workers: bool = False
     repeat: int = 1
     """Runs of each checked test (``--vramleak-repeat``); a marker's ``repeat=`` wins."""
-    confirm: int = 0
+    confirm: int = DEFAULT_CONFIRM
     """Re-runs of a test found over its leak budget, to classify it (``--vramleak-confirm``)."""
-    fail_on: str = "any"
+    fail_on: str | None = None
+    """``significant``, ``growth`` or ``any``; None: ``significant`` for tests without a marker,
+    ``any`` for tests with one."""
+    kept_floor: int = 1024**2
+    """``significant``: memory kept once fails from this many bytes on."""
     peaks: bool = False
     benchmark_json: str = ""
     """Where to write the figures for benchmark-tracking CI actions (``--vramleak-benchmark-json``)."""
@@ -258,11 +274,16 @@ def read_settings(get: Getter, rootpath: Path) -> Settings:
     if confirm == 1:
         raise OptionError(f"{get('vramleak_confirm')[1]}: at least 2 re-runs are needed to tell growth from memory kept once, got 1")
     fail_on_text, source = get("vramleak_fail_on")
-    fail_on = str(fail_on_text).strip().lower()
-    if fail_on not in ("any", "growth"):
-        raise OptionError(f"{source}: expected any or growth, got {fail_on_text!r}")
+    fail_on = str(fail_on_text or "").strip().lower() or None
+    if fail_on is not None and fail_on not in FAIL_ON:
+        raise OptionError(f"{source}: expected significant, growth or any, got {fail_on_text!r}")
+    if fail_on in ("growth", "significant") and confirm == 0 and repeat == 1:
+        raise OptionError(
+            f"{source}={fail_on} tells growth from memory kept once by running a leaking test again, and "
+            f"{get('vramleak_confirm')[1]}=0 runs none again: drop one of them, or use --vramleak-repeat=N"
+        )
     sizes = {}
-    for name in ("vramleak_tolerance", "vramleak_leak"):
+    for name in ("vramleak_tolerance", "vramleak_leak", "vramleak_kept_floor"):
         text, source = get(name)
         try:
             sizes[name] = parse_size(str(text))
@@ -314,6 +335,7 @@ def read_settings(get: Getter, rootpath: Path) -> Settings:
         repeat=repeat,
         confirm=confirm,
         fail_on=fail_on,
+        kept_floor=sizes["vramleak_kept_floor"],
         peaks=_switch(get, "vramleak_peaks"),
         benchmark_json=_output_path(get, "vramleak_benchmark_json"),
     )

@@ -29,16 +29,18 @@ import pytest
 
 from .census import StorageKey
 from .referrers import NamedRoot
-from .check import LeakCheck, Rules
+from .check import LeakCheck, Rules, name_leak
 from .devices import CudaMeter, DeviceUnavailable, Meter, is_out_of_memory, make_meter, pin_worker, resolve_device
 from .html_report import is_html_path, render_html
 from .release import ReleaseScheduler
-from .repeats import Repetitions, Run, decide, report_runs, run_repeated
-from .report import TestResult, benchmark_entries, leaked_figure, render_markdown, write_json, write_text_atomically
+from .protocol import failed_call_report, failure_line, finish_teardown, run_once, why_stopped
+from .repeats import Decision, Repetitions, Rule, Run, decide
+from .sites import SiteRecorder, Sites, SiteSource, StorageSites
+from .report import TestResult, benchmark_entries, leaked_figure, render_groups, render_markdown, write_json, write_text_atomically
 from .sizes import SizeError, format_size, parse_size
 from .snapshot import describe, memory_contents
 from .steps import StepNotRun, StepResult, StepWatcher, step_caller
-from .tracker import COMPARED_PER_CHECK, StorageRef, Tracker
+from .tracker import COMPARED_PER_CHECK, NODE_BYTES, StorageRef, Tracker
 from .options import OPTIONS, OptionError, Settings, check_device_spec, saved_run_path
 from .options import read_settings as read_options
 from .verdict import Budget
@@ -79,8 +81,8 @@ ACTIVE = pytest.StashKey[Optional[Check]]()
 """The check of the test being set up, run or torn down."""
 REPEAT = pytest.StashKey[int]()
 """Runs of a test whose marker says ``repeat=``."""
-REPEATS = pytest.StashKey[Repetitions]()
-"""The runs of a test run more than once, while it runs."""
+MARKED = pytest.StashKey[bool]()
+"""Set on a test whose own ``vram_budget`` marker gives its budget (judged strictly by default)."""
 
 
 def vram_budget(
@@ -187,7 +189,25 @@ def _header_settings(config: pytest.Config) -> str:
     except (DeviceUnavailable, ValueError) as error:
         device = f"{settings.device} ({error})"
     report = f", report {', '.join(settings.report_paths)}" if settings.report_paths else ""
-    return f"device {device}, checking {scope}, step warm-up {settings.warmup}{report}"
+    foreign = _foreign_protocol(config, cache=False)
+    rule = _rule_text(settings) if foreign is None else f"tests run by {foreign}: each run judged alone, failing its teardown"
+    return f"device {device}, checking {scope}, {rule}, step warm-up {settings.warmup}{report}"
+
+
+def _rule_text(settings: Settings) -> str:
+    """How leaks fail tests, in a few words for the header."""
+    runs = f"a leaking test runs {settings.confirm} more times" if settings.confirm else "tests run once"
+    if settings.repeat > 1:
+        runs = f"each test runs {settings.repeat} times"
+    floor = format_size(settings.kept_floor)
+    rules = {
+        "significant": f"failing growth or memory kept once from {floor}",
+        "growth": "failing growth only",
+        "any": "failing any leak past the budget",
+    }
+    if settings.fail_on is not None:
+        return f"{runs}, {rules[settings.fail_on]}"
+    return f"{runs}, failing growth or memory kept once from {floor} (marked tests: any leak past their budget)"
 
 
 def _parse_marker(item: pytest.Item, mark: pytest.Mark) -> Budget:
@@ -245,6 +265,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.stash[BUDGET] = None
         elif mark is not None:
             item.stash[BUDGET] = _parse_marker(item, mark)
+            item.stash[MARKED] = True
         elif settings.every_test:
             item.stash[BUDGET] = Budget(leak=settings.default_leak)
         budget = item.stash.get(BUDGET, None)
@@ -288,112 +309,443 @@ def _meter_for(item: pytest.Item, device_spec: str | None) -> Meter:
         pytest.skip(f"vramleak: {error}")
 
 
-def _result(item: pytest.Item, check: Check, outcome: str) -> TestResult:
-    budget = check.budget or Budget(leak=None)  # type: ignore[arg-type]
-    result = TestResult(
-        nodeid=item.nodeid,
-        device=check.meter.name if check.meter else None,
-        outcome=outcome,
-        budget={"peak": budget.peak, "leak": budget.leak},
-    )
-    engine = check.engine.result if check.engine is not None and check.started else None
-    if engine is not None:
-        result.baseline_bytes = engine.baseline_bytes
-        result.peak_bytes = engine.peak_bytes
-        result.peak_breakdown = engine.peak_breakdown.to_json() if engine.peak_breakdown is not None else None
-    return result
+def _is_doctest(item: pytest.Item) -> bool:
+    """doctest clears a doctest's globals after it runs: run again, it fails with NameError."""
+    return type(item).__name__ == "DoctestItem" and type(item).__module__ == "_pytest.doctest"
 
 
-def _engine_result(item: pytest.Item, check: Check) -> TestResult:
-    """The JSON record of a finished check."""
-    assert check.engine is not None
-    engine = check.engine.result
-    result = _result(item, check, engine.outcome)
-    result.end_bytes = engine.end_bytes
-    result.leaked_bytes = engine.leaked_bytes
-    result.details = dict(engine.details)
-    result.cycle_bytes = engine.cycle_bytes
-    result.trace = engine.trace
-    result.notes = [note for note in engine.notes if note] + list(engine.left_behind)
-    result.ranks = [{key: value for key, value in rank.items() if key != "report"} for rank in engine.ranks]
-    result.tensors = [group.to_json() for group in engine.groups]
-    result.tensors += [group.to_json() for groups in engine.other_groups.values() for group in groups]
-    return result
+@dataclass
+class TestRuns:
+    """The runs of one checked test while they happen, and how they are judged."""
+
+    repetitions: Repetitions
+    rule: Rule
+    may_rerun: bool
+    """Whether the test may run again (planned repeats, or --vramleak-confirm after a leak)."""
+    confirm: int = 0
+    why_once: str | None = None
+    """Why a test that would be run again is not (a doctest)."""
+    checks: list[Check] = field(default_factory=list)
+    first_begin: int = 0
+    """The tracker's clock as the first run began."""
+    sites: Sites | None = None
+    """Where the run that records sites notes them (the run after the verdict, for a failing test)."""
+    naming_run: bool = False
+    """The run now is the one that records sites, after the verdict."""
+    foreign: bool = False
+    """Another plugin runs the test's phases: the run is judged as it tears down, and fails there."""
+    result: TestResult | None = None
+
+
+RUNS = pytest.StashKey[TestRuns]()
+
+
+def _checked(item: pytest.Item) -> bool:
+    return (item.stash.get(BUDGET, None) is not None or "vramleak" in getattr(item, "fixturenames", ())) and not item.stash.get(SKIPPED, False)
+
+
+def _plan(item: pytest.Item, settings: Settings) -> TestRuns:
+    budget = item.stash.get(BUDGET, None)
+    marked = item.stash.get(MARKED, False)
+    fail_on = settings.fail_on or ("any" if marked else "significant")
+    leak = budget.leak if budget is not None else 0
+    rule = Rule(leak, budget.peak if budget is not None else None, settings.tolerance, fail_on, settings.kept_floor)
+    repeat = item.stash.get(REPEAT, settings.repeat) if budget is not None else 1
+    why_once = None
+    if (repeat > 1 or settings.confirm) and budget is not None and _is_doctest(item):
+        repeat, why_once = 1, "doctests are not run again (doctest clears a doctest's globals after it runs)"
+    if repeat > 1:
+        return TestRuns(Repetitions(planned=repeat, warmup=settings.warmup), rule, True)
+    may_rerun = budget is not None and settings.confirm > 0 and why_once is None
+    return TestRuns(Repetitions(planned=1, warmup=1, mode="confirm"), rule, may_rerun, settings.confirm, why_once)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
-    """Run a test more than once where ``repeat`` or ``--vramleak-confirm`` asks; report it once."""
-    settings = item.config.stash[SETTINGS]
-    if item.stash.get(BUDGET, None) is None or item.stash.get(SKIPPED, False):
+    """Run a checked test (again where a leak must be classified) and report it once."""
+    if not _checked(item) or _foreign_protocol(item.config):
         return None
-    if item.config.getoption("setupshow", False) or item.config.getoption("setuponly", False):
-        return None
-    repeat = item.stash.get(REPEAT, settings.repeat)
-    if repeat > 1:
-        repetitions = Repetitions(planned=repeat, warmup=settings.warmup)
-    elif settings.confirm:
-        repetitions = Repetitions(planned=1, warmup=1, mode="confirm")
-    else:
-        return None
-    item.stash[REPEATS] = repetitions
+    runs = item.stash[RUNS] = _plan(item, item.config.stash[SETTINGS])
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     try:
-        reports = run_repeated(item, nextitem, repetitions)
+        reports = _run_checked(item, nextitem, runs)
     finally:
-        del item.stash[REPEATS]
-    report_runs(item, reports)
+        del item.stash[RUNS]
+    for report in reports:
+        item.ihook.pytest_runtest_logreport(report=report)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True
 
 
-def _judge_run(item: pytest.Item, check: Check, engine: Any) -> None:
-    """Note one run of a repeated test; at its last run, decide. Raises VramLeak when it fails."""
-    repetitions = item.stash[REPEATS]
-    budget = check.budget or Budget()
-    settings = item.config.stash[SETTINGS]
-    repetitions.runs.append(Run(engine.leaked_bytes or 0, engine.outcome, list(engine.groups)))
-    if len(repetitions.runs) == 1:
-        repetitions.first = engine
-        repetitions.first_result = _engine_result(item, check)
-        confirming = repetitions.mode == "confirm" and (engine.leaked_bytes or 0) > budget.leak
-        if confirming and not (item.session.shouldfail or item.session.shouldstop):
-            repetitions.planned = 1 + settings.confirm
-            repetitions.final = False
-    if not repetitions.final:
+FOREIGN = pytest.StashKey[Optional[str]]()
+
+
+def _foreign_protocol(config: pytest.Config, *, cache: bool = True) -> str | None:
+    """The plugin that runs tests itself (a rerun plugin, a conftest), where one does: it may run a
+    test again and report each run, so each run is judged alone and fails in its teardown."""
+    if FOREIGN in config.stash:
+        return config.stash[FOREIGN]
+    found = None
+    for impl in config.pluginmanager.hook.pytest_runtest_protocol.get_hookimpls():
+        if impl.wrapper or impl.hookwrapper or impl.function.__module__ in ("_pytest.runner", __name__):
+            continue
+        found = impl.plugin_name
+    if cache:  # once tests run: every conftest is known
+        config.stash[FOREIGN] = found
+    return found
+
+
+def _ending(item: pytest.Item) -> bool:
+    return bool(item.session.shouldfail or item.session.shouldstop)
+
+
+def _usable(check: Check | None) -> bool:
+    """Whether a run's check measured the whole test."""
+    return check is not None and check.engine is not None and check.started and check.error is None and check.unchecked_reason is None and check.engine.result.leaked_bytes is not None
+
+
+def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns) -> list[pytest.TestReport]:
+    repetitions = runs.repetitions
+    parent = item.parent if runs.may_rerun else nextitem
+    spent: dict[str, float] = {}
+
+    def run() -> list[pytest.TestReport]:
+        repetitions.started += 1
+        reports = run_once(item, parent)
+        for report in reports:
+            spent[report.when] = spent.get(report.when, 0.0) + report.duration
+        runs.checks.append(item.stash[CHECK]) if CHECK in item.stash else None
+        return reports
+
+    first_reports = run()
+    first = item.stash.get(CHECK, None)
+    last_reports = first_reports
+    if _usable(first):
+        assert first is not None and first.engine is not None
+        runs.first_begin = first.engine.begin_clock
+        repetitions.runs.append(_run_record(first))
+        if repetitions.mode == "confirm" and runs.may_rerun and first.engine.suspected and not _ending(item):
+            repetitions.planned = 1 + runs.confirm
+    else:
+        repetitions.stopped = why_stopped(first_reports) or "not checked"
+    while repetitions.wants_more and not _ending(item):
+        recording = repetitions.started + 1 == repetitions.planned and _checked_records_sites(item)
+        reports = _recording_run(item, runs, run) if recording else run()
+        last_reports = reports
+        check = item.stash.get(CHECK, None)
+        stopped = why_stopped(reports) or (None if _usable(check) else "was not checked")
+        if stopped:
+            line = failure_line(reports)
+            repetitions.stopped = f"run {repetitions.started} of {repetitions.planned} {stopped.removeprefix('the test ')}" + (f" ({line})" if line else "")
+            repetitions.rerun_failed = True
+            _drop_last_error()
+            break
+        assert check is not None
+        repetitions.runs.append(_run_record(check))
+    verdict = _judge(item, runs)
+    # --vramleak-fail-on=growth lists what tests keep once, with its holders: named too.
+    listed = verdict is not None and runs.rule.fail_on == "growth" and verdict.decision.pattern in ("kept_once", "settled")
+    if verdict is not None and (verdict.failing or listed):
+        _name_runs(item, runs, verdict, listing=listed)  # and set aside what PyTorch itself holds
+    if parent is not nextitem:
+        finish_teardown(item, nextitem, last_reports[-1])
+        if last_reports is not first_reports and last_reports[-1].failed and not first_reports[-1].failed:
+            first_reports[-1].outcome, first_reports[-1].longrepr = "failed", last_reports[-1].longrepr
+    result = _finish_result(item, runs, verdict)
+    return _final_reports(item, runs, first_reports, result, verdict, spent)
+
+
+def _run_record(check: Check) -> Run:
+    assert check.engine is not None
+    engine = check.engine.result
+    graph = engine.graph
+    return Run(engine.leaked_bytes or 0, engine.outcome, graph.nodes if graph is not None else 0, check.engine.begin_clock)
+
+
+def _drop_last_error() -> None:
+    """pytest keeps the last failed call's traceback (and its frames' tensors) in ``sys.last_*``:
+    a re-run's failure is the plugin's doing, not a traceback the user may want."""
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+        sys.__dict__.pop(name, None)
+
+
+@dataclass
+class Verdict:
+    """What the runs of a checked test come to: the decision, and what the failure text says."""
+
+    decision: Decision
+    first: Check
+    adjust: list[int] = field(default_factory=list)
+    named: bool = False
+    groups: list[Any] = field(default_factory=list)
+    set_aside: list[tuple[str, list[Any]]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def failing(self) -> bool:
+        return self.decision.outcome in ("leaked", "over_budget")
+
+
+def _judge(item: pytest.Item, runs: TestRuns) -> Verdict | None:
+    """The verdict on the runs so far (None where the first run was not checked)."""
+    first = runs.checks[0] if runs.checks else None
+    if not _usable(first) or first is None or first.engine is None or first.budget is None:
+        return None
+    engine = first.engine.result
+    repetitions = runs.repetitions
+    return Verdict(decide(repetitions, engine, runs.rule, device=engine.device, node_bytes=NODE_BYTES), first)
+
+
+def _checked_records_sites(item: pytest.Item) -> bool:
+    return item.config.stash[SETTINGS].sites != "off"
+
+
+def _recording_run(item: pytest.Item, runs: TestRuns, run: Callable[[], list[pytest.TestReport]]) -> list[pytest.TestReport]:
+    """The last run of a test run again records where its tensors are made (its imports are done
+    by then): what it leaves is named with that, should the test fail."""
+    recorder, storages = SiteRecorder(), StorageSites()
+    runs.sites = Sites([storages, recorder])
+    runs.naming_run = True
+    tracker = item.config.stash[TRACKER]
+    recorder.start()
+    storages.start()
+    try:
+        return run()
+    finally:
+        storages.stop()
+        recorder.capture(tracker.pairs(tracker.alive_since("cpu", runs.first_begin)))
+        recorder.stop()
+        runs.naming_run = False
+
+
+def _name_runs(item: pytest.Item, runs: TestRuns, verdict: Verdict, *, listing: bool = False) -> None:
+    """Name what the runs keep, set aside what is not the test's, and judge again without it."""
+    first = verdict.first
+    assert first.engine is not None
+    engine = first.engine.result
+    leaked = verdict.decision.outcome == "leaked" and (engine.memory_leaked or verdict.decision.pattern is not None or engine.history_bytes)
+    if not (leaked or listing):
         return
-    if len(repetitions.runs) == 1:  # run once after all (confirm mode, nothing to confirm)
-        if engine.outcome != "passed":
-            raise VramLeak(engine.report(), pytrace=False)
+    if len(runs.checks) == 1:
+        if not engine.named:
+            first.engine.explain()  # a test run once whose check left naming to runs that did not happen
+        verdict.groups, verdict.named = list(engine.groups), True
+        if runs.repetitions.runs:
+            runs.repetitions.runs[0].leaked_bytes = engine.leaked_bytes or 0  # less what explaining set aside
+        verdict.decision = decide(runs.repetitions, engine, runs.rule, device=engine.device, node_bytes=NODE_BYTES)
         return
-    decision = decide(
-        repetitions,
-        repetitions.first,
-        leak_budget=budget.leak,
-        peak_budget=budget.peak,
-        tolerance=settings.tolerance,
-        fail_on=settings.fail_on,
-        device=check.meter.name if check.meter else "?",
+    device = engine.device
+    last = runs.checks[-1]
+    if device != "cpu":  # the last run's check named what it left, while the allocator's index was at hand
+        if last.engine is not None:
+            verdict.groups, verdict.named = list(last.engine.result.groups), True
+        return
+    tracker = item.config.stash[TRACKER]
+    tracker.settle()
+    roots: list[Any] = []
+    for check in reversed(runs.checks):
+        graph = check.engine.result.graph if check.engine is not None else None
+        if graph is not None and graph.roots:
+            roots = list(graph.roots)
+            break
+    sources: list[SiteSource] = [*(runs.sites.sources if runs.sites is not None else ()), *([first.engine.sites] if first.engine.sites else [])]
+    name = functools.partial(
+        name_leak,
+        tracker,
+        device,
+        sites=Sites(sources) if sources else None,
+        named=_named_roots(item),
+        collected=True,
+        threads_before=first.engine._threads_before,
+        count_cpp_held=runs.rule.strict,
     )
-    result = repetitions.first_result
-    result.outcome = decision.outcome
-    result.pattern = decision.pattern
-    result.repetitions = repetitions.series()
-    result.repetition_warmup = repetitions.warmup
-    result.tensors = [group.to_json() for group in decision.groups]
-    if decision.pattern == "grows":
-        result.growth_bytes = repetitions.measured()[-1]
-    check.result = result
-    if decision.message:
-        raise VramLeak(decision.message, pytrace=False)
+    # Everything the runs keep is named once, to set aside what is PyTorch's in every run ...
+    refs = tracker.alive_since(device, runs.first_begin)
+    named = name(refs if not verdict.decision.grows_history else [], roots)
+    verdict.groups, verdict.named = named.groups + named.history, True
+    verdict.set_aside = named.set_aside
+    verdict.notes = [note for note in verdict.notes if not note.endswith(": not counted")]
+    if named.set_aside:
+        by_key = {(ref.device, ref.pointer): ref for ref in refs}
+        clocks = [run.begin_clock for run in runs.repetitions.runs]
+        adjust = [0] * len(clocks)
+        for holders, groups in named.set_aside:
+            for group in groups:
+                for key in group.keys:
+                    ref = by_key.get(key)
+                    index = max((i for i, clock in enumerate(clocks) if ref is not None and clock <= ref.born), default=None)
+                    if ref is not None and index is not None:
+                        adjust[index] += ref.nbytes
+            verdict.notes.append(f"{format_size(sum(group.bytes for group in groups))} {holders}: not counted")
+        verdict.adjust = adjust
+        verdict.decision = decide(runs.repetitions, engine, runs.rule, device=device, adjust=adjust, node_bytes=NODE_BYTES)
+    # ... and, for memory that grows, what the last measured run that left any left is shown.
+    decision, repetitions = verdict.decision, runs.repetitions
+    if decision.pattern == "grows" and not decision.grows_history and verdict.failing:
+        series = repetitions.series(verdict.adjust)
+        leaving = [index for index in range(repetitions.warmup, len(series)) if series[index] > (series[index - 1] if index else 0)]
+        if leaving:
+            since = repetitions.runs[leaving[-1]].begin_clock
+            before = repetitions.runs[leaving[-1] + 1].begin_clock if leaving[-1] + 1 < len(repetitions.runs) else None
+            shown = name(tracker.alive_since(device, since, before), [])
+            verdict.groups = shown.groups + named.history
+
+
+def _finish_result(item: pytest.Item, runs: TestRuns, verdict: Verdict | None) -> TestResult:
+    """The JSON record of a checked test, from its first run and the verdict on all of them."""
+    first = runs.checks[0] if runs.checks else item.stash.get(CHECK, None)
+    if first is None:
+        return TestResult(item.nodeid, None, "unchecked", reason="not set up")
+    budget = first.budget or Budget(leak=None)  # type: ignore[arg-type]
+    result = TestResult(nodeid=item.nodeid, device=first.meter.name if first.meter else None, outcome="unchecked", budget={"peak": budget.peak, "leak": budget.leak})
+    engine = first.engine.result if first.engine is not None and first.started else None
+    if engine is not None:
+        result.baseline_bytes = engine.baseline_bytes
+        result.peak_bytes = engine.peak_bytes
+        result.peak_breakdown = engine.peak_breakdown.to_json() if engine.peak_breakdown is not None else None
+    repetitions = runs.repetitions
+    if first.budget is not None:
+        result.rule = runs.rule.fail_on
+    if verdict is not None and engine is not None:
+        decision = verdict.decision
+        result.outcome = decision.outcome
+        result.end_bytes = engine.end_bytes
+        result.leaked_bytes = max(0, (engine.leaked_bytes or 0) - (verdict.adjust[0] if verdict.adjust else 0))
+        result.details = dict(engine.details)
+        if engine.graph is not None and engine.graph.nodes:
+            result.details["history_nodes"] = engine.graph.nodes
+        result.cycle_bytes = engine.cycle_bytes
+        result.trace = engine.trace
+        result.notes = [note for note in engine.notes if note] + list(engine.left_behind) + verdict.notes
+        result.ranks = [{key: value for key, value in rank.items() if key != "report"} for rank in engine.ranks]
+        result.tensors = [group.to_json() for group in verdict.groups]
+        result.tensors += [group.to_json() for groups in engine.other_groups.values() for group in groups]
+        if len(repetitions.runs) > 1 or repetitions.rerun_failed:
+            result.pattern = decision.pattern
+            result.repetitions = repetitions.series(verdict.adjust)
+            result.repetition_warmup = repetitions.warmup
+            result.growth_bytes = decision.growth_bytes
+        if repetitions.rerun_failed and repetitions.stopped:
+            result.notes.append(f"the runs after the first were not used: {repetitions.stopped}; judged on the first run")
+    else:
+        check = first
+        result.reason = check.error and f"vramleak internal error: {check.error}" or check.unchecked_reason or next((step.reason for step in check.steps if step.reason), None)
+        if repetitions.stopped and repetitions.started > 1 and result.reason:
+            result.reason += f" (run {repetitions.started} of {repetitions.planned})"
+    if runs.why_once:
+        result.notes.append(runs.why_once)
+    _step_figures(first, result)
+    return result
+
+
+def _step_figures(check: Check, result: TestResult) -> None:
+    """A test's step checks: the figures of the one that grew (else the last)."""
+    if check.step_leaked and result.outcome == "unchecked":
+        result.outcome = "leaked"
+    if not check.steps:
+        return
+    last = next((step for step in reversed(check.steps) if step.grows), check.steps[-1])
+    if check.step_leaked:
+        result.outcome = "leaked"
+    elif result.outcome == "unchecked" and check.budget is None and any(step.verdict is not None for step in check.steps) and check.unchecked_reason is None:
+        result.outcome = "passed"  # checked through the fixture alone
+    result.steps = list(last.steps)
+    result.warmup_steps = list(last.warmup_steps)
+    if last.leak is not None and not result.tensors:
+        result.tensors = [group.to_json() for group in last.leak.groups]
+    result.growth_bytes = last.verdict.growth_bytes if last.verdict is not None else result.growth_bytes
+    result.settled_after_step = last.settled_after
+    if last.settled_after is not None:
+        result.notes.append(last.describe())
+    result.device = result.device or last.device
+    if result.outcome == "unchecked" and result.reason is None:
+        result.reason = next((step.reason for step in check.steps if step.reason), None)
+
+
+def _failure_text(runs: TestRuns, verdict: Verdict) -> str:
+    """The failure: the verdict's sentence, the first run's figures and notes, the runs, the tensors."""
+    decision = verdict.decision
+    engine = verdict.first.engine
+    assert engine is not None
+    first = engine.result
+    lines = [decision.message, first.figures(), *[note for note in first.notes if note], *verdict.notes]
+    if first.peak_over and first.peak_breakdown is not None:
+        lines.append(first.peak_breakdown.render())
+    lines += first.left_behind
+    growth_first = decision.pattern == "grows" and not decision.grows_history and not decision.message.startswith("leaked ")
+    if decision.about and growth_first:  # the runs, then what the last of them that grew left
+        lines.append(decision.about)
+    leaked = decision.outcome == "leaked" and (decision.pattern is not None or first.memory_leaked or first.history_bytes > 0)
+    if leaked and verdict.named:
+        groups = verdict.groups
+        lines += ["tensors left by the last measured run that left any:" if growth_first else "leaked tensors:", render_groups(groups)]
+        stored = [group for group in groups if group.kind != "history"]
+        if stored and not any(group.allocated_at for group in stored) and runs.sites is not None:
+            lines.append(
+                "allocated at: not recorded: the run that records where tensors are made made none of these (made by an "
+                "earlier run only: --vramleak-sites=on records the first run too)"
+            )
+    if decision.about and not growth_first:  # the tensors the test keeps, then what its runs showed
+        lines.append(decision.about)
+    return "\n".join(line for line in lines if line)
+
+
+def _judge_foreign_run(item: pytest.Item, runs: TestRuns, check: Check) -> None:
+    """A run another plugin runs: judged alone, failing its teardown (where the record goes too)."""
+    runs.checks = [check]
+    if _usable(check):
+        runs.repetitions.runs = [_run_record(check)]
+    verdict = _judge(item, runs)
+    if verdict is not None and verdict.failing:
+        _name_runs(item, runs, verdict)
+    runs.result = _finish_result(item, runs, verdict)
+    if verdict is not None and verdict.failing:
+        raise VramLeak(_failure_text(runs, verdict), pytrace=False)
+
+
+def _final_reports(
+    item: pytest.Item, runs: TestRuns, reports: list[pytest.TestReport], result: TestResult, verdict: Verdict | None, spent: dict[str, float]
+) -> list[pytest.TestReport]:
+    """The first run's reports, with every run's durations, the verdict in the call's report where
+    the test leaked, and the record on the teardown's."""
+    for report in reports:
+        report.duration = spent.get(report.when, report.duration)
+    first = verdict.first if verdict is not None else (runs.checks[0] if runs.checks else None)
+    call = next((report for report in reports if report.when == "call"), None)
+    failure: str | None = None
+    if verdict is not None and verdict.decision.outcome in ("leaked", "over_budget"):
+        failure = _failure_text(runs, verdict)
+    elif first is not None and first.left_early is not None and call is not None and call.passed:
+        failure = first.left_early.describe()
+    if failure is not None and call is not None and call.passed and not hasattr(call, "wasxfail"):
+        index = reports.index(call)
+        reports[index] = failed_call_report(item, call, VramLeak(failure, pytrace=False))
+        reports[index].vramleak_outcome = result.outcome  # type: ignore[attr-defined]
+    teardown = reports[-1]
+    teardown.vramleak = result.to_json()  # type: ignore[attr-defined]
+    _record_properties(teardown, result)
+    return reports
+
+
+def _record_properties(teardown: pytest.TestReport, result: TestResult) -> None:
+    """JUnit XML writes a test's teardown properties: CI dashboards read the figures there."""
+    teardown.user_properties.append(("vramleak_outcome", result.outcome))
+    for name in ("leaked_bytes", "peak_bytes", "growth_bytes"):
+        value = getattr(result, name)
+        if value is not None:
+            teardown.user_properties.append((f"vramleak_{name}", value))
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     budget = item.stash.get(BUDGET, None)
     tracker = item.config.stash[TRACKER]
-    if (budget is None and "vramleak" not in getattr(item, "fixturenames", ())) or item.stash.get(SKIPPED, False):
-        tracker.stale = True  # this test runs untracked; the index must be rebuilt after it
+    runs = item.stash.get(RUNS, None)
+    if runs is None and _checked(item):  # another plugin runs the test: each run is judged alone
+        runs = item.stash[RUNS] = _plan(item, item.config.stash[SETTINGS])
+        runs.may_rerun, runs.foreign = False, True
+    if runs is None:  # not checked: this test runs untracked, the index must be rebuilt after it
+        tracker.stale = True
         return
     check = Check(budget)
     item.stash[CHECK] = item.config.stash[ACTIVE] = check
@@ -405,7 +757,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if any(value is not None for value in dropped):
         dropped.clear()
         gc.collect()
+    if budget is None:
+        return
     settings = item.config.stash[SETTINGS]
+    first = runs.repetitions.started <= 1
     try:
         saved = (settings.compare or {}).get(item.nodeid)
         saved_peak = saved.get("peak_bytes") if saved and saved.get("device") == check.meter.name else None
@@ -414,18 +769,24 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             saved_peak=saved_peak,
             max_increase=settings.max_increase,
             watch_peak=None if not (settings.save or settings.compare is not None or settings.peaks) else True,
+            count_cpp_held=runs.rule.strict,
         )
-        trace = settings.trace and isinstance(check.meter, CudaMeter) and budget is not None
+        trace = settings.trace and isinstance(check.meter, CudaMeter)
         check.engine = LeakCheck(
             check.meter.name,
-            budget or Budget(),
+            budget,
             meter=check.meter,
             tracker=tracker,
-            rules=rules,
-            record_sites=settings.sites == "on" and budget is not None,
-            trace_folder=_trace_folder(item.config) if trace else None,
+            rules=rules if first else Rules(count_cpp_held=runs.rule.strict, watch_peak=False),
+            record_sites=settings.sites == "on" and first,
+            trace_folder=_trace_folder(item.config) if trace and first else None,
             name=item.nodeid,
             named_roots=functools.partial(_named_roots, item),
+            settle_leaks=not (first and runs.may_rerun),
+            name_leaks=not runs.may_rerun or (runs.naming_run and check.meter.name != "cpu"),
+            credit_since=None if first else runs.first_begin,
+            sites=runs.sites if runs.naming_run else None,
+            clear_caches=first,
         )
         check.engine.begin()
     except Exception as error:
@@ -478,71 +839,38 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             check.unchecked_reason = f"the test failed in {report.when}"
         elif report.skipped:
             check.unchecked_reason = "the test was skipped" if not hasattr(report, "wasxfail") else "the test xfailed"
-    if report.when == "teardown":
-        judged = [step for step in check.steps if step.verdict is not None]
-        if check.step_leaked:
-            outcome = "leaked"
-        elif judged and check.unchecked_reason is None and not report.failed:
-            outcome = "passed"  # checked through the fixture alone
-        else:
-            outcome = "unchecked"
-        result = check.result or _result(item, check, outcome)
-        if result.outcome == "unchecked" and result.reason is None:
-            unjudged = next((step.reason for step in check.steps if step.reason), None)
-            result.reason = check.error or check.unchecked_reason or unjudged or ("teardown failed" if report.failed else None)
-        repetitions = item.stash.get(REPEATS, None)
-        if repetitions is not None and result.repetitions is None and repetitions.started > 1:
-            result.repetitions = repetitions.series()
-            result.repetition_warmup = repetitions.warmup
-        if repetitions is not None and result.outcome == "unchecked" and repetitions.started > 1 and result.reason:
-            result.reason += f" (run {repetitions.started} of {repetitions.planned})"
-        if check.steps:
-            last = next((step for step in reversed(check.steps) if step.grows), check.steps[-1])
-            result.steps = list(last.steps)
-            result.warmup_steps = list(last.warmup_steps)
-            if last.leak is not None and not result.tensors:
-                result.tensors = [group.to_json() for group in last.leak.groups]
-            result.growth_bytes = last.verdict.growth_bytes if last.verdict is not None else None
-            result.settled_after_step = last.settled_after
-            if last.settled_after is not None:
-                result.notes.append(last.describe())
-            result.device = result.device or last.device
+    if report.when == "teardown" and report.failed and check.unchecked_reason is None and check.error is None and not isinstance(call.excinfo and call.excinfo.value, VramLeak):
+        check.unchecked_reason = "teardown failed"
+    runs = item.stash.get(RUNS, None)
+    if report.when == "teardown" and runs is not None and runs.foreign:
+        result = runs.result or _finish_result(item, runs, None)
         report.vramleak = result.to_json()  # type: ignore[attr-defined]
-        # JUnit XML writes a test's teardown properties: CI dashboards read the figures there.
-        report.user_properties.append(("vramleak_outcome", result.outcome))
-        for name in ("leaked_bytes", "peak_bytes", "growth_bytes"):
-            value = getattr(result, name)
-            if value is not None:
-                report.user_properties.append((f"vramleak_{name}", value))
+        _record_properties(report, result)
+        del item.stash[RUNS]
     return report
 
 
-@pytest.hookimpl(wrapper=True)
+@pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
+    """Measure once the test's own node is torn down and pytest's other teardown wrappers (its
+    logging plugin drops each test's log records there) are done."""
     check = item.stash.get(CHECK, None)
     if check is None or check.meter is None:
         return (yield)
     try:
         outcome = yield
         if check.error:
-            check.result = _result(item, check, "unchecked")
-            check.result.reason = f"vramleak internal error: {check.error}"
             raise VramLeak(f"vramleak could not check this test: {check.error}", pytrace=False)
-        if check.left_early is not None and check.call_passed:
-            raise VramLeak(check.left_early.describe(), pytrace=False)
         if check.unchecked_reason or not check.started or check.engine is None:
             return outcome
         try:
-            engine = check.engine.finish(confirm=functools.partial(_drop_fixture_values, item))
-            check.result = _engine_result(item, check)
+            check.engine.finish(confirm=functools.partial(_drop_fixture_values, item))
         except Exception as error:
-            check.result = _result(item, check, "unchecked")
-            check.result.reason = f"vramleak internal error: {type(error).__name__}: {error}"
+            check.error = f"{type(error).__name__}: {error}"
             raise VramLeak(f"vramleak could not check this test: {type(error).__name__}: {error}", pytrace=False) from None
-        if REPEATS in item.stash:
-            _judge_run(item, check, engine)
-        elif engine.outcome != "passed":
-            raise VramLeak(engine.report(), pytrace=False)
+        runs = item.stash.get(RUNS, None)
+        if runs is not None and runs.foreign:
+            _judge_foreign_run(item, runs, check)
         return outcome
     finally:
         item.config.stash[ACTIVE] = None
@@ -608,12 +936,14 @@ def _trace_folder(config: pytest.Config) -> Path:
 
 
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> tuple[str, str, Any] | None:
-    result = getattr(report, "vramleak", None)
-    if report.when != "teardown" or not report.failed or not result:
+    outcome = getattr(report, "vramleak_outcome", None)
+    if report.when == "teardown" and report.failed:  # a run another plugin ran: it fails as it tears down
+        outcome = (getattr(report, "vramleak", None) or {}).get("outcome")
+    elif report.when != "call" or not report.failed:
         return None
-    if result["outcome"] == "leaked":
+    if outcome == "leaked":
         return "failed", "L", ("LEAKED", {"red": True})
-    if result["outcome"] == "over_budget":
+    if outcome == "over_budget":
         return "failed", "B", ("OVER BUDGET", {"red": True})
     return None
 
@@ -672,11 +1002,20 @@ FIXTURE_DEFS = pytest.StashKey[dict[int, pytest.FixtureDef[Any]]]()
 
 def _named_roots(item: pytest.Item) -> list[NamedRoot]:
     """Values pytest keeps for many tests, named as the user wrote them: the test's parametrize
-    values, and the values of fixtures wider than a test."""
+    values, the values of fixtures wider than a test, and what pytest keeps of a test until the
+    session ends (its class instance, its record_property values, the warnings it recorded)."""
     named = []
     callspec = getattr(item, "callspec", None)
     for name, value in getattr(callspec, "params", {}).items():
         named.append(NamedRoot(f"parametrize value {name} of {item.name}", value, "parametrize"))
+    instance = getattr(item, "instance", None)
+    if instance is not None:
+        named.append(NamedRoot(f"the {type(instance).__name__} instance pytest keeps for {item.name}", instance, "pytest"))
+    if getattr(item, "user_properties", None):
+        named.append(NamedRoot(f"record_property values of {item.name}", item.user_properties, "pytest"))
+    recorded = getattr(getattr(item.config.hook, "pytest_warning_recorded", None), "_call_history", None)
+    if recorded:
+        named.append(NamedRoot("the warnings pytest recorded", recorded, "pytest"))
     for fixturedef in item.config.stash.get(FIXTURE_DEFS, {}).values():
         cached = fixturedef.cached_result
         if cached is not None and cached[0] is not None:
@@ -698,13 +1037,17 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.Fix
     if check is None or check.meter is None or not tracker.active:
         return (yield)
     before = tracker.clock
+    allocated = check.meter.allocated_bytes() if check.meter.name != "cpu" else 0
     value = yield
     if check.engine is not None:  # what the fixture made or started belongs to its scope, not to the test
         check.engine.process_groups.adopt()
         check.engine.children.adopt()
+        if check.meter.name != "cpu":
+            check.engine.adopt_bytes(check.meter.allocated_bytes() - allocated)
     tracker.observe(collect=False, watch=False)
+    created = tracker.created(check.meter.name, since=before)
+    tracker.adopt(created)
     if config.stash[SETTINGS].every_test:
-        created = tracker.created(check.meter.name, since=before)
         if created:
             where = fixturedef.baseid or "conftest"
             config.stash[FIXTURES].append(FixtureMemory(fixturedef.argname, fixturedef.scope, where, check.meter.name, created))
@@ -765,16 +1108,25 @@ def _offenders(results: list[dict[str, Any]], verbosity: int) -> list[str]:
         lines += [f"  {format_size(leaked_figure(r)):>10}  {r['nodeid']} ({_leak_kind(r)})" for r in leaks[:shown]]
     kept = [r for r in results if r["outcome"] != "leaked" and r.get("pattern") in ("kept_once", "settled")]
     if kept:
-        lines.append("memory kept once, not growing (passed: --vramleak-fail-on=growth):")
+        lines.append(f"memory kept once, not growing (passed: {_why_kept_passes(results)}):")
         for r in sorted(kept, key=lambda r: -(r.get("leaked_bytes") or 0))[:shown]:
             lines.append(f"  {format_size(r.get('leaked_bytes') or 0):>10}  {r['nodeid']} ({_leak_kind(r)})")
             holders = [chain for group in r.get("tensors", []) for chain in group.get("held_by", [])]
             lines += [f"              held by {chain}" for chain in holders[:MAX_FIXTURE_CHAINS]]
+        if len(kept) > (shown or len(kept)):
+            lines.append(f"  ... and {len(kept) - (shown or 0)} more (-vv lists them all)")
     peaks = sorted((r for r in results if r.get("peak_bytes")), key=lambda r: -r["peak_bytes"])
     if peaks and verbosity > 0:
         lines.append("highest peaks above baseline:")
         lines += [f"  {format_size(r['peak_bytes']):>10}  {r['nodeid']} ({r['device']})" for r in peaks[:shown]]
     return lines
+
+
+def _why_kept_passes(results: list[dict[str, Any]]) -> str:
+    rules = {r.get("rule") for r in results if r.get("pattern") in ("kept_once", "settled") and r["outcome"] != "leaked"}
+    if rules == {"growth"}:
+        return "--vramleak-fail-on=growth"
+    return "below --vramleak-kept-floor" if rules <= {"significant"} else "their rule"
 
 
 def _leak_kind(result: dict[str, Any]) -> str:

@@ -1,44 +1,75 @@
-"""Running a checked test several times to tell memory that grows from memory kept once.
+"""Running a checked test again to tell memory that grows from memory kept once, and the verdict.
 
 A whole-test check sees one before and one after: it cannot tell a test that leaks on every call
 from one that leaves state behind once (a cache filled once, lazily built state, the gradients the
-first ``backward()`` makes on a shared model). Run the test again, unchanged, and it can, as
-CPython's ``-R`` does for references. :class:`Repetitions` keeps what each run of a test left,
-the memory left after each run, and classifies it with the step check's growth rule
-(:func:`~pytest_vramleak.verdict.judge_growth`):
+first ``backward()`` makes on a shared model, a metric's cached result on a parametrize value).
+Run the test again, unchanged, and it can, as CPython's ``-R`` does for references.
+:class:`Repetitions` keeps what each run of a test left (bytes of tensor storage, and the autograd
+nodes it made that stay alive), and classifies the memory left after each run with the step
+check's growth rule (:func:`~pytest_vramleak.verdict.judge_growth`):
 
-- ``grows``: memory added on every run, or every k-th run;
+- ``grows``: memory (or autograd history) added on every run, or every k-th run;
 - ``kept_once``: left by the first run (or the warm-up runs), then flat;
 - ``settled``: rose during the measured runs, then held flat.
 
-:func:`run_repeated` is the pytest side: it runs a test's whole protocol (setup, call, teardown
-of its function-scoped fixtures) several times, as pytest-repeat and pytest-rerunfailures do,
-keeping wider-scoped fixtures between runs, and reports the test once.
+:func:`decide` turns that into a verdict under a :class:`Rule`:
+
+- ``significant`` (the default for tests ``--vramleak`` checks without a marker): a test fails
+  when its memory grows across runs, or when what it keeps once is at least the rule's floor;
+- ``growth``: only growth fails;
+- ``any`` (and a ``vram_budget`` marker's explicit budget): the first run is judged as a test run
+  once is: everything past the budget fails, kept once or not.
+
+Everything here is plain logic: the pytest side (running a test again) is in
+:mod:`pytest_vramleak.protocol`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
-from _pytest.runner import call_and_report
-
-from .report import render_groups
 from .sizes import format_size
-from .snapshot import TensorGroup
 from .verdict import GrowthVerdict, judge_growth
 
 PATTERNS = ("grows", "kept_once", "settled")
+FAIL_ON = ("significant", "growth", "any")
+
+KEPT_FLOOR = 1024**2
+"""The default floor of ``significant``: memory a test keeps once (not growing) fails it from one
+mebibyte on. A cached scalar, a metric's state, a lookup table built once or a tracing constant
+keeps bytes to kilobytes; a model, a batch or an activation a test forgets to drop keeps
+megabytes, and on a GPU every test that keeps one adds it to what the suite holds."""
 
 
 @dataclass
 class Run:
-    """What one run of a test left: bytes above its own baseline, and the leaked groups where named."""
+    """What one run of a test left."""
 
     leaked_bytes: int
+    """Bytes above the run's own start (never below 0)."""
     outcome: str
-    groups: list[TensorGroup] = field(default_factory=list)
+    history_nodes: int = 0
+    """Autograd nodes the run made that tensors alive after it keep."""
+    begin_clock: int = 0
+    """The tracker's clock as the run began: storages first seen since are this run's or later ones'."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How a test's runs are judged."""
+
+    leak_budget: int
+    peak_budget: int | None = None
+    tolerance: int = 0
+    fail_on: str = "significant"
+    floor: int = KEPT_FLOOR
+    """``significant``: memory kept once fails from this many bytes on."""
+
+    @property
+    def strict(self) -> bool:
+        return self.fail_on == "any"
 
 
 @dataclass
@@ -54,70 +85,88 @@ class Repetitions:
     mode: str = "repeat"
     """``repeat`` (every run planned) or ``confirm`` (re-runs only after a leak)."""
     runs: list[Run] = field(default_factory=list)
-    final: bool = False
-    """Whether the run now ending is the last one: its teardown reports for all of them."""
     stopped: str | None = None
-    """Why the runs stopped before ``planned``: the test failed, skipped or xfailed."""
+    """Why the runs stopped before ``planned``: the test failed, skipped or xfailed, a re-run failed."""
+    rerun_failed: bool = False
+    """A run after the first failed: the runs are not used, the first run's verdict stands."""
     started: int = 0
     """Runs started, checked or not."""
-    first: Any = None
-    """The first run's :class:`~pytest_vramleak.check.CheckResult`: the whole-test leak and the peak."""
-    first_result: Any = None
-    """The first run's JSON record (:class:`~pytest_vramleak.report.TestResult`), completed at the last run."""
 
     @property
     def wants_more(self) -> bool:
-        return self.stopped is None and self.started < self.planned and not self.final
+        return self.stopped is None and self.started < self.planned
 
-    def series(self) -> list[int]:
-        """Memory left after each run, above the first run's baseline."""
+    def series(self, adjust: Sequence[int] = ()) -> list[int]:
+        """Memory left after each run, above the first run's start; ``adjust`` is taken off each
+        run's figure (memory set aside: not the test's)."""
         total, series = 0, []
-        for run in self.runs:
-            total += run.leaked_bytes
+        for index, run in enumerate(self.runs):
+            total += run.leaked_bytes - (adjust[index] if index < len(adjust) else 0)
             series.append(total)
         return series
 
-    def measured(self) -> list[int]:
-        """Memory after each measured run, above what the warm-up runs left."""
-        series = self.series()
+    def node_series(self) -> list[int]:
+        """Autograd nodes kept after each run, made by this test's runs."""
+        total, series = 0, []
+        for run in self.runs:
+            total += run.history_nodes
+            series.append(total)
+        return series
+
+    def _measured(self, series: list[int]) -> list[int]:
         base = series[self.warmup - 1] if self.warmup else 0
         return [value - base for value in series[self.warmup :]]
 
-    def classify(self, tolerance: int, leak_budget: int, device: str) -> tuple[str | None, GrowthVerdict | None]:
-        """The pattern (or None: nothing was left, or too few runs) and the growth verdict it rests on."""
-        measured = self.measured()
+    def measured(self, adjust: Sequence[int] = ()) -> list[int]:
+        """Memory after each measured run, above what the warm-up runs left."""
+        return self._measured(self.series(adjust))
+
+    def classify(self, tolerance: int, leak_budget: int, device: str, adjust: Sequence[int] = ()) -> tuple[str | None, GrowthVerdict | None, bool]:
+        """The pattern (or None: nothing was left, or too few runs), the growth verdict it rests
+        on, and whether it is the autograd history (not the storage) that grows."""
+        if self.rerun_failed:
+            return None, None, False
+        measured = self.measured(adjust)
         if len(measured) < 2:
-            return None, None
+            return None, None, False
         verdict = judge_growth(measured, tolerance, device)
         if verdict.grows:
-            return "grows", verdict
-        kept = self.series()[self.warmup - 1] if self.warmup else 0
+            return "grows", verdict, False
+        nodes = self._measured(self.node_series())
+        if any(nodes):
+            history = judge_growth(nodes, 0, device)
+            if history.grows:
+                return "grows", history, True
+        series = self.series(adjust)
+        kept = series[self.warmup - 1] if self.warmup else 0
         if verdict.settled_at is not None and not (self.warmup == 0 and verdict.settled_at == 1):
-            return "settled", verdict
-        first = self.runs[0].leaked_bytes
-        if max(first, kept, verdict.kept_bytes) > leak_budget:
-            return "kept_once", verdict
-        return None, verdict
+            return "settled", verdict, False
+        first = series[0] if series else 0
+        if max(first, kept, verdict.kept_bytes) > leak_budget or any(self.node_series()):
+            return "kept_once", verdict, False
+        return None, verdict, False
 
-    def growth_groups(self) -> list[TensorGroup]:
-        """The leaked tensors of the last measured run that named any: what grew on that run."""
-        for run in reversed(self.runs[self.warmup :]):
-            if run.groups:
-                return run.groups
-        return []
-
-    def describe(self, pattern: str | None, verdict: GrowthVerdict | None, device: str) -> str:
+    def describe(self, pattern: str | None, verdict: GrowthVerdict | None, device: str, *, history: bool = False, adjust: Sequence[int] = ()) -> str:
         """A few lines on the runs: the pattern, what each left, and what to do."""
-        series = self.series()
+        series = self.series(adjust)
         runs = len(self.runs)
         figures = ", ".join(format_size(value) for value in series)
-        head = f"ran {runs} times ({self.warmup} warm-up); memory left after each run, above the first run's baseline: {figures}"
+        head = f"ran {runs} times ({self.warmup} warm-up); memory left after each run, above the first run's start: {figures}"
+        if any(self.node_series()):
+            head += "; autograd nodes kept: " + ", ".join(f"{nodes:,}" for nodes in self.node_series())
+        if self.rerun_failed:
+            return f"{head}\nnot classified: {self.stopped}"
         if pattern is None or verdict is None:
-            if len(self.measured()) < 2:
-                return f"{head}\nnot classified: {len(self.measured())} measured run(s), at least 2 are needed"
+            if len(self.measured(adjust)) < 2:
+                return f"{head}\nnot classified: {len(self.measured(adjust))} measured run(s), at least 2 are needed"
             return head
-        measured = len(series) - self.warmup
-        if pattern == "grows":
+        measured = runs - self.warmup
+        if pattern == "grows" and history:
+            text = (
+                f"pattern: grows: {verdict.per_step_bytes:,.0f} more autograd nodes kept per run over {measured} measured runs, "
+                "while the tensors' memory does not grow: each run links its graph behind what an earlier run kept"
+            )
+        elif pattern == "grows":
             text = (
                 f"pattern: grows: {format_size(verdict.per_step_bytes)} more per run over {measured} measured runs "
                 f"({format_size(verdict.kept_bytes)} in total) on {device}: memory is added by every run (or every few), "
@@ -125,9 +174,9 @@ class Repetitions:
             )
         elif pattern == "kept_once":
             text = (
-                f"pattern: kept_once: the first run left {format_size(self.runs[0].leaked_bytes)}, and the next "
+                f"pattern: kept_once: the first run left {format_size(series[0] if series else 0)}, and the next "
                 f"{runs - 1} runs left nothing more: state kept once (a cache filled once, lazily built state, the "
-                "gradients of a first backward() on a shared model), not growth; --vramleak-fail-on=growth passes such tests"
+                "gradients of a first backward() on a shared model), not growth"
             )
         else:
             assert verdict.settled_at is not None
@@ -138,116 +187,81 @@ class Repetitions:
         return f"{head}\n{text}"
 
 
-def run_repeated(item: pytest.Item, nextitem: pytest.Item | None, repetitions: Repetitions) -> list[pytest.TestReport]:
-    """Run ``item``'s protocol until ``repetitions`` wants no more; return the reports of the last run.
-
-    Runs before the last are torn down towards ``item``'s parent, so fixtures of a wider scope stay
-    set up between them, as between the parametrized copies of pytest-repeat; the last run is torn
-    down towards ``nextitem``. A run that fails, skips or xfails is the last. (Under
-    ``--setup-show`` and ``--setup-only`` tests run once: the caller does not come here.)
-    """
-    reports: list[pytest.TestReport] = []
-    spent: dict[str, float] = {}  # seconds per phase over every run: the reports logged carry the sums
-    while True:
-        repetitions.started += 1
-        if hasattr(item, "_request") and not item._request:
-            item._initrequest()  # type: ignore[attr-defined]  # as pytest's runtestprotocol on a re-run
-        reports = [call_and_report(item, "setup", log=False)]
-        if reports[0].passed:
-            reports.append(call_and_report(item, "call", log=False))
-        if any(report.failed or report.skipped or hasattr(report, "wasxfail") for report in reports):
-            repetitions.stopped = next(_why_stopped(report) for report in reports if not report.passed or hasattr(report, "wasxfail"))
-        session_ends = item.session.shouldfail or item.session.shouldstop
-        last = session_ends or repetitions.stopped is not None or repetitions.started >= repetitions.planned
-        repetitions.final = bool(last)
-        # Toward the test's parent: the test's own node and function-scoped fixtures are torn
-        # down, its module's and class's stay.
-        toward = None if session_ends else nextitem if last else item.parent
-        reports.append(call_and_report(item, "teardown", log=False, nextitem=toward))
-        if hasattr(item, "_request"):
-            item._request = False
-            item.funcargs = None  # type: ignore[attr-defined]
-        if reports[-1].failed and not repetitions.final:
-            repetitions.stopped = "teardown failed"
-        elif len(repetitions.runs) < repetitions.started and repetitions.stopped is None:
-            repetitions.stopped = f"run {repetitions.started} was not checked"
-        for report in reports:
-            spent[report.when] = spent.get(report.when, 0.0) + report.duration
-        if not repetitions.wants_more:
-            if not repetitions.final:
-                # This run was torn down toward ``item`` but is the last: finish toward ``nextitem``.
-                _finish_teardown(item, nextitem, reports[-1])
-            for report in reports:
-                report.duration = spent[report.when]
-            return reports
-
-
-def _why_stopped(report: pytest.TestReport) -> str:
-    if hasattr(report, "wasxfail"):
-        return "the test xfailed"
-    return f"the test {'was skipped' if report.skipped else 'failed'} in {report.when}"
-
-
-def _finish_teardown(item: pytest.Item, nextitem: pytest.Item | None, report: pytest.TestReport) -> None:
-    """Tear down what the next test does not need; a failure there fails the teardown report."""
-    try:
-        item.session._setupstate.teardown_exact(nextitem)
-    except Exception as error:
-        report.outcome = "failed"
-        report.longrepr = f"teardown of fixtures after the last run: {type(error).__name__}: {error}"
-
-
-def report_runs(item: pytest.Item, reports: list[pytest.TestReport]) -> None:
-    """Log a repeated test once: its last run's reports."""
-    for report in reports:
-        item.ihook.pytest_runtest_logreport(report=report)
-
-
 @dataclass(frozen=True)
 class Decision:
-    """The verdict on a repeated test: outcome, pattern, failure text (empty when it passes)."""
+    """The verdict on a test's runs: outcome, pattern, failure sentence (empty when it passes)."""
 
     outcome: str
     pattern: str | None
     message: str
-    groups: list[TensorGroup]
+    about: str
+    """What the runs showed, a few lines (empty for a test run once)."""
+    kept_bytes: int = 0
+    """What the runs keep, above the first run's start (memory and estimated autograd history)."""
+    grows_history: bool = False
+    growth_bytes: int | None = None
 
 
 def decide(
     repetitions: Repetitions,
     first: Any,
+    rule: Rule,
     *,
-    leak_budget: int,
-    peak_budget: int | None,
-    tolerance: int,
-    fail_on: str,
     device: str,
+    adjust: Sequence[int] = (),
+    node_bytes: int = 0,
 ) -> Decision:
-    """Judge a repeated test from its first run (``first``, a :class:`~pytest_vramleak.check.CheckResult`:
-    the whole-test leak and the peak) and the memory left after each run.
-
-    The first run is judged as a test run once is, so repeating never hides a leak made once from a
-    user who wants those to fail; under ``fail_on="growth"`` only a pattern of ``grows`` (and a peak
-    over its budget) fails.
-    """
-    pattern, verdict = repetitions.classify(tolerance, leak_budget, device)
+    """Judge a test from its first run (``first``, a :class:`~pytest_vramleak.check.CheckResult`:
+    the whole-test leak and the peak) and what each run left, under ``rule`` (see the module
+    docstring). ``adjust``: bytes per run set aside as not the test's (held by PyTorch itself);
+    ``node_bytes``: the estimated size of one kept autograd node."""
+    budget = rule.leak_budget
+    pattern, verdict, history = repetitions.classify(rule.tolerance, budget, device, adjust)
+    series = repetitions.series(adjust)
+    nodes = repetitions.node_series()
+    kept = (series[-1] if series else 0) + (nodes[-1] if nodes else 0) * node_bytes
+    first_kept = (series[0] if series else 0) + (nodes[0] if nodes else 0) * node_bytes
+    if pattern is None and repetitions.rerun_failed:
+        kept = first_kept  # the runs after the first are not used
     grows = pattern == "grows"
-    peak_over = peak_budget is not None and first.peak_bytes is not None and first.peak_bytes > peak_budget
-    leak_fails = grows or (fail_on == "any" and first.outcome == "leaked" and (first.leaked_bytes or 0) > leak_budget)
-    outcome = "leaked" if leak_fails else "over_budget" if peak_over else "passed"
-    groups = repetitions.growth_groups() if grows else list(first.groups)
-    about = repetitions.describe(pattern, verdict, device)
+    peak_over = bool(getattr(first, "over_budget", False))
+    about = repetitions.describe(pattern, verdict, device, history=history, adjust=adjust) if len(repetitions.runs) > 1 or repetitions.rerun_failed else ""
+    growth = series[-1] - (series[repetitions.warmup - 1] if repetitions.warmup else 0) if grows and not history and series else None
+    left_behind = bool(getattr(first, "left_behind", None))  # process groups, children, ranks: always the test's
+    if rule.strict:  # the first run as a test run once is judged; growth fails too
+        memory_fails = grows or (bool(first.memory_leaked) and (first_kept > budget or bool(getattr(first, "other_leaks", False))))
+    elif rule.fail_on == "growth":
+        memory_fails = grows or bool(getattr(first, "other_leaks", False))
+    else:  # significant: growth, or memory kept once that matters
+        memory_fails = grows or (kept > budget and kept >= rule.floor) or bool(getattr(first, "other_leaks", False))
+    outcome = "leaked" if memory_fails or left_behind else "over_budget" if peak_over else "passed"
     if outcome == "passed":
-        return Decision(outcome, pattern, "", groups)
-    if grows:
+        return Decision(outcome, pattern, "", about, kept, history, growth)
+    messages = []
+    if memory_fails and rule.strict and not (grows and repetitions.mode == "repeat"):
+        messages.append(first.message)  # the budget's verdict on the first run; the runs say more below
+    elif grows and memory_fails:
         assert verdict is not None
-        lines = [
-            f"memory grew {format_size(verdict.per_step_bytes)} per run of the test over "
-            f"{len(repetitions.runs) - repetitions.warmup} measured runs on {device}, tolerance {format_size(tolerance)}",
-            about,
-        ]
-        if first.outcome != "passed" and first.message:
-            lines.append(f"first run: {first.message}")
-        lines += ["tensors left by the last measured run that left any:", render_groups(groups)]
-        return Decision(outcome, pattern, "\n".join(lines), groups)
-    return Decision(outcome, pattern, f"{first.report()}\n{about}", groups)
+        measured = len(repetitions.runs) - repetitions.warmup
+        if history:
+            messages.append(
+                f"autograd history grew {verdict.per_step_bytes:,.0f} nodes per run of the test over {measured} measured runs on "
+                f"{device} (about {format_size(verdict.per_step_bytes * node_bytes)} of host memory per run)"
+            )
+        else:
+            messages.append(
+                f"memory grew {format_size(verdict.per_step_bytes)} per run of the test over {measured} measured runs on {device}, "
+                f"tolerance {format_size(rule.tolerance)}"
+            )
+    elif memory_fails and not rule.strict and not getattr(first, "other_leaks", False):
+        messages.append(
+            f"kept {format_size(kept)} on {device} that it did not let go: memory a test keeps once fails from "
+            f"{format_size(rule.floor)} on (--vramleak-kept-floor)"
+        )
+    elif memory_fails or left_behind or peak_over:
+        messages.append(first.message)
+    if (left_behind or peak_over) and first.message not in messages:
+        messages.append(first.message)
+    if grows and rule.strict and repetitions.mode == "repeat" and first.outcome != "passed" and first.message and first.message not in messages:
+        about = f"{about}\nfirst run: {first.message}"
+    return Decision(outcome, pattern, "; ".join(message for message in messages if message), about, kept, history, growth)

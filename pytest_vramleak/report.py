@@ -27,8 +27,10 @@ def shape_text(shape: Iterable[int]) -> str:
 
 
 def leaked_figure(result: Mapping[str, Any]) -> int:
-    """What a test in the report leaked: its bytes left after teardown, or its growth across steps."""
-    return int(result.get("leaked_bytes") or result.get("growth_bytes") or 0)
+    """What a test in the report leaked: its bytes left after teardown, its growth across steps or
+    runs, or the autograd history it kept (estimated), whichever is most."""
+    history = sum(group.get("bytes", 0) for group in result.get("tensors", []) if group.get("kind") == "history")
+    return int(max(result.get("leaked_bytes") or result.get("growth_bytes") or 0, history))
 
 
 def render_groups(groups: Sequence[Any]) -> str:
@@ -40,7 +42,10 @@ def render_groups(groups: Sequence[Any]) -> str:
     for group in groups[:MAX_GROUPS_SHOWN]:
         lines.append(group.title())
         for site in group.allocated_at:
-            lines.append(f"    allocated at {site}")
+            storage, _, view = site.partition("; kept through a view made at ")
+            lines.append(f"    allocated at {storage}")
+            if view:
+                lines.append(f"        kept through a view made at {view}")
         for chain in group.held_by:
             lines.append(f"    held by {chain}")
         if not group.held_by:
@@ -85,6 +90,8 @@ class TestResult:
     """What filled the memory at the peak, by kind (CPU tests with a peak budget; see :mod:`pytest_vramleak.peaks`)."""
     ranks: list[dict[str, Any]] = field(default_factory=list)
     """What each rank process reported through ``watch_rank()``: rank, pid, outcome, leaked bytes, tensors."""
+    rule: str | None = None
+    """How the test was judged: ``significant``, ``growth`` or ``any`` (see :mod:`pytest_vramleak.repeats`)."""
     pattern: str | None = None
     """For a test run more than once: ``grows``, ``kept_once`` or ``settled`` (see :mod:`pytest_vramleak.repeats`)."""
     repetitions: list[int] | None = None

@@ -20,6 +20,8 @@ import functools
 import linecache
 import os
 import sys
+import sysconfig
+import threading
 import tracemalloc
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -30,7 +32,7 @@ _PLUGIN_DIR = os.path.dirname(__file__) + os.sep
 
 
 @functools.lru_cache(maxsize=1)
-def _directories() -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _directories() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """Library code a site never points into (torch, this plugin), and the code that runs the
     user's (pytest, pluggy, the start of a thread or of a multiprocessing process), where a stack
     stops."""
@@ -44,6 +46,9 @@ def _directories() -> tuple[tuple[str, ...], tuple[str, ...]]:
     def folder(module: Any) -> str:
         return os.path.dirname(module.__file__ or "") + os.sep
 
+    paths = sysconfig.get_paths()
+    installed = tuple({paths["purelib"] + os.sep, paths["platlib"] + os.sep})
+    standard = tuple({paths["stdlib"] + os.sep, paths["platstdlib"] + os.sep} - set(installed))
     runner = (
         folder(pytest),
         os.path.dirname(folder(pytest).rstrip(os.sep)) + os.sep + "_pytest" + os.sep,
@@ -51,7 +56,7 @@ def _directories() -> tuple[tuple[str, ...], tuple[str, ...]]:
         folder(multiprocessing),
         threading.__file__,
     )
-    return (folder(torch), os.path.dirname(__file__) + os.sep), runner
+    return (folder(torch), os.path.dirname(__file__) + os.sep), runner, standard, installed
 
 
 Site = tuple[str, int, str]
@@ -95,6 +100,19 @@ def enclosing_function(filename: str, line: int) -> str:
     return name
 
 
+@functools.lru_cache(maxsize=1024)
+def resolve_path(name: str) -> str:
+    """The file a name torch's profiler gives (relative to the ``sys.path`` entry it was found
+    under, as ``torch/nn/functional.py``) stands for, or the name itself where none matches."""
+    if os.path.isabs(name) or name.startswith("<"):
+        return name
+    for entry in sys.path:
+        candidate = os.path.join(entry or os.getcwd(), name)
+        if os.path.isfile(candidate):
+            return os.path.abspath(candidate)
+    return name
+
+
 def _short_path(filename: str) -> str:
     try:
         relative = os.path.relpath(filename)
@@ -104,12 +122,15 @@ def _short_path(filename: str) -> str:
 
 
 def frame_kind_of_file(filename: str) -> str:
-    """``user``, ``library`` (torch, this plugin) or ``runner`` (pytest, pluggy) for a file name."""
-    library, runner = _directories()
+    """``user``, ``library`` (torch, this plugin, the standard library) or ``runner`` (pytest,
+    pluggy) for a file name."""
+    library, runner, standard, installed = _directories()
     if filename.startswith(runner):
         return "runner"
     if filename.startswith(library) or filename.startswith("<") or not filename:
         return "library"
+    if filename.startswith(standard) and not filename.startswith(installed):
+        return "library"  # copy.deepcopy, functools: a site names the user's line that called them
     return "user"
 
 
@@ -143,7 +164,9 @@ class SiteSource(Protocol):
 
 @dataclass
 class Sites:
-    """Several sources asked in turn: the first that knows a storage answers."""
+    """Several sources asked in turn: the first that knows a storage answers. A source that knows
+    where the tensor object itself was made (:class:`SiteRecorder`) also says where a view kept
+    of the storage was made (:meth:`view_site_of`)."""
 
     sources: list[SiteSource] = field(default_factory=list)
 
@@ -152,6 +175,19 @@ class Sites:
             stack = source.site_of(tensor, storage)
             if stack:
                 return stack
+        return None
+
+    def view_site_of(self, tensor: Any, storage: Any) -> tuple[Site, ...] | None:
+        """Where the tensor object kept was made, where that is not where its storage was
+        allocated (``inputs[0].detach()`` in a hook keeps the batch the test made)."""
+        storage_stack = next((stack for source in self.sources if type(source) is StorageSites for stack in [source.site_of(tensor, storage)] if stack), None)
+        if not storage_stack:
+            return None
+        for source in self.sources:
+            if type(source) is SiteRecorder:
+                stack = source.object_site_of(tensor)
+                if stack and stack[0] != storage_stack[0]:
+                    return stack
         return None
 
 
@@ -202,6 +238,8 @@ class SiteRecorder:
         # id(storage) -> (data pointer, size, stack): an id and a data pointer together are reused
         # only when a new storage takes both the old storage object's place and its memory.
         self._sites: dict[int, tuple[int, int, tuple[Site, ...]]] = {}
+        self._objects: dict[int, tuple[Site, ...]] = {}
+        """Where each tensor object captured was made, by id: asked while those tensors live."""
         self._owns_tracing = False
 
     @property
@@ -227,6 +265,7 @@ class SiteRecorder:
         for tensor, storage in pairs:
             stack = self._stack(tensor)
             if stack:
+                self._objects[id(tensor)] = stack
                 try:
                     self._sites[id(storage)] = (storage.data_ptr(), storage.nbytes(), stack)
                 except Exception:
@@ -242,6 +281,15 @@ class SiteRecorder:
     def _named(stack: tuple[Site, ...]) -> tuple[Site, ...]:
         return tuple((filename, line, enclosing_function(filename, line)) for filename, line, _ in stack)
 
+    def object_site_of(self, tensor: Any) -> tuple[Site, ...] | None:
+        """Where the tensor object itself was made, as captured or while tracing runs."""
+        known = self._objects.get(id(tensor))
+        if known is not None:
+            return self._named(known)
+        if not tracemalloc.is_tracing():
+            return None
+        return self._named(self._stack(tensor)) or None
+
     def site_of(self, tensor: Any, storage: Any) -> tuple[Site, ...] | None:
         """Where ``tensor`` (whose storage is ``storage``) was made, if recorded."""
         known = self._sites.get(id(storage))
@@ -256,3 +304,86 @@ class SiteRecorder:
 
     def clear(self) -> None:
         self._sites.clear()
+        self._objects.clear()
+
+
+class StorageSites:
+    """Where storages were allocated, seen from the tensors the user's functions hold as they return.
+
+    :class:`SiteRecorder` sees where a Python tensor object was made. A tensor kept through a view
+    (``inputs[0].detach()`` in a hook, a slice) is a new object made where the view was taken,
+    while its storage was allocated where the batch was made, by a tensor that may be gone by the
+    time a leak is named. So while this recorder runs (in one run of a test already found
+    leaking), each function of the user's code that returns has its local tensors (and what it
+    returns) noted: the first tensor seen with a storage is where that storage was made, as
+    tracemalloc recorded it. It runs as a trace function on the test's thread, for calls only
+    (line events off); where a tracer runs already (coverage, a debugger), it records nothing.
+    """
+
+    def __init__(self) -> None:
+        self._storages: dict[tuple[int, int], tuple[Site, ...]] = {}
+        self._tracing = False
+        self._known_files: dict[str, bool] = {}
+
+    def start(self) -> None:
+        if sys.gettrace() is not None or not tracemalloc.is_tracing():
+            return
+        self._tracing = True
+        sys.settrace(self._call)
+
+    def stop(self) -> None:
+        if self._tracing:
+            self._tracing = False
+            if sys.gettrace() == self._call:
+                sys.settrace(None)
+
+    def _user_file(self, filename: str) -> bool:
+        known = self._known_files.get(filename)
+        if known is None:
+            known = self._known_files[filename] = frame_kind_of_file(filename) == "user"
+        return known
+
+    def _call(self, frame: Any, event: str, argument: Any) -> Any:
+        if not self._tracing or not self._user_file(frame.f_code.co_filename):
+            return None
+        frame.f_trace_lines = False
+        return self._returning
+
+    def _returning(self, frame: Any, event: str, argument: Any) -> Any:
+        if event == "return" and self._tracing:
+            try:
+                self._note([*frame.f_locals.values(), argument])
+            except Exception:  # a frame that will not say: nothing noted
+                pass
+        return self._returning if self._tracing else None
+
+    def _note(self, values: list[Any]) -> None:
+        from .census import is_tensor_type, tensor_storages
+
+        for value in values:
+            if not is_tensor_type(type(value)):
+                continue
+            import torch
+
+            with torch._C.DisableTorchFunction():
+                storages = tensor_storages(value)
+            for storage in storages:
+                try:
+                    key = (storage.data_ptr(), storage.nbytes())
+                except Exception:
+                    continue
+                if key[0] and key not in self._storages:
+                    frames = _frames_of(value)
+                    if frames and not frames[0][0].startswith(_PLUGIN_DIR):
+                        self._storages[key] = user_sites(frames)
+
+    def site_of(self, tensor: Any, storage: Any) -> tuple[Site, ...] | None:
+        try:
+            key = (storage.data_ptr(), storage.nbytes())
+        except Exception:
+            return None
+        stack = self._storages.get(key)
+        return SiteRecorder._named(stack) if stack else None
+
+    def clear(self) -> None:
+        self._storages.clear()

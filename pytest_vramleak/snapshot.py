@@ -128,10 +128,19 @@ class TensorGroup:
     """The tensors' class where it is a subclass of ``torch.Tensor`` (``Parameter``, a user's own)."""
     hook: str = ""
     """A module hook that holds the tensors' container (``a forward hook of a Linear``), if one does."""
+    nodes: int = 0
+    """For ``history``: the autograd nodes the check's code made that the tensor keeps alive."""
+    keys: list[StorageKey] = field(default_factory=list, repr=False)
+    """The storages of the group (not in the JSON: they name memory, not what a reader can use)."""
 
     def title(self) -> str:
         """One line: what the tensors are, how many, how many bytes."""
         shape = shape_text(self.shape) + (f" {self.cls}" if self.cls else "")
+        if self.kind == "history":
+            return (
+                f"autograd history of a {self.dtype}{shape} tensor on {self.device}: {self.nodes:,} nodes made by the "
+                f"test, about {format_size(self.bytes)} of host memory"
+            )
         if self.kind == "graph":
             return (
                 f"autograd graph of a {self.dtype}{shape} tensor on {self.device}: "
@@ -159,6 +168,7 @@ class TensorGroup:
             "kind": self.kind,
             "class": self.cls,
             "graph_bytes": self.graph_bytes,
+            "nodes": self.nodes,
         }
 
 
@@ -247,6 +257,35 @@ def memory_contents(meter: Meter, error: BaseException | None = None) -> str:
     groups = describe(largest, meter.name, frames=frames[::-1])
     frames.clear()
     return "\n".join([*figures, "largest tensors:", render_groups(groups)])
+
+
+def describe_history(
+    roots: Sequence[tuple[Any, int]],
+    device: str,
+    *,
+    node_bytes: int,
+    frames: Sequence[types.FrameType] = (),
+    named: Sequence[NamedRoot] = (),
+    collect: bool = True,
+) -> list[TensorGroup]:
+    """One group per tensor that keeps autograd nodes the check's code made (``roots``: the
+    tensors, with how many nodes each keeps), with its holders named: the tensor was kept, and
+    behind its ``grad_fn`` every node of every step that added to it."""
+    groups: list[TensorGroup] = []
+    tensors = [tensor for tensor, _ in roots]
+    try:
+        paths = holder_paths(tensors, exclude_types=(Found,), frames=frames, named=named, collect=collect) if tensors else []
+        for (tensor, nodes), path in zip(roots, paths):
+            dtype, shape, where = tensor_key(tensor)
+            group = TensorGroup(dtype, shape, where, bytes=nodes * node_bytes, count=1, kind="history", cls=tensor_class(tensor), nodes=nodes)
+            path = path if path is not None else [(HELD_FROM_CPP, "")]
+            group.held_by.append("".join(text for text, _ in path))
+            group.held_by_paths.append(path)
+            group.diagnoses = diagnose(group)
+            groups.append(group)
+    finally:
+        tensors.clear()
+    return groups
 
 
 def _locate(keys: Iterable[StorageKey], device: str, defer_owners: set[int] | None = None) -> dict[StorageKey, list[Found]]:
@@ -384,13 +423,21 @@ def _primary(finds: list[Found], orphans: set[int]) -> Found:
 
 
 def _allocation_site(sites: SiteSource | None, found: Found, tensor: Any | None = None) -> str | None:
+    """Where the storage was allocated, then, where the tensor kept is a view made elsewhere
+    (``x.detach()`` in a hook, a slice), where that view was made."""
     if sites is None or found.storage is None:
         return None
+    kept = found.tensor if tensor is None else tensor
     try:
-        stack = sites.site_of(found.tensor if tensor is None else tensor, found.storage)
+        stack = sites.site_of(kept, found.storage)
+        view_site_of = getattr(sites, "view_site_of", None)
+        view = view_site_of(kept, found.storage) if stack and view_site_of is not None and found.via == "gc" else None
     except Exception:
         return None
-    return describe_stack(stack) if stack else None
+    if not stack:
+        return None
+    text = describe_stack(stack)
+    return f"{text}; kept through a view made at {describe_stack(view)}" if view else text
 
 
 def describe(
@@ -443,6 +490,7 @@ def describe(
                     target_groups.append((group, ""))
                 group.graph_bytes += found.nbytes
                 group.graph_tensors += 1
+                group.keys.append(found.key)
                 site = _allocation_site(sites, found, found.owner)
                 if group.kind == "graph" and site is not None and site not in group.allocated_at:
                     group.allocated_at.append(site)
@@ -452,6 +500,7 @@ def describe(
             cls = tensor_class(found.tensor) if found.via != "storage" else ""
             group = groups.setdefault((dtype, shape, where, kind, cls), TensorGroup(dtype, shape, where, kind=kind, cls=cls))
             group.bytes += found.nbytes
+            group.keys.append(found.key)
             if id(found.tensor) in counted:  # a sparse or nested tensor: several storages, one tensor
                 continue
             counted.add(id(found.tensor))

@@ -142,7 +142,7 @@ class _OldSentinel:
 class StorageRef(weakref.ref):  # type: ignore[type-arg]
     """A weak reference to a storage object, with what the tracker knows of the storage."""
 
-    __slots__ = ("ident", "nbytes", "device", "pointer", "born", "users")
+    __slots__ = ("ident", "nbytes", "device", "pointer", "born", "users", "adopted")
     ident: int
     nbytes: int
     device: str
@@ -151,6 +151,8 @@ class StorageRef(weakref.ref):  # type: ignore[type-arg]
     """The tracker's clock when the storage was first seen."""
     users: list[int]
     """Ids of the indexed tensors that used the storage when last read."""
+    adopted: bool
+    """Made while a test set up, by a fixture of a wider scope: the fixture's, never the test's."""
 
 
 class TensorRef(weakref.ref):  # type: ignore[type-arg]
@@ -167,7 +169,20 @@ class _Nothing:
 _NO_GRAD: weakref.ref[Any] = weakref.ref(_Nothing())  # dead at once: calling it gives None
 _ENTRY_REF = operator.attrgetter("ref")
 _ENTRY_GRAD = operator.attrgetter("grad")
+_ENTRY_VERSION = operator.attrgetter("version")
 _GRAD = operator.attrgetter("_grad")
+
+
+@functools.lru_cache(maxsize=1)
+def _grad_fn_reader() -> Any:
+    """``TensorBase``'s own ``grad_fn`` getter."""
+    return _torch()._C.TensorBase.grad_fn.__get__
+
+
+@functools.lru_cache(maxsize=1)
+def _version_reader() -> Any:
+    """``TensorBase``'s own ``_version`` getter: no subclass's code runs."""
+    return _torch()._C.TensorBase._version.__get__
 
 
 @functools.lru_cache(maxsize=1)
@@ -180,10 +195,14 @@ def _storage_readers() -> tuple[Any, Any]:
 class Entry:
     """What the tracker last read of one tensor."""
 
-    __slots__ = ("ref", "storages", "grad", "capable")
+    __slots__ = ("ref", "storages", "grad", "capable", "version", "born")
 
-    def __init__(self, ref: weakref.ref[Any]) -> None:
+    def __init__(self, ref: weakref.ref[Any], born: int = 0) -> None:
         self.ref = ref
+        self.born = born
+        """The tracker's clock when the tensor was first read."""
+        self.version = -1
+        """The tensor's version counter when last read: an in-place operation moves it (2d)."""
         self.storages: tuple[StorageRef, ...] = ()
         self.grad: weakref.ref[Any] = _NO_GRAD
         """The gradient last read; a reference that is always dead where there was none."""
@@ -197,6 +216,56 @@ class Mark(NamedTuple):
     clock: int
     graphs: int | None
     """This thread's autograd sequence counter right after the observation."""
+
+
+NODE_BYTES = 700
+"""Host memory an autograd node keeps once backward has freed what it saved, about: measured with
+glibc's ``mallinfo2`` on a two-layer MLP step (4.9 KB for 7 nodes). Nodes are C++ objects that no
+allocator statistic counts; this turns their number into a size a person can weigh."""
+
+MAX_GRAPH_ROOTS = 3
+"""Tensors kept as the holders of a kept autograd history (the ones that keep the most nodes)."""
+
+
+class KeptGraph(NamedTuple):
+    """Autograd nodes a test made that tensors alive after it keep: how many, and which tensors
+    keep most of them (weak references, with their node counts)."""
+
+    nodes: int
+    roots: list[tuple[weakref.ref[Any], int]]
+
+    @property
+    def estimated_bytes(self) -> int:
+        return self.nodes * NODE_BYTES
+
+
+def count_nodes(node: Any, threshold: int, visited: set[int], keep: list[Any]) -> int:
+    """Nodes under ``node`` numbered ``threshold`` or later (made since then on this thread), each
+    counted once overall; older nodes are neither counted nor followed (their inputs are older
+    still). ``AccumulateGrad`` nodes belong to their leaves and are not counted."""
+    accumulate = _torch()._C._functions.AccumulateGrad
+    count = 0
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if current is None or id(current) in visited:
+            continue
+        visited.add(id(current))
+        keep.append(current)
+        if type(current) is accumulate:
+            continue
+        try:
+            number = current._sequence_nr()
+        except Exception:
+            continue
+        if number < threshold or number >= 1 << 63:
+            continue
+        count += 1
+        try:
+            stack.extend(child for child, _ in current.next_functions)
+        except Exception:
+            continue
+    return count
 
 
 class Tracker:
@@ -238,6 +307,19 @@ class Tracker:
         self.clock = 0
         self.begin_clock = 0
         self._young: list[StorageRef] = []
+        self._young_tensors: list[Entry] = []
+        self._young_tensors_alive = 0
+        """Tensors first read since the current test began (what may keep its autograd history)."""
+        self._plain: dict[int, Entry] = {}
+        """Older tensors that can take no gradient (not leaves that require grad): an in-place
+        operation can give them an autograd graph (2d of the module docstring)."""
+        self._plain_refs: list[TensorRef] | None = None
+        self._plain_versions: list[int] = []
+        self._inplace: dict[int, Entry] = {}
+        """Older tensors found changed in place during the current test."""
+        self.begin_graphs: int | None = None
+        """This thread's autograd sequence counter as the current test began: nodes numbered from
+        it on were made by the test."""
         self._freed: list[tuple[int, StorageRef]] = []
         self._grown: list[tuple[int, StorageRef, int]] = []
         self._froze = False
@@ -286,9 +368,13 @@ class Tracker:
             self._capable.update(self._capable_new)
             self._capable_new.clear()
             self._grad_refs = None
+        self._adopt_young_tensors()
         self.clock += 1
         self.begin_clock = self.clock
+        self.begin_graphs = graph_clock(_torch()) if index else None
         self._young, self._freed, self._grown = [], [], []
+        self._young_tensors_alive = 0
+        self._inplace = {}
         self._young_dead = 0
         self._begun = True
         self._observed = False
@@ -316,6 +402,15 @@ class Tracker:
         if self._froze:
             self._froze = False
             gc.unfreeze()
+
+    def _adopt_young_tensors(self) -> None:
+        """The tensors the last test made that outlive it become older ones: those that take no
+        gradient join the tensors whose version counters are compared (2d)."""
+        young, self._young_tensors = self._young_tensors, []
+        for entry in young:
+            if not entry.capable and entry.ref() is not None and self._entries.get(entry.ref.ident) is entry:  # type: ignore[attr-defined]
+                self._plain[entry.ref.ident] = entry  # type: ignore[attr-defined]
+                self._plain_refs = None
 
     @property
     def active(self) -> bool:
@@ -364,6 +459,10 @@ class Tracker:
                 self._read_gradients()  # small enough, or a backward pass may have gone unwatched
             else:
                 self.deferred = True  # a backward that did not go through torch.autograd: see drift()
+            if len(self._plain) <= COMPARED_PER_CHECK:
+                self._compare_versions()  # an in-place operation may have given an older tensor a graph (2d)
+            else:
+                self.deferred = True
         if len(self._storages) <= COMPARED_PER_CHECK:
             self._compare_sizes()
         else:
@@ -386,6 +485,7 @@ class Tracker:
         try:
             self._process_dead()
             self._read_gradients()
+            self._compare_versions()
             self._compare_sizes()
             found = [(ref, delta) for ref, delta in self._drift if ref() is not None and delta > 0]
             found += [(ref, ref.nbytes) for ref in self._drift_new if ref() is not None and ref.nbytes > 0]
@@ -394,6 +494,44 @@ class Tracker:
             ended = time.perf_counter()
             self._last_drift = (ended, ended - started)
         return found
+
+    def _compare_versions(self) -> None:
+        """Compare the version counter of every older tensor that takes no gradient with what was
+        read (2d), at C speed; read again, in full, those that changed in place. An in-place
+        operation on a tensor that requires grad (``total += loss``) gives the tensor a new
+        autograd graph, which keeps what it saved and every node before it."""
+        if self._plain_refs is None:
+            entries = list(self._plain.values())
+            self._plain_refs = list(map(_ENTRY_REF, entries))
+            self._plain_versions = list(map(_ENTRY_VERSION, entries))
+        tensors = list(map(operator.call, self._plain_refs))
+        if any(map(operator.is_, tensors, itertools.repeat(None))):  # some died since: forget them
+            for ident, entry in list(self._plain.items()):
+                if entry.ref() is None:
+                    self._forget(ident, entry)
+            entries = list(self._plain.values())
+            self._plain_refs = list(map(_ENTRY_REF, entries))
+            self._plain_versions = list(map(_ENTRY_VERSION, entries))
+            tensors = list(map(operator.call, self._plain_refs))
+        try:
+            versions = list(map(_version_reader(), tensors))
+        except Exception:  # a tensor that will not say: read each in full
+            versions = [-2] * len(tensors)
+        if versions != self._plain_versions:
+            grad_fn = _grad_fn_reader()
+            with _torch()._C.DisableTorchFunction():
+                for tensor, now, before in zip(tensors, versions, self._plain_versions):
+                    if now == before:
+                        continue
+                    known = self._entries.get(id(tensor))
+                    if grad_fn(tensor) is None and known is not None:
+                        known.version = now  # changed in place without autograd: nothing new to read
+                        continue
+                    self._read_tensor(tensor, set(), [])
+                    if self._begun and known is not None:
+                        self._inplace[id(tensor)] = known
+            self._plain_refs = None
+        tensors.clear()
 
     def _compare_sizes(self) -> None:
         """Compare the size of every indexed storage with what was read (2c), at C speed."""
@@ -417,11 +555,13 @@ class Tracker:
             self._process_dead()
             self._scan()
 
-    def settle(self) -> Counter[str]:
+    def settle(self, *, credit_since: int | None = None) -> Counter[str]:
         """Collect every generation, the frozen ones too (cycles that outlived an observation),
         and note what died. Costs a walk of the whole heap: for confirming a suspected leak.
         Older storages it frees offset nothing (see the module docstring: garbage older than the
-        test cannot hide a leak)."""
+        test cannot hide a leak), except those first seen at ``credit_since`` or later: in a test
+        run again, what an earlier run of the same test made and this run let go (an object on a
+        reference cycle, replaced), which only a full collection frees."""
         self.index_young()
         if self._froze:
             gc.unfreeze()
@@ -436,7 +576,7 @@ class Tracker:
         # Older storages this collection frees were garbage before the test, or made garbage in
         # cycles it could not collect while frozen: either way not what the test freed.
         before: Counter[str] = Counter(self._older_garbage)
-        self._process_dead(offsets=False)
+        self._process_dead(offsets=False, credit_since=credit_since)
         freed: Counter[str] = self._older_garbage - before
         return freed
 
@@ -463,7 +603,7 @@ class Tracker:
         return [
             ref
             for ref in self._young
-            if ref.born > since and (before is None or ref.born < before) and ref.device == device and ref() is not None
+            if ref.born > since and (before is None or ref.born < before) and ref.device == device and not ref.adopted and ref() is not None
         ]
 
     def freed_older(self, device: str, *, since: int) -> int:
@@ -508,6 +648,80 @@ class Tracker:
                     seen.add(ident)
                     found.append(tensor)
         return found
+
+    def kept_graph(self, *, threshold: int | None = None, entries: list[Entry] | None = None) -> KeptGraph:
+        """The autograd nodes made since ``threshold`` (this thread's counter; the test's start by
+        default) that tensors alive now keep: through the tensors read since the test began and
+        the older ones it changed in place. Call after an observation."""
+        threshold = self.begin_graphs if threshold is None else threshold
+        if threshold is None:
+            return KeptGraph(0, [])
+        roots = list(self._young_tensors) + list(self._inplace.values()) if entries is None else entries
+        grad_fn = _grad_fn_reader()
+        visited: set[int] = set()
+        keep: list[Any] = []
+        counted: list[tuple[weakref.ref[Any], int]] = []
+        try:
+            for entry in roots:
+                tensor = entry.ref()
+                if tensor is None:
+                    continue
+                try:
+                    node = grad_fn(tensor)
+                except Exception:
+                    continue
+                if node is not None:
+                    found = count_nodes(node, threshold, visited, keep)
+                    if found:
+                        counted.append((entry.ref, found))
+                del tensor
+        finally:
+            keep.clear()
+        counted.sort(key=lambda item: -item[1])
+        return KeptGraph(sum(found for _, found in counted), counted[:MAX_GRAPH_ROOTS])
+
+    def young_graph(self, threshold: int | None) -> KeptGraph:
+        """:meth:`kept_graph` through the tensors made since the heap was frozen, found by one
+        traversal of the young objects without indexing them (an allocator counts the memory)."""
+        if threshold is None:
+            return KeptGraph(0, [])
+        classes = tensor_types()
+        exact = set(classes)
+        found = gc.get_referrers(*classes)
+        entries = []
+        try:
+            for obj in found:
+                if type(obj) in exact:
+                    try:
+                        ref = TensorRef(obj)
+                    except TypeError:
+                        continue
+                    entries.append(Entry(ref))
+        finally:
+            found.clear()
+        return self.kept_graph(threshold=threshold, entries=entries)
+
+    def entries_born_since(self, clock: int) -> list[Entry]:
+        """Live indexed tensors first read at ``clock`` or later (a walk of the index: for a leak)."""
+        return [entry for entry in self._entries.values() if entry.born >= clock and entry.ref() is not None]
+
+    def adopt(self, refs: list[StorageRef]) -> None:
+        """These storages belong to a fixture of a wider scope set up during the test: never the test's."""
+        for ref in refs:
+            ref.adopted = True
+
+    def adopted_alive(self, device: str) -> list[StorageRef]:
+        """Live storages on ``device`` that fixtures of a wider scope made during the current test."""
+        return [ref for ref in self._young if ref.adopted and ref.device == device and ref() is not None]
+
+    def alive_since(self, device: str, clock: int, before: int | None = None) -> list[StorageRef]:
+        """Live storages on ``device`` first seen at ``clock`` or later (and before ``before``), less
+        those fixtures of a wider scope made (a walk of the index: for a leak)."""
+        return [
+            ref
+            for ref in self._storages.values()
+            if ref.born >= clock and (before is None or ref.born < before) and ref.device == device and not ref.adopted and ref() is not None
+        ]
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -613,6 +827,9 @@ class Tracker:
             del self._capable_new[ident]
         if self._retainers.get(ident) is entry:
             del self._retainers[ident]
+        if self._plain.get(ident) is entry:
+            del self._plain[ident]
+            self._plain_refs = None
 
     def _scan(self, *, thaw: bool = False) -> bool:
         """Read every tensor and storage object in the unfrozen generations; with ``thaw``, say
@@ -705,6 +922,9 @@ class Tracker:
         self._capable_new.clear()
         self._retainers.clear()
         self._grad_refs = None
+        self._plain.clear()
+        self._plain_refs = None
+        self._young_tensors = []
         with whole_heap():
             # Garbage indexed here (cycles of untracked code) can only die after the test that
             # follows: frozen meanwhile, it offsets nothing.
@@ -742,8 +962,13 @@ class Tracker:
             except TypeError:
                 return
             tensor_ref.ident = ident
-            entry = Entry(tensor_ref)
+            entry = Entry(tensor_ref, self.clock if self._born_override is None else self._born_override)
             self._entries[ident] = entry
+            if self._begun and entry.born >= self.begin_clock:
+                self._young_tensors.append(entry)
+                if len(self._young_tensors) > 2 * self._young_tensors_alive + 64:  # a long loop's temporaries
+                    self._young_tensors = [e for e in self._young_tensors if e.ref() is not None]
+                    self._young_tensors_alive = len(self._young_tensors)
         assert entry is not None
         untyped_storage, is_nested = _storage_readers()
         try:  # the common case, one strided storage, without the general function's calls
@@ -757,6 +982,10 @@ class Tracker:
                 refs.append(ref)
         entry.storages = tuple(refs)
         try:
+            entry.version = _version_reader()(tensor)
+        except Exception:
+            entry.version = -2
+        try:
             leaf = tensor.is_leaf
             retains = tensor.retains_grad
             entry.capable = (leaf and tensor.requires_grad) or retains
@@ -767,7 +996,12 @@ class Tracker:
         if entry.capable:
             if self._capable.get(ident) is not entry and self._capable_new.get(ident) is not entry:
                 self._capable_new[ident] = entry
-        elif not fresh:
+            if self._plain.pop(ident, None) is not None:
+                self._plain_refs = None
+        elif not self._begun and self._plain.get(ident) is not entry:
+            self._plain[ident] = entry  # indexed between tests: older than the next test
+            self._plain_refs = None
+        if not entry.capable and not fresh:
             self._capable_new.pop(ident, None)
             if self._capable.pop(ident, None) is not None:
                 self._grad_refs = None
@@ -826,6 +1060,7 @@ class Tracker:
         ref = StorageRef(storage, self._storage_died)
         born = self.clock if self._born_override is None else self._born_override
         ref.ident, ref.nbytes, ref.device, ref.pointer, ref.born = ident, nbytes, device, pointer, born
+        ref.adopted = False
         ref.users = [user] if user is not None else []
         self._storages[ident] = ref
         self._totals[device] += nbytes
@@ -842,7 +1077,7 @@ class Tracker:
     def _on_tensor_death(self, ref: TensorRef) -> None:
         self._dead_tensors.append(ref.ident)
 
-    def _process_dead(self, *, offsets: bool = True) -> None:
+    def _process_dead(self, *, offsets: bool = True, credit_since: int | None = None) -> None:
         while self._dead_tensors:
             ident = self._dead_tensors.pop()
             entry = self._entries.get(ident)
@@ -856,7 +1091,8 @@ class Tracker:
                     del self._storages[ref.ident]
                 self._totals[ref.device] -= ref.nbytes
                 if self._begun and ref.born < self.begin_clock:
-                    if offsets and self._offsets_open:
+                    credited = credit_since is not None and ref.born >= credit_since and self._offsets_open
+                    if (offsets and self._offsets_open) or credited:
                         self._freed.append((self.clock, ref))
                     else:
                         self._older_garbage[ref.device] += ref.nbytes

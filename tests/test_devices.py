@@ -228,11 +228,11 @@ def test_plugin_checks_a_cuda_device_through_the_fake(pytester: pytest.Pytester,
         """
     )
     result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
-    result.assert_outcomes(passed=2, failed=1)
+    result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
         [
             "leaked 4.0 MiB on cuda:0, allowed 0 B",
-            "baseline 0 B, after teardown 4.0 MiB, peak above baseline 4.0 MiB, reserved by the caching allocator 8.0 MiB",
+            "before set-up 0 B, after teardown 4.0 MiB (the test kept 4.0 MiB), peak during the call 4.0 MiB, reserved by the caching allocator 8.0 MiB",
             "driver-level usage grew 0 B: the allocator served the leaked tensors from memory it had cached*",
             "4.0 MiB reserved but not allocated: blocks the caching allocator keeps for reuse*",
             "leaked tensors:",
@@ -281,8 +281,8 @@ def test_plugin_measures_every_cuda_device(pytester: pytest.Pytester, fake_cuda_
         """
     )
     result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
-    result.assert_outcomes(passed=2, failed=1)
-    result.stdout.fnmatch_lines(["leaked 2.0 MiB on cuda:1, allowed 0 B", "leaked tensors on cuda:1:"])
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["leaked 2.0 MiB on cuda:1, allowed 0 B"])
 
 
 def test_an_accelerator_check_without_growth_reads_no_tensor(pytester: pytest.Pytester, fake_cuda_plugin, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -314,5 +314,5 @@ def test_an_accelerator_check_without_growth_reads_no_tensor(pytester: pytest.Py
     pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", "-k", "allocates").assert_outcomes(passed=3)
     assert reads == []
     result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", "-k", "leaks")
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(failed=1)
     assert reads  # naming the leak reads the tensors

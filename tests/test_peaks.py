@@ -26,7 +26,7 @@ def test_training_step():
 """
     )
     result, report = run_checked("-s")
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(failed=1)
     entry = report["test_training_step"]
     breakdown = entry["peak_breakdown"]
     categories = breakdown["categories"]

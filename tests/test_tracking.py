@@ -8,6 +8,43 @@ import textwrap
 import pytest
 
 LEAKS = {
+    # A view of a function-scoped fixture's tensor kept beyond the test keeps the fixture's whole
+    # storage: made for this test, alive after it, the test's leak.
+    "view_of_a_function_fixture_tensor": """
+        VIEWS = []
+
+        @pytest.fixture
+        def table():
+            return torch.zeros(4096)
+
+        @pytest.mark.vram_budget
+        def test_it(table):
+            VIEWS.append(table[:10])
+        """,
+    "function_fixture_tensor_kept": """
+        KEEP = []
+
+        @pytest.fixture
+        def batch():
+            return torch.ones(4096)
+
+        @pytest.mark.vram_budget
+        def test_it(batch):
+            KEEP.append(batch)
+        """,
+    "hook_a_function_fixture_registers_on_a_global_module": """
+        MODEL = torch.nn.Linear(16, 16)
+
+        @pytest.fixture
+        def recorded():
+            seen = torch.ones(4096)
+            MODEL.register_forward_hook(lambda module, args, out: seen)  # never removed
+            return seen
+
+        @pytest.mark.vram_budget
+        def test_it(recorded):
+            MODEL(torch.ones(1, 16))
+        """,
     "gradient_on_module_scoped_model": """
         @pytest.fixture(scope="module")
         def model():
@@ -209,17 +246,6 @@ NOT_LEAKS = {
         def test_it():
             VIEWS.append(KEPT[0][:10])
         """,
-    "view_of_a_fixture_tensor": """
-        VIEWS = []
-
-        @pytest.fixture
-        def table():
-            return torch.zeros(4096)
-
-        @pytest.mark.vram_budget
-        def test_it(table):
-            VIEWS.append(table[:10])
-        """,
     "cyclic_garbage_made_by_the_test": """
         class Node:
             pass
@@ -315,7 +341,7 @@ def test_garbage_from_an_earlier_test_cannot_mask_a_leak(pytester: pytest.Pytest
     result, report = run_checked("-p", "no:randomly")
     assert report["test_it"]["outcome"] == "leaked"
     assert report["test_it"]["leaked_bytes"] == 4096
-    result.stdout.fnmatch_lines(["*held by test_it.CACHE[[]0]"])
+    result.stdout.fnmatch_lines(["*held by test_it.CACHE[[]*]"])
 
 
 def test_a_suite_that_froze_its_heap_is_checked_in_full(pytester: pytest.Pytester, run_checked) -> None:
@@ -355,7 +381,7 @@ def test_a_suite_that_froze_its_heap_is_checked_in_full(pytester: pytest.Pyteste
     assert report["test_leaks"]["baseline_bytes"] >= 64 * 1024  # the frozen tensors are counted
     assert report["test_replaces_an_entry"]["outcome"] == "passed"
     assert report["test_grows_a_frozen_tensor"]["leaked_bytes"] == 3 * 1024
-    result.stdout.fnmatch_lines(["*held by test_it.KEPT[[]0]"])
+    result.stdout.fnmatch_lines(["*held by test_it.KEPT[[]*]"])
 
 
 def test_heap_is_never_left_frozen(pytester: pytest.Pytester) -> None:
@@ -387,8 +413,8 @@ def test_heap_is_never_left_frozen(pytester: pytest.Pytester) -> None:
         """
     )
     result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
-    # test_leaks passes its call and fails its teardown; test_after passes only if nothing is frozen
-    result.assert_outcomes(passed=2, failed=2, errors=1)
+    # test_leaks fails once, for its leak; test_after passes only if nothing is frozen
+    result.assert_outcomes(passed=1, failed=2, errors=1)
 
 
 def test_one_index_serves_every_device() -> None:
@@ -443,7 +469,7 @@ def test_sparse_leaks_are_named(pytester: pytest.Pytester, run_checked, layout: 
     )
     result, report = run_checked()
     assert report["test_it"]["outcome"] == "leaked"
-    result.stdout.fnmatch_lines(["*held by test_it.KEPT[[]0]*"])
+    result.stdout.fnmatch_lines(["*held by test_it.KEPT[[]*]*"])
 
 
 def test_nested_tensors_are_checked_named_and_stepped(pytester: pytest.Pytester, run_checked) -> None:
@@ -480,7 +506,7 @@ def test_nested_tensors_are_checked_named_and_stepped(pytester: pytest.Pytester,
     assert report["test_leaks"]["tensors"][0]["dtype"] == "nested float32"
     assert report["test_clean"]["outcome"] == "passed"
     assert report["test_steps"]["outcome"] == "leaked"
-    result.stdout.fnmatch_lines(["nested float32[[]2] on cpu: 1 tensor, *", "*held by test_it.KEPT[[]0]*"])
+    result.stdout.fnmatch_lines(["nested float32[[]2] on cpu: 1 tensor, *", "*held by test_it.KEPT[[]*]*"])
     result.stdout.fnmatch_lines(["*vramleak: what filled the memory*", "largest tensors:"])
     result.stdout.no_fnmatch_line("*could not be read*")
     result.stdout.no_fnmatch_line("*NestedTensorImpl doesn't support sizes*")
