@@ -1,6 +1,9 @@
-"""Bad input is a usage error naming its source, never a crash: sizes too large for any budget."""
+"""Bad input is a usage error naming its source, never a crash: sizes too large for any budget, and
+two budgets on one test."""
 
 from __future__ import annotations
+
+import textwrap
 
 import pytest
 
@@ -108,3 +111,100 @@ def test_a_marker_size_too_large_is_a_usage_error_naming_the_test(pytester: pyte
 def test_a_marker_at_the_limit_is_accepted(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_it=f"import pytest\n@pytest.mark.vram_budget({MAX_SIZE}, leak='{MAX_SIZE}')\ndef test_it():\n    pass\n")
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
+# -- two budgets on one test ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        pytest.param(
+            """
+            @pytest.mark.vram_budget(leak="1 MiB")
+            @pytest.mark.vram_budget
+            def test_it():
+                pass
+            """,
+            "test_it.py::test_it: @pytest.mark.vram_budget: 2 budgets on the test (its decorators and pytest.param marks): keep one; *",
+            id="two decorators",
+        ),
+        pytest.param(
+            """
+            @pytest.mark.vram_budget
+            @pytest.mark.parametrize("n", [1, pytest.param(2, marks=pytest.mark.vram_budget(leak="1 MiB"))])
+            def test_it(n):
+                pass
+            """,
+            "test_it.py::test_it[[]2]: @pytest.mark.vram_budget: 2 budgets on the test (its decorators and pytest.param marks): keep one; *",
+            id="decorator and param",
+        ),
+        pytest.param(
+            """
+            @pytest.mark.vram_budget
+            class TestBase:
+                pass
+
+            @pytest.mark.vram_budget(leak="1 MiB")
+            class TestIt(TestBase):
+                def test_it(self):
+                    pass
+            """,
+            "test_it.py::TestIt::test_it: @pytest.mark.vram_budget: 2 budgets on class test_it.py::TestIt (its decorators and its base classes'): keep one; *",
+            id="class and base class",
+        ),
+        pytest.param(
+            """
+            pytestmark = [pytest.mark.vram_budget, pytest.mark.vram_budget(leak="1 MiB")]
+
+            def test_it():
+                pass
+            """,
+            "test_it.py::test_it: @pytest.mark.vram_budget: 2 budgets on test_it.py (its pytestmark): keep one; *",
+            id="module",
+        ),
+    ],
+)
+def test_two_budgets_on_one_node_are_a_usage_error(pytester: pytest.Pytester, source: str, message: str) -> None:
+    pytester.makepyfile(test_it="import pytest\n" + textwrap.dedent(source))
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {message}"])
+
+
+@pytest.mark.parametrize(
+    ("outer", "inner", "outcome"),
+    [
+        ('leak="1 MiB"', "leak=0", "leaked"),  # the method's budget is closer than its class's
+        ("leak=0", 'leak="1 MiB"', "passed"),
+    ],
+)
+def test_a_budget_on_a_method_overrides_its_class_and_module(pytester: pytest.Pytester, run_checked, outer: str, inner: str, outcome: str) -> None:
+    pytester.makepyfile(
+        test_it=f"""
+import pytest, torch
+
+KEPT = []
+pytestmark = pytest.mark.vram_budget({outer})
+
+@pytest.mark.vram_budget({outer})
+class TestIt:
+    @pytest.mark.vram_budget({inner})
+    def test_method(self):
+        KEPT.append(torch.ones(256))
+
+    def test_inherits_the_class_budget(self):
+        KEPT.append(torch.ones(256))
+
+def test_inherits_the_module_budget():
+    KEPT.append(torch.ones(256))
+"""
+    )
+    result, report = run_checked()
+    outer_outcome = "passed" if "MiB" in outer else "leaked"
+    assert {name: entry["outcome"] for name, entry in report.items()} == {
+        "test_method": outcome,
+        "test_inherits_the_class_budget": outer_outcome,
+        "test_inherits_the_module_budget": outer_outcome,
+    }
+    result.stderr.no_fnmatch_line("*budgets on*")
