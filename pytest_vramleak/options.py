@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .release import PercentError, parse_percent
+from .report import output_problem
 from .sizes import SizeError, parse_size
 from .verdict import Increase, parse_increase
 
@@ -197,16 +199,6 @@ def check_device_spec(spec: str) -> str:
     raise ValueError(f"unknown device {spec!r}; expected {DEVICE_SPECS}")
 
 
-def unwritable(path: Path) -> str | None:
-    """Why a report could never be written at ``path`` (a folder there, a file where a folder must be), if so."""
-    if path.is_dir():
-        return "it is a folder"
-    for parent in path.absolute().parents:
-        if parent.exists():
-            return None if parent.is_dir() else f"{parent} is a file, not a folder"
-    return None
-
-
 _SAVE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
@@ -224,8 +216,12 @@ def _save_name(value: Any, source: str) -> str | None:
     return name
 
 
-def read_settings(get: Getter, rootpath: Path) -> Settings:
-    """Read and check every option; a bad value raises :class:`OptionError` naming its source."""
+def read_settings(get: Getter, rootpath: Path, environ: Mapping[str, str] | None = None) -> Settings:
+    """Read and check every option; a bad value raises :class:`OptionError` naming its source.
+
+    ``environ`` (``os.environ`` by default) gives ``$GITHUB_STEP_SUMMARY``.
+    """
+    environ = os.environ if environ is None else environ
     every_test = _switch(get, "vramleak")
     device, source = get("vramleak_device")
     try:
@@ -237,7 +233,7 @@ def read_settings(get: Getter, rootpath: Path) -> Settings:
     for report in reports or ():
         if not str(report).strip():
             raise OptionError(f"{source}: the report's path is empty")
-        problem = unwritable(Path(report))
+        problem = output_problem(str(report))
         if problem:
             raise OptionError(f"{source}: cannot write a report to {report}: {problem}")
         report_paths.append(str(report))
@@ -277,7 +273,13 @@ def read_settings(get: Getter, rootpath: Path) -> Settings:
         release_above = parse_percent(release_text) if str(release_text).strip() else None
     except PercentError as error:
         raise OptionError(f"{source}: {error}") from None
-    save = _save_name(*get("vramleak_save"))
+    save_value, source = get("vramleak_save")
+    save = _save_name(save_value, source)
+    if save:
+        path = saved_run_path(rootpath, save)
+        problem = output_problem(path)
+        if problem:
+            raise OptionError(f"{source}: cannot save the run to {path}: {problem}")
     compare_value, source = get("vramleak_compare")
     compare_name = _save_name(compare_value, source)
     compare = None
@@ -294,7 +296,13 @@ def read_settings(get: Getter, rootpath: Path) -> Settings:
         raise OptionError(f"{source}: {error}") from None
     if not math.isfinite(max_increase.fraction):
         raise OptionError(f"{source}: the percentage must be a finite number, got {increase_text!r}")
-    markdown, _ = get("vramleak_markdown")
+    markdown = _output_path(get, "vramleak_markdown")
+    summary = environ.get("GITHUB_STEP_SUMMARY", "")
+    if not markdown and summary:
+        # Other steps of a CI job append there too: the summary is appended, never replaced.
+        problem = output_problem(summary, append=True)
+        if problem:
+            raise OptionError(f"$GITHUB_STEP_SUMMARY: cannot append the Markdown summary to {summary}: {problem}")
     return Settings(
         every_test=every_test,
         device=device,
@@ -309,7 +317,7 @@ def read_settings(get: Getter, rootpath: Path) -> Settings:
         compare=compare,
         max_increase=max_increase,
         default_leak=sizes["vramleak_leak"],
-        markdown=str(markdown or ""),
+        markdown=markdown,
         pin_workers=_switch(get, "vramleak_pin_workers"),
         repeat=repeat,
         confirm=confirm,
@@ -323,7 +331,7 @@ def _output_path(get: Getter, name: str) -> str:
     value, source = get(name)
     path = str(value or "").strip()
     if path:
-        problem = unwritable(Path(path))
+        problem = output_problem(path)
         if problem:
             raise OptionError(f"{source}: cannot write to {path}: {problem}")
     return path
