@@ -6,8 +6,9 @@ different tests.
 Each test keeps the shard that ran it (``shard``: the report's file name without its suffix, or
 what an earlier merge recorded, so merging merged reports changes nothing). A test found in two
 reports with the same figures is listed once; with different figures, the later report on the
-command line wins and the merge says so. Reports of another format version are refused. The
-outputs are checked before anything is read or written.
+command line wins and the merge says so. Reports of another format version are refused, and so
+is a report that does not follow the format (``schemas/report.schema.json``), naming the file and
+its first problem. The outputs are checked before anything is read or written.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from .html_report import render_html
 from .report import REPORT_VERSION, output_problem, write_json, write_text_atomically
+from .schemas import first_problem
 
 
 class MergeError(ValueError):
@@ -29,7 +31,8 @@ class MergeError(ValueError):
 
 
 def read_report(path: Path) -> dict[str, Any]:
-    """The report at ``path``; :class:`MergeError` says what is wrong with it."""
+    """The report at ``path``, checked whole against the report format; :class:`MergeError` says
+    what is wrong with it."""
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
     except OSError as error:
@@ -43,6 +46,9 @@ def read_report(path: Path) -> dict[str, Any]:
             f"{path}: report format version {document.get('version')!r}, this pytest-vramleak reads version {REPORT_VERSION}: "
             "merge reports written by the same version"
         )
+    problem = first_problem(document, "report")
+    if problem:
+        raise MergeError(f"{path}: not a pytest-vramleak JSON report: {problem}")
     return document
 
 

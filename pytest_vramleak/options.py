@@ -18,6 +18,7 @@ from typing import Any
 
 from .release import PercentError, parse_percent
 from .report import output_problem
+from .schemas import first_problem
 from .sizes import SizeError, parse_size
 from .verdict import Increase, parse_increase
 
@@ -284,11 +285,7 @@ def read_settings(get: Getter, rootpath: Path, environ: Mapping[str, str] | None
     compare_name = _save_name(compare_value, source)
     compare = None
     if compare_name:
-        path = saved_run_path(rootpath, compare_name)
-        try:
-            compare = json.loads(path.read_text())["tests"]
-        except (OSError, ValueError, KeyError) as error:
-            raise OptionError(f"{source}: cannot read the saved run {compare_name!r} at {path}: {error}") from None
+        compare = read_saved_run(saved_run_path(rootpath, compare_name), compare_name, source)
     increase_text, source = get("vramleak_max_increase")
     try:
         max_increase = parse_increase(increase_text)
@@ -325,6 +322,30 @@ def read_settings(get: Getter, rootpath: Path, environ: Mapping[str, str] | None
         peaks=_switch(get, "vramleak_peaks"),
         benchmark_json=_output_path(get, "vramleak_benchmark_json"),
     )
+
+
+def read_saved_run(path: Path, name: str, source: str) -> dict[str, dict[str, Any]]:
+    """The figures by test id of the run saved as ``name`` at ``path``, checked whole against its
+    schema; :class:`OptionError` names the option (``source``), the file and its first problem."""
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise OptionError(f"{source}: cannot read the saved run {name!r} at {path}: {error.strerror or error}") from None
+    except ValueError as error:
+        raise OptionError(f"{source}: cannot read the saved run {name!r} at {path}: not JSON: {error}") from None
+    if isinstance(document, dict) and document.get("version") not in (SAVED_RUN_VERSION, None):
+        raise OptionError(
+            f"{source}: the saved run {name!r} at {path} has format version {document['version']!r}; "
+            f"this pytest-vramleak reads version {SAVED_RUN_VERSION}: save the run again"
+        )
+    problem = first_problem(document, "saved-run")
+    if problem:
+        raise OptionError(f"{source}: the saved run {name!r} at {path} is not a saved run: {problem}")
+    tests: dict[str, dict[str, Any]] = document["tests"]
+    return tests
+
+
+SAVED_RUN_VERSION = 1
 
 
 def _output_path(get: Getter, name: str) -> str:
