@@ -6,20 +6,24 @@ different tests.
 Each test keeps the shard that ran it (``shard``: the report's file name without its suffix, or
 what an earlier merge recorded, so merging merged reports changes nothing). A test found in two
 reports with the same figures is listed once; with different figures, the later report on the
-command line wins and the merge says so. Reports of another format version are refused.
+command line wins and the merge says so. Reports of another format version are refused, and so
+is a report that does not follow the format (``schemas/report.schema.json``), naming the file and
+its first problem. The outputs are checked before anything is read or written.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .html_report import render_html
-from .report import REPORT_VERSION, write_json, write_text_atomically
+from .report import REPORT_VERSION, output_problem, write_json, write_text_atomically
+from .schemas import first_problem
 
 
 class MergeError(ValueError):
@@ -27,8 +31,10 @@ class MergeError(ValueError):
 
 
 def read_report(path: Path) -> dict[str, Any]:
+    """The report at ``path``, checked whole against the report format; :class:`MergeError` says
+    what is wrong with it."""
     try:
-        document = json.loads(path.read_text())
+        document = json.loads(path.read_text(encoding="utf-8"))
     except OSError as error:
         raise MergeError(f"{path}: cannot be read: {error.strerror or error}") from None
     except ValueError as error:
@@ -40,6 +46,9 @@ def read_report(path: Path) -> dict[str, Any]:
             f"{path}: report format version {document.get('version')!r}, this pytest-vramleak reads version {REPORT_VERSION}: "
             "merge reports written by the same version"
         )
+    problem = first_problem(document, "report")
+    if problem:
+        raise MergeError(f"{path}: not a pytest-vramleak JSON report: {problem}")
     return document
 
 
@@ -97,12 +106,14 @@ def shard_names(paths: Sequence[Path]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pytest_vramleak merge", description="Merge pytest-vramleak JSON reports into one JSON and one HTML report.")
     parser.add_argument("reports", nargs="+", type=Path, help="JSON reports written by --vramleak-report")
-    parser.add_argument("--json", type=Path, help="write the merged JSON report here")
-    parser.add_argument("--html", type=Path, help="write the merged HTML report here")
+    # Kept as typed (not Path): a trailing slash says a folder is meant, and is refused.
+    parser.add_argument("--json", help="write the merged JSON report here")
+    parser.add_argument("--html", help="write the merged HTML report here")
     options = parser.parse_args(argv)
     if options.json is None and options.html is None:
         parser.error("say where to write the merged report: --json PATH, --html PATH, or both")
     try:
+        check_outputs(options.json, options.html)
         documents = [(name, read_report(path)) for name, path in zip(shard_names(options.reports), options.reports)]
     except MergeError as error:
         print(f"pytest-vramleak merge: {error}", file=sys.stderr)
@@ -110,9 +121,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     merged, messages = merge(documents)
     for message in messages:
         print(f"pytest-vramleak merge: {message}", file=sys.stderr)
-    if options.json is not None:
-        write_json(options.json, merged["tests"], fixtures=merged["fixtures"], between_checks=merged["between_checks"], about=merged["about"])
-    if options.html is not None:
-        write_text_atomically(options.html, render_html(merged["tests"], fixtures=merged["fixtures"], between_checks=merged["between_checks"], about=merged["about"]))
+    try:
+        if options.json is not None:
+            write_json(options.json, merged["tests"], fixtures=merged["fixtures"], between_checks=merged["between_checks"], about=merged["about"])
+        if options.html is not None:
+            page = render_html(merged["tests"], fixtures=merged["fixtures"], between_checks=merged["between_checks"], about=merged["about"])
+            write_text_atomically(options.html, page)
+    except OSError as error:  # a disk that filled up, a folder made read-only meanwhile
+        print(f"pytest-vramleak merge: could not write the merged report: {error}", file=sys.stderr)
+        return 2
     print(f"pytest-vramleak merge: {len(merged['tests'])} tests from {len(documents)} reports")
     return 0
+
+
+def check_outputs(json_path: str | None, html_path: str | None) -> None:
+    """:class:`MergeError` where an output could not be written (see :func:`report.output_problem`),
+    or where both name the same file."""
+    for option, path in (("--json", json_path), ("--html", html_path)):
+        problem = None if path is None else output_problem(path)
+        if problem:
+            raise MergeError(f"{option} {path}: cannot write the merged report there: {problem}")
+    if json_path is not None and html_path is not None and os.path.realpath(json_path) == os.path.realpath(html_path):
+        raise MergeError(f"--json and --html name the same file, {json_path}: give each its own")

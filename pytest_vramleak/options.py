@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .release import PercentError, parse_percent
+from .report import output_problem
+from .schemas import first_problem
 from .sizes import SizeError, parse_size
 from .verdict import Increase, parse_increase
 
@@ -213,16 +216,6 @@ def check_device_spec(spec: str) -> str:
     raise ValueError(f"unknown device {spec!r}; expected {DEVICE_SPECS}")
 
 
-def unwritable(path: Path) -> str | None:
-    """Why a report could never be written at ``path`` (a folder there, a file where a folder must be), if so."""
-    if path.is_dir():
-        return "it is a folder"
-    for parent in path.absolute().parents:
-        if parent.exists():
-            return None if parent.is_dir() else f"{parent} is a file, not a folder"
-    return None
-
-
 _SAVE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
@@ -240,8 +233,12 @@ def _save_name(value: Any, source: str) -> str | None:
     return name
 
 
-def read_settings(get: Getter, rootpath: Path) -> Settings:
-    """Read and check every option; a bad value raises :class:`OptionError` naming its source."""
+def read_settings(get: Getter, rootpath: Path, environ: Mapping[str, str] | None = None) -> Settings:
+    """Read and check every option; a bad value raises :class:`OptionError` naming its source.
+
+    ``environ`` (``os.environ`` by default) gives ``$GITHUB_STEP_SUMMARY``.
+    """
+    environ = os.environ if environ is None else environ
     every_test = _switch(get, "vramleak")
     device, source = get("vramleak_device")
     try:
@@ -253,7 +250,7 @@ def read_settings(get: Getter, rootpath: Path) -> Settings:
     for report in reports or ():
         if not str(report).strip():
             raise OptionError(f"{source}: the report's path is empty")
-        problem = unwritable(Path(report))
+        problem = output_problem(str(report))
         if problem:
             raise OptionError(f"{source}: cannot write a report to {report}: {problem}")
         report_paths.append(str(report))
@@ -298,16 +295,18 @@ def read_settings(get: Getter, rootpath: Path) -> Settings:
         release_above = parse_percent(release_text) if str(release_text).strip() else None
     except PercentError as error:
         raise OptionError(f"{source}: {error}") from None
-    save = _save_name(*get("vramleak_save"))
+    save_value, source = get("vramleak_save")
+    save = _save_name(save_value, source)
+    if save:
+        path = saved_run_path(rootpath, save)
+        problem = output_problem(path)
+        if problem:
+            raise OptionError(f"{source}: cannot save the run to {path}: {problem}")
     compare_value, source = get("vramleak_compare")
     compare_name = _save_name(compare_value, source)
     compare = None
     if compare_name:
-        path = saved_run_path(rootpath, compare_name)
-        try:
-            compare = json.loads(path.read_text())["tests"]
-        except (OSError, ValueError, KeyError) as error:
-            raise OptionError(f"{source}: cannot read the saved run {compare_name!r} at {path}: {error}") from None
+        compare = read_saved_run(saved_run_path(rootpath, compare_name), compare_name, source)
     increase_text, source = get("vramleak_max_increase")
     try:
         max_increase = parse_increase(increase_text)
@@ -315,7 +314,13 @@ def read_settings(get: Getter, rootpath: Path) -> Settings:
         raise OptionError(f"{source}: {error}") from None
     if not math.isfinite(max_increase.fraction):
         raise OptionError(f"{source}: the percentage must be a finite number, got {increase_text!r}")
-    markdown, _ = get("vramleak_markdown")
+    markdown = _output_path(get, "vramleak_markdown")
+    summary = environ.get("GITHUB_STEP_SUMMARY", "")
+    if not markdown and summary:
+        # Other steps of a CI job append there too: the summary is appended, never replaced.
+        problem = output_problem(summary, append=True)
+        if problem:
+            raise OptionError(f"$GITHUB_STEP_SUMMARY: cannot append the Markdown summary to {summary}: {problem}")
     return Settings(
         every_test=every_test,
         device=device,
@@ -330,7 +335,7 @@ def read_settings(get: Getter, rootpath: Path) -> Settings:
         compare=compare,
         max_increase=max_increase,
         default_leak=sizes["vramleak_leak"],
-        markdown=str(markdown or ""),
+        markdown=markdown,
         pin_workers=_switch(get, "vramleak_pin_workers"),
         repeat=repeat,
         confirm=confirm,
@@ -341,11 +346,35 @@ def read_settings(get: Getter, rootpath: Path) -> Settings:
     )
 
 
+def read_saved_run(path: Path, name: str, source: str) -> dict[str, dict[str, Any]]:
+    """The figures by test id of the run saved as ``name`` at ``path``, checked whole against its
+    schema; :class:`OptionError` names the option (``source``), the file and its first problem."""
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise OptionError(f"{source}: cannot read the saved run {name!r} at {path}: {error.strerror or error}") from None
+    except ValueError as error:
+        raise OptionError(f"{source}: cannot read the saved run {name!r} at {path}: not JSON: {error}") from None
+    if isinstance(document, dict) and document.get("version") not in (SAVED_RUN_VERSION, None):
+        raise OptionError(
+            f"{source}: the saved run {name!r} at {path} has format version {document['version']!r}; "
+            f"this pytest-vramleak reads version {SAVED_RUN_VERSION}: save the run again"
+        )
+    problem = first_problem(document, "saved-run")
+    if problem:
+        raise OptionError(f"{source}: the saved run {name!r} at {path} is not a saved run: {problem}")
+    tests: dict[str, dict[str, Any]] = document["tests"]
+    return tests
+
+
+SAVED_RUN_VERSION = 1
+
+
 def _output_path(get: Getter, name: str) -> str:
     value, source = get(name)
     path = str(value or "").strip()
     if path:
-        problem = unwritable(Path(path))
+        problem = output_problem(path)
         if problem:
             raise OptionError(f"{source}: cannot write to {path}: {problem}")
     return path

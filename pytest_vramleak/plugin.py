@@ -212,6 +212,18 @@ def _rule_text(settings: Settings) -> str:
 
 def _parse_marker(item: pytest.Item, mark: pytest.Mark) -> Budget:
     where = f"{item.nodeid}: @pytest.mark.{MARKER}"
+    # The closest marker wins (a method's over its class's, a class's over its module's), but two
+    # on one node leave no closest: pytest would take the first, which is not what anyone reads.
+    marked = [node for node, _ in item.iter_markers_with_node(MARKER)]
+    for node in dict.fromkeys(marked):
+        if marked.count(node) > 1:
+            if node is item:
+                on = "the test (its decorators and pytest.param marks)"
+            elif isinstance(node, pytest.Class):
+                on = f"class {node.nodeid} (its decorators and its base classes')"
+            else:
+                on = f"{node.nodeid or 'the root folder'} (its pytestmark)"
+            raise pytest.UsageError(f"{where}: {marked.count(node)} budgets on {on}: keep one; a budget on a test overrides its class's or module's")
     if len(mark.args) > 1:
         raise pytest.UsageError(f"{where} takes one positional argument (peak), got {len(mark.args)}: {mark.args!r}")
     unknown = sorted(set(mark.kwargs) - {"peak", "leak", "device", "repeat", "reserved", "pinned"})

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import re
+import stat
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 from .sizes import format_size
 
@@ -189,18 +193,108 @@ def _umask() -> int:
     return mask
 
 
-def write_text_atomically(path: str | os.PathLike[str], text: str) -> None:
-    """Replace ``path`` with ``text`` in one step: a reader never sees half a file."""
+class OutputPathError(OSError):
+    """A path the plugin will not write to: not a regular file, read-only, or in a folder it cannot write."""
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def output_problem(path: str | os.PathLike[str], *, append: bool = False) -> str | None:
+    """Why the plugin will not write a file at ``path``, or None where it will.
+
+    Files are replaced whole (:func:`write_text_atomically`): only a regular file, or nothing, may
+    be there. A symbolic link is followed to where it points, even where nothing is there yet, and
+    the file there is what is written. A FIFO, a device, a socket or a folder is never replaced.
+    ``append`` (``$GITHUB_STEP_SUMMARY``) accepts a character device too (a terminal,
+    ``/dev/null``: appending there replaces nothing), but not a FIFO, where opening to write waits
+    for a reader that may never come. Permissions are those of the user who runs the plugin.
+    """
     target = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(target))
+    if target.endswith(("/", os.sep)):
+        return "it ends with a slash, so it names a folder"
+    try:
+        info: os.stat_result | None = os.stat(target)
+    except FileNotFoundError:
+        info = None  # nothing there, or a link to nothing: the file is made where it points
+    except NotADirectoryError:
+        info = None  # a file where a folder must be: named below
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return "it is a loop of symbolic links"
+        return f"it cannot be examined: {error.strerror or error}"
+    real = os.path.realpath(target)
+    it = f"it links to {real}, which" if os.path.islink(target) else "it"
+    if info is not None:
+        if stat.S_ISDIR(info.st_mode):
+            return f"{it} is a folder"
+        if not stat.S_ISREG(info.st_mode) and not (append and stat.S_ISCHR(info.st_mode)):
+            return f"{it} is {_kind(info.st_mode)}, not a regular file"
+        if not os.access(real, os.W_OK):
+            return f"{it} is read-only"
+        if append:
+            return None  # appending needs no new file beside it
+    for folder in Path(real).parents:
+        if folder.exists():
+            if not folder.is_dir():
+                return f"{folder} is a file, not a folder"
+            if not os.access(folder, os.W_OK | os.X_OK):
+                return f"the folder {folder} is not writable"
+            return None
+    return None
+
+
+def write_text_atomically(path: str | os.PathLike[str], text: str) -> None:
+    """Replace ``path`` with ``text`` in one step: a reader never sees half a file (see :func:`replacing`)."""
+    with replacing(path) as stream:
+        stream.write(text)
+
+
+@contextlib.contextmanager
+def replacing(path: str | os.PathLike[str], *, binary: bool = False) -> Iterator[IO[Any]]:
+    """A stream (UTF-8 text, or bytes) whose content replaces ``path`` in one step when the block
+    ends; where the block raises, ``path`` is left as it was.
+
+    What is written goes to a temporary file beside the target, which is then renamed over it. A
+    symbolic link stays a link: the file it points to is replaced. A file replaced keeps its
+    permission bits (and its owner, where the user may give it); a new one is as readable as any
+    file the user writes. Where :func:`output_problem` finds a reason not to write,
+    :class:`OutputPathError` says it and nothing is written.
+    """
+    target = os.fspath(path)
+    problem = output_problem(target)
+    if problem:
+        raise OutputPathError(f"{target}: {problem}")
+    real = os.path.realpath(target)
+    directory = os.path.dirname(real)
     os.makedirs(directory, exist_ok=True)
+    try:
+        existing: os.stat_result | None = os.stat(real)
+    except FileNotFoundError:
+        existing = None
     handle, temporary = tempfile.mkstemp(prefix=".vramleak-", dir=directory)
     try:
-        with os.fdopen(handle, "w") as stream:
-            stream.write(text)
-        # mkstemp makes the file private; a report is as readable as any file the user writes.
-        os.chmod(temporary, 0o666 & ~_umask())
-        os.replace(temporary, target)
+        with os.fdopen(handle, "wb") if binary else os.fdopen(handle, "w", encoding="utf-8") as stream:
+            yield stream
+        if existing is None:
+            # mkstemp makes the file private; a report is as readable as any file the user writes.
+            os.chmod(temporary, 0o666 & ~_umask())
+        else:
+            if hasattr(os, "chown") and (existing.st_uid, existing.st_gid) != (os.geteuid(), os.getegid()):
+                with contextlib.suppress(PermissionError):  # only root may give a file to another user
+                    os.chown(temporary, existing.st_uid, existing.st_gid)
+            os.chmod(temporary, stat.S_IMODE(existing.st_mode))  # after chown, which clears set-id bits
+        os.replace(temporary, real)
     except BaseException:
         os.unlink(temporary)
         raise
