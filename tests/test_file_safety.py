@@ -65,7 +65,7 @@ def test_a_symlink_named_as_an_output_stays_a_link_and_its_target_gets_the_new_c
     target.write_text("the old content\n")
     link.symlink_to(target)
     result = run(pytester, option)
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(failed=1)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     assert link.is_symlink() and os.readlink(link) == str(target)
     assert target.read_text().startswith(begins)
@@ -81,7 +81,7 @@ def test_a_dangling_symlink_named_as_an_output_gets_its_file_made_where_it_point
     target = pytester.path / "not" / "there" / "yet.txt"
     link.symlink_to(target)
     result = run(pytester, option)
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(failed=1)
     assert link.is_symlink() and os.readlink(link) == str(target)
     assert target.read_text().startswith(begins)
 
@@ -152,7 +152,7 @@ def test_a_replaced_report_keeps_its_permission_bits(pytester: pytest.Pytester, 
     report.chmod(mode)
     if mode == 0o444 and not ignores_permissions:
         pytest.skip("only root may replace a read-only report (see test_a_read_only_report_is_refused_at_start)")
-    run(pytester, "--vramleak-report=r.json").assert_outcomes(passed=1, failed=1)
+    run(pytester, "--vramleak-report=r.json").assert_outcomes(failed=1)
     assert json.loads(report.read_text())["version"] == 1
     assert stat.S_IMODE(report.stat().st_mode) == mode
 
@@ -198,7 +198,7 @@ def test_the_github_step_summary_is_appended_to_through_a_link(pytester: pytest.
     summary.write_text("earlier step\n")
     (pytester.path / "link.md").symlink_to(summary)
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(pytester.path / "link.md"))
-    run(pytester).assert_outcomes(passed=1, failed=1)
+    run(pytester).assert_outcomes(failed=1)
     assert (pytester.path / "link.md").is_symlink()
     assert summary.read_text().startswith("earlier step\n## vramleak: 1 of 1 checked tests leaked")
 
@@ -220,7 +220,7 @@ def test_a_github_step_summary_that_cannot_be_appended_to_is_refused_at_start(
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: $GITHUB_STEP_SUMMARY: cannot append the Markdown summary to {summary}: {problem}"])
     # A summary written to a path of its own is not appended to $GITHUB_STEP_SUMMARY: then it does not matter.
-    run(pytester, "--vramleak-markdown=summary.md").assert_outcomes(passed=1, failed=1)
+    run(pytester, "--vramleak-markdown=summary.md").assert_outcomes(failed=1)
 
 
 def test_writing_through_a_link_replaces_its_target_in_one_step(tmp_path: Path) -> None:
@@ -274,7 +274,7 @@ def run_merge(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def shard(pytester: pytest.Pytester) -> Path:
-    run(pytester, "--vramleak-report=shard.json").assert_outcomes(passed=1, failed=1)
+    run(pytester, "--vramleak-report=shard.json").assert_outcomes(failed=1)
     return pytester.path
 
 
