@@ -44,7 +44,7 @@ from .sites import SiteRecorder, Sites, SiteSource
 from .census import storage_key
 from .snapshot import HELD_FROM_CPP, TensorGroup, describe, describe_history, meter_for
 from .tracker import NODE_BYTES, KeptGraph, Mark, StorageRef, Tracker
-from .verdict import Budget, BudgetVerdict, Increase, judge_budget, judge_increase
+from .verdict import Budget, Increase, judge_budget, judge_increase
 
 
 _CHECKS = itertools.count()
@@ -263,7 +263,7 @@ class LeakCheck:
 
     def start(self) -> None:
         """The body starts: take the baseline, start watching the peak."""
-        meter, result = self.meter, self.result
+        meter = self.meter
         if self.on_cpu:
             self._baseline = self.tracker.observe()
             self.tracker.freeze_young()  # what set-up made is read again only where it changes
@@ -649,6 +649,9 @@ class NamedLeak:
     groups: list[TensorGroup]
     history: list[TensorGroup]
     set_aside: list[tuple[str, list[TensorGroup]]]
+    kept_by_pytest: list[TensorGroup] = field(default_factory=list)
+    """Groups (among ``groups``) that only what pytest keeps for the session holds: one per run
+    of a test run again (a warning, a record_property value), kept once for a test run once."""
 
 
 TORCH_CACHES = "held by caches PyTorch keeps itself (compiled graphs and their constants)"
@@ -704,4 +707,7 @@ def name_leak(
         if matched:
             set_aside.append((holders, matched))
             groups = [group for group in groups if group not in matched]
-    return NamedLeak(groups, history, set_aside)
+    # pytest's lists that gain an entry with every run: record_property values, recorded warnings
+    labels = tuple(root.label for root in named if root.kind == "pytest" and type(root.value) is list)
+    kept_by_pytest = [group for group in groups if labels and group.held_by and all(chain.startswith(labels) for chain in group.held_by)]
+    return NamedLeak(groups, history, set_aside, kept_by_pytest)

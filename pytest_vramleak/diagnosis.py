@@ -14,6 +14,8 @@ _TORCH_CACHES = ("torch._dynamo", "torch._inductor", "torch.fx", "torch._functor
 # named __compiled_fn_<n>_<id> (__resume_at_<n> for code after a graph break): a user's module
 # then holds the graph's constants, but the cache is PyTorch's.
 _COMPILED_GLOBALS = re.compile(r"\.__(compiled_fn|resume_at)_\d")
+PYTEST_WARNINGS = "the warnings pytest recorded"
+_PYTEST_INSTANCE = re.compile(r"self \(the \w+ instance pytest keeps until the session ends\)(?:\.(\w+))?")
 
 
 def diagnose(group: Any) -> list[str]:
@@ -92,6 +94,23 @@ def diagnose(group: Any) -> list[str]:
                 f"state kept on a value that {fixture} shares between tests (a cached result, lazily made state): "
                 "clear it at the end of the test or in the fixture's teardown, or make the fixture function-scoped"
             )
+    if any(_PYTEST_INSTANCE.match(chain) for chain in chains):
+        attribute = next((match.group(1) for chain in chains for match in [_PYTEST_INSTANCE.match(chain)] if match and match.group(1)), "")
+        found.append(
+            "pytest keeps each test's class instance until the session ends, and with it what the test set on self"
+            + (f" (self.{attribute})" if attribute else "")
+            + ": set it to None in teardown_method, or keep tensors in locals or fixtures"
+        )
+    if any(chain.startswith("record_property values of ") for chain in chains):
+        found.append(
+            "pytest keeps every record_property value until the session ends (for the JUnit XML report): record a "
+            "number or a string (t.item(), str(t.shape)), not a tensor"
+        )
+    if any(chain.startswith(PYTEST_WARNINGS) for chain in chains):
+        found.append(
+            "pytest keeps every warning it recorded, with its arguments, until the session ends: warn with a string "
+            "(f'{t.shape}'), not a tensor"
+        )
     if any(chain.startswith("parametrize value ") for chain in chains):
         found.append(
             "a parametrize value, which pytest keeps for the whole session, kept what the test computed on it (a "

@@ -14,6 +14,7 @@ wider scope stay set up, and are torn down towards the next test once the runs a
 from __future__ import annotations
 
 import bdb
+import functools
 from collections.abc import Iterable
 from typing import Any, Literal
 
@@ -114,10 +115,7 @@ def failure_line(reports: Iterable[pytest.TestReport]) -> str:
 def failed_call_report(item: pytest.Item, call: pytest.TestReport, error: BaseException) -> pytest.TestReport:
     """The call's report made into a failure with ``error`` (a ``pytest.fail.Exception`` with
     ``pytrace=False``), keeping what it captured and how long it took."""
-    try:
-        raise error
-    except BaseException as raised:
-        info = pytest.CallInfo.from_call(lambda: _reraise(raised), when="call")
+    info = pytest.CallInfo.from_call(functools.partial(_reraise, error), when="call")
     failed = pytest.TestReport.from_item_and_call(item, info)
     for name in ("sections", "user_properties", "duration", "start", "stop"):
         setattr(failed, name, getattr(call, name))

@@ -21,7 +21,6 @@ import linecache
 import os
 import sys
 import sysconfig
-import threading
 import tracemalloc
 from dataclasses import dataclass, field
 from typing import Any, Protocol

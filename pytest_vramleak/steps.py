@@ -12,7 +12,7 @@ from .referrers import NamedRoot
 from .sites import SiteRecorder
 from .sizes import format_size
 from .snapshot import Leak, describe, meter_for
-from .tracker import Mark, StorageRef, Tracker
+from .tracker import Mark, Tracker
 from .verdict import GrowthVerdict, judge_growth
 
 

@@ -346,7 +346,7 @@ def test_internal_error_becomes_a_message_on_the_test(pytester: pytest.Pytester,
     assert report["test_one"]["reason"] == "vramleak internal error: RuntimeError: census exploded"
 
 
-def test_without_torch_marked_tests_skip_with_reason(pytester: pytest.Pytester) -> None:
+def test_without_torch_tests_run_unchecked_and_the_header_says_so(pytester: pytest.Pytester) -> None:
     pytester.makeconftest("import sys\nsys.modules['torch'] = None\n")
     pytester.makepyfile(
         test_it="""
@@ -357,22 +357,37 @@ def test_without_torch_marked_tests_skip_with_reason(pytester: pytest.Pytester) 
             pass
 
         def test_fixture(vramleak):
-            pass
+            assert list(vramleak.steps(4)) == [0, 1, 2, 3]
 
         def test_plain():
             pass
         """
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs")
-    result.assert_outcomes(passed=1, skipped=2)
-    result.stdout.fnmatch_lines(
-        [
-            "SKIPPED [[]1] test_it.py:3: vramleak: torch is not installed (import of torch halted; None in sys.modules)",
-            # pytest folds a skip marked without a decorator into its file, without a line
-            "SKIPPED [[]1] test_it.py: vramleak: torch is not installed (import of torch halted; None in sys.modules)",
-        ]
-    )
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["vramleak: torch is not installed: tests marked vram_budget and the vramleak fixture run unchecked"])
     result.stdout.no_fnmatch_line("*plugin.py*")
+
+
+def test_without_torch_vramleak_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    # A CI job asked to check every test must not pass having checked none.
+    pytester.makeconftest("import sys\nsys.modules['torch'] = None\n")
+    pytester.makepyfile(test_it="def test_plain():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --vramleak checks tensor memory, and torch is not installed: install torch, or run without --vramleak"])
+
+
+def test_a_device_option_for_an_absent_device_stops_the_run(pytester: pytest.Pytester) -> None:
+    # A GPU job that lands on a CPU runner must not go green having run nothing.
+    pytester.makepyfile(test_it="def test_plain():\n    pass\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak", "--vramleak-device=cuda")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --vramleak-device=cuda: device cuda is not available in this process (no cuda device); torch * sees: cpu"])
+    pytester.makeini("[pytest]\nvramleak_device = cuda:1\n")
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: ini option vramleak_device=cuda:1: device cuda:1 is not available*; torch * sees: cpu"])
 
 
 def test_markers_and_fixture_are_documented(pytester: pytest.Pytester) -> None:

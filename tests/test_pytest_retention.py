@@ -1,0 +1,83 @@
+"""What pytest itself keeps of a test: log records it drops right after teardown are not the
+test's leak; what it keeps for the session (the class instance, record_property values, recorded
+warnings) is named as pytest's, with the fix, and is kept once, not growth, when the test runs again."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import read_report
+
+
+def test_log_records_pytest_drops_after_teardown_are_no_leak(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import logging
+        import pytest, torch
+
+        @pytest.mark.vram_budget
+        def test_logs_a_tensor():
+            logging.getLogger("x").warning("%s", torch.ones(256))
+
+        @pytest.mark.vram_budget
+        def test_caplog_keeps_it(caplog):
+            logging.getLogger("x").error("%s", torch.ones(256))
+            assert caplog.records
+        """
+    )
+    # In a process of its own: inline, the outer test's own log capture would keep the records.
+    path = pytester.path / "r.json"
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", f"--vramleak-report={path}")
+    result.assert_outcomes(passed=2)
+    report = read_report(path)
+    assert {name: entry["outcome"] for name, entry in report.items()} == {"test_logs_a_tensor": "passed", "test_caplog_keeps_it": "passed"}
+    assert report["test_logs_a_tensor"]["repetitions"] is None  # nothing kept: not run again
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", f"--vramleak-report={path}", "--vramleak-repeat=4")
+    result.assert_outcomes(passed=2)
+    assert read_report(path)["test_logs_a_tensor"]["repetitions"] == [0, 0, 0, 0]
+
+
+KEPT_BY_PYTEST = """
+import warnings
+import pytest, torch
+
+class TensorWarning(UserWarning):
+    pass
+
+class TestKeeps:
+    def test_sets_self(self):
+        self.t = torch.ones(256)
+
+def test_records_a_property(record_property):
+    record_property("activations", torch.ones(256))
+
+def test_warns_with_a_tensor():
+    warnings.warn(TensorWarning("odd batch", torch.ones(256)))
+"""
+
+
+def test_what_pytest_keeps_for_the_session_is_named_as_pytests(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(test_it=KEPT_BY_PYTEST)
+    # -W default: the warning is recorded by pytest, as in a suite without -W error
+    result, report = run_checked("-p", "no:randomly", "-W", "default", "--vramleak", "--vramleak-fail-on=any")
+    result.assert_outcomes(failed=3)
+    result.stdout.fnmatch_lines(
+        [
+            "*held by self (the TestKeeps instance pytest keeps until the session ends).t",
+            "*diagnosis: pytest keeps each test's class instance until the session ends*(self.t): set it to None in teardown_method*",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        ["*held by record_property values of test_records_a_property[[]*][[]1]", "*diagnosis: pytest keeps every record_property value*"]
+    )
+    result.stdout.fnmatch_lines(["*held by the warnings pytest recorded*", "*diagnosis: pytest keeps every warning it recorded*"])
+    result.stdout.no_fnmatch_line("*local 'item'*")
+    result.stdout.no_fnmatch_line("*<lambda>*")
+
+
+def test_what_pytest_keeps_once_per_run_is_kept_once_not_growth(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(test_it=KEPT_BY_PYTEST)
+    result, report = run_checked("-p", "no:randomly", "-W", "default", "--vramleak")
+    result.assert_outcomes(passed=3)
+    for name in ("test_sets_self", "test_records_a_property", "test_warns_with_a_tensor"):
+        assert (report[name]["outcome"], report[name]["pattern"]) == ("passed", "kept_once"), name
