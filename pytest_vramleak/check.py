@@ -663,9 +663,17 @@ OLDER_THREADS = "held by threads that were running before the test began"
 
 
 def held_in_cpp_only(group: TensorGroup) -> bool:
-    """Whether nothing Python can reach holds the group: no Python reference and no autograd node
-    Python holds (a constant torch's tracing keeps, a tensor an extension keeps)."""
-    return group.kind in ("tensor", "grad", "storage") and bool(group.held_by) and all(chain == HELD_FROM_CPP for chain in group.held_by)
+    """Whether PyTorch itself keeps the group: nothing Python can reach holds it (no Python
+    reference, no autograd node Python holds) and the user's code did not make it (torch made it,
+    as it traces or scripts; or where it was made is not recorded). Tensors the user's code made
+    that torch keeps for it (a scripted module's attributes, each time it is scripted) stay the
+    test's."""
+    return (
+        group.kind in ("tensor", "grad", "storage")
+        and bool(group.held_by)
+        and all(chain == HELD_FROM_CPP for chain in group.held_by)
+        and group.made_inside_library is not False
+    )
 
 
 def name_leak(

@@ -117,6 +117,13 @@ def diagnose(group: Any) -> list[str]:
             "metric's cached compute() result, lazily made state): build the object inside the test or in a "
             "function-scoped fixture, or reset it (e.g. metric.reset()) at the end of the test"
         )
+    if chains and all(chain.startswith("<no Python reference") for chain in chains) and getattr(group, "made_inside_library", None) is False:
+        found.append(
+            "nothing in Python refers to these tensors the test made: PyTorch (or an extension) keeps them in C++ for "
+            "something the test asked of it (torch.jit.script and torch.jit.trace keep a module's tensors with each "
+            "compiled module, a hook registered in C++ keeps what it captured): script or trace once (in a module- or "
+            "session-scoped fixture), or release what keeps them"
+        )
     if group.count > 1 and chains and all(_module_container_entry(chain) for chain in chains) and not found:
         found.append(
             f"a module-level container gained {group.count} entries and never let them go (a cache "

@@ -226,9 +226,7 @@ def _header_settings(config: pytest.Config) -> str:
     except (DeviceUnavailable, ValueError) as error:
         device = f"{settings.device} ({error})"
     report = f", report {', '.join(settings.report_paths)}" if settings.report_paths else ""
-    foreign = _foreign_protocol(config, cache=False)
-    rule = _rule_text(settings) if foreign is None else f"tests run by {foreign}: each run judged alone, failing its teardown"
-    return f"device {device}, checking {scope}, {rule}, step warm-up {settings.warmup}{report}"
+    return f"device {device}, checking {scope}, {_rule_text(settings)}, step warm-up {settings.warmup}{report}"
 
 
 def _rule_text(settings: Settings) -> str:
@@ -387,6 +385,9 @@ class TestRuns:
     """The run now is the one that records sites, after the verdict."""
     foreign: bool = False
     """Another plugin runs the test's phases: the run is judged as it tears down, and fails there."""
+    extra_begin: int | None = None
+    """The tracker's clock as the run that recorded sites after the verdict began (not one of the
+    runs judged: what it left is named, and not counted)."""
     result: TestResult | None = None
 
 
@@ -415,10 +416,10 @@ def _plan(item: pytest.Item, settings: Settings) -> TestRuns:
     return TestRuns(Repetitions(planned=1, warmup=1, mode="confirm"), rule, may_rerun, settings.confirm, why_once)
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
     """Run a checked test (again where a leak must be classified) and report it once."""
-    if not _checked(item) or _foreign_protocol(item.config):
+    if not _checked(item) or _run_by_another_plugin(item):
         return None
     runs = item.stash[RUNS] = _plan(item, item.config.stash[SETTINGS])
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
@@ -432,22 +433,17 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     return True
 
 
-FOREIGN = pytest.StashKey[Optional[str]]()
-
-
-def _foreign_protocol(config: pytest.Config, *, cache: bool = True) -> str | None:
-    """The plugin that runs tests itself (a rerun plugin, a conftest), where one does: it may run a
-    test again and report each run, so each run is judged alone and fails in its teardown."""
-    if FOREIGN in config.stash:
-        return config.stash[FOREIGN]
-    found = None
-    for impl in config.pluginmanager.hook.pytest_runtest_protocol.get_hookimpls():
-        if impl.wrapper or impl.hookwrapper or impl.function.__module__ in ("_pytest.runner", __name__):
-            continue
-        found = impl.plugin_name
-    if cache:  # once tests run: every conftest is known
-        config.stash[FOREIGN] = found
-    return found
+def _run_by_another_plugin(item: pytest.Item) -> bool:
+    """Whether another plugin runs this test's phases itself: pytest-rerunfailures does for a test
+    it may run again (``--reruns``, a ``flaky`` marker). Each of its runs is reported, so each is
+    judged alone and fails in its teardown. (A plugin that runs tests itself and is called before
+    this one, a conftest's for instance, takes over the same way: this hook is then not called.)"""
+    if not item.config.pluginmanager.hasplugin("rerunfailures"):
+        return False
+    if item.get_closest_marker("flaky") is not None:
+        return True
+    reruns = getattr(item.config.option, "reruns", None)
+    return bool(reruns)
 
 
 def _ending(item: pytest.Item) -> bool:
@@ -484,7 +480,9 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
     else:
         repetitions.stopped = why_stopped(first_reports) or "not checked"
     while repetitions.wants_more and not _ending(item):
-        recording = repetitions.started + 1 == repetitions.planned and _checked_records_sites(item)
+        # Planned runs (repeat=N): the last records where tensors are made. Re-runs that confirm
+        # a leak do not: a test that fails runs once more for that (below).
+        recording = repetitions.mode == "repeat" and repetitions.started + 1 == repetitions.planned and _checked_records_sites(item)
         reports = _recording_run(item, runs, run) if recording else run()
         last_reports = reports
         check = item.stash.get(CHECK, None)
@@ -501,7 +499,18 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
     # --vramleak-fail-on=growth lists what tests keep once, with its holders: named too.
     listed = verdict is not None and runs.rule.fail_on == "growth" and verdict.decision.pattern in ("kept_once", "settled")
     if verdict is not None and (verdict.failing or listed):
-        _name_runs(item, runs, verdict, listing=listed)  # and set aside what PyTorch itself holds
+        # A test that leaks runs once more, recording where its tensors are made (its imports are
+        # done by then); then what its runs keep is named, and what PyTorch itself keeps set aside.
+        if _wants_sites(item, runs, verdict):
+            reports = _recording_run(item, runs, run)
+            stopped = why_stopped(reports) or (None if _usable(item.stash.get(CHECK, None)) else "was not checked")
+            if stopped:
+                verdict.notes.append(f"where the tensors were made is not known: the run that records it {stopped.removeprefix('the test ')}")
+                _drop_last_error()
+            else:
+                last_reports = reports
+                runs.extra_begin = runs.checks[-1].engine.begin_clock if runs.checks[-1].engine is not None else None
+        _name_runs(item, runs, verdict, listing=listed)
     if parent is not nextitem:
         finish_teardown(item, nextitem, last_reports[-1])
         if last_reports is not first_reports and last_reports[-1].failed and not first_reports[-1].failed:
@@ -530,6 +539,8 @@ class Verdict:
 
     decision: Decision
     first: Check
+    raw: Decision
+    """The decision before anything was set aside."""
     adjust: list[int] = field(default_factory=list)
     named: bool = False
     groups: list[Any] = field(default_factory=list)
@@ -548,11 +559,22 @@ def _judge(item: pytest.Item, runs: TestRuns) -> Verdict | None:
         return None
     engine = first.engine.result
     repetitions = runs.repetitions
-    return Verdict(decide(repetitions, engine, runs.rule, device=engine.device, node_bytes=NODE_BYTES), first)
+    decision = decide(repetitions, engine, runs.rule, device=engine.device, node_bytes=NODE_BYTES)
+    return Verdict(decision, first, decision)
 
 
 def _checked_records_sites(item: pytest.Item) -> bool:
     return item.config.stash[SETTINGS].sites != "off"
+
+
+def _wants_sites(item: pytest.Item, runs: TestRuns, verdict: Verdict) -> bool:
+    """Whether a test that ran again and leaks should run once more, recording where its tensors
+    are made (what it keeps is named with that, and what PyTorch keeps for it told from what
+    PyTorch made itself)."""
+    repetitions = runs.repetitions
+    if runs.sites is not None or repetitions.mode != "confirm" or len(repetitions.runs) < 2 or repetitions.rerun_failed:
+        return False
+    return verdict.decision.outcome == "leaked" and not _ending(item) and _checked_records_sites(item)
 
 
 def _recording_run(item: pytest.Item, runs: TestRuns, run: Callable[[], list[pytest.TestReport]]) -> list[pytest.TestReport]:
@@ -568,7 +590,9 @@ def _recording_run(item: pytest.Item, runs: TestRuns, run: Callable[[], list[pyt
         return run()
     finally:
         storages.stop()
-        recorder.capture(tracker.pairs(tracker.alive_since("cpu", runs.first_begin)))
+        alive = tracker.alive_since("cpu", runs.first_begin)
+        # tensors, and storage objects kept without one: who made each, while tracing still knows
+        recorder.capture(tracker.pairs(alive) + [(storage, storage) for storage in (ref() for ref in alive) if storage is not None])
         recorder.stop()
         runs.naming_run = False
 
@@ -596,7 +620,8 @@ def _name_runs(item: pytest.Item, runs: TestRuns, verdict: Verdict, *, listing: 
             verdict.groups, verdict.named = list(last.engine.result.groups), True
         return
     tracker = item.config.stash[TRACKER]
-    tracker.settle()
+    if not (last.engine is not None and last.engine._settled):
+        tracker.settle()  # (the last run settled itself where it kept memory)
     roots: list[Any] = []
     for check in reversed(runs.checks):
         graph = check.engine.result.graph if check.engine is not None else None
@@ -629,8 +654,10 @@ def _name_runs(item: pytest.Item, runs: TestRuns, verdict: Verdict, *, listing: 
             for group in groups:
                 for key in group.keys:
                     ref = by_key.get(key)
-                    index = max((i for i, clock in enumerate(clocks) if ref is not None and clock <= ref.born), default=None)
-                    if ref is not None and index is not None and (first_run_too or index > 0):
+                    if ref is None or (runs.extra_begin is not None and ref.born >= runs.extra_begin):
+                        continue  # made by the run that recorded sites: not one of the runs judged
+                    index = max((i for i, clock in enumerate(clocks) if clock <= ref.born), default=None)
+                    if index is not None and (first_run_too or index > 0):
                         adjust[index] += ref.nbytes
 
         for holders, groups in named.set_aside:
@@ -646,9 +673,12 @@ def _name_runs(item: pytest.Item, runs: TestRuns, verdict: Verdict, *, listing: 
     if decision.pattern == "grows" and not decision.grows_history and verdict.failing:
         series = repetitions.series(verdict.adjust)
         leaving = [index for index in range(repetitions.warmup, len(series)) if series[index] > (series[index - 1] if index else 0)]
-        if leaving:
+        if runs.extra_begin is not None and tracker.alive_since(device, runs.extra_begin):
+            since, before = runs.extra_begin, None  # the run that recorded sites grew too: its tensors have them
+        elif leaving:
             since = repetitions.runs[leaving[-1]].begin_clock
-            before = repetitions.runs[leaving[-1] + 1].begin_clock if leaving[-1] + 1 < len(repetitions.runs) else None
+            before = repetitions.runs[leaving[-1] + 1].begin_clock if leaving[-1] + 1 < len(repetitions.runs) else (runs.extra_begin)
+        if runs.extra_begin is not None or leaving:
             shown = name(tracker.alive_since(device, since, before), [])
             if shown.groups:  # (its holders may have let go meanwhile: then what was named stands)
                 verdict.groups = shown.groups + named.history
@@ -1170,6 +1200,16 @@ def _latest(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list({result["nodeid"]: result for result in results}.values())
 
 
+def _pasteable(config: pytest.Config, nodeid: str) -> str:
+    """A test id relative to where pytest was invoked, as pytest's own short summary prints it,
+    so that it can be pasted back on the command line (ids are relative to the rootdir)."""
+    invoked = config.invocation_params.dir
+    if invoked == config.rootpath:
+        return nodeid
+    path, separator, rest = nodeid.partition("::")
+    return os.path.relpath(config.rootpath / path, invoked) + separator + rest
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     scheduler = config.stash.get(RELEASER, None)
     fixtures: list[dict[str, Any]] = config.stash.get(LEFTOVERS, [])
@@ -1180,7 +1220,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         between_checks=between_checks,
         releases=(scheduler.releases, scheduler.released_bytes) if scheduler is not None else (0, 0),
         verbosity=config.get_verbosity(),
-        shown_id=lambda nodeid: str(config.cwd_relative_nodeid(nodeid)),  # type: ignore[arg-type]  # a NodeId is a str
+        shown_id=functools.partial(_pasteable, config),
     )
     if lines:
         terminalreporter.write_sep("=", "vramleak summary")

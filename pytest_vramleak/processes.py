@@ -236,7 +236,11 @@ class Children:
         if running is None:
             running = {pid: "" for pid in processes if pid is not None}
         helpers = _multiprocessing_helpers()
-        return [pid for pid, started in sorted(running.items()) if not (pid in self.before and self.before[pid] == started) and pid not in helpers]
+        return [
+            pid
+            for pid, started in sorted(running.items())
+            if not (pid in self.before and self.before[pid] == started) and pid not in helpers and not _torch_helper(pid)
+        ]
 
 
 def _multiprocessing_helpers() -> set[int]:
@@ -253,6 +257,21 @@ def _multiprocessing_helpers() -> set[int]:
         if isinstance(pid, int):
             pids.add(pid)
     return pids
+
+
+TORCH_HELPERS = ("torch_shm_manager",)
+"""Processes torch starts once and keeps for the session: its shared-memory manager (started the
+first time a tensor is shared with the ``file_system`` strategy)."""
+
+
+def _torch_helper(pid: int) -> bool:
+    """Whether a child is one of torch's own helpers (read from ``/proc``; False elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            program = file.read().split(b"\0", 1)[0].decode(errors="replace")
+    except OSError:
+        return False
+    return os.path.basename(program) in TORCH_HELPERS
 
 
 def _dataloader_workers() -> set[int]:

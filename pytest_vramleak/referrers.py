@@ -176,16 +176,27 @@ def _storage_ids(obj: Any) -> list[int]:
         return [id(storage) for storage in tensor_storages(obj)]
 
 
+FORWARD_LIMIT = 250_000
+"""Objects the forward search visits at most (about half a second): where a target is held only
+from C++, it would otherwise walk every object reachable from the modules to learn that."""
+
+
 def _search_forward(
-    wanted: set[int], roots: Sequence[Any], ignore: set[int], exclude_types: tuple[type, ...], by_storage: dict[int, Any] | None = None
+    wanted: set[int],
+    roots: Sequence[Any],
+    ignore: set[int],
+    exclude_types: tuple[type, ...],
+    by_storage: dict[int, Any] | None = None,
+    limit: int = FORWARD_LIMIT,
 ) -> dict[int, list[Any]]:
-    """Shortest chains from ``roots`` to the wanted ids, breadth first along ``gc.get_referents``."""
+    """Shortest chains from ``roots`` to the wanted ids, breadth first along ``gc.get_referents``,
+    visiting at most ``limit`` objects."""
     parent: dict[int, Any] = {id(r): None for r in roots}
     queue = collections.deque(roots)
     found: dict[int, list[Any]] = {}
     remaining = set(wanted)
     by_storage = by_storage or {}
-    while queue and remaining:
+    while queue and remaining and len(parent) < limit:
         node = queue.popleft()
         for child in _referents(node, by_storage):
             ident = id(child)

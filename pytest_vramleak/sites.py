@@ -176,6 +176,15 @@ class Sites:
                 return stack
         return None
 
+    def made_inside_library(self, obj: Any) -> bool | None:
+        """What the first source that knows says of who made ``obj`` (see :meth:`SiteRecorder.made_inside_library`)."""
+        for source in self.sources:
+            ask = getattr(source, "made_inside_library", None)
+            known = ask(obj) if ask is not None else None
+            if known is not None:
+                return bool(known)
+        return None
+
     def view_site_of(self, tensor: Any, storage: Any) -> tuple[Site, ...] | None:
         """Where the tensor object kept was made, where that is not where its storage was
         allocated (``inputs[0].detach()`` in a hook keeps the batch the test made)."""
@@ -239,6 +248,8 @@ class SiteRecorder:
         self._sites: dict[int, tuple[int, int, tuple[Site, ...]]] = {}
         self._objects: dict[int, tuple[Site, ...]] = {}
         """Where each tensor object captured was made, by id: asked while those tensors live."""
+        self._inside_library: dict[int, bool] = {}
+        """By id of each object captured: whether library code (torch) made it, not the user's."""
         self._owns_tracing = False
 
     @property
@@ -262,7 +273,10 @@ class SiteRecorder:
         if not tracemalloc.is_tracing():
             return
         for tensor, storage in pairs:
-            stack = self._stack(tensor)
+            frames = _frames_of(tensor)
+            if frames and not frames[0][0].startswith(_PLUGIN_DIR):
+                self._inside_library[id(tensor)] = frame_kind_of_file(frames[0][0]) != "user"
+            stack = self._stack(tensor, frames)
             if stack:
                 self._objects[id(tensor)] = stack
                 try:
@@ -270,8 +284,13 @@ class SiteRecorder:
                 except Exception:
                     continue
 
-    def _stack(self, tensor: Any) -> tuple[Site, ...]:
-        frames = _frames_of(tensor)
+    def made_inside_library(self, obj: Any) -> bool | None:
+        """Whether library code (torch's own) made this tensor or storage object, rather than a
+        line of the user's calling it (None where not known)."""
+        return self._inside_library.get(id(obj))
+
+    def _stack(self, tensor: Any, frames: list[tuple[str, int, str]] | None = None) -> tuple[Site, ...]:
+        frames = _frames_of(tensor) if frames is None else frames
         if not frames or frames[0][0].startswith(_PLUGIN_DIR):
             return ()  # an object the plugin itself made, reading a tensor: no site of the user's
         return user_sites(frames)  # functions are named as a site is asked for: reading the source costs

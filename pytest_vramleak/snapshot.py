@@ -132,6 +132,9 @@ class TensorGroup:
     """For ``history``: the autograd nodes the check's code made that the tensor keeps alive."""
     keys: list[StorageKey] = field(default_factory=list, repr=False)
     """The storages of the group (not in the JSON: they name memory, not what a reader can use)."""
+    made_inside_library: bool | None = field(default=None, repr=False)
+    """Whether library code (torch's own, as it traces or scripts) made these tensors, rather than
+    a line of the user's; None where not recorded."""
 
     def title(self) -> str:
         """One line: what the tensors are, how many, how many bytes."""
@@ -509,6 +512,10 @@ def describe(
             site = _allocation_site(sites, found)
             if site is not None and site not in group.allocated_at and len(group.allocated_at) < MAX_CHAINS_PER_GROUP:
                 group.allocated_at.append(site)
+            ask = getattr(sites, "made_inside_library", None) if found.via in ("gc", "storage") else None
+            inside = ask(found.tensor) if ask is not None else None
+            if inside is not None:
+                group.made_inside_library = bool(inside) and group.made_inside_library is not False
             if sum(1 for g, _ in target_groups if g is group) < MAX_CHAINS_PER_GROUP:
                 targets.append(found.tensor if found.via in ("gc", "storage") else found.owner)
                 target_groups.append((group, ".grad" if found.via == "grad" else ""))
