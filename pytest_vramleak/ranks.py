@@ -4,13 +4,10 @@ A check in the parent process cannot see memory in its children. Code that runs 
 its work in :func:`watch_rank`::
 
     def worker(rank, world_size):
+        dist.init_process_group("gloo", ..., rank=rank, world_size=world_size)
         with pytest_vramleak.watch_rank(rank):
-            dist.init_process_group("gloo", ..., rank=rank, world_size=world_size)
             train_a_few_steps()
-            dist.destroy_process_group()
-
-(A gloo group still alive when the block ends has crashed ranks while the check measured; made
-and destroyed inside the block, it has not.)
+        dist.destroy_process_group()
 
 While a checked test runs, the plugin names a folder in the environment variable
 :data:`RANKS_ENV`, which the processes it starts inherit. :func:`watch_rank` runs a whole check

@@ -236,6 +236,55 @@ def _frames_of(obj: Any) -> list[tuple[str, int, str]] | None:
     return None if raw is None else [(filename, line, "") for filename, line in raw]
 
 
+class _Allocator(ctypes.Structure):
+    """CPython's ``PyMemAllocatorEx``."""
+
+    _fields_ = [(name, ctypes.c_void_p) for name in ("ctx", "malloc", "calloc", "realloc", "free")]
+
+
+_RAW_DOMAIN = 0  # PYMEM_DOMAIN_RAW
+
+
+@functools.lru_cache(maxsize=1)
+def _allocator_functions() -> tuple[Any, Any] | None:
+    """``PyMem_GetAllocator`` and ``PyMem_SetAllocator``, or None where the interpreter lacks them.
+    (From a handle of the plugin's own, so that the argument types set here are no one else's.)"""
+    try:
+        api = ctypes.PyDLL(ctypes.pythonapi._name, handle=ctypes.pythonapi._handle)
+        get, set_ = api.PyMem_GetAllocator, api.PyMem_SetAllocator
+    except (AttributeError, OSError):
+        return None
+    for function in (get, set_):
+        function.restype = None
+        function.argtypes = [ctypes.c_int, ctypes.POINTER(_Allocator)]
+    return get, set_
+
+
+def start_tracing(frames: int) -> None:
+    """``tracemalloc.start(frames)``, with its hook on the raw domain (``PyMem_RawMalloc``) taken out.
+
+    Threads that do not hold the GIL call the raw domain: a native thread taking the GIL for the
+    first time allocates its thread state there (a gloo worker dropping the last reference to a
+    tensor's Python object, a ctypes callback, any C++ thread calling back into Python).
+    tracemalloc's hook waits for the GIL before it records the block; where the thread that holds
+    the GIL stops tracemalloc meanwhile, the hook then records into the freed tables and the
+    process dies of a segmentation fault (CPython gh-128679: fixed in 3.12.9 and 3.13.2, never
+    in 3.10 or 3.11). Sites need only where Python objects were made (the object domain, always
+    called with the GIL held), so the raw domain keeps the allocator it had: no thread waits in
+    tracemalloc when it stops. ``tracemalloc.stop()`` puts back that same allocator. (A thread that
+    enters the hook in the instant between the two calls below still waits there, and gets the GIL
+    at the next switch between threads: only a traced block shorter than the switch interval,
+    ``sys.getswitchinterval()``, could end before.)
+    """
+    functions = _allocator_functions()
+    raw = _Allocator()
+    if functions is not None:
+        functions[0](_RAW_DOMAIN, ctypes.byref(raw))
+    tracemalloc.start(frames)
+    if functions is not None:
+        functions[1](_RAW_DOMAIN, ctypes.byref(raw))
+
+
 class SiteRecorder:
     """Records where tensors are made while it runs; see the module docstring.
 
@@ -258,7 +307,7 @@ class SiteRecorder:
 
     def start(self) -> None:
         if not tracemalloc.is_tracing():
-            tracemalloc.start(FRAMES_TRACED)
+            start_tracing(FRAMES_TRACED)
             self._owns_tracing = True
 
     def stop(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import textwrap
 from pathlib import Path
 
@@ -53,3 +54,80 @@ def test_a_file_that_is_gone_or_not_python_names_no_function(tmp_path: Path) -> 
     broken = tmp_path / "broken.py"
     broken.write_text("def (:\n")
     assert enclosing_function(str(broken), 1) == ""
+
+
+NATIVE_THREAD = """
+import ctypes
+import sys
+
+import pytest
+
+LIBC = ctypes.PyDLL(None)  # calls through PyDLL keep the GIL
+START = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
+# ctypes takes the GIL for the new thread as a gloo worker does to drop a tensor's Python object:
+# first a thread state, allocated with PyMem_RawCalloc, then the wait for the GIL.
+INTO_PYTHON = START(lambda argument: None)
+LIBC.pthread_create.argtypes = [ctypes.POINTER(ctypes.c_ulong), ctypes.c_void_p, START, ctypes.c_void_p]
+LIBC.usleep.argtypes = [ctypes.c_uint]
+
+
+@pytest.fixture
+def native_thread():
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(30.0)  # the waiting thread asks for the GIL no sooner than this
+    thread = ctypes.c_ulong()
+    yield thread
+    if thread.value:
+        ctypes.CDLL(None).pthread_join(thread, None)  # lets go of the GIL: the thread runs now
+    sys.setswitchinterval(interval)
+
+
+@pytest.mark.vram_budget
+def test_a_thread_waits_for_the_gil_as_the_test_ends(native_thread):
+    assert LIBC.pthread_create(ctypes.byref(native_thread), None, INTO_PYTHON, None) == 0
+    LIBC.usleep(200_000)  # holding the GIL: the thread is waiting for it when the check stops tracing
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="starts a POSIX thread through ctypes")
+def test_a_thread_taking_the_gil_as_tracing_stops_does_not_crash(pytester: pytest.Pytester) -> None:
+    """tracemalloc's hook on the raw allocator makes a thread without the GIL wait for it; stopped
+    meanwhile, tracemalloc let that thread write into freed tables (CPython gh-128679)."""
+    pytester.makepyfile(test_it=NATIVE_THREAD)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak-sites=on")
+    result.assert_outcomes(passed=1)
+    assert result.ret == 0
+    result.stderr.no_fnmatch_line("*Fatal Python error*")
+
+
+
+def test_tracing_leaves_the_raw_allocator_as_it_was_and_hooks_the_object_allocator() -> None:
+    import ctypes
+
+    from pytest_vramleak.sites import SiteRecorder
+
+    class Allocator(ctypes.Structure):  # PyMemAllocatorEx
+        _fields_ = [(name, ctypes.c_void_p) for name in ("ctx", "malloc", "calloc", "realloc", "free")]
+
+    get = ctypes.PyDLL(ctypes.pythonapi._name, handle=ctypes.pythonapi._handle).PyMem_GetAllocator
+    get.restype, get.argtypes = None, [ctypes.c_int, ctypes.POINTER(Allocator)]
+
+    def allocators() -> list[tuple[int | None, ...]]:
+        found = []
+        for domain in (0, 2):  # PYMEM_DOMAIN_RAW, PYMEM_DOMAIN_OBJ
+            allocator = Allocator()
+            get(domain, ctypes.byref(allocator))
+            found.append(tuple(getattr(allocator, name) for name, _ in Allocator._fields_))
+        return found
+
+    before = allocators()
+    recorder = SiteRecorder()
+    recorder.start()
+    try:
+        assert recorder.tracing
+        raw, objects = allocators()
+    finally:
+        recorder.stop()
+    assert raw == before[0]  # threads without the GIL never wait in tracemalloc
+    assert objects != before[1]  # tracemalloc's hook, where sites are read from
+    assert allocators() == before
