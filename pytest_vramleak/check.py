@@ -182,7 +182,6 @@ class LeakCheck:
         named_roots: Callable[[], Sequence[NamedRoot]] | None = None,
         settle_leaks: bool = True,
         name_leaks: bool = True,
-        credit_since: int | None = None,
         sites: SiteSource | None = None,
         clear_caches: bool = True,
     ) -> None:
@@ -199,9 +198,6 @@ class LeakCheck:
         """Confirm a suspected leak with a full collection (and PyTorch's caches cleared) before it is final."""
         self.name_leaks = name_leaks
         """Name the holders of a leak as the check finishes (else :meth:`explain` does, when asked)."""
-        self.credit_since = credit_since
-        """Where the same code ran before (a test run again): the tracker's clock as its first run
-        began. What those runs made and this one let go counts as freed by this one."""
         self._sites_given = sites
         self.clear_caches = clear_caches
         """Clear PyTorch's own caches (compiled graphs) before confirming a leak. A test run again
@@ -425,7 +421,7 @@ class LeakCheck:
         does), and cycles that outlived an observation."""
         if self.clear_caches:
             clear_torch_caches(_import_torch())
-        garbage = self.tracker.settle(credit_since=self.credit_since)[self.meter.name]
+        garbage = self.tracker.settle()[self.meter.name]
         self._settled = True
         if garbage:
             self.result.details["older_garbage_freed_bytes"] = self.result.details.get("older_garbage_freed_bytes", 0) + garbage
@@ -664,16 +660,14 @@ OLDER_THREADS = "held by threads that were running before the test began"
 
 def held_in_cpp_only(group: TensorGroup) -> bool:
     """Whether PyTorch itself keeps the group: nothing Python can reach holds it (no Python
-    reference, no autograd node Python holds) and the user's code did not make it (torch made it,
-    as it traces or scripts; or where it was made is not recorded). Tensors the user's code made
-    that torch keeps for it (a scripted module's attributes, each time it is scripted) stay the
+    reference, no autograd node Python holds), and torch made it: a storage object kept without a
+    tensor (torch makes those as it traces, scripts or converts), or tensors the recorded run saw
+    torch's own code make. Tensors the user's code made that torch keeps for it (a scripted
+    module's attributes, kept each time it is scripted), or whose maker is not known, stay the
     test's."""
-    return (
-        group.kind in ("tensor", "grad", "storage")
-        and bool(group.held_by)
-        and all(chain == HELD_FROM_CPP for chain in group.held_by)
-        and group.made_inside_library is not False
-    )
+    if group.kind not in ("tensor", "grad", "storage") or not group.held_by or not all(chain == HELD_FROM_CPP for chain in group.held_by):
+        return False
+    return group.kind == "storage" or group.made_inside_library is True
 
 
 def name_leak(

@@ -499,8 +499,9 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
     # --vramleak-fail-on=growth lists what tests keep once, with its holders: named too.
     listed = verdict is not None and runs.rule.fail_on == "growth" and verdict.decision.pattern in ("kept_once", "settled")
     if verdict is not None and (verdict.failing or listed):
-        # A test that leaks runs once more, recording where its tensors are made (its imports are
-        # done by then); then what its runs keep is named, and what PyTorch itself keeps set aside.
+        _name_runs(item, runs, verdict, listing=listed)  # and set aside what PyTorch itself keeps
+        # A test that still leaks runs once more, recording where its tensors are made (its imports
+        # are done by then), and what its runs keep is named again, with that.
         if _wants_sites(item, runs, verdict):
             reports = _recording_run(item, runs, run)
             stopped = why_stopped(reports) or (None if _usable(item.stash.get(CHECK, None)) else "was not checked")
@@ -510,7 +511,8 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
             else:
                 last_reports = reports
                 runs.extra_begin = runs.checks[-1].engine.begin_clock if runs.checks[-1].engine is not None else None
-        _name_runs(item, runs, verdict, listing=listed)
+                verdict.decision, verdict.adjust = verdict.raw, []  # judged again, knowing who made what
+                _name_runs(item, runs, verdict, listing=listed)
     if parent is not nextitem:
         finish_teardown(item, nextitem, last_reports[-1])
         if last_reports is not first_reports and last_reports[-1].failed and not first_reports[-1].failed:
@@ -620,8 +622,15 @@ def _name_runs(item: pytest.Item, runs: TestRuns, verdict: Verdict, *, listing: 
             verdict.groups, verdict.named = list(last.engine.result.groups), True
         return
     tracker = item.config.stash[TRACKER]
-    if not (last.engine is not None and last.engine._settled):
-        tracker.settle()  # (the last run settled itself where it kept memory)
+    tracker.settle()
+    # An object a run made on a reference cycle, which the next run replaced, is freed only by a
+    # full collection, this one: it counts as freed by the run after the one that made it.
+    clocks = [run.begin_clock for run in runs.repetitions.runs]
+    credit = [0] * len(clocks)
+    for born, nbytes, where in tracker.settled:
+        made = max((index for index, clock in enumerate(clocks) if clock <= born), default=None)
+        if where == device and made is not None and made + 1 < len(clocks) and not (runs.extra_begin is not None and born >= runs.extra_begin):
+            credit[made + 1] += nbytes
     roots: list[Any] = []
     for check in reversed(runs.checks):
         graph = check.engine.result.graph if check.engine is not None else None
@@ -645,10 +654,9 @@ def _name_runs(item: pytest.Item, runs: TestRuns, verdict: Verdict, *, listing: 
     verdict.groups, verdict.named = named.groups + named.history, True
     verdict.set_aside = named.set_aside
     verdict.notes = [note for note in verdict.notes if not note.endswith(": not counted")]
-    if named.set_aside or named.kept_by_pytest:
+    if named.set_aside or named.kept_by_pytest or any(credit):
         by_key = {(ref.device, ref.pointer): ref for ref in refs}
-        clocks = [run.begin_clock for run in runs.repetitions.runs]
-        adjust = [0] * len(clocks)
+        adjust = list(credit)
 
         def take_out(groups: list[Any], *, first_run_too: bool) -> None:
             for group in groups:
@@ -875,9 +883,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             trace_folder=_trace_folder(item.config) if trace and first else None,
             name=item.nodeid,
             named_roots=functools.partial(_named_roots, item),
-            settle_leaks=not (first and runs.may_rerun),
+            # A test run again is confirmed once, after its runs (a full collection costs a walk of
+            # the heap); a test run once is confirmed as it ends.
+            settle_leaks=not runs.may_rerun,
             name_leaks=not runs.may_rerun or (runs.naming_run and check.meter.name != "cpu"),
-            credit_since=None if first else runs.first_begin,
             sites=runs.sites if runs.naming_run else None,
             clear_caches=first,
         )

@@ -176,9 +176,11 @@ def _storage_ids(obj: Any) -> list[int]:
         return [id(storage) for storage in tensor_storages(obj)]
 
 
-FORWARD_LIMIT = 250_000
-"""Objects the forward search visits at most (about half a second): where a target is held only
-from C++, it would otherwise walk every object reachable from the modules to learn that."""
+FORWARD_LIMIT = 200_000
+"""Objects the forward search visits at most (a few tenths of a second). It looks for where the
+backward search stopped (found within a few levels of the roots) and for targets nothing in gc
+refers to (a numpy array over a tensor is found near the roots too); a target held only from C++
+would otherwise have it walk every object reachable from the modules to learn that."""
 
 
 def _search_forward(
@@ -188,30 +190,51 @@ def _search_forward(
     exclude_types: tuple[type, ...],
     by_storage: dict[int, Any] | None = None,
     limit: int = FORWARD_LIMIT,
+    covers: dict[int, int] | None = None,
+    needed: int = 0,
 ) -> dict[int, list[Any]]:
     """Shortest chains from ``roots`` to the wanted ids, breadth first along ``gc.get_referents``,
-    visiting at most ``limit`` objects."""
-    parent: dict[int, Any] = {id(r): None for r in roots}
-    queue = collections.deque(roots)
-    found: dict[int, list[Any]] = {}
-    remaining = set(wanted)
+    visiting at most ``limit`` objects. With ``covers`` (what each wanted id leads to, as bits) the
+    search stops once the chains found cover ``needed``.
+
+    Level by level: the referents of a whole level are listed by C-level calls, and each new
+    object costs a set lookup and its parent's note."""
     by_storage = by_storage or {}
-    while queue and remaining and len(parent) < limit:
-        node = queue.popleft()
-        for child in _referents(node, by_storage):
-            ident = id(child)
-            if ident in parent or ident in ignore or type(child) in exclude_types:
-                continue
-            parent[ident] = node
-            if ident in remaining:
-                remaining.discard(ident)
-                chain = [child]
-                while parent[id(chain[-1])] is not None:
-                    chain.append(parent[id(chain[-1])])
-                found[ident] = chain[::-1]
-            queue.append(child)
+    remaining = set(wanted)
+    covered = 0
+    found: dict[int, list[Any]] = {}
+    excluded = frozenset(exclude_types)
+    parent: dict[int, Any] = {id(root): None for root in roots}
+    seen = set(ignore)
+    seen.update(parent)
+    level = list(roots)
+    visited = len(level)
+    while level and remaining and visited < limit:
+        following: list[Any] = []
+        note = following.append
+        for node, children in zip(level, map(gc.get_referents, level)):
+            if _is_ndarray(node):  # it keeps its base tensor without telling gc
+                children = _referents(node, by_storage)
+            for child in children:
+                ident = id(child)
+                if ident in seen or type(child) in excluded:
+                    continue
+                seen.add(ident)
+                parent[ident] = node
+                note(child)
+                if ident in remaining:
+                    remaining.discard(ident)
+                    chain = [child]
+                    while parent[id(chain[-1])] is not None:
+                        chain.append(parent[id(chain[-1])])
+                    found[ident] = chain[::-1]
+                    if covers is not None:
+                        covered |= covers.get(ident, 0)
+                        if covered & needed == needed:
+                            remaining.clear()
+        visited += len(following)
+        level = following
     parent.clear()
-    queue.clear()
     return found
 
 
@@ -305,12 +328,26 @@ def find_chains(
     wanted = {id(t) for t in targets}
     chains_by_target.update(_walk_down(list(roots.values()), held_by, wanted))
     if unrooted:
+        # Forward from the roots to where the backward search stopped (or to the targets
+        # themselves: a numpy array keeps its tensor without telling gc), then down its edges.
         module_roots = [m for m in list(sys.modules.values()) if is_module_root(m)]
         starts = module_roots + list(running_locals.values())
-        ignore.update((id(module_roots), id(starts), id(chains_by_target), id(wanted)))
         remaining = wanted - chains_by_target.keys()
+        meeting = {id(holder): holder for holder in frontier if origins.get(id(holder), 0) & unrooted}
+        covers = {ident: origins.get(ident, 0) for ident in (*remaining, *meeting)}
+        ignore.update((id(module_roots), id(starts), id(chains_by_target), id(wanted), id(meeting), id(covers)))
         by_storage = {storage: target for target in targets if id(target) in remaining for storage in _storage_ids(target)}
-        chains_by_target.update(_search_forward(remaining, starts, ignore, exclude_types, by_storage))
+        forward = _search_forward(remaining | meeting.keys(), starts, ignore, exclude_types, by_storage, covers=covers, needed=unrooted)
+        for ident, chain in forward.items():
+            if ident in remaining:
+                chains_by_target.setdefault(ident, chain)
+        for ident, chain in sorted(forward.items(), key=lambda item: len(item[1])):
+            if ident not in meeting:
+                continue
+            for target_id, down in _walk_down([meeting[ident]], held_by, remaining - chains_by_target.keys()).items():
+                chains_by_target[target_id] = chain + down[1:]
+        forward.clear()
+        meeting.clear()
         module_roots.clear()
         starts.clear()
     # a real root beats a dead end: the farthest holder reached that nothing in Python holds

@@ -334,6 +334,8 @@ class Tracker:
         self._drift_new: list[StorageRef] = []
         self.deferred = False
         """Set when a check left an exhaustive comparison (sizes, gradients) to :meth:`drift`."""
+        self.settled: list[tuple[int, int, str]] = []
+        """What the last :meth:`settle` freed: when each storage was first seen, its bytes and device."""
         self._last_drift = (0.0, 0.0)
         """When the last :meth:`drift` ended, and what it cost (seconds)."""
         self.full_reads = 0
@@ -555,13 +557,11 @@ class Tracker:
             self._process_dead()
             self._scan()
 
-    def settle(self, *, credit_since: int | None = None) -> Counter[str]:
+    def settle(self) -> Counter[str]:
         """Collect every generation, the frozen ones too (cycles that outlived an observation),
         and note what died. Costs a walk of the whole heap: for confirming a suspected leak.
         Older storages it frees offset nothing (see the module docstring: garbage older than the
-        test cannot hide a leak), except those first seen at ``credit_since`` or later: in a test
-        run again, what an earlier run of the same test made and this run let go (an object on a
-        reference cycle, replaced), which only a full collection frees."""
+        test cannot hide a leak). What died is in :attr:`settled`."""
         self.index_young()
         if self._froze:
             gc.unfreeze()
@@ -576,7 +576,8 @@ class Tracker:
         # Older storages this collection frees were garbage before the test, or made garbage in
         # cycles it could not collect while frozen: either way not what the test freed.
         before: Counter[str] = Counter(self._older_garbage)
-        self._process_dead(offsets=False, credit_since=credit_since)
+        self.settled = []
+        self._process_dead(offsets=False, deaths=self.settled)
         freed: Counter[str] = self._older_garbage - before
         return freed
 
@@ -1077,7 +1078,7 @@ class Tracker:
     def _on_tensor_death(self, ref: TensorRef) -> None:
         self._dead_tensors.append(ref.ident)
 
-    def _process_dead(self, *, offsets: bool = True, credit_since: int | None = None) -> None:
+    def _process_dead(self, *, offsets: bool = True, deaths: list[tuple[int, int, str]] | None = None) -> None:
         while self._dead_tensors:
             ident = self._dead_tensors.pop()
             entry = self._entries.get(ident)
@@ -1090,9 +1091,10 @@ class Tracker:
                 if self._storages.get(ref.ident) is ref:
                     del self._storages[ref.ident]
                 self._totals[ref.device] -= ref.nbytes
+                if deaths is not None:
+                    deaths.append((ref.born, ref.nbytes, ref.device))
                 if self._begun and ref.born < self.begin_clock:
-                    credited = credit_since is not None and ref.born >= credit_since and self._offsets_open
-                    if (offsets and self._offsets_open) or credited:
+                    if offsets and self._offsets_open:
                         self._freed.append((self.clock, ref))
                     else:
                         self._older_garbage[ref.device] += ref.nbytes
