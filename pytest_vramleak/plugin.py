@@ -649,7 +649,10 @@ def _name_runs(item: pytest.Item, runs: TestRuns, verdict: Verdict, *, listing: 
         count_cpp_held=runs.rule.strict,
     )
     # Everything the runs keep is named once, to set aside what is PyTorch's in every run ...
-    refs = tracker.alive_since(device, runs.first_begin)
+    # (A test whose run again failed is judged on its first run: what the others made is not named.)
+    second = runs.checks[1].engine if runs.repetitions.rerun_failed else None
+    until = second.begin_clock if second is not None else None
+    refs = tracker.alive_since(device, runs.first_begin, until)
     named = name(refs if not verdict.decision.grows_history else [], roots)
     verdict.groups, verdict.named = named.groups + named.history, True
     verdict.set_aside = named.set_aside

@@ -151,11 +151,14 @@ class Repetitions:
         series = self.series(adjust)
         runs = len(self.runs)
         figures = ", ".join(format_size(value) for value in series)
+        if self.rerun_failed:
+            return (
+                f"ran {self.started} times; memory left by the first run, above its start: {format_size(series[0]) if series else 'not measured'}\n"
+                f"the runs after the first were not used: {self.stopped}; judged on the first run"
+            )
         head = f"ran {runs} times ({self.warmup} warm-up); memory left after each run, above the first run's start: {figures}"
         if any(self.node_series()):
             head += "; autograd nodes kept: " + ", ".join(f"{nodes:,}" for nodes in self.node_series())
-        if self.rerun_failed:
-            return f"{head}\nnot classified: {self.stopped}"
         if pattern is None or verdict is None:
             if len(self.measured(adjust)) < 2:
                 return f"{head}\nnot classified: {len(self.measured(adjust))} measured run(s), at least 2 are needed"

@@ -1,0 +1,355 @@
+"""The default verdict of `pytest --vramleak`: a test that kept memory runs again, and fails when
+its memory (or autograd history) grows, or when what it keeps once reaches the floor; every leak
+says where it was made; a run again never becomes the user's failure; a test is counted once."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ElementTree
+
+import pytest
+
+KEPT_AND_GROWING = """
+import pytest, torch
+
+KEPT = []
+TABLE = {}
+
+
+class Metric:
+    def __init__(self):
+        self._computed = None
+
+    def compute(self):
+        if self._computed is None:  # cached on first use, as torchmetrics does
+            self._computed = torch.ones(2)
+        return self._computed
+
+
+@pytest.mark.parametrize("metric", [Metric()])
+def test_caches_a_result(metric):
+    metric.compute()
+
+
+def test_appends_every_call():
+    KEPT.append(torch.ones(256))  # grows
+
+
+def test_builds_a_big_table_once():
+    if "table" not in TABLE:
+        TABLE["table"] = torch.ones(1024, 512)  # 2 MiB, kept once
+
+
+def test_clean():
+    torch.ones(1024).sum()
+"""
+
+
+def test_only_growth_and_memory_kept_once_from_the_floor_fail_by_default(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(test_it=KEPT_AND_GROWING)
+    result, report = run_checked("-p", "no:randomly", "--vramleak")
+    result.assert_outcomes(passed=2, failed=2)
+    outcomes = {name: (entry["outcome"], entry["pattern"], entry["rule"]) for name, entry in report.items()}
+    assert outcomes == {
+        "test_caches_a_result[metric0]": ("passed", "kept_once", "significant"),
+        "test_appends_every_call": ("leaked", "grows", "significant"),
+        "test_builds_a_big_table_once": ("leaked", "kept_once", "significant"),
+        "test_clean": ("passed", None, "significant"),
+    }
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_appends_every_call _*",
+            "memory grew 1.0 KiB per run of the test over 3 measured runs on cpu, tolerance 0 B",
+            "*",
+            "tensors left by the last measured run that left any:",
+            "float32[[]256] on cpu: 1 tensor, 1.0 KiB",
+            "    allocated at test_it.py:23 in test_appends_every_call()",
+            "    held by test_it.KEPT[[]*]",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_builds_a_big_table_once _*",
+            "kept 2.0 MiB on cpu that it did not let go: memory a test keeps once fails from 1.0 MiB on (--vramleak-kept-floor)",
+            "*",
+            "leaked tensors:",
+            "float32[[]1024, 512] on cpu: 1 tensor, 2.0 MiB",
+            "    held by test_it.TABLE[[]'table']",
+            # the table is made by the first run only: the run that records sites does not make it
+            "allocated at: not recorded: the run that records where tensors are made made none of these*",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        ["memory kept once, not growing (passed: below --vramleak-kept-floor):", "*8 B  test_it.py::test_caches_a_result[[]metric0[]] (cpu, kept once)"]
+    )
+    # A floor of 4 MiB lets the table pass; growth fails at any size.
+    result, report = run_checked("-p", "no:randomly", "--vramleak", "--vramleak-kept-floor=4MiB")
+    assert report["test_builds_a_big_table_once"]["outcome"] == "passed"
+    assert report["test_appends_every_call"]["outcome"] == "leaked"
+
+
+def test_fail_on_any_restores_strict_single_run_verdicts(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(test_it=KEPT_AND_GROWING)
+    result, report = run_checked("-p", "no:randomly", "--vramleak", "--vramleak-fail-on=any")
+    result.assert_outcomes(passed=1, failed=3)
+    result.stdout.fnmatch_lines(["LEAKED test_it.py::test_caches_a_result[[]metric0[]] - VramLeak: leaked 8 B on cp*"])
+    assert report["test_caches_a_result[metric0]"]["rule"] == "any"
+
+
+def test_a_marker_keeps_its_explicit_budget(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        CACHE = {}
+
+        @pytest.mark.vram_budget
+        def test_keeps_a_little():
+            CACHE["mean"] = torch.ones(4)
+
+        @pytest.mark.vram_budget(leak="1 KiB")
+        def test_keeps_a_little_within_its_budget():
+            CACHE["std"] = torch.ones(4)
+        """
+    )
+    result, report = run_checked("-p", "no:randomly", "--vramleak")
+    result.assert_outcomes(passed=1, failed=1)
+    assert (report["test_keeps_a_little"]["outcome"], report["test_keeps_a_little"]["rule"]) == ("leaked", "any")
+    result.stdout.fnmatch_lines(["LEAKED test_it.py::test_keeps_a_little - VramLeak: leaked 16 B on*"])
+
+
+def test_only_tests_that_kept_memory_run_again(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import torch
+        RUNS = {"clean": 0, "leaks": 0}
+        KEPT = []
+
+        def test_clean():
+            RUNS["clean"] += 1
+            torch.ones(64).sum()
+
+        def test_leaks():
+            RUNS["leaks"] += 1
+            KEPT.append(torch.ones(64))
+
+        def test_counts():
+            # the leaking test ran 1 + 3 times, and once more recording where its tensors are made
+            assert RUNS == {"clean": 1, "leaks": 5}
+        """
+    )
+    result, report = run_checked("-p", "no:randomly", "--vramleak")
+    result.assert_outcomes(passed=2, failed=1)
+    assert report["test_clean"]["repetitions"] is None
+    assert report["test_leaks"]["repetitions"] == [256, 512, 768, 1024]
+
+
+def test_a_run_again_never_becomes_the_users_failure(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        CALLS = []
+
+        def test_counts_its_calls():
+            CALLS.append(torch.ones(256))
+            assert len(CALLS) == 1, f"called {len(CALLS)} times"
+
+        BUDGETED = []
+
+        @pytest.mark.vram_budget
+        def test_counts_its_calls_under_a_budget():
+            BUDGETED.append(torch.ones(256))
+            assert len(BUDGETED) == 1, f"called {len(BUDGETED)} times"
+        """
+    )
+    result, report = run_checked("-p", "no:randomly", "--vramleak")
+    result.stdout.no_fnmatch_line(">*assert len(*")  # no traceback of a run again
+    # Judged on its first run: 1 KiB kept, below the floor; the line says why the runs were not used.
+    entry = report["test_counts_its_calls"]
+    assert (entry["outcome"], entry["pattern"]) == ("passed", None)
+    assert any(note.startswith("the runs after the first were not used: run 2 of 4 failed in call (AssertionError: called 2 times") for note in entry["notes"])
+    # Under a budget the first run's leak fails, as for a test run once, with the same line.
+    entry = report["test_counts_its_calls_under_a_budget"]
+    assert entry["outcome"] == "leaked"
+    result.stdout.fnmatch_lines(
+        [
+            "leaked 1.0 KiB on cpu, allowed 0 B",
+            "*",
+            "float32[[]256] on cpu: 1 tensor, 1.0 KiB",
+            "    held by test_it.BUDGETED[[]0]",
+            "ran 2 times; memory left by the first run, above its start: 1.0 KiB",
+            "the runs after the first were not used: run 2 of 4 failed in call (AssertionError: called 2 times*); judged on the first run",
+        ]
+    )
+    result.assert_outcomes(passed=1, failed=1)
+
+
+def test_doctests_are_not_run_again(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        helpers='''
+        import torch
+        KEPT = []
+
+        def keep():
+            """
+            >>> import helpers, torch
+            >>> table = torch.ones(256)
+            >>> helpers.KEPT.append(table)
+            """
+        '''
+    )
+    path = pytester.path / "r.json"
+    for extra in ([], ["--vramleak-repeat=4"]):
+        result = pytester.runpytest("-p", "no:cacheprovider", "--doctest-modules", "--vramleak", f"--vramleak-report={path}", *extra)
+        result.stdout.no_fnmatch_line("*NameError*")
+        result.assert_outcomes(passed=1)
+        (entry,) = json.loads(path.read_text())["tests"]
+        assert "doctests are not run again (doctest clears a doctest's globals after it runs)" in entry["notes"]
+
+
+def test_a_leaking_test_is_counted_once(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        KEPT = []
+
+        def test_leaks():
+            KEPT.append(torch.ones(256))
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak", "-rA", "--junitxml=junit.xml")
+    result.assert_outcomes(failed=1)
+    assert result.stdout.str().count("test_it.py::test_leaks") == 2  # the summary's leak list, -rA
+    result.stdout.no_fnmatch_line("PASSED test_it.py::test_leaks*")
+    suite = ElementTree.parse(pytester.path / "junit.xml").getroot().find("testsuite")
+    assert suite is not None
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("1", "1", "0")
+    # --lf runs it again: pytest's cache knows it failed.
+    pytester.runpytest("-p", "no:randomly", "--vramleak")
+    again = pytester.runpytest("--lf", "--vramleak")
+    again.stdout.fnmatch_lines(["run-last-failure: rerun previous 1 failure*"])
+
+
+def test_a_module_fixture_torn_down_after_the_last_test_does_not_hide_its_leak(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        KEPT = []
+
+        @pytest.fixture(scope="module")
+        def table():
+            table = [torch.ones(16384)]  # 64 KiB, freed as the module's fixtures are torn down
+            yield table
+            table.clear()
+
+        @pytest.mark.vram_budget
+        def test_first(table):
+            pass
+
+        @pytest.mark.vram_budget
+        def test_last_leaks(table):
+            KEPT.append(torch.ones(4096))  # 16 KiB
+        """
+    )
+    result, report = run_checked("-p", "no:randomly")
+    assert (report["test_last_leaks"]["outcome"], report["test_last_leaks"]["leaked_bytes"]) == ("leaked", 16384)
+    assert report["test_first"]["outcome"] == "passed"
+
+
+def test_memory_only_pytorch_keeps_is_named_as_pytorchs_and_set_aside(pytester: pytest.Pytester, run_checked) -> None:
+    # Scripting a module that builds constants as it runs keeps a few scalars in C++ for each
+    # scripted module: PyTorch's memory, nothing the test can free.
+    pytester.makepyfile(
+        test_it="""
+        import torch
+
+        class Shift(torch.nn.Module):
+            def forward(self, x):
+                return x + torch.tensor([1, 2]).sum()
+
+        def test_scripts_a_module():
+            torch.jit.script(Shift())(torch.ones(2))
+        """
+    )
+    result, report = run_checked("-p", "no:randomly", "--vramleak", "-W", "ignore::DeprecationWarning")
+    entry = report["test_scripts_a_module"]
+    if not any("held by PyTorch itself in C++" in note for note in entry["notes"]) and entry["repetitions"] is None:
+        pytest.skip("this build of torch keeps nothing in C++ when it scripts this module")
+    assert entry["outcome"] == "passed", result.stdout.str()
+    assert any("held by PyTorch itself in C++: nothing in Python refers to it, so nothing the test can free" in note for note in entry["notes"])
+    result, report = run_checked("-p", "no:randomly", "--vramleak", "--vramleak-fail-on=any", "-W", "ignore::DeprecationWarning")
+    assert report["test_scripts_a_module"]["outcome"] == "leaked"
+
+
+def test_ids_in_the_summary_paste_back_from_where_pytest_ran(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\n")  # the rootdir: the folder above the tests
+    tests = pytester.mkdir("tests")
+    (tests / "test_it.py").write_text("import torch\nKEPT = []\n\ndef test_leaks():\n    KEPT.append(torch.ones(256))\n")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tests)
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak", "test_it.py")
+    result.stdout.fnmatch_lines(["largest leaks:", "*1.0 KiB  test_it.py::test_leaks (cpu, grows)"])
+    result.stdout.no_fnmatch_line("*tests/test_it.py::test_leaks (cpu*")
+
+
+@pytest.mark.parametrize(
+    ("keep", "view"),
+    [
+        ("out.detach()", "detach"),
+        ("out[:4]", "slice"),
+        ("out.view(-1)", "view"),
+        ("out[:1].expand(8, 64)", "expand"),
+    ],
+)
+def test_the_storages_allocation_comes_before_where_the_kept_view_was_made(pytester: pytest.Pytester, keep: str, view: str) -> None:
+    pytester.makepyfile(
+        test_it=f"""
+        import torch
+        KEPT = []
+
+        def remember(out):
+            KEPT.append({keep})  # the view
+
+        def test_keeps_a_view():
+            out = torch.ones(8, 64)  # the storage
+            remember(out)
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "    allocated at test_it.py:8 in test_keeps_a_view()",
+            "        kept through a view made at test_it.py:5 in remember(), called from test_it.py:9 in test_keeps_a_view()",
+        ]
+    )
+
+
+def test_the_figures_add_up_for_a_replaced_object_on_a_cycle(pytester: pytest.Pytester, run_checked) -> None:
+    # Each run replaces an object on a reference cycle: the one it replaced is freed only by a full
+    # collection, and counts as freed by the run that let it go. Kept once, like its acyclic twin.
+    pytester.makepyfile(
+        test_it="""
+        import torch
+
+        class Writer:
+            pass
+
+        def test_replace_cyclic():
+            h = Writer()
+            h.me = h
+            h.t = torch.randn(256)
+            Writer.last = h
+
+        class Plain:
+            pass
+
+        def test_replace_acyclic():
+            h = Plain()
+            h.t = torch.randn(256)
+            Plain.last = h
+        """
+    )
+    result, report = run_checked("-p", "no:randomly", "--vramleak", "--vramleak-confirm=3", "--vramleak-fail-on=growth")
+    result.assert_outcomes(passed=2)
+    for name in ("test_replace_cyclic", "test_replace_acyclic"):
+        assert (report[name]["pattern"], report[name]["repetitions"]) == ("kept_once", [1024, 1024, 1024, 1024]), name
