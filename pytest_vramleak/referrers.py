@@ -16,7 +16,9 @@ import collections
 import gc
 import itertools
 import operator
+import os
 import sys
+import sysconfig
 import threading
 import types
 from collections.abc import Sequence
@@ -141,8 +143,9 @@ def _referrers(frontier: tuple[Any, ...], frontier_ids: set[int]) -> list[Any]:
 
 BACKWARD_LEVELS = 8
 """Levels searched backwards from the targets, one heap traversal each, before the search turns
-around: a single forward pass from the roots finds every remaining chain, however long, in one
-walk of the heap, so the cost never grows as heap size times chain length."""
+around: a forward walk from the roots (the user's modules first, then every module), bounded by
+``FORWARD_LIMIT`` objects each, meets it where it stopped, so the cost never grows as heap size
+times chain length."""
 
 
 def _is_ndarray(obj: Any) -> bool:
@@ -236,6 +239,29 @@ def _search_forward(
         level = following
     parent.clear()
     return found
+
+
+def _library_folders() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    return tuple({paths[key] + os.sep for key in ("stdlib", "platstdlib", "purelib", "platlib")})
+
+
+def _users_modules(modules: Sequence[Any]) -> list[Any]:
+    """The modules loaded from files outside the standard library, installed packages and this plugin."""
+    libraries = _library_folders()
+    users = []
+    for module in modules:
+        path = module.__dict__.get("__file__")
+        if (path is None and module.__name__ == "__main__") or (isinstance(path, str) and not path.startswith((*libraries, _PACKAGE_DIR))):
+            users.append(module)
+    return users
+
+
+def _covered(found: dict[int, list[Any]], covers: dict[int, int]) -> int:
+    bits = 0
+    for ident in found:
+        bits |= covers.get(ident, 0)
+    return bits
 
 
 def find_chains(
@@ -333,11 +359,26 @@ def find_chains(
         module_roots = [m for m in list(sys.modules.values()) if is_module_root(m)]
         starts = module_roots + list(running_locals.values())
         remaining = wanted - chains_by_target.keys()
-        meeting = {id(holder): holder for holder in frontier if origins.get(id(holder), 0) & unrooted}
+        # where the backward search stopped: its last level, and the holders nothing in gc holds
+        # (an object C code keeps, reached from a module through one gc does not track)
+        meeting = {id(holder): holder for holder in (*frontier, *dead_ends.values()) if origins.get(id(holder), 0) & unrooted}
+        meeting = {ident: holder for ident, holder in meeting.items() if ident not in wanted}
         covers = {ident: origins.get(ident, 0) for ident in (*remaining, *meeting)}
         ignore.update((id(module_roots), id(starts), id(chains_by_target), id(wanted), id(meeting), id(covers)))
         by_storage = {storage: target for target in targets if id(target) in remaining for storage in _storage_ids(target)}
-        forward = _search_forward(remaining | meeting.keys(), starts, ignore, exclude_types, by_storage, covers=covers, needed=unrooted)
+        forward: dict[int, list[Any]] = {}
+        # The user's modules first (tests, conftest, the project's own source): torch.compile's
+        # graphs and most caches hang from them, a few levels down, where a walk from every module
+        # in the process would give up first.
+        # A walk from some modules does not pass through the others: they are roots of their own
+        # (sys.last_value is sys's, not that of a module that imports sys).
+        users = _users_modules(module_roots) + list(running_locals.values())
+        others = {id(module) for module in module_roots} - {id(module) for module in users}
+        ignore.update((id(users), id(others)))
+        for group, skip in ((users, ignore | others), (starts, ignore)):
+            forward = _search_forward(remaining | meeting.keys(), group, skip, exclude_types, by_storage, covers=covers, needed=unrooted)
+            if _covered(forward, covers) & unrooted == unrooted:
+                break
         for ident, chain in forward.items():
             if ident in remaining:
                 chains_by_target.setdefault(ident, chain)
@@ -350,6 +391,7 @@ def find_chains(
         meeting.clear()
         module_roots.clear()
         starts.clear()
+        users.clear()
     # a real root beats a dead end: the farthest holder reached that nothing in Python holds
     chains_by_target.update(_walk_down(list(dead_ends.values()), held_by, wanted - chains_by_target.keys()))
     chains = [chains_by_target.get(id(target), [target]) for target in targets]
