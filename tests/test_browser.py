@@ -146,7 +146,7 @@ def test_step_chart_renders_with_warm_up_shaded(browser: Any, report_page: Path)
     browser.get(report_page.as_uri())
     chart = browser.execute_script(
         """
-        const svg = document.querySelector('svg.chart');
+        const svg = document.querySelector('figure.steps:not(.runs) svg.chart');
         const box = (el) => { const r = el.getBoundingClientRect(); return [r.left, r.top, r.width, r.height]; };
         return {
           svg: box(svg),
