@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 
 import pytest
 import torch
@@ -11,6 +12,8 @@ from models import Classifier
 
 MODEL = Classifier()
 EMBEDDINGS: dict[str, torch.Tensor] = {}
+USERS = itertools.count()  # a service keeps meeting users it has not seen before
+LENGTHS = itertools.count(512, 64)  # and batches padded to lengths it has not seen before
 
 
 def embed_user(user_id: str) -> torch.Tensor:
@@ -23,8 +26,8 @@ def embed_user(user_id: str) -> torch.Tensor:
 @pytest.mark.vram_budget(leak="64 KiB")
 def test_embedding_cache_without_eviction():
     """Leaks: every user ever seen stays in EMBEDDINGS."""
-    for user in range(100):
-        embed_user(f"user-{user}")
+    for _ in range(100):
+        embed_user(f"user-{next(USERS)}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -34,9 +37,9 @@ def featurize(length: int) -> torch.Tensor:
 
 @pytest.mark.vram_budget
 def test_unbounded_lru_cache():
-    """Leaks: functools.lru_cache(maxsize=None) keeps every result."""
-    for length in (512, 1024, 2048):
-        featurize(length)
+    """Leaks: functools.lru_cache(maxsize=None) keeps every result, one per length seen."""
+    for _ in range(3):
+        featurize(next(LENGTHS))
 
 
 class BoundedCache:

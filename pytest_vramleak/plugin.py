@@ -548,6 +548,8 @@ class Verdict:
     groups: list[Any] = field(default_factory=list)
     set_aside: list[tuple[str, list[Any]]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    shown: str = ""
+    """The one run whose tensors ``groups`` are, where they are not all the runs': "run 3 of 4"."""
 
     @property
     def failing(self) -> bool:
@@ -686,13 +688,15 @@ def _name_runs(item: pytest.Item, runs: TestRuns, verdict: Verdict, *, listing: 
         leaving = [index for index in range(repetitions.warmup, len(series)) if series[index] > (series[index - 1] if index else 0)]
         if runs.extra_begin is not None and tracker.alive_since(device, runs.extra_begin):
             since, before = runs.extra_begin, None  # the run that recorded sites grew too: its tensors have them
+            which = "the run that recorded where tensors are made"
         elif leaving:
             since = repetitions.runs[leaving[-1]].begin_clock
             before = repetitions.runs[leaving[-1] + 1].begin_clock if leaving[-1] + 1 < len(repetitions.runs) else (runs.extra_begin)
+            which = f"run {leaving[-1] + 1} of {len(repetitions.runs)}"
         if runs.extra_begin is not None or leaving:
             shown = name(tracker.alive_since(device, since, before), [])
             if shown.groups:  # (its holders may have let go meanwhile: then what was named stands)
-                verdict.groups = shown.groups + named.history
+                verdict.groups, verdict.shown = shown.groups + named.history, which
 
 
 def _finish_result(item: pytest.Item, runs: TestRuns, verdict: Verdict | None) -> TestResult:
@@ -782,7 +786,13 @@ def _failure_text(runs: TestRuns, verdict: Verdict) -> str:
     leaked = decision.outcome == "leaked" and (decision.pattern is not None or first.memory_leaked or first.history_bytes > 0)
     if leaked and verdict.named:
         groups = verdict.groups
-        lines += ["tensors left by the last measured run that left any:" if growth_first else "leaked tensors:", render_groups(groups)]
+        if growth_first:
+            heading = "tensors left by the last measured run that left any:"
+        elif verdict.shown:
+            heading = f"leaked tensors, as one run leaves them ({verdict.shown}):"
+        else:
+            heading = "leaked tensors:"
+        lines += [heading, render_groups(groups)]
         stored = [group for group in groups if group.kind != "history"]
         if stored and not any(group.allocated_at for group in stored) and runs.sites is not None:
             lines.append(

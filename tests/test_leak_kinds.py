@@ -193,7 +193,7 @@ def test_leak_kind_fails_names_its_holder_site_and_cause(pytester: pytest.Pytest
     result = pytester.runpytest("-p", "no:cacheprovider", "-rf", "--vramleak-sites=on")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
-        ["leaked * on cpu, allowed 0 B*", "leaked tensors:", f"    allocated at test_it.py:{site_line} in *", f"*{literal(holder_line)}*"]
+        ["leaked * on cpu, allowed 0 B*", "leaked tensors*:", f"    allocated at test_it.py:{site_line} in *", f"*{literal(holder_line)}*"]
     )
     if view_line is not None:  # the storage's allocation first, then where the kept view was made
         result.stdout.fnmatch_lines([f"    allocated at test_it.py:{site_line} in *", f"        kept through a view made at test_it.py:{view_line} in *"])
