@@ -1366,7 +1366,8 @@ class VramLeakFixture:
     def steps(self, n: int, *, warmup: int | None = None) -> Iterator[int]:
         """Yield ``0 .. n-1``; after the last step, fail the test if memory kept growing."""
         try:
-            (self._watcher or StepWatcher()).check_arguments(n, warmup)
+            n, checked = (self._watcher or StepWatcher()).check_arguments(n, warmup)
+            warmup = checked if warmup is not None else None
         except ValueError as error:
             message = f"vramleak.{error}"
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import operator
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,6 +94,16 @@ class StepResult:
         return ""
 
 
+def _whole(value: Any) -> int | None:
+    """``value`` as an int where it is an integer of any type but bool, else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 @dataclass
 class StepWatcher:
     """Runs steps, measures memory after each, and decides whether it keeps growing.
@@ -115,14 +126,19 @@ class StepWatcher:
     """Values to name as their owner calls them when they hold a leak (a test's fixtures)."""
     results: list[StepResult] = field(default_factory=list)
 
-    def check_arguments(self, n: int, warmup: int | None) -> int:
-        """The effective warm-up for ``steps(n, warmup=...)``; ValueError for arguments that cannot work."""
+    def check_arguments(self, n: int, warmup: int | None) -> tuple[int, int]:
+        """``(n, warm-up)`` for ``steps(n, warmup=...)`` as ints; ValueError for arguments that cannot work.
+
+        Any integer type counts (``numpy.int64``, a 0-d integer tensor: what ``operator.index``
+        takes), but not ``bool``."""
         warmup = self.warmup if warmup is None else warmup
-        if type(n) is not int or type(warmup) is not int or warmup < 0:
+        whole = [_whole(value) for value in (n, warmup)]
+        if whole[0] is None or whole[1] is None or whole[1] < 0:
             raise ValueError(f"steps(n, warmup=k) takes whole numbers, got n={n!r}, warmup={warmup!r}")
+        n, warmup = whole[0], whole[1]
         if n - warmup < 2:
             raise ValueError(f"steps({n}, warmup={warmup}) leaves {max(0, n - warmup)} measured step(s); at least 2 are needed")
-        return warmup
+        return n, warmup
 
     def steps(self, n: int, *, warmup: int | None = None) -> Iterator[int]:
         """Yield ``0 .. n-1``; after the loop, ``self.results[-1]`` holds the verdict.
@@ -130,7 +146,7 @@ class StepWatcher:
         The first ``warmup`` iterations are not measured; at least two must remain. A loop left
         early is judged on the steps measured so far where there are two or more.
         """
-        warmup = self.check_arguments(n, warmup)
+        n, warmup = self.check_arguments(n, warmup)
         meter = self.meter or meter_for(self.device)
         loop = _Loop(meter, self.tracker or Tracker(meter.name), self.record_sites, self.named_roots)
         loop.open()

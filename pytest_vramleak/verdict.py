@@ -70,7 +70,8 @@ def judge_growth(steps: Sequence[int], tolerance: int, device: str = "cpu") -> G
 
     - the band it moves in rose: both the lowest and the highest figure of the later half of the
       steps are more than ``tolerance`` above those of the earlier half (the middle step is left
-      out when their number is odd). That flags steady growth, growth every k-th step, and small
+      out when their number is odd), and the later half's highest figure is more than
+      ``tolerance`` above the baseline. That flags steady growth, growth every k-th step, and small
       growth under a sawtooth (gradient accumulation), and leaves alone memory that goes up and
       down by the same amounts (temporaries, accumulation) and a spike on the last step; or
     - each of the last :data:`LATE_GROWTH_STEPS` steps grew, by more than ``tolerance`` in all:
@@ -80,14 +81,17 @@ def judge_growth(steps: Sequence[int], tolerance: int, device: str = "cpu") -> G
     new highs before it (a bounded buffer that filled up, state made at the first real optimizer
     step), which is reported with the step where it settled. The rate given is that of the
     growing steps at the end for growth that started late, else what the last step holds over
-    the measured steps.
+    the measured steps, or, where the last step is a trough of a sawtooth at or below the
+    baseline, the rate at which the band's floor rose: never zero or less.
     """
     if len(steps) < 2:
         raise ValueError(f"the step check needs at least 2 measured steps, got {len(steps)}")
     count = len(steps)
     half = count // 2
     earlier, later = steps[:half], steps[count - half :]
-    band_rose = min(later) - min(earlier) > tolerance and max(later) - max(earlier) > tolerance
+    # (and its top ended above the baseline by more than the tolerance: figures that vary below
+    # the baseline, a loop whose batches differ in size, hold nothing the loop added)
+    band_rose = min(later) - min(earlier) > tolerance and max(later) - max(earlier) > tolerance and max(later) > tolerance
     tail = steps[-LATE_GROWTH_STEPS - 1 :]
     late = (
         count > LATE_GROWTH_STEPS
@@ -109,8 +113,11 @@ def judge_growth(steps: Sequence[int], tolerance: int, device: str = "cpu") -> G
                 base, increases = 0, count
             total = steps[-1] - base
             per_step = total / increases
-        else:  # the band rose: what the last step holds, over the measured steps
-            total = max(0, steps[-1])
+        elif steps[-1] > tolerance:  # the band rose: what the last step holds, over the measured steps
+            total = steps[-1]
+        else:  # the last step is a trough below it: how fast the band's floor rose, over them all
+            total = (min(later) - min(earlier)) * count // (count - half)
+        if not late:
             per_step = total / count
         message = (
             f"memory grew {format_size(per_step)} per step over {count} measured steps "

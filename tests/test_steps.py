@@ -178,6 +178,7 @@ def test_step_figures_in_json(pytester: pytest.Pytester, run_checked) -> None:
         ("vramleak.steps(4, warmup=-1)", "vramleak.steps(n, warmup=k) takes whole numbers, got n=4, warmup=-1"),
         ("vramleak.steps(4.5)", "vramleak.steps(n, warmup=k) takes whole numbers, got n=4.5, warmup=2"),
         ("vramleak.check(print, steps=1)", "vramleak.steps(1, warmup=2) leaves 0 measured step(s); at least 2 are needed"),
+        ("vramleak.steps(True)", "vramleak.steps(n, warmup=k) takes whole numbers, got n=True, warmup=2"),
     ],
 )
 def test_bad_step_arguments_are_clear_errors(pytester: pytest.Pytester, call: str, message: str) -> None:
@@ -192,6 +193,25 @@ def test_bad_step_arguments_are_clear_errors(pytester: pytest.Pytester, call: st
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([message.replace("[", "[[]").replace("(", "[(]"), f"FAILED test_it.py::test_it - Failed: {message[:20]}*"])
     result.stdout.no_fnmatch_line("*pytest_vramleak*")
+
+
+def test_steps_take_integers_of_any_type(pytester: pytest.Pytester) -> None:
+    # numpy's integers and 0-d integer tensors (a config value, a loaded step count) count as ints
+    pytester.makepyfile(
+        test_it="""
+        import numpy, torch
+
+        def test_numpy(vramleak):
+            ran = [step for step in vramleak.steps(numpy.int64(5), warmup=numpy.int32(1))]
+            assert ran == [0, 1, 2, 3, 4] and type(ran[0]) is int
+            assert len(vramleak.results[-1].steps) == 4
+
+        def test_tensor(vramleak):
+            assert vramleak.check(lambda: None, steps=torch.tensor(4), warmup=torch.tensor(1)).steps == [0, 0, 0]
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
 
 
 def test_warmup_and_tolerance_from_ini(pytester: pytest.Pytester) -> None:

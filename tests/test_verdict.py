@@ -62,6 +62,9 @@ def test_growth_is_flagged(name: str, steps: list[int]) -> None:
         ("alternating temporaries", [K, 0, K, 0, K, 0, K, 0]),
         ("one spike at the end", [0, 0, 0, 0, 0, 0, 0, 5 * K]),
         ("memory released", [5 * K, 4 * K, 3 * K, 2 * K, K, 0]),
+        # batches padded to their longest sequence: figures vary below the baseline
+        ("varying below the baseline", [-144, -1126, 0, -720]),
+        ("back up to the baseline", [-2 * K, -K, 0, 0]),
     ],
 )
 def test_non_growth_is_not_flagged(name: str, steps: list[int]) -> None:
@@ -72,6 +75,13 @@ def test_non_growth_is_not_flagged(name: str, steps: list[int]) -> None:
 def test_growth_tolerance_at_its_limit(tolerance: int, grows: bool) -> None:
     # the band rises by 4 K between the halves
     assert judge_growth([K * i for i in range(1, 9)], tolerance).grows is grows
+
+
+def test_growth_under_a_sawtooth_ending_in_a_trough_reports_what_it_kept() -> None:
+    steps = [4, 8, -11036, 16, 20, 24, -11020, 32, 36, 40, -11004, 48, 52, 56, -10988]
+    verdict = judge_growth(steps, tolerance=0)
+    assert verdict.grows
+    assert verdict.message == "memory grew 4 B per step over 15 measured steps (60 B in total) on cpu, tolerance 0 B"
 
 
 def test_growth_figures() -> None:
