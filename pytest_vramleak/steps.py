@@ -18,7 +18,8 @@ from .verdict import GrowthVerdict, judge_growth
 
 
 RECORDED_STEPS = 2
-"""Measured steps whose allocation sites are recorded; the rest of a loop runs without."""
+"""Measured steps whose allocation sites are recorded, from the first that grows; the rest of a
+loop runs without: a clean loop records none."""
 
 
 @dataclass
@@ -162,7 +163,7 @@ class StepWatcher:
                 elif index == warmup - 1:
                     loop.take_baseline()
                 else:
-                    loop.measure_step(recording_ends=index == warmup + RECORDED_STEPS - 1)
+                    loop.measure_step()
         finally:
             # Also where the loop is left early: the generator is closed, and nothing may be raised.
             result = self._judge(loop, warmup, n, ran)
@@ -266,14 +267,17 @@ class _Loop:
         self.penultimate_clock = 0
         self.last_mark: Mark | None = None
         self._last_slack: int | None = None
+        self.recording_until: int | None = None
+        """Measured steps, counted from 1, after which site recording stops (None: not started)."""
+        self.recording_since = 0
+        self.recording = False
 
     def open(self) -> None:
         if self.owns_tracker:
             self.tracker.begin(index=self.on_cpu)
 
     def close(self) -> None:
-        if self.recorder is not None:
-            self.recorder.stop()
+        self.stop_recording()
         if self.owns_tracker:
             self.tracker.end()
 
@@ -302,18 +306,31 @@ class _Loop:
         self.tracker.freeze_young()  # each step's observation then reads what that step made
         self.warming.append(self.baseline_bytes)
         self.baseline_clock = self.penultimate_clock = self.tracker.clock
-        if self.recorder is not None:
-            self.recorder.start()
 
-    def measure_step(self, *, recording_ends: bool) -> None:
+    def measure_step(self) -> None:
         self.penultimate_clock = self.tracker.clock
         self.measured.append(self._measure())
         if self.slack and self._last_slack is not None:
             self.slack.append(self._last_slack)
-        if recording_ends and self.recorder is not None:
-            # Tracing every allocation costs more than a small step; what a loop leaks, it leaks
-            # in its first measured steps too: note where those were made, and stop.
-            self.recorder.capture(self.tracker.pairs(self.tracker.created("cpu", since=self.baseline_clock)))
+        if self.recorder is None:
+            return
+        # Tracing every allocation costs more than a small step, and a loop that does not grow
+        # needs no sites: recording starts after the first step that rose to a new high and
+        # lasts RECORDED_STEPS steps (what a loop leaks, it leaks in those too), then stops.
+        count = len(self.measured)
+        if self.recording_until is None:
+            if self.measured[-1] > max([self.baseline_bytes, *self.measured[:-1]]):
+                self.recording_until = count + RECORDED_STEPS
+                self.recording_since, self.recording = self.tracker.clock, True
+                self.recorder.start()
+        elif count == self.recording_until:
+            self.stop_recording()
+
+    def stop_recording(self) -> None:
+        """Note where the tensors made while recording were made, and stop (where it runs)."""
+        if self.recorder is not None and self.recording:
+            self.recording = False
+            self.recorder.capture(self.tracker.pairs(self.tracker.created("cpu", since=self.recording_since)))
             self.recorder.stop()
 
     def figures(self) -> list[int]:
@@ -330,6 +347,7 @@ class _Loop:
         """The tensors made after warm-up that outlived a step (alive after the next-to-last step
         and at the end), with their holders. The last step's own temporaries are not among them."""
         tracker, device = self.tracker, self.meter.name
+        self.stop_recording()  # (a loop that grew in its last steps is still recording)
         if not self.on_cpu:
             tracker.catch_up()
         lasting = tracker.created(device, since=self.baseline_clock, before=self.penultimate_clock + 1)

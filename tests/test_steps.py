@@ -445,3 +445,31 @@ def test_a_hook_that_appends_to_a_local_list_is_diagnosed(pytester: pytest.Pytes
             "    diagnosis: a module hook keeps what it is given (a forward hook of a Linear appends to what holds these tensors)*",
         ]
     )
+
+
+def test_a_clean_loop_is_never_traced_and_a_late_leak_still_says_where_it_was_made(pytester: pytest.Pytester) -> None:
+    # Recording sites starts after the first measured step that rose to a new high: a loop that
+    # does not grow pays nothing for it, and a leak that starts late is recorded when it starts.
+    pytester.makepyfile(
+        test_it="""
+        import tracemalloc
+        import torch
+
+        KEPT = []
+
+        def test_clean(vramleak):
+            traced = []
+            for step in vramleak.steps(10, warmup=2):
+                x = torch.ones(64) * step
+                traced.append(tracemalloc.is_tracing())
+            assert traced == [False] * 10
+
+        def test_late(vramleak):
+            for step in vramleak.steps(12, warmup=2):
+                if step >= 7:
+                    KEPT.append(torch.ones(256) * step)  # here
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["float32[[]256[]] on cpu: *", "    allocated at test_it.py:16 in test_late()"])
