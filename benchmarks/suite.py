@@ -11,6 +11,9 @@ import torch
 
 torch.manual_seed({seed})
 
+# A module-level layer, as many suites build one at import and share it between tests.
+ENCODER = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Tanh())
+
 
 @pytest.fixture(scope="module")
 def model():
@@ -62,6 +65,19 @@ def test_sgd_step_lowers_loss_{seed}(batch):
     assert losses[-1] < losses[0]
 
 
+def test_module_level_encoder_{seed}(batch):
+    inputs, _ = batch
+    with torch.no_grad():
+        assert ENCODER(inputs).shape == (16, 32)
+
+
+def test_backward_through_module_level_encoder_{seed}(batch):
+    # leaves .grad on the module-level layer: memory kept once, not growth
+    inputs, _ = batch
+    ENCODER(inputs).pow(2).mean().backward()
+    assert ENCODER[0].weight.grad is not None
+
+
 def test_conv_output_{seed}():
     conv = torch.nn.Conv2d(3, 4, 3, padding=1)
     assert conv(torch.randn(2, 3, 8, 8)).shape == (2, 4, 8, 8)
@@ -73,7 +89,7 @@ def test_layer_norm_{seed}():
     assert torch.allclose(y.mean(-1), torch.zeros(4), atol=1e-5)
 '''
 
-TESTS_PER_MODULE = 12
+TESTS_PER_MODULE = 14
 
 # Tensors alive for the whole session that the tests never touch, as real suites keep them: a
 # third in module-level layers, a third in a session-scoped model, a third as small tensors (a
@@ -93,7 +109,7 @@ def session_model():
 """
 
 
-def write_suite(folder: Path, tests: int = 180, live: int = 0) -> int:
+def write_suite(folder: Path, tests: int = 252, live: int = 0) -> int:
     """Write ``tests`` small tests (rounded up to whole modules) into ``folder``, with ``live``
     tensors held outside them by a conftest; return how many tests."""
     folder.mkdir(parents=True, exist_ok=True)
