@@ -425,7 +425,7 @@ class StorageSites:
         return self._returning if self._tracing else None
 
     def _note(self, values: list[Any]) -> None:
-        from .census import is_tensor_type, tensor_storages
+        from .census import is_tensor_type, storage_facts, tensor_storages
 
         for value in values:
             if not is_tensor_type(type(value)):
@@ -435,21 +435,22 @@ class StorageSites:
             with torch._C.DisableTorchFunction():
                 storages = tensor_storages(value)
             for storage in storages:
-                try:
-                    key = (storage.data_ptr(), storage.nbytes())
-                except Exception:
+                facts = storage_facts(storage)  # (None for torch.compile's fake tensors: reading their pointer warns)
+                if facts is None:
                     continue
+                key = (facts[1], facts[2])
                 if key[0] and key not in self._storages:
                     frames = _frames_of(value)
                     if frames and not frames[0][0].startswith(_PLUGIN_DIR):
                         self._storages[key] = user_sites(frames)
 
     def site_of(self, tensor: Any, storage: Any) -> tuple[Site, ...] | None:
-        try:
-            key = (storage.data_ptr(), storage.nbytes())
-        except Exception:
+        from .census import storage_facts
+
+        facts = storage_facts(storage)
+        if facts is None:
             return None
-        stack = self._storages.get(key)
+        stack = self._storages.get((facts[1], facts[2]))
         return SiteRecorder._named(stack) if stack else None
 
     def clear(self) -> None:

@@ -73,6 +73,7 @@ import functools
 import gc
 import itertools
 import operator
+import sys
 import time
 import weakref
 from collections import Counter
@@ -174,6 +175,18 @@ _GRAD = operator.attrgetter("_grad")
 
 
 @functools.lru_cache(maxsize=1)
+def _tracing_tensor_types() -> tuple[type, ...]:
+    """The tensors torch.compile traces with (fake and functional tensors), where torch loaded
+    them: they hold no memory, and the autograd nodes they keep are the compiler's caches'."""
+    found = []
+    for module_name, class_name in (("torch._subclasses.fake_tensor", "FakeTensor"), ("torch._subclasses.functional_tensor", "FunctionalTensor")):
+        module = sys.modules.get(module_name)
+        kind = getattr(module, class_name, None) if module is not None else None
+        if isinstance(kind, type):
+            found.append(kind)
+    return tuple(found)
+
+
 def _grad_fn_reader() -> Any:
     """``TensorBase``'s own ``grad_fn`` getter."""
     return _torch()._C.TensorBase.grad_fn.__get__
@@ -392,7 +405,12 @@ class Tracker:
     def end(self) -> None:
         """The test is over: unfreeze the heap (older cycles are collected by Python's own schedule)."""
         self._process_dead()
-        if self._begun and not self._observed:
+        if self._begun and not self._observed and self._froze:
+            # A test that ended before its check observed anything (skipped by a marker as its
+            # set-up began, a set-up error): what it made and kept is young, so reading it now
+            # costs what it did, where indexing the heap again before the next test costs the heap.
+            self._scan()
+        elif self._begun and not self._observed:
             self.unindexed = True  # what this test made and kept is not indexed
         self._begun = False
         self._watch.stop()
@@ -659,13 +677,14 @@ class Tracker:
             return KeptGraph(0, [])
         roots = list(self._young_tensors) + list(self._inplace.values()) if entries is None else entries
         grad_fn = _grad_fn_reader()
+        traced = _tracing_tensor_types()
         visited: set[int] = set()
         keep: list[Any] = []
         counted: list[tuple[weakref.ref[Any], int]] = []
         try:
             for entry in roots:
                 tensor = entry.ref()
-                if tensor is None:
+                if tensor is None or (traced and isinstance(tensor, traced)):
                     continue
                 try:
                     node = grad_fn(tensor)
