@@ -81,11 +81,14 @@ def offenders(results: Sequence[dict[str, Any]], verbosity: int, shown_id: Calla
     if leaks:
         lines.append("largest leaks:")
         lines += [f"  {format_size(leaked_figure(r)):>10}  {shown_id(r['nodeid'])} ({_leak_kind(r)})" for r in leaks[:shown]]
-    kept = [r for r in results if r["outcome"] != "leaked" and r.get("pattern") in ("kept_once", "settled")]
+    # (what the other runs' figures set aside as PyTorch's or pytest's leaves some with nothing to show)
+    kept = [r for r in results if r["outcome"] != "leaked" and r.get("pattern") in ("kept_once", "settled") and (r.get("leaked_bytes") or _history_nodes(r))]
     if kept:
         lines.append(f"memory kept once, not growing (passed: {_why_kept_passes(results)}):")
         for r in sorted(kept, key=lambda r: -(r.get("leaked_bytes") or 0))[:shown]:
-            lines.append(f"  {format_size(r.get('leaked_bytes') or 0):>10}  {shown_id(r['nodeid'])} ({_leak_kind(r)})")
+            nodes = _history_nodes(r)
+            history = f", autograd history of {nodes} nodes" if nodes else ""
+            lines.append(f"  {format_size(r.get('leaked_bytes') or 0):>10}  {shown_id(r['nodeid'])} ({_leak_kind(r)}{history})")
             holders = [chain for group in r.get("tensors", []) for chain in group.get("held_by", [])]
             lines += [f"              held by {chain}" for chain in holders[:MAX_CHAINS]]
         if len(kept) > (shown or len(kept)):
@@ -95,6 +98,10 @@ def offenders(results: Sequence[dict[str, Any]], verbosity: int, shown_id: Calla
         lines.append("highest peaks above baseline:")
         lines += [f"  {format_size(r['peak_bytes']):>10}  {shown_id(r['nodeid'])} ({r['device']})" for r in peaks[:shown]]
     return lines
+
+
+def _history_nodes(result: dict[str, Any]) -> int:
+    return int((result.get("details") or {}).get("history_nodes") or 0)
 
 
 def _why_kept_passes(results: Sequence[dict[str, Any]]) -> str:
