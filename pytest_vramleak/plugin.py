@@ -1383,6 +1383,7 @@ class VramLeakFixture:
 
     def check(self, step: Callable[..., Any], *, steps: int = 10, warmup: int | None = None) -> StepResult:
         """Call ``step(i)`` (or ``step()``) ``steps`` times and fail the test if memory kept growing."""
+        __tracebackhide__ = True  # a step that raises shows the user's frames, as pytest's own are hidden
         try:
             call = step_caller(step)
             for index in self.steps(steps, warmup=warmup):

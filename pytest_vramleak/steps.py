@@ -190,6 +190,7 @@ class StepWatcher:
 
     def check(self, step: Callable[..., Any], *, steps: int = 10, warmup: int | None = None) -> StepResult:
         """Call ``step(i)`` (or ``step()``) for ``i`` in ``0 .. steps-1`` and return the result of the check."""
+        __tracebackhide__ = True
         call = step_caller(step)
         for index in self.steps(steps, warmup=warmup):
             call(index)
@@ -222,6 +223,7 @@ def step_caller(step: Callable[..., Any]) -> Callable[[int], None]:
             takes_index = False
 
     def call(index: int) -> None:
+        __tracebackhide__ = True
         returned = step(index) if takes_index else step()
         if inspect.isgenerator(returned) or inspect.iscoroutine(returned) or inspect.isasyncgen(returned):
             if inspect.iscoroutine(returned):

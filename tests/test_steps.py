@@ -473,3 +473,20 @@ def test_a_clean_loop_is_never_traced_and_a_late_leak_still_says_where_it_was_ma
     result = pytester.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["float32[[]256[]] on cpu: *", "    allocated at test_it.py:16 in test_late()"])
+
+
+def test_a_step_that_raises_shows_the_users_frames_only(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        def train_step(i):
+            if i == 3:
+                raise ValueError("bad batch")
+
+        def test_it(vramleak):
+            vramleak.check(train_step, steps=6)
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*vramleak.check(train_step, steps=6)", "*raise ValueError(\"bad batch\")", "E *ValueError: bad batch"])
+    result.stdout.no_fnmatch_line("*pytest_vramleak*")
