@@ -15,6 +15,7 @@ _TORCH_CACHES = ("torch._dynamo", "torch._inductor", "torch.fx", "torch._functor
 # then holds the graph's constants, but the cache is PyTorch's.
 _COMPILED_GLOBALS = re.compile(r"\.__(compiled_fn|resume_at)_\d")
 PYTEST_WARNINGS = "the warnings pytest recorded"
+_MOCK_TYPES = frozenset({"Mock", "MagicMock", "NonCallableMock", "NonCallableMagicMock", "AsyncMock", "_CallList"})
 _PYTEST_INSTANCE = re.compile(r"self \(the \w+ instance pytest keeps until the session ends\)(?:\.(\w+))?")
 
 
@@ -111,11 +112,34 @@ def diagnose(group: Any) -> list[str]:
             "pytest keeps every warning it recorded, with its arguments, until the session ends: warn with a string "
             "(f'{t.shape}'), not a tensor"
         )
-    if any(chain.startswith("parametrize value ") for chain in chains):
+    paths: Sequence[Sequence[tuple[str, str]]] = getattr(group, "held_by_paths", [])
+    parametrized = [path for path in paths if path and path[0][1] == "parametrize"]
+    if any(len(path) > 1 and path[1][0].startswith("[") for path in parametrized):
         found.append(
-            "a parametrize value, which pytest keeps for the whole session, kept what the test computed on it (a "
-            "metric's cached compute() result, lazily made state): build the object inside the test or in a "
-            "function-scoped fixture, or reset it (e.g. metric.reset()) at the end of the test"
+            "the test (or code it called) added entries to a list or dict that pytest keeps as a parametrize value for "
+            "the whole session (a trainer appending its own callbacks to the callbacks list it was given): pass a copy "
+            "(list(callbacks)), or build the list inside the test"
+        )
+    elif parametrized or any(chain.startswith("parametrize value ") for chain in chains):
+        computed = any(len(path) > 1 and path[1][0] == "._computed" for path in parametrized)
+        found.append(
+            "an object pytest keeps as a parametrize value for the whole session kept what the test computed on it ("
+            + ("a metric's cached compute() result" if computed else "a cached result, lazily made state")
+            + "): build the object inside the test or in a function-scoped fixture, or reset it"
+            + (" (metric.reset())" if computed else "")
+            + " at the end of the test"
+        )
+    if any(kind in _MOCK_TYPES for path in paths for _, kind in path):
+        found.append(
+            "a unittest.mock mock keeps the arguments of every call made to it (call_args, call_args_list, mock_calls) "
+            "for as long as it lives: call reset_mock() when done, patch it for the test alone, or pass it numbers or "
+            "strings (t.item(), t.shape) instead of tensors"
+        )
+    if any(kind == "WeakKeyDictionary" and index + 1 < len(path) and path[index + 1][0] == ".data" for path in paths for index, (_, kind) in enumerate(path)):
+        found.append(
+            "a WeakKeyDictionary keeps each value while its key is alive, and this key is alive: a value that refers to "
+            "its own key (directly or through what it holds) keeps its entry for ever: keep weakref.ref(key) in the value "
+            "instead, or delete the entry when done"
         )
     if chains and all(chain.startswith("<no Python reference") for chain in chains) and getattr(group, "made_inside_library", None) is False:
         found.append(

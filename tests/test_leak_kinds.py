@@ -508,7 +508,7 @@ def test_values_pytest_keeps_are_named_as_the_user_wrote_them(pytester: pytest.P
     result.stdout.fnmatch_lines(
         [
             "*held by parametrize value metric of test_metric[[]metric0[]]._computed",
-            "*diagnosis: a parametrize value, which pytest keeps for the whole session, kept what the test computed on it*",
+            "*diagnosis: an object pytest keeps as a parametrize value for the whole session kept what the test computed on it (a metric's cached compute() result)*",
         ]
     )
     result.stdout.fnmatch_lines(
