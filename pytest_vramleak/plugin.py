@@ -495,6 +495,8 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
             break
         assert check is not None
         repetitions.runs.append(_run_record(check))
+        if repetitions.mode == "confirm" and _kept_once_already(repetitions):
+            repetitions.planned = repetitions.started
     verdict = _judge(item, runs)
     # --vramleak-fail-on=growth lists what tests keep once, with its holders: named too.
     listed = verdict is not None and runs.rule.fail_on == "growth" and verdict.decision.pattern in ("kept_once", "settled")
@@ -519,6 +521,14 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
             first_reports[-1].outcome, first_reports[-1].longrepr = "failed", last_reports[-1].longrepr
     result = _finish_result(item, runs, verdict)
     return _final_reports(item, runs, first_reports, result, verdict, spent)
+
+
+def _kept_once_already(repetitions: Repetitions) -> bool:
+    """Confirming re-runs stop once two in a row after the first added nothing at all (no byte,
+    no autograd node): memory kept once, whatever the runs left would follow. (A test that grows
+    only every third run or less often then reads as kept once.)"""
+    runs = repetitions.runs
+    return len(runs) >= 3 and all(run.leaked_bytes <= 0 and run.history_nodes <= 0 for run in runs[1:])
 
 
 def _run_record(check: Check) -> Run:

@@ -375,8 +375,12 @@ def find_chains(
         users = _users_modules(module_roots) + list(running_locals.values())
         others = {id(module) for module in module_roots} - {id(module) for module in users}
         ignore.update((id(users), id(others)))
+        # With no holder to meet (nothing in gc holds the targets: PyTorch keeps them in C++, or a
+        # numpy array made by tensor.numpy(), which gc does not see, found near the roots), the
+        # walk looks for the targets alone, a few levels deep.
+        limit = FORWARD_LIMIT if meeting else FORWARD_LIMIT // 10
         for group, skip in ((users, ignore | others), (starts, ignore)):
-            forward = _search_forward(remaining | meeting.keys(), group, skip, exclude_types, by_storage, covers=covers, needed=unrooted)
+            forward = _search_forward(remaining | meeting.keys(), group, skip, exclude_types, by_storage, limit=limit, covers=covers, needed=unrooted)
             if _covered(forward, covers) & unrooted == unrooted:
                 break
         for ident, chain in forward.items():

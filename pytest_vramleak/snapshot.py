@@ -332,8 +332,10 @@ def _paths_through_graph_nodes(
             for storage in tensor_storages(target):
                 wanted[id(storage)] = target
     found: dict[int, tuple[Any, str]] = {}
+    known = _node_type_cache
     with whole_heap():
-        nodes = [obj for obj in gc.get_objects() if _is_graph_node(obj)]
+        # (the cache first, inline: a call per object of the heap costs more than the lookup)
+        nodes = [obj for obj in gc.get_objects() if known.get(type(obj)) or (type(obj) not in known and _is_graph_node(obj))]
     try:
         visited: set[int] = set()
         keep: list[Any] = []

@@ -351,5 +351,8 @@ def test_the_figures_add_up_for_a_replaced_object_on_a_cycle(pytester: pytest.Py
     )
     result, report = run_checked("-p", "no:randomly", "--vramleak", "--vramleak-confirm=3", "--vramleak-fail-on=growth")
     result.assert_outcomes(passed=2)
-    for name in ("test_replace_cyclic", "test_replace_acyclic"):
-        assert (report[name]["pattern"], report[name]["repetitions"]) == ("kept_once", [1024, 1024, 1024, 1024]), name
+    # Re-runs stop once two in a row add nothing: the acyclic twin's do at once; the cyclic one's
+    # each seem to add 1 KiB until the collection that confirms the runs credits them.
+    runs = {"test_replace_cyclic": 4, "test_replace_acyclic": 3}
+    for name, count in runs.items():
+        assert (report[name]["pattern"], report[name]["repetitions"]) == ("kept_once", [1024] * count), name

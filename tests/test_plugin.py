@@ -173,7 +173,7 @@ def test_json_report_schema(pytester: pytest.Pytester) -> None:
                 "settled_after_step": None,
                 "rule": "any",  # a marker's budget: anything past it fails
                 "pattern": "kept_once",  # each run replaces the one tensor it keeps
-                "repetitions": [4096, 4096, 4096, 4096],
+                "repetitions": [4096, 4096, 4096],
                 "repetition_warmup": 1,
                 "tensors": [
                     {
