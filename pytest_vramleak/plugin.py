@@ -501,9 +501,9 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
     # --vramleak-fail-on=growth lists what tests keep once, with its holders: named too.
     listed = verdict is not None and runs.rule.fail_on == "growth" and verdict.decision.pattern in ("kept_once", "settled")
     if verdict is not None and (verdict.failing or listed):
-        _name_runs(item, runs, verdict, listing=listed)  # and set aside what PyTorch itself keeps
-        # A test that still leaks runs once more, recording where its tensors are made (its imports
-        # are done by then), and what its runs keep is named again, with that.
+        # A test that leaks runs once more, recording where its tensors are made (its imports are
+        # done by then); then what its runs keep is named once, with that, and what PyTorch itself
+        # keeps is set aside (naming walks the heap: once, not before and after the recording run).
         if _wants_sites(item, runs, verdict):
             reports = _recording_run(item, runs, run)
             stopped = why_stopped(reports) or (None if _usable(item.stash.get(CHECK, None)) else "was not checked")
@@ -513,8 +513,7 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
             else:
                 last_reports = reports
                 runs.extra_begin = runs.checks[-1].engine.begin_clock if runs.checks[-1].engine is not None else None
-                verdict.decision, verdict.adjust = verdict.raw, []  # judged again, knowing who made what
-                _name_runs(item, runs, verdict, listing=listed)
+        _name_runs(item, runs, verdict, listing=listed)
     if parent is not nextitem:
         finish_teardown(item, nextitem, last_reports[-1])
         if last_reports is not first_reports and last_reports[-1].failed and not first_reports[-1].failed:
