@@ -89,7 +89,7 @@ def test_layer_norm_{seed}():
     assert torch.allclose(y.mean(-1), torch.zeros(4), atol=1e-5)
 '''
 
-TESTS_PER_MODULE = 14
+TESTS_PER_MODULE = 13
 
 # Tensors alive for the whole session that the tests never touch, as real suites keep them: a
 # third in module-level layers, a third in a session-scoped model, a third as small tensors (a
@@ -109,7 +109,7 @@ def session_model():
 """
 
 
-def write_suite(folder: Path, tests: int = 252, live: int = 0) -> int:
+def write_suite(folder: Path, tests: int = 234, live: int = 0) -> int:
     """Write ``tests`` small tests (rounded up to whole modules) into ``folder``, with ``live``
     tensors held outside them by a conftest; return how many tests."""
     folder.mkdir(parents=True, exist_ok=True)
