@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import gc
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -276,10 +276,11 @@ def _saved_names(node: Any) -> tuple[str, ...]:
     return names
 
 
-def graph_nodes(roots: list[Any], visited: set[int], keep: list[Any]) -> Iterator[Any]:
+def graph_nodes(roots: list[Any], visited: set[int], keep: list[Any], follow: Callable[[Any], bool] | None = None) -> Iterator[Any]:
     """Each autograd node under ``roots``, once overall (their ids go into ``visited``).
 
-    ``keep`` holds every node visited so that ids stay unique while the walk lasts.
+    ``keep`` holds every node visited so that ids stay unique while the walk lasts. With
+    ``follow``, the walk goes on below a node only where ``follow(node)`` is true.
     """
     stack = list(roots)
     while stack:
@@ -289,6 +290,8 @@ def graph_nodes(roots: list[Any], visited: set[int], keep: list[Any]) -> Iterato
         visited.add(id(node))
         keep.append(node)
         yield node
+        if follow is not None and not follow(node):
+            continue
         try:
             stack.extend(child for child, _ in node.next_functions)
         except Exception:

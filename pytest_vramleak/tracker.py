@@ -86,6 +86,7 @@ from .census import (
     FREEZERS,
     _graph_tensors,
     _torch,
+    graph_nodes,
     collections_paused,
     is_tensor_type,
     storage_facts,
@@ -257,28 +258,17 @@ def count_nodes(node: Any, threshold: int, visited: set[int], keep: list[Any]) -
     counted once overall; older nodes are neither counted nor followed (their inputs are older
     still). ``AccumulateGrad`` nodes belong to their leaves and are not counted."""
     accumulate = _torch()._C._functions.AccumulateGrad
-    count = 0
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if current is None or id(current) in visited:
-            continue
-        visited.add(id(current))
-        keep.append(current)
+
+    def made_since(current: Any) -> bool:
         if type(current) is accumulate:
-            continue
+            return False
         try:
-            number = current._sequence_nr()
+            number: int = current._sequence_nr()
         except Exception:
-            continue
-        if number < threshold or number >= 1 << 63:
-            continue
-        count += 1
-        try:
-            stack.extend(child for child, _ in current.next_functions)
-        except Exception:
-            continue
-    return count
+            return False
+        return threshold <= number < 1 << 63
+
+    return sum(map(made_since, graph_nodes([node], visited, keep, follow=made_since)))
 
 
 class Tracker:
