@@ -16,9 +16,7 @@ import collections
 import gc
 import itertools
 import operator
-import os
 import sys
-import sysconfig
 import threading
 import types
 from collections.abc import Sequence
@@ -27,6 +25,7 @@ from typing import Any
 import objgraph
 
 from .census import whole_heap
+from .sites import code_folders
 
 _PACKAGE_DIR = __file__.rsplit("/", 1)[0]
 _MODULE_NAMESPACES = ("_modules", "_parameters", "_buffers")
@@ -241,18 +240,15 @@ def _search_forward(
     return found
 
 
-def _library_folders() -> tuple[str, ...]:
-    paths = sysconfig.get_paths()
-    return tuple({paths[key] + os.sep for key in ("stdlib", "platstdlib", "purelib", "platlib")})
-
-
 def _users_modules(modules: Sequence[Any]) -> list[Any]:
-    """The modules loaded from files outside the standard library, installed packages and this plugin."""
-    libraries = _library_folders()
+    """The modules loaded from files outside the standard library, installed packages, torch and
+    this plugin (the folders allocation sites leave out too)."""
+    library, _, standard, installed = code_folders()
+    libraries = (*library, *standard, *installed)
     users = []
     for module in modules:
         path = module.__dict__.get("__file__")
-        if (path is None and module.__name__ == "__main__") or (isinstance(path, str) and not path.startswith((*libraries, _PACKAGE_DIR))):
+        if (path is None and module.__name__ == "__main__") or (isinstance(path, str) and not path.startswith(libraries)):
             users.append(module)
     return users
 
@@ -361,8 +357,7 @@ def find_chains(
         remaining = wanted - chains_by_target.keys()
         # where the backward search stopped: its last level, and the holders nothing in gc holds
         # (an object C code keeps, reached from a module through one gc does not track)
-        meeting = {id(holder): holder for holder in (*frontier, *dead_ends.values()) if origins.get(id(holder), 0) & unrooted}
-        meeting = {ident: holder for ident, holder in meeting.items() if ident not in wanted}
+        meeting = {id(holder): holder for holder in (*frontier, *dead_ends.values()) if id(holder) not in wanted and origins.get(id(holder), 0) & unrooted}
         covers = {ident: origins.get(ident, 0) for ident in (*remaining, *meeting)}
         ignore.update((id(module_roots), id(starts), id(chains_by_target), id(wanted), id(meeting), id(covers)))
         by_storage = {storage: target for target in targets if id(target) in remaining for storage in _storage_ids(target)}

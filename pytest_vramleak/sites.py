@@ -31,7 +31,7 @@ _PLUGIN_DIR = os.path.dirname(__file__) + os.sep
 
 
 @functools.lru_cache(maxsize=1)
-def _directories() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+def code_folders() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """Library code a site never points into (torch, this plugin), and the code that runs the
     user's (pytest, pluggy, the start of a thread or of a multiprocessing process), where a stack
     stops."""
@@ -123,7 +123,7 @@ def _short_path(filename: str) -> str:
 def frame_kind_of_file(filename: str) -> str:
     """``user``, ``library`` (torch, this plugin, the standard library) or ``runner`` (pytest,
     pluggy) for a file name."""
-    library, runner, standard, installed = _directories()
+    library, runner, standard, installed = code_folders()
     if filename.startswith(runner):
         return "runner"
     if filename.startswith(library) or filename.startswith("<") or not filename:
