@@ -1097,8 +1097,11 @@ class _Recorder:
 
     def __init__(self, results: list[dict[str, Any]]) -> None:
         self.results = results
+        self.ran = False
+        """Whether any test ran (set up at least): a run that ran none writes no report."""
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.ran = True
         result = getattr(report, "vramleak", None)
         if report.when == "teardown" and result:
             self.results.append(result)
@@ -1259,6 +1262,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             terminalreporter.write_line(line)
     for error in config.stash.get(OUTPUT_ERRORS, []):
         terminalreporter.write_line(f"vramleak: {error}", red=True, bold=True)
+    not_written = config.stash.get(NOT_WRITTEN, [])
+    if not_written:
+        terminalreporter.write_line(f"vramleak: no test ran, so no report was written ({', '.join(not_written)} left as they were)")
 
 
 LEFTOVERS = pytest.StashKey[list[dict[str, Any]]]()
@@ -1307,6 +1313,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if settings.benchmark_json:
         benchmark = json.dumps(benchmark_entries(results), indent=2) + "\n"
         outputs.append((f"the benchmark figures to {settings.benchmark_json}", functools.partial(write_text_atomically, settings.benchmark_json, benchmark)))
+    recorder = config.pluginmanager.get_plugin("vramleak-recorder")
+    if recorder is not None and not recorder.ran:
+        # --collect-only, -k matching nothing, a collection error: the last real run's files stay.
+        files = [*settings.report_paths, settings.benchmark_json, settings.markdown]
+        if settings.save:
+            files.append(str(saved_run_path(config.rootpath, settings.save)))
+        config.stash[NOT_WRITTEN] = [str(file) for file in files if file]
+        return
     errors = config.stash[OUTPUT_ERRORS]
     for what, write in outputs:
         try:
@@ -1318,6 +1332,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 OUTPUT_ERRORS = pytest.StashKey[list[str]]()
+NOT_WRITTEN = pytest.StashKey[list[str]]()
+"""The files a run that ran no test left as they were."""
 
 
 def _write_html(config: pytest.Config, path: str, results: list[dict[str, Any]], leftovers: list[dict[str, Any]], drift: list[dict[str, Any]]) -> None:

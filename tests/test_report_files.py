@@ -80,3 +80,28 @@ def test_a_report_that_cannot_be_written_at_the_end_is_said_and_fails_the_run(py
     result.stdout.fnmatch_lines(["vramleak: could not write the HTML report to out/r.html: *Error: *"])
     assert (pytester.path / "r.json").exists()  # the other report is still written
     result.stdout.no_fnmatch_line("*INTERNALERROR*")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("--collect-only",), ("-k", "matches_no_test"), ("test_broken.py",)],
+    ids=["collect-only", "nothing-selected", "collection-error"],
+)
+def test_a_run_that_runs_no_test_leaves_every_report_as_it_was(pytester: pytest.Pytester, args: tuple[str, ...]) -> None:
+    pytester.makepyfile(test_it="def test_it():\n    pass\n", test_broken="import no_such_module_here\n")
+    pytester.makeini("[pytest]\nvramleak_save = last\n")
+    files = {name: f"the last real run's {name}\n" for name in ("r.json", "r.html", "bench.json", "summary.md")}
+    for name, text in files.items():
+        (pytester.path / name).write_text(text)
+    saved = pytester.path / ".vramleak" / "last.json"
+    saved.parent.mkdir()
+    saved.write_text("the last saved run\n")
+    outputs = ["--vramleak-report=r.json", "--vramleak-report=r.html", "--vramleak-benchmark-json=bench.json", "--vramleak-markdown=summary.md"]
+    result = pytester.runpytest("--vramleak", *outputs, *args)
+    result.stdout.fnmatch_lines(["vramleak: no test ran, so no report was written (r.json, r.html, bench.json, summary.md, *last.json left as they were)"])
+    assert {name: (pytester.path / name).read_text() for name in files} == files
+    assert saved.read_text() == "the last saved run\n"
+    # a run that runs a test writes them
+    pytester.runpytest("--vramleak", *outputs, "test_it.py").assert_outcomes(passed=1)
+    assert (pytester.path / "r.json").read_text().startswith("{")
+    assert saved.read_text().startswith("{")
