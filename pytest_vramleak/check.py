@@ -42,7 +42,7 @@ from .report import render_groups
 from .sizes import format_size
 from .sites import SiteRecorder, Sites, SiteSource
 from .census import storage_key
-from .snapshot import HELD_FROM_CPP, TensorGroup, describe, describe_history, meter_for
+from .snapshot import HELD_FROM_CPP, TensorGroup, describe, describe_cycle_garbage, describe_history, meter_for
 from .tracker import NODE_BYTES, KeptGraph, Mark, StorageRef, Tracker
 from .verdict import Budget, Increase, judge_budget, judge_increase
 
@@ -64,6 +64,10 @@ class Rules:
     count_cpp_held: bool = False
     """Count memory that nothing in Python refers to (held by PyTorch itself in C++, nothing the
     checked code can free) as a leak, rather than naming it and leaving it out."""
+    keep_cycle_garbage: bool = False
+    """With ``strict_cycles``: keep what collections during the body free (``gc.DEBUG_SAVEALL``)
+    until the body ends, so that every cycle it left is named (a run recording where tensors are
+    made allocates more, and collects sooner); the garbage is let go as the body ends."""
 
 
 @dataclass
@@ -109,6 +113,9 @@ class CheckResult:
     ranks: list[dict[str, Any]] = field(default_factory=list)
     """What each rank process reported through :func:`~pytest_vramleak.ranks.watch_rank`."""
     cycle_bytes: int | None = None
+    cycle_groups: list[TensorGroup] = field(default_factory=list)
+    """With ``strict_cycles``: the tensors only the cycle collector freed, each with its cycle."""
+    cycles_failed: bool = False
     details: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     """Lines that explain the figures (the driver's view, reserved memory)."""
@@ -158,7 +165,9 @@ class CheckResult:
         if self.peak_over and self.peak_breakdown is not None:
             lines.append(self.peak_breakdown.render())
         lines += self.left_behind
-        if self.outcome == "leaked" and self.memory_leaked and self.named:
+        if self.cycles_failed:
+            lines += ["tensors freed only by the cycle collector:", render_groups(self.cycle_groups)]
+        if self.outcome == "leaked" and self.memory_leaked and self.named and (self.groups or not self.cycles_failed):
             lines += ["leaked tensors:", render_groups(self.groups)]
             for device, groups in self.other_groups.items():
                 lines += [f"leaked tensors on {device}:", render_groups(groups)]
@@ -205,6 +214,8 @@ class LeakCheck:
         self._record_sites = record_sites
         self._trace_folder = trace_folder
         self.sites: SiteRecorder | None = None
+        self._garbage_from: int | None = None
+        """Where in ``gc.garbage`` what collections saved since the body began starts (keep_cycle_garbage)."""
         self.history: AllocatorHistory | None = None
         self._baseline: Mark | None = None
         self.begin_clock = 0
@@ -272,6 +283,9 @@ class LeakCheck:
             self._driver_at_start = details.get("driver_used_bytes")
             if isinstance(meter, CudaMeter):
                 self._others = self._other_devices(meter)
+        if self.rules.strict_cycles and self.rules.keep_cycle_garbage and self.on_cpu and not gc.get_debug() & gc.DEBUG_SAVEALL:
+            self._garbage_from = len(gc.garbage)
+            gc.set_debug(gc.get_debug() | gc.DEBUG_SAVEALL)
         peak = self.rules.watch_peak
         if peak is None:
             peak = self.budget.peak is not None or not self.on_cpu
@@ -337,6 +351,10 @@ class LeakCheck:
 
     def close(self) -> None:
         """Unfreeze the heap; the check holds nothing of the code it checked."""
+        if self._garbage_from is not None:  # the body ended without stop(): the garbage saved is let go
+            gc.set_debug(gc.get_debug() & ~gc.DEBUG_SAVEALL)
+            del gc.garbage[self._garbage_from :]
+            self._garbage_from = None
         self.process_groups.end()
         if self._ranks_folder is not None:
             if self._ranks_env_before is None:
@@ -377,10 +395,37 @@ class LeakCheck:
         assert self._baseline is not None
         self.tracker.observe(collect=False, watch=False)
         pending = self.tracker.created("cpu", since=self._baseline.clock)
+        if self.rules.strict_cycles and (pending or self._garbage_from is not None):
+            self.result.cycle_groups = self._cycle_garbage(pending)
         if not pending:  # nothing the body made is alive, in a cycle or otherwise
             return 0
         self.tracker.observe(watch=False)
         return sum(ref.nbytes for ref in pending if ref() is None)
+
+    def _cycle_garbage(self, pending: list[StorageRef]) -> list[TensorGroup]:
+        """What only the cycle collector frees of ``pending``, each tensor with its cycle: one
+        collection keeps its garbage (``gc.DEBUG_SAVEALL``) to be read, then lets it go."""
+        flags, kept = gc.get_debug(), len(gc.garbage)
+        saving_since = self._garbage_from
+        if saving_since is not None:  # saved since the body began (keep_cycle_garbage)
+            self._garbage_from, kept, flags = None, saving_since, flags & ~gc.DEBUG_SAVEALL
+        elif flags & gc.DEBUG_SAVEALL:
+            return []  # the user's own debugging saves the garbage: it is theirs to read
+        gc.set_debug(flags | gc.DEBUG_SAVEALL)
+        try:
+            gc.collect()
+        finally:
+            gc.set_debug(flags)
+        garbage = gc.garbage[kept:]
+        del gc.garbage[kept:]  # (what the user's own debugging saved there before stays)
+        try:
+            # (what collections saved during the body is named whole: its storages died to the tracker)
+            keys = {(ref.device, ref.pointer) for ref in pending} if saving_since is None else None
+            return describe_cycle_garbage(garbage, keys, sites=self.sites or SiteRecorder())
+        except Exception:  # naming is an aid: the figures stand without it
+            return []
+        finally:
+            garbage.clear()
 
     def _cpu_ledger(self) -> int:
         tracker = self.tracker
@@ -520,7 +565,7 @@ class LeakCheck:
                 messages.append(grew_text)
         if rules.strict_cycles and (result.cycle_bytes or 0) > budget.leak:
             outcome = "leaked"
-            result.other_leaks = True
+            result.other_leaks = result.cycles_failed = True
             messages.append(
                 f"left {format_size(result.cycle_bytes or 0)} on {result.device} to the cycle collector, allowed "
                 f"{format_size(budget.leak)} (--vramleak-strict-cycles): break the reference cycle, e.g. with weakref"

@@ -30,7 +30,7 @@ import pytest
 
 from .census import StorageKey
 from .referrers import NamedRoot
-from .check import LeakCheck, Rules, name_leak
+from .check import CheckResult, LeakCheck, Rules, name_leak
 from .devices import CudaMeter, DeviceUnavailable, Meter, is_out_of_memory, make_meter, pin_worker, resolve_device
 from .html_report import is_html_path, render_html
 from .release import ReleaseScheduler
@@ -585,7 +585,8 @@ def _wants_sites(item: pytest.Item, runs: TestRuns, verdict: Verdict) -> bool:
     are made (what it keeps is named with that, and what PyTorch keeps for it told from what
     PyTorch made itself)."""
     repetitions = runs.repetitions
-    if runs.sites is not None or repetitions.mode != "confirm" or len(repetitions.runs) < 2 or repetitions.rerun_failed:
+    cycles = verdict.first.engine is not None and verdict.first.engine.result.cycles_failed
+    if runs.sites is not None or repetitions.mode != "confirm" or (len(repetitions.runs) < 2 and not cycles) or repetitions.rerun_failed:
         return False
     return verdict.decision.outcome == "leaked" and not _ending(item) and _checked_records_sites(item)
 
@@ -737,6 +738,8 @@ def _finish_result(item: pytest.Item, runs: TestRuns, verdict: Verdict | None) -
         result.ranks = [{key: value for key, value in rank.items() if key != "report"} for rank in engine.ranks]
         result.tensors = [group.to_json() for group in verdict.groups]
         result.tensors += [group.to_json() for groups in engine.other_groups.values() for group in groups]
+        if engine.cycles_failed:
+            result.tensors += [group.to_json() for group in _cycle_groups(runs, engine)]
         if len(repetitions.runs) > 1 or repetitions.rerun_failed:
             result.pattern = decision.pattern
             result.repetitions = repetitions.series(verdict.adjust)
@@ -779,6 +782,15 @@ def _step_figures(check: Check, result: TestResult) -> None:
         result.reason = next((step.reason for step in check.steps if step.reason), None)
 
 
+def _cycle_groups(runs: TestRuns, first: CheckResult) -> list[Any]:
+    """The tensors a test failing --vramleak-strict-cycles left on reference cycles, as the run that
+    recorded where tensors are made found them, where it ran."""
+    last = runs.checks[-1].engine
+    if runs.extra_begin is not None and last is not None and last.result.cycle_groups:
+        return last.result.cycle_groups
+    return first.cycle_groups
+
+
 def _failure_text(runs: TestRuns, verdict: Verdict) -> str:
     """The failure: the verdict's sentence, the first run's figures and notes, the runs, the tensors."""
     decision = verdict.decision
@@ -789,11 +801,13 @@ def _failure_text(runs: TestRuns, verdict: Verdict) -> str:
     if first.peak_over and first.peak_breakdown is not None:
         lines.append(first.peak_breakdown.render())
     lines += first.left_behind
+    if first.cycles_failed:
+        lines += ["tensors freed only by the cycle collector:", render_groups(_cycle_groups(runs, first))]
     growth_first = decision.pattern == "grows" and not decision.grows_history and not decision.message.startswith("leaked ")
     if decision.about and growth_first:  # the runs, then what the last of them that grew left
         lines.append(decision.about)
     leaked = decision.outcome == "leaked" and (decision.pattern is not None or first.memory_leaked or first.history_bytes > 0)
-    if leaked and verdict.named:
+    if leaked and verdict.named and (verdict.groups or not first.cycles_failed):
         groups = verdict.groups
         if growth_first:
             heading = "tensors left by the last measured run that left any:"
@@ -900,7 +914,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             budget,
             meter=check.meter,
             tracker=tracker,
-            rules=rules if first else Rules(count_cpp_held=runs.rule.strict, watch_peak=False),
+            # (the run that records where tensors are made names the cycles the first run failed on)
+            rules=rules if first else Rules(count_cpp_held=runs.rule.strict, watch_peak=False, strict_cycles=settings.strict_cycles and runs.naming_run, keep_cycle_garbage=True),
             record_sites=settings.sites == "on" and first,
             trace_folder=_trace_folder(item.config) if trace and first else None,
             name=item.nodeid,

@@ -750,3 +750,58 @@ def module_hook_holding(target: Any) -> str | None:
                                         kind = attribute.strip("_").removesuffix("_hooks").replace("_", " ")
                                         return f"a {kind} hook of a {type_name(module)}"
     return None
+
+
+MAX_CYCLE_CANDIDATES = 64
+"""How many holders of a tensor, nearest first, are tried as a point of its reference cycle."""
+
+
+def cycle_holding(garbage: Sequence[Any], target: Any) -> tuple[list[tuple[str, str]], str] | None:
+    """How a reference cycle kept ``target`` until a collection freed it, read from that collection's
+    garbage (``gc.DEBUG_SAVEALL``): the path from the nearest object on a cycle to the target, as
+    :func:`chain_parts` gives it with that object's class as its root (``Node.t``), and the cycle
+    itself (``Node.me``, which leads back to the same ``Node``). None where no cycle of the garbage
+    holds the target."""
+    members = {id(obj) for obj in garbage}
+    members.add(id(target))
+    children: dict[int, list[Any]] = {}
+    parents: dict[int, list[Any]] = collections.defaultdict(list)
+    for obj in [*garbage, target]:
+        inside = [referent for referent in gc.get_referents(obj) if id(referent) in members]
+        children[id(obj)] = inside
+        for referent in inside:
+            parents[id(referent)].append(obj)
+
+    def loop_through(start: Any) -> list[Any] | None:
+        came_from: dict[int, Any] = {id(start): None}
+        queue = collections.deque([start])
+        while queue:
+            node = queue.popleft()
+            for child in children.get(id(node), ()):
+                if child is start:
+                    loop = [node]
+                    while loop[-1] is not start:
+                        loop.append(came_from[id(loop[-1])])
+                    return [*reversed(loop), start]
+                if id(child) not in came_from:
+                    came_from[id(child)] = node
+                    queue.append(child)
+        return None
+
+    seen = {id(target)}
+    paths = collections.deque([[target]])
+    tried = 0
+    while paths and tried < MAX_CYCLE_CANDIDATES:
+        path = paths.popleft()
+        namespace = any(_instance_dict(parent) is path[0] for parent in parents.get(id(path[0]), ()))
+        tried += 1
+        loop = None if namespace else loop_through(path[0])  # an object's __dict__ is named as the object
+        if loop is not None:
+            name = type_name(path[0])
+            holder = [(name, name), *chain_parts(path)[1:]]
+            return holder, name + "".join(text for text, _ in chain_parts(loop)[1:])
+        for parent in parents.get(id(path[0]), ()):
+            if id(parent) not in seen:
+                seen.add(id(parent))
+                paths.append([parent, *path])
+    return None

@@ -24,10 +24,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .census import Found, StorageKey, _graph_tensors, live_tensors, take_census, tensor_storages, walk, whole_heap
+from .census import Found, StorageKey, _graph_tensors, is_tensor_type, live_tensors, storage_key, take_census, tensor_storages, walk, whole_heap
 from .devices import Meter, make_meter, resolve_device
 from .diagnosis import diagnose
-from .referrers import NamedRoot, holder_paths, module_hook_holding, type_name, without_python_holders
+from .referrers import NamedRoot, cycle_holding, holder_paths, module_hook_holding, type_name, without_python_holders
 from .report import render_groups, shape_text
 from .sizes import format_size
 from .sites import SiteSource, describe_stack
@@ -554,3 +554,48 @@ def describe(
             group.bytes = group.graph_bytes
         group.diagnoses = diagnose(group)
     return sorted(groups.values(), key=lambda g: -(g.bytes + (0 if g.kind == "graph" else g.graph_bytes)))
+
+
+CYCLE_DIAGNOSIS = (
+    "these tensors lived on a reference cycle: Python frees them only when its cycle collector next runs, so "
+    "their memory stays allocated for as long as that takes (on a GPU, until a collection the test does not "
+    "control): break the cycle (hold the back reference through weakref.ref, or set it to None when done)"
+)
+
+
+def describe_cycle_garbage(garbage: Sequence[Any], keys: set[StorageKey] | None, *, sites: SiteSource | None = None) -> list[TensorGroup]:
+    """The tensors among a collection's garbage (``gc.DEBUG_SAVEALL``) whose storages are ``keys``
+    (None: all), grouped, each with the reference cycle that kept it: what the cycle collector
+    alone freed."""
+    seen: set[StorageKey] = set()
+    groups: dict[tuple[Any, ...], TensorGroup] = {}
+    for obj in garbage:
+        if not is_tensor_type(type(obj)):
+            continue
+        found = storage_key(obj)
+        if found is None or (keys is not None and found[0] not in keys) or found[0] in seen:
+            continue
+        key, nbytes = found
+        seen.add(key)  # a storage is counted once, whichever tensor of it comes first
+        dtype, shape, where = tensor_key(obj)
+        holding = cycle_holding(garbage, obj)
+        if holding is None:
+            path, held = [(HELD_FROM_CPP, "")], HELD_FROM_CPP
+        else:
+            path, loop = holding
+            held = "".join(text for text, _ in path)
+            held += f", on the reference cycle {loop} (back to the same {path[0][0]})"
+        group = groups.setdefault((dtype, shape, where, tensor_class(obj), held), TensorGroup(dtype, shape, where, cls=tensor_class(obj)))
+        group.bytes += nbytes
+        group.count += 1
+        group.keys.append(key)
+        if held not in group.held_by:
+            group.held_by.append(held)
+            group.held_by_paths.append(path)
+        storages = tensor_storages(obj)
+        site = sites.site_of(obj, storages[0]) if sites is not None and storages else None
+        if site and (text := describe_stack(site)) not in group.allocated_at:
+            group.allocated_at.append(text)
+    for group in groups.values():
+        group.diagnoses = [CYCLE_DIAGNOSIS]
+    return sorted(groups.values(), key=lambda group: -group.bytes)

@@ -545,6 +545,65 @@ def test_strict_cycles_fails_tests_that_leave_tensors_to_the_cycle_collector(pyt
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(failed=1)
 
 
+def test_a_strict_cycles_failure_names_each_cycle_its_holder_and_where_the_tensor_was_made(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import torch
+
+        class Node:
+            pass
+
+        class Parent:
+            pass
+
+        def test_makes_a_self_cycle():
+            node = Node()
+            node.me = node
+            node.payload = torch.ones(1024, 256)
+
+        def test_makes_parent_child_cycles():
+            def make():
+                parent, child = Parent(), Node()
+                parent.child, child.parent = child, parent
+                child.weights = {"w": torch.ones(64, 256)}
+
+            for _ in range(3):
+                make()
+
+        def test_keeps_no_cycle():
+            node = Node()
+            node.payload = torch.ones(1024, 256)
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak", "--vramleak-strict-cycles", "--vramleak-report=r.json")
+    result.assert_outcomes(failed=2, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_makes_a_self_cycle _*",
+            "left 1.0 MiB on cpu to the cycle collector, allowed 0 B (--vramleak-strict-cycles)*",
+            "tensors freed only by the cycle collector:",
+            "float32[1024, 256] on cpu: 1 tensor, 1.0 MiB",
+            "    allocated at test_it.py:12 in test_makes_a_self_cycle()",
+            "    held by Node.payload, on the reference cycle Node.me (back to the same Node)",
+            "    diagnosis: these tensors lived on a reference cycle*weakref.ref*",
+            "*_ test_makes_parent_child_cycles _*",
+            "left 192.0 KiB on cpu to the cycle collector*",
+            "tensors freed only by the cycle collector:",
+            "float32[64, 256] on cpu: 3 tensors, 192.0 KiB",
+            "    allocated at test_it.py:18 in make(), called from test_it.py:21 in test_makes_parent_child_cycles()",
+            "    held by Node.weights['w'], on the reference cycle Node.parent.child (back to the same Node)",
+        ]
+    )
+    assert "no live tensor accounts for it" not in result.stdout.str()
+    assert "lived in reference cycles until garbage collection (not a leak" not in result.stdout.str()
+    reports = {test["nodeid"].rpartition("::")[2]: test for test in json.loads((pytester.path / "r.json").read_text())["tests"]}
+    assert [tensor["held_by"] for tensor in reports["test_makes_a_self_cycle"]["tensors"]] == [
+        ["Node.payload, on the reference cycle Node.me (back to the same Node)"]
+    ]
+    assert reports["test_keeps_no_cycle"]["outcome"] == "passed"
+    assert reports["test_keeps_no_cycle"]["cycle_bytes"] in (None, 0)
+
+
 def test_figures_are_junit_xml_properties(pytester: pytest.Pytester) -> None:
     import xml.etree.ElementTree as ElementTree
 
