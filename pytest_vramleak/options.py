@@ -219,6 +219,23 @@ def check_device_spec(spec: str) -> str:
 _SAVE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
+CHECK_ONLY = (
+    "vramleak_leak",
+    "vramleak_repeat",
+    "vramleak_confirm",
+    "vramleak_fail_on",
+    "vramleak_kept_floor",
+    "vramleak_sites",
+    "vramleak_peaks",
+    "vramleak_strict_cycles",
+    "vramleak_trace",
+    "vramleak_save",
+    "vramleak_compare",
+    "vramleak_max_increase",
+)
+"""Options that act on whole-test checks only: a run that checks no test says they did nothing."""
+
+
 def saved_run_path(rootpath: Path, name: str) -> Path:
     """Where the run saved as ``name`` lives: ``.vramleak/NAME.json`` under the root folder."""
     return rootpath / ".vramleak" / f"{name}.json"

@@ -44,7 +44,7 @@ from .steps import StepNotRun, StepResult, StepWatcher, step_caller
 from .summary import summary_lines
 from .tracker import NODE_BYTES, StorageRef, Tracker
 from .diagnosis import PYTEST_WARNINGS
-from .options import OPTIONS, OptionError, Settings, check_device_spec, saved_run_path
+from .options import CHECK_ONLY, OPTIONS, OptionError, Settings, check_device_spec, saved_run_path
 from .options import read_settings as read_options
 from .verdict import Budget
 
@@ -1259,6 +1259,19 @@ def _pasteable(config: pytest.Config, nodeid: str) -> str:
     return os.path.relpath(config.rootpath / path, invoked) + separator + rest
 
 
+def _idle_options(config: pytest.Config) -> list[str]:
+    """The options given that act on checked tests only, in a run that ran tests and checked none."""
+    given = [
+        "--" + option.ini.replace("_", "-") if config.getoption(option.ini) is not None else f"ini option {option.ini}"
+        for option in OPTIONS
+        if option.ini in CHECK_ONLY and (config.getoption(option.ini) is not None or str(config.getini(option.ini)) != option.default)
+    ]
+    recorder = config.pluginmanager.get_plugin("vramleak-recorder")
+    if not given or recorder is None or not recorder.ran or any(result["outcome"] != "unchecked" for result in config.stash.get(RESULTS, [])):
+        return []
+    return given
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     scheduler = config.stash.get(RELEASER, None)
     fixtures: list[dict[str, Any]] = config.stash.get(LEFTOVERS, [])
@@ -1277,6 +1290,13 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             terminalreporter.write_line(line)
     for error in config.stash.get(OUTPUT_ERRORS, []):
         terminalreporter.write_line(f"vramleak: {error}", red=True, bold=True)
+    idle = _idle_options(config)
+    if idle:
+        terminalreporter.write_line(
+            f"vramleak: no test was checked (no --vramleak, no test marked {MARKER} or using the vramleak fixture): "
+            f"{', '.join(idle)} had nothing to act on",
+            yellow=True,
+        )
     not_written = config.stash.get(NOT_WRITTEN, [])
     if not_written:
         terminalreporter.write_line(f"vramleak: no test ran, so no report was written ({', '.join(not_written)} left as they were)")

@@ -35,3 +35,20 @@ def test_merge_help_exits_zero() -> None:
     result = subprocess.run([sys.executable, "-m", "pytest_vramleak", "merge", "--help"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "usage: python -m pytest_vramleak merge" in result.stdout
+
+
+def test_options_that_act_on_checked_tests_say_so_in_a_run_that_checks_none(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_it="def test_plain():\n    pass\n")
+    pytester.makeini("[pytest]\nvramleak_confirm = 2\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak-sites=on", "--vramleak-strict-cycles")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "vramleak: no test was checked (no --vramleak, no test marked vram_budget or using the vramleak fixture): "
+            "ini option vramleak_confirm, --vramleak-sites, --vramleak-strict-cycles had nothing to act on"
+        ]
+    )
+    # where a test is checked, or nothing was asked of checks, nothing is said
+    assert "had nothing to act on" not in pytester.runpytest("-p", "no:cacheprovider", "--vramleak", "--vramleak-sites=on").stdout.str()
+    pytester.makeini("[pytest]\n")
+    assert "had nothing to act on" not in pytester.runpytest("-p", "no:cacheprovider").stdout.str()
