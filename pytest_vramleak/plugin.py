@@ -72,6 +72,8 @@ class Check:
     left_early: StepResult | None = None
     """A step loop left early that grew: it fails the test as it tears down."""
     call_passed: bool = False
+    call_failed: bool = False
+    """The test's call failed on its own: checked once, on what remains once its traceback is let go."""
     result: TestResult | None = None
 
 
@@ -475,7 +477,7 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
         assert first is not None and first.engine is not None
         runs.first_begin = first.engine.begin_clock
         repetitions.runs.append(_run_record(first))
-        if repetitions.mode == "confirm" and runs.may_rerun and first.engine.suspected and not _ending(item):
+        if repetitions.mode == "confirm" and runs.may_rerun and first.engine.suspected and not first.call_failed and not _ending(item):
             repetitions.planned = 1 + runs.confirm
     else:
         repetitions.stopped = why_stopped(first_reports) or "not checked"
@@ -858,6 +860,8 @@ def _final_reports(
         index = reports.index(call)
         reports[index] = failed_call_report(item, call, VramLeak(failure, pytrace=False))
         reports[index].vramleak_outcome = result.outcome  # type: ignore[attr-defined]
+    elif failure is not None and call is not None and call.failed:  # one failure, both reasons
+        call.sections.append(("vramleak: the test also leaked", failure))
     teardown = reports[-1]
     teardown.vramleak = result.to_json()  # type: ignore[attr-defined]
     _record_properties(teardown, result)
@@ -971,16 +975,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             report.sections.append(("vramleak: what filled the memory", f"could not be read: {type(error).__name__}: {error}"))
     if report.when == "call":
         check.call_passed = report.passed
+    runs = item.stash.get(RUNS, None)
     if report.when in ("setup", "call") and check.unchecked_reason is None:
         if check.step_leaked:
             check.unchecked_reason = "memory grew across the steps of the vramleak fixture"
+        elif report.failed and report.when == "call" and check.budget is not None and runs is not None and not runs.foreign:
+            check.call_failed = True  # its own failure stands; what it leaked is shown beside it
         elif report.failed:
             check.unchecked_reason = f"the test failed in {report.when}"
         elif report.skipped:
             check.unchecked_reason = "the test was skipped" if not hasattr(report, "wasxfail") else "the test xfailed"
     if report.when == "teardown" and report.failed and check.unchecked_reason is None and check.error is None and not isinstance(call.excinfo and call.excinfo.value, VramLeak):
         check.unchecked_reason = "teardown failed"
-    runs = item.stash.get(RUNS, None)
     if report.when == "teardown" and runs is not None and runs.foreign:
         result = runs.result or _finish_result(item, runs, None)
         report.vramleak = result.to_json()  # type: ignore[attr-defined]
@@ -1002,6 +1008,10 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
             raise VramLeak(f"vramleak could not check this test: {check.error}", pytrace=False)
         if check.unchecked_reason or not check.started or check.engine is None:
             return outcome
+        if check.call_failed:
+            # pytest keeps the failure's traceback (its frames, their tensors) in sys.last_* until
+            # the next failure; the next checked test drops it anyway: what it holds is not a leak.
+            _drop_last_error()
         try:
             check.engine.finish(confirm=functools.partial(_drop_fixture_values, item))
         except Exception as error:

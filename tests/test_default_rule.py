@@ -356,3 +356,51 @@ def test_the_figures_add_up_for_a_replaced_object_on_a_cycle(pytester: pytest.Py
     runs = {"test_replace_cyclic": 4, "test_replace_acyclic": 3}
     for name, count in runs.items():
         assert (report[name]["pattern"], report[name]["repetitions"]) == ("kept_once", [1024] * count), name
+
+
+FAILING_TESTS = """
+import torch
+
+KEEP = []
+
+def test_fails_and_leaks():
+    KEEP.append(torch.ones(512, 1024))  # 2 MiB kept for the session
+    assert False, "its own failure"
+
+def test_fails_holding_big_locals():
+    batch = torch.ones(512, 1024)
+    assert batch.sum() < 0, "its own failure"
+
+def test_passes():
+    pass
+"""
+
+
+def test_a_test_that_fails_on_its_own_and_leaks_is_one_failure_with_both_reasons(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_it=FAILING_TESTS)
+    # (in a subprocess: an in-process run's hook recorder keeps every failure's traceback)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak", "-rA", "--junitxml=junit.xml", "--vramleak-report=r.json")
+    result.assert_outcomes(failed=2, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_fails_and_leaks _*",
+            "E       AssertionError: its own failure",
+            "*- vramleak: the test also leaked -*",
+            "kept 2.0 MiB on cpu that it did not let go*",
+            "leaked tensors:",
+            "float32[512, 1024] on cpu: 1 tensor, 2.0 MiB",
+            "    held by test_it.KEEP[0]",
+            "*_ test_fails_holding_big_locals _*",
+        ]
+    )
+    output = result.stdout.str()
+    # the failing test's own frames (kept by pytest in sys.last_traceback) are not a leak
+    assert output.count("vramleak: the test also leaked") == 1, output
+    result.stdout.fnmatch_lines(["FAILED test_it.py::test_fails_and_leaks - AssertionError: its own failure", "*2 failed, 1 passed*"])
+    suite = ElementTree.parse(pytester.path / "junit.xml").getroot().find("testsuite")
+    assert suite is not None and (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("3", "2", "0")
+    tests = {test["nodeid"].rpartition("::")[2]: test for test in json.loads((pytester.path / "r.json").read_text())["tests"]}
+    assert tests["test_fails_and_leaks"]["outcome"] == "leaked"
+    assert tests["test_fails_and_leaks"]["leaked_bytes"] == 2 * 1024 * 1024
+    assert tests["test_fails_holding_big_locals"]["outcome"] == "passed"
+    assert tests["test_fails_holding_big_locals"]["leaked_bytes"] == 0
