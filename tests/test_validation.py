@@ -209,11 +209,6 @@ def test_over_its_peak():
 
 
 @pytest.mark.vram_budget
-def test_fails_on_its_own():
-    assert False
-
-
-@pytest.mark.vram_budget
 def test_grows_an_older_tensor():
     BUFFERS[0].resize_(4096)
 
@@ -228,6 +223,16 @@ def test_cycle():
 def test_ranks():
     with pytest_vramleak.watch_rank(1):  # as a rank process would; here in the test's own process
         KEPT.append(torch.ones(256))
+
+
+@pytest.fixture
+def broken():
+    raise RuntimeError("set-up fails")
+
+
+@pytest.mark.vram_budget
+def test_fails_in_set_up(broken):
+    pass
 """
 
 
@@ -289,11 +294,12 @@ def test_a_real_report_with_every_part_follows_the_schema(everything_run: Path) 
     assert tests["test_steps_settle"]["settled_after_step"] is not None
     assert tests["test_repeated"]["pattern"] == "grows" and tests["test_repeated"]["repetitions"]
     assert tests["test_over_its_peak"]["peak_breakdown"]["timeline"]["times_us"]
-    assert tests["test_fails_on_its_own"]["outcome"] == "unchecked"
+    assert tests["test_fails_in_set_up"]["outcome"] == "unchecked"
     assert tests["test_cycle"]["cycle_bytes"] > 0
     assert [(rank["rank"], rank["outcome"]) for rank in tests["test_ranks"]["ranks"]] == [(1, "leaked")]
     assert [(f["fixture"], f["worker"] in ("gw0", "gw1")) for f in report["fixtures"]] == [("table", True)]
-    assert report["between_checks"][0]["where"].endswith("test_grows_an_older_tensor")
+    # (the span of tests between two comparisons, which run as time allows, covers the one that grew it)
+    assert "test_everything.py::test_grows_an_older_tensor" in report["between_checks"][0]["where"]
     assert first_problem(report, "report") is None
     merged = json.loads((everything_run / "merged.json").read_text())
     assert merged["tests"][0]["shard"] == "r"
