@@ -29,14 +29,14 @@ from typing import Any, Optional
 import pytest
 
 from .census import StorageKey
-from .referrers import NamedRoot
+from .referrers import NamedRoot, without_python_holders
 from .check import CheckResult, LeakCheck, Rules, name_leak
 from .devices import CudaMeter, DeviceUnavailable, Meter, is_out_of_memory, make_meter, pin_worker, resolve_device
 from .html_report import is_html_path, render_html
 from .release import ReleaseScheduler
 from .protocol import failed_call_report, failure_line, finish_teardown, run_once, why_stopped
 from .repeats import Decision, Repetitions, Rule, Run, decide
-from .sites import SiteRecorder, Sites, SiteSource, StorageSites
+from .sites import FRAMES_FOR_CPP_HELD, FRAMES_TRACED, SiteRecorder, Sites, SiteSource, StorageSites
 from .report import TestResult, benchmark_entries, render_groups, render_markdown, write_json, write_text_atomically
 from .sizes import SizeError, format_size, parse_size
 from .snapshot import describe, memory_contents
@@ -600,8 +600,12 @@ def _recording_run(item: pytest.Item, runs: TestRuns, run: Callable[[], list[pyt
     runs.sites = Sites([storages, recorder])
     runs.naming_run = True
     tracker = item.config.stash[TRACKER]
-    recorder.start()
-    storages.start()
+    # Memory only C++ holds is named by where it was made, from the user's line or from inside a
+    # library (PyTorch's own, set aside): a few frames tell that, and no view is kept from Python.
+    light = _held_from_cpp_only(tracker, runs.first_begin)
+    recorder.start(frames=FRAMES_FOR_CPP_HELD if light else FRAMES_TRACED)
+    if not light:
+        storages.start()
     try:
         return run()
     finally:
@@ -611,6 +615,23 @@ def _recording_run(item: pytest.Item, runs: TestRuns, run: Callable[[], list[pyt
         recorder.capture(tracker.pairs(alive) + [(storage, storage) for storage in (ref() for ref in alive) if storage is not None])
         recorder.stop()
         runs.naming_run = False
+
+
+def _held_from_cpp_only(tracker: Tracker, since: int) -> bool:
+    """Whether nothing in Python refers to any tensor the runs so far keep on CPU (each storage
+    seen through a tensor)."""
+    tensors: list[Any] = []
+    try:
+        for ref in tracker.alive_since("cpu", since):
+            count = len(tensors)
+            tensors += tracker.users([ref])  # (no other list may hold them: it would be a holder)
+            if len(tensors) == count:
+                return False
+        return bool(tensors) and len(without_python_holders(tensors)) == len({id(tensor) for tensor in tensors})
+    except Exception:  # the full recording is never wrong, only slower
+        return False
+    finally:
+        tensors.clear()
 
 
 def _name_runs(item: pytest.Item, runs: TestRuns, verdict: Verdict, *, listing: bool = False) -> None:
