@@ -10,9 +10,11 @@ more times and once recording sites); the same judging each test on one run
 sites in every test (``--vramleak-sites=on``), to show what recording them costs; a naive check in PyTorch's
 style (``naive_check.py``: collect garbage and count live tensors around every test); and
 ``--memray`` where pytest-memray is installed. Prints the median wall time of each and its ratio
-to plain pytest, for whole runs (interpreter start and torch import included) and for the time
-pytest reports for the session. Runs alternate (plain, vramleak, naive, memray, plain, ...) so
-that machine noise hits all alike.
+to plain pytest, for whole runs (interpreter start and torch import included), their CPU time
+(user and system, pytest's process and its children) and the time pytest reports for the session.
+Runs alternate (plain, vramleak, naive, memray, plain, ...) so that machine noise hits all alike.
+Where ``PYTHONDONTWRITEBYTECODE`` is set (container images often set it), every run compiles the
+plugin's modules again: the first line says whether byte-code caching is on.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import argparse
 import importlib.util
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -35,8 +38,11 @@ SESSION_TIME = re.compile(r" in ([0-9.]+)s")
 pytest_exit_ok, pytest_exit_failed = 0, 1
 
 
-def run(folder: Path, args: list[str]) -> tuple[float, float]:
+def run(folder: Path, args: list[str]) -> tuple[float, float, float]:
+    """Wall time of the whole run, the session time pytest reports, and the CPU time (user and
+    system) of pytest and every process it waited for."""
     start = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     environment = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
@@ -46,11 +52,13 @@ def run(folder: Path, args: list[str]) -> tuple[float, float]:
         env=environment,
     )
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     # (judged on one run, the module-level layer's gradients fail their tests: that is timed too)
     if done.returncode not in (pytest_exit_ok, pytest_exit_failed):
         raise SystemExit(f"pytest {' '.join(args)} failed:\n{done.stdout[-3000:]}{done.stderr[-2000:]}")
     session = SESSION_TIME.findall(done.stdout)
-    return wall, float(session[-1]) if session else float("nan")
+    return wall, float(session[-1]) if session else float("nan"), cpu
 
 
 def main() -> None:
@@ -77,20 +85,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as directory:
         folder = Path(directory)
         count = write_suite(folder, options.tests)
-        times: dict[str, list[tuple[float, float]]] = {name: [] for name in configurations}
+        times: dict[str, list[tuple[float, float, float]]] = {name: [] for name in configurations}
         for name, args in configurations.items():
             run(folder, args)  # warm the file cache and byte-code
         for _ in range(options.rounds):
             for name, args in configurations.items():
                 times[name].append(run(folder, args))
-    plain_wall = statistics.median(w for w, _ in times["plain"])
-    plain_session = statistics.median(s for _, s in times["plain"])
-    print(f"{count} small torch tests, median of {options.rounds} alternating rounds")
-    print(f"{'configuration':<14} {'whole run':>10} {'ratio':>7} {'session':>9} {'ratio':>7}")
+    plain_wall = statistics.median(w for w, _, _ in times["plain"])
+    plain_session = statistics.median(s for _, s, _ in times["plain"])
+    plain_cpu = statistics.median(c for _, _, c in times["plain"])
+    caching = "off (PYTHONDONTWRITEBYTECODE is set)" if os.environ.get("PYTHONDONTWRITEBYTECODE") else "on"
+    print(f"{count} small torch tests, median of {options.rounds} alternating rounds; byte-code caching {caching}")
+    print(f"{'configuration':<14} {'whole run':>10} {'ratio':>7} {'CPU':>8} {'ratio':>7} {'session':>9} {'ratio':>7}")
     for name, samples in times.items():
-        wall = statistics.median(w for w, _ in samples)
-        session = statistics.median(s for _, s in samples)
-        print(f"{name:<14} {wall:>9.2f}s {wall / plain_wall:>6.2f}x {session:>8.2f}s {session / plain_session:>6.2f}x")
+        wall = statistics.median(w for w, _, _ in samples)
+        session = statistics.median(s for _, s, _ in samples)
+        cpu = statistics.median(c for _, _, c in samples)
+        print(
+            f"{name:<14} {wall:>9.2f}s {wall / plain_wall:>6.2f}x {cpu:>7.2f}s {cpu / plain_cpu:>6.2f}x "
+            f"{session:>8.2f}s {session / plain_session:>6.2f}x"
+        )
 
 
 if __name__ == "__main__":
