@@ -41,8 +41,8 @@ from .referrers import NamedRoot
 from .report import render_groups
 from .sizes import format_size
 from .sites import SiteRecorder, Sites, SiteSource
-from .census import storage_key
-from .snapshot import HELD_FROM_CPP, TensorGroup, describe, describe_cycle_garbage, describe_history, meter_for
+from .census import StorageKey, storage_key
+from .snapshot import HELD_FROM_CPP, TensorGroup, describe, describe_cycle_garbage, describe_history, merge_parts, meter_for
 from .tracker import NODE_BYTES, KeptGraph, Mark, StorageRef, Tracker
 from .verdict import Budget, Increase, judge_budget, judge_increase
 
@@ -726,11 +726,15 @@ def name_leak(
     collected: bool,
     threads_before: set[str],
     count_cpp_held: bool,
+    part: Callable[[StorageKey], Any] | None = None,
 ) -> NamedLeak:
     """Group and name ``refs`` (storages) and the tensors in ``graph_roots`` (weak references with
     the autograd nodes each keeps), and set aside what no test is charged for: what only PyTorch's
     own caches hold, what nothing in Python reaches (held by PyTorch in C++; unless
-    ``count_cpp_held``), and what only threads running since before the check hold."""
+    ``count_cpp_held``), and what only threads running since before the check hold.
+
+    With ``part`` (see :func:`~pytest_vramleak.snapshot.describe`), the groups are those of each
+    part, and what is set aside is decided on the parts joined."""
     keys = [(ref.device, ref.pointer) for ref in refs if ref() is not None]
     wanted = set(keys)
     roots = [(tensor, nodes) for tensor, nodes in ((ref(), nodes) for ref, nodes in graph_roots) if tensor is not None]
@@ -738,7 +742,7 @@ def name_leak(
     roots = [(tensor, nodes) for tensor, nodes in roots if not (storage_key(tensor) or ((None, 0), 0))[0] in wanted]
     try:
         with tracker.unfrozen():
-            groups = describe(keys, device, sites=sites, named=named, collected=collected) if keys else []
+            groups = describe(keys, device, sites=sites, named=named, collected=collected, part=part) if keys else []
             history = describe_history(roots, device, node_bytes=NODE_BYTES, named=named, collect=False) if roots else []
     finally:
         roots.clear()
@@ -750,7 +754,10 @@ def name_leak(
         keepers.append((OLDER_THREADS, lambda group: bool(group.held_by) and all(chain.startswith(threads) for chain in group.held_by)))
     set_aside = []
     for holders, predicate in keepers:
-        matched = [group for group in groups if predicate(group)]
+        if part is None:
+            matched = [group for group in groups if predicate(group)]
+        else:
+            matched = [piece for whole in merge_parts(groups) if predicate(whole) for piece in whole.parts]
         if matched:
             set_aside.append((holders, matched))
             groups = [group for group in groups if group not in matched]

@@ -34,12 +34,12 @@ from .check import CheckResult, LeakCheck, Rules, name_leak
 from .devices import CudaMeter, DeviceUnavailable, Meter, is_out_of_memory, make_meter, pin_worker, resolve_device
 from .html_report import is_html_path, render_html
 from .release import ReleaseScheduler
-from .protocol import failed_call_report, failure_line, finish_teardown, run_once, why_stopped
+from .protocol import RandomState, failed_call_report, failure_line, finish_teardown, run_once, why_stopped
 from .repeats import Decision, Repetitions, Rule, Run, decide
 from .sites import FRAMES_FOR_CPP_HELD, FRAMES_TRACED, SiteRecorder, Sites, SiteSource, StorageSites
 from .report import TestResult, benchmark_entries, render_groups, render_markdown, write_json, write_text_atomically
 from .sizes import SizeError, format_size, parse_size
-from .snapshot import describe, memory_contents
+from .snapshot import describe, memory_contents, merge_parts
 from .steps import StepNotRun, StepResult, StepWatcher, step_caller
 from .summary import summary_lines
 from .tracker import NODE_BYTES, StorageRef, Tracker
@@ -481,6 +481,7 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
             repetitions.planned = 1 + runs.confirm
     else:
         repetitions.stopped = why_stopped(first_reports) or "not checked"
+    random_state = RandomState() if repetitions.wants_more and not _ending(item) else None
     while repetitions.wants_more and not _ending(item):
         # Planned runs (repeat=N): the last records where tensors are made. Re-runs that confirm
         # a leak do not: a test that fails runs once more for that (below).
@@ -507,6 +508,7 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
         # done by then); then what its runs keep is named once, with that, and what PyTorch itself
         # keeps is set aside (naming walks the heap: once, not before and after the recording run).
         if _wants_sites(item, runs, verdict):
+            random_state = random_state or RandomState()
             reports = _recording_run(item, runs, run)
             stopped = why_stopped(reports) or (None if _usable(item.stash.get(CHECK, None)) else "was not checked")
             if stopped:
@@ -516,6 +518,8 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
                 last_reports = reports
                 runs.extra_begin = runs.checks[-1].engine.begin_clock if runs.checks[-1].engine is not None else None
         _name_runs(item, runs, verdict, listing=listed)
+    if random_state is not None:  # the tests after it draw the numbers they would without the plugin
+        random_state.restore()
     if parent is not nextitem:
         finish_teardown(item, nextitem, last_reports[-1])
         if last_reports is not first_reports and last_reports[-1].failed and not first_reports[-1].failed:
@@ -688,8 +692,12 @@ def _name_runs(item: pytest.Item, runs: TestRuns, verdict: Verdict, *, listing: 
     second = runs.checks[1].engine if runs.repetitions.rerun_failed else None
     until = second.begin_clock if second is not None else None
     refs = tracker.alive_since(device, runs.first_begin, until)
-    named = name(refs if not verdict.decision.grows_history else [], roots)
-    verdict.groups, verdict.named = named.groups + named.history, True
+    # Named per run, in one walk of the heap: the run shown below is one of them.
+    starts = [*clocks, *([runs.extra_begin] if runs.extra_begin is not None else [])]
+    births = {(ref.device, ref.pointer): ref.born for ref in refs}
+    run_of = functools.partial(_run_index, starts, births)
+    named = name(refs if not verdict.decision.grows_history else [], roots, part=run_of)
+    verdict.groups, verdict.named = merge_parts(named.groups) + named.history, True
     verdict.set_aside = named.set_aside
     verdict.notes = [note for note in verdict.notes if not note.endswith(": not counted")]
     if named.set_aside or named.kept_by_pytest or any(credit):
@@ -719,17 +727,19 @@ def _name_runs(item: pytest.Item, runs: TestRuns, verdict: Verdict, *, listing: 
     if decision.pattern == "grows" and not decision.grows_history and verdict.failing:
         series = repetitions.series(verdict.adjust)
         leaving = [index for index in range(repetitions.warmup, len(series)) if series[index] > (series[index - 1] if index else 0)]
-        if runs.extra_begin is not None and tracker.alive_since(device, runs.extra_begin):
-            since, before = runs.extra_begin, None  # the run that recorded sites grew too: its tensors have them
-            which = "the run that recorded where tensors are made"
-        elif leaving:
-            since = repetitions.runs[leaving[-1]].begin_clock
-            before = repetitions.runs[leaving[-1] + 1].begin_clock if leaving[-1] + 1 < len(repetitions.runs) else (runs.extra_begin)
-            which = f"run {leaving[-1] + 1} of {len(repetitions.runs)}"
-        if runs.extra_begin is not None or leaving:
-            shown = name(tracker.alive_since(device, since, before), [])
-            if shown.groups:  # (its holders may have let go meanwhile: then what was named stands)
-                verdict.groups, verdict.shown = shown.groups + named.history, which
+        shown: list[Any] = []
+        if runs.extra_begin is not None:  # the run that recorded sites, where it grew too: its tensors have them
+            shown, which = [group for group in named.groups if group.part == len(clocks)], "the run that recorded where tensors are made"
+        if not shown and leaving:
+            shown, which = [group for group in named.groups if group.part == leaving[-1]], f"run {leaving[-1] + 1} of {len(repetitions.runs)}"
+        if shown:  # (where a run's tensors were all set aside, what all runs keep stands)
+            verdict.groups, verdict.shown = merge_parts(shown) + named.history, which
+
+
+def _run_index(starts: list[int], born: dict[StorageKey, int], key: StorageKey) -> int | None:
+    """Which run (by the clocks the runs began at) made the storage at ``key``."""
+    clock = born.get(key)
+    return None if clock is None else max((index for index, start in enumerate(starts) if start <= clock), default=None)
 
 
 def _finish_result(item: pytest.Item, runs: TestRuns, verdict: Verdict | None) -> TestResult:

@@ -124,3 +124,39 @@ def failed_call_report(item: pytest.Item, call: pytest.TestReport, error: BaseEx
 
 def _reraise(error: BaseException) -> None:
     raise error
+
+
+class RandomState:
+    """The random number generators' states as the first run of a test left them, put back once
+    the runs after it are over: a test run again for the check draws numbers the tests after it
+    would otherwise have drawn (a test checking that an optimizer converges on random data then
+    fails where it passes without the plugin). Covers Python's ``random``, numpy's global
+    generator where numpy is imported, and torch's default generators (CPU, and each CUDA device
+    where CUDA is initialized)."""
+
+    def __init__(self) -> None:
+        import random
+        import sys
+
+        self._python = random.getstate()
+        numpy = sys.modules.get("numpy")
+        self._numpy = numpy.random.get_state() if numpy is not None else None
+        # (as bytes: a tensor kept here would be memory the check sees the test make)
+        torch = sys.modules.get("torch")
+        self._torch = bytes(torch.get_rng_state().tolist()) if torch is not None else None
+        cuda = getattr(torch, "cuda", None) if torch is not None else None
+        self._cuda = [bytes(state.tolist()) for state in cuda.get_rng_state_all()] if cuda is not None and cuda.is_initialized() else None
+
+    def restore(self) -> None:
+        import random
+        import sys
+
+        random.setstate(self._python)
+        numpy = sys.modules.get("numpy")
+        if numpy is not None and self._numpy is not None:
+            numpy.random.set_state(self._numpy)
+        torch = sys.modules.get("torch")
+        if torch is not None and self._torch is not None:
+            torch.set_rng_state(torch.tensor(list(self._torch), dtype=torch.uint8))
+            if self._cuda is not None:
+                torch.cuda.set_rng_state_all([torch.tensor(list(state), dtype=torch.uint8) for state in self._cuda])

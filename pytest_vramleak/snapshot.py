@@ -20,7 +20,7 @@ import gc
 import re
 import types
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,6 +135,11 @@ class TensorGroup:
     made_inside_library: bool | None = field(default=None, repr=False)
     """Whether library code (torch's own, as it traces or scripts) made these tensors, rather than
     a line of the user's; None where not recorded."""
+    part: Any = field(default=None, repr=False)
+    """Which part of the storages named this group is (a run of a test run again), where the
+    caller split them (see :func:`describe`)."""
+    parts: list[TensorGroup] = field(default_factory=list, repr=False)
+    """For a group :func:`merge_parts` made: the groups of each part it merges."""
 
     def title(self) -> str:
         """One line: what the tensors are, how many, how many bytes."""
@@ -454,9 +459,14 @@ def describe(
     frames: Sequence[types.FrameType] = (),
     named: Sequence[NamedRoot] = (),
     collected: bool = False,
+    part: Callable[[StorageKey], Any] | None = None,
 ) -> list[TensorGroup]:
     """Group the live storages in ``keys`` by dtype, shape and device, and name their holders
     (values in ``named`` by the names given, such as a test's fixtures and parametrize values).
+
+    With ``part``, storages of different parts (the runs of a test run again) are never grouped
+    together, and each part's groups name holders of their own: every part is named by one walk of
+    the heap (:func:`merge_parts` joins them again).
 
     A storage saved only by an autograd graph is added to the group of the tensor whose graph
     holds it (``graph_bytes``); a gradient is named through the tensor it belongs to.
@@ -488,7 +498,8 @@ def describe(
                 if group is None:
                     dtype, shape, where = tensor_key(found.owner)
                     cls = tensor_class(found.owner)
-                    group = groups.setdefault((dtype, shape, where, "graph", cls), TensorGroup(dtype, shape, where, kind="graph", cls=cls))
+                    share = part(found.key) if part is not None else None
+                    group = groups.setdefault((dtype, shape, where, "graph", cls, share), TensorGroup(dtype, shape, where, kind="graph", cls=cls, part=share))
                     owner_groups[id(found.owner)] = group
                     group.count += 1
                     targets.append(found.owner)
@@ -503,7 +514,8 @@ def describe(
             dtype, shape, where = _group_key(found)
             kind = "tensor" if found.via == "gc" else found.via
             cls = tensor_class(found.tensor) if found.via != "storage" else ""
-            group = groups.setdefault((dtype, shape, where, kind, cls), TensorGroup(dtype, shape, where, kind=kind, cls=cls))
+            share = part(found.key) if part is not None else None
+            group = groups.setdefault((dtype, shape, where, kind, cls, share), TensorGroup(dtype, shape, where, kind=kind, cls=cls, part=share))
             group.bytes += found.nbytes
             group.keys.append(found.key)
             if id(found.tensor) in counted:  # a sparse or nested tensor: several storages, one tensor
@@ -554,6 +566,36 @@ def describe(
             group.bytes = group.graph_bytes
         group.diagnoses = diagnose(group)
     return sorted(groups.values(), key=lambda g: -(g.bytes + (0 if g.kind == "graph" else g.graph_bytes)))
+
+
+def merge_parts(groups: Sequence[TensorGroup]) -> list[TensorGroup]:
+    """The groups :func:`describe` split by part, joined as if named together: each merged group
+    keeps its parts (``parts``), and the chains and sites of the earliest parts first."""
+    merged: dict[tuple[Any, ...], TensorGroup] = {}
+    for group in sorted(groups, key=lambda g: (g.part is None, g.part if type(g.part) is int else 0)):
+        key = (group.dtype, group.shape, group.device, group.kind, group.cls)
+        whole = merged.get(key)
+        if whole is None:
+            whole = merged[key] = TensorGroup(group.dtype, group.shape, group.device, kind=group.kind, cls=group.cls, made_inside_library=group.made_inside_library)
+        elif group.made_inside_library is not None:
+            whole.made_inside_library = group.made_inside_library and whole.made_inside_library is not False
+        whole.parts.append(group)
+        whole.bytes += group.bytes
+        whole.count += group.count
+        whole.graph_bytes += group.graph_bytes
+        whole.graph_tensors += group.graph_tensors
+        whole.keys += group.keys
+        whole.hook = whole.hook or group.hook
+        for chain, path in zip(group.held_by, group.held_by_paths):
+            if chain not in whole.held_by and len(whole.held_by) < MAX_CHAINS_PER_GROUP:
+                whole.held_by.append(chain)
+                whole.held_by_paths.append(path)
+        for site in group.allocated_at:
+            if site not in whole.allocated_at and len(whole.allocated_at) < MAX_CHAINS_PER_GROUP:
+                whole.allocated_at.append(site)
+    for whole in merged.values():
+        whole.diagnoses = diagnose(whole)
+    return sorted(merged.values(), key=lambda g: -(g.bytes + (0 if g.kind == "graph" else g.graph_bytes)))
 
 
 CYCLE_DIAGNOSIS = (

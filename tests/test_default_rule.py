@@ -404,3 +404,33 @@ def test_a_test_that_fails_on_its_own_and_leaks_is_one_failure_with_both_reasons
     assert tests["test_fails_and_leaks"]["leaked_bytes"] == 2 * 1024 * 1024
     assert tests["test_fails_holding_big_locals"]["outcome"] == "passed"
     assert tests["test_fails_holding_big_locals"]["leaked_bytes"] == 0
+
+
+def test_runs_again_leave_the_random_numbers_the_next_tests_draw_as_they_were(pytester: pytest.Pytester) -> None:
+    # A test run again for the check draws random numbers too; the tests after it must draw what
+    # they draw without the plugin (timm's optimizer tests converge or not on their random data).
+    pytester.makepyfile(
+        test_it="""
+        import json, random
+        import numpy, torch
+
+        KEPT = []
+
+        def test_keeps_memory_and_draws():
+            KEPT.append(torch.randn(64))
+            random.random(), numpy.random.rand()
+
+        def test_draws_after_it():
+            drawn = [torch.rand(1).item(), random.random(), float(numpy.random.rand())]
+            with open("drawn.json", "w") as out:
+                json.dump(drawn, out)
+        """
+    )
+    pytester.makeconftest("import random, numpy, torch\ntorch.manual_seed(0)\nrandom.seed(0)\nnumpy.random.seed(0)\n")
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:vramleak", "-p", "no:randomly").assert_outcomes(passed=2)
+    plain = json.loads((pytester.path / "drawn.json").read_text())
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak", "-p", "no:randomly", "--vramleak-report=r.json")
+    result.assert_outcomes(failed=1, passed=1)
+    report = {test["nodeid"].rpartition("::")[2]: test for test in json.loads((pytester.path / "r.json").read_text())["tests"]}
+    assert len(report["test_keeps_memory_and_draws"]["repetitions"]) == 4  # it ran again
+    assert json.loads((pytester.path / "drawn.json").read_text()) == plain
