@@ -429,7 +429,9 @@ def _primary(finds: list[Found], orphans: set[int]) -> Found:
         return by_via["grad"]
     if "graph" in by_via:
         return by_via["graph"]
-    return finds[0]
+    # a tensor over a storage object nothing in Python holds either (a numpy array over the tensor
+    # holds it, unseen by gc; torch keeps the storage's Python object once one was made)
+    return by_via.get("gc", finds[0])
 
 
 def _allocation_site(sites: SiteSource | None, found: Found, tensor: Any | None = None) -> str | None:

@@ -595,6 +595,23 @@ HELD_WITHOUT_A_TENSOR_IN_PYTHON_UNMARKED = {
         "held by test_it.ARRAYS[[]*].base",
         None,
     ),
+    # beside a tensor a list holds: the run recording sites notes what functions return, and torch
+    # keeps the Python storage object that made for the array's tensor (a storage nothing holds)
+    "a_numpy_array_beside_a_tensor_a_list_keeps": (
+        """
+        ARRAYS = []
+        KEPT = []
+
+        def make_batch():
+            return torch.ones(1024)
+
+        def test_it():
+            ARRAYS.append(make_batch().numpy())
+            KEPT.append(torch.zeros(8))
+        """,
+        "held by test_it.ARRAYS[[]*].base",
+        None,
+    ),
 }
 
 
