@@ -30,7 +30,14 @@ def diagnose(group: Any) -> list[str]:
             "backward freed what they saved): accumulate loss.item() or loss.detach() instead, or detach the "
             "tensor (x = x.detach()) where each step starts"
         ]
-    if group.graph_bytes and group.kind == "graph" and chains and all(" local '" in chain for chain in chains):
+    if getattr(group, "grad_graph", False):
+        found.append(
+            "backward(create_graph=True) gave these gradients autograd graphs of their own, and a gradient's graph "
+            "refers back to its parameter: a reference cycle (PyTorch's documentation warns of it) that keeps the "
+            "gradients and every graph behind them alive: take the gradients with torch.autograd.grad(loss, params, "
+            "create_graph=True) instead, or set each parameter's .grad to None after use"
+        )
+    elif group.graph_bytes and group.kind == "graph" and chains and all(" local '" in chain for chain in chains):
         found.append(
             f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors "
             "behind a tensor a running loop carries from step to step with its grad_fn (a hidden state, a running "
@@ -43,7 +50,7 @@ def diagnose(group: Any) -> list[str]:
             "behind a tensor that still has its grad_fn (a loss or output stored with its graph); "
             "store loss.item() or tensor.detach() instead, or run the step under torch.no_grad()"
         )
-    if any(" -> autograd graph of " in chain for chain in chains):
+    if any(" -> autograd graph of " in chain for chain in chains) and not getattr(group, "grad_graph", False):
         found.append(
             "an autograd node (a grad_fn) was kept, not a tensor: it keeps what its graph saved for backward and "
             "the leaves it accumulates into; keep loss.item() or a detached tensor instead of loss.grad_fn"

@@ -135,6 +135,9 @@ class TensorGroup:
     made_inside_library: bool | None = field(default=None, repr=False)
     """Whether library code (torch's own, as it traces or scripts) made these tensors, rather than
     a line of the user's; None where not recorded."""
+    grad_graph: bool = False
+    """For gradients: they have an autograd graph of their own (``backward(create_graph=True)``);
+    for an autograd graph nothing in Python holds, beside such gradients: theirs."""
     part: Any = field(default=None, repr=False)
     """Which part of the storages named this group is (a run of a test run again), where the
     caller split them (see :func:`describe`)."""
@@ -525,6 +528,8 @@ def describe(
             counted.add(id(found.tensor))
             group.count += 1
             owner_groups.setdefault(id(found.tensor), group)
+            if found.via == "grad" and not group.grad_graph:
+                group.grad_graph = _has_graph(found.tensor)
             site = _allocation_site(sites, found)
             if site is not None and site not in group.allocated_at and len(group.allocated_at) < MAX_CHAINS_PER_GROUP:
                 group.allocated_at.append(site)
@@ -563,11 +568,27 @@ def describe(
         primaries.clear()
         targets.clear()
         owner_groups.clear()
+    # Gradients with graphs of their own (backward(create_graph=True)) keep the graphs they were
+    # made by, through a cycle with their parameters: the graphs nothing in Python holds are theirs.
+    if any(group.grad_graph for group in groups.values()):
+        for group in groups.values():
+            if group.kind == "graph" and group.held_by and all(chain.startswith("<") for chain in group.held_by):
+                group.grad_graph = True
     for group in groups.values():
         if group.kind == "graph":
             group.bytes = group.graph_bytes
         group.diagnoses = diagnose(group)
     return sorted(groups.values(), key=lambda g: -(g.bytes + (0 if g.kind == "graph" else g.graph_bytes)))
+
+
+def _has_graph(tensor: Any) -> bool:
+    """Whether a tensor has a grad_fn, read without running code of a tensor subclass."""
+    torch = _torch()
+    try:
+        with torch._C.DisableTorchFunction():
+            return torch._C.TensorBase.grad_fn.__get__(tensor) is not None
+    except Exception:
+        return False
 
 
 def merge_parts(groups: Sequence[TensorGroup]) -> list[TensorGroup]:
@@ -588,6 +609,7 @@ def merge_parts(groups: Sequence[TensorGroup]) -> list[TensorGroup]:
         whole.graph_tensors += group.graph_tensors
         whole.keys += group.keys
         whole.hook = whole.hook or group.hook
+        whole.grad_graph = whole.grad_graph or group.grad_graph
         for chain, path in zip(group.held_by, group.held_by_paths):
             if chain not in whole.held_by and len(whole.held_by) < MAX_CHAINS_PER_GROUP:
                 whole.held_by.append(chain)

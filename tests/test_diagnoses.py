@@ -86,3 +86,46 @@ def test_a_diagnosis_follows_from_the_path(diagnoses: dict[str, list[str]], test
         assert expected in found
     for phrase in absent:
         assert phrase not in found
+
+
+CREATE_GRAPH = "backward(create_graph=True) gave these gradients autograd graphs of their own"
+
+
+def test_a_gradient_with_a_graph_of_its_own_is_named_as_create_graphs_cycle(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import torch
+
+        MODEL = torch.nn.Linear(64, 64)
+        PLAIN = torch.nn.Linear(64, 64)
+        FIXED = torch.nn.Linear(64, 64)
+
+        def test_second_order_through_backward():
+            loss = MODEL(torch.randn(8, 64)).pow(2).sum()
+            loss.backward(create_graph=True)
+
+        def test_first_order():
+            loss = PLAIN(torch.randn(8, 64)).pow(2).sum()
+            loss.backward()
+
+        def test_second_order_through_autograd_grad():
+            loss = FIXED(torch.randn(8, 64)).pow(2).sum()
+            grads = torch.autograd.grad(loss, list(FIXED.parameters()), create_graph=True)
+            sum(g.pow(2).sum() for g in grads).backward()
+            FIXED.zero_grad(set_to_none=True)
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak", "-W", "ignore::UserWarning", "--vramleak-report=r.json")
+    tests = {test["nodeid"].rpartition("::")[2]: test for test in json.loads((pytester.path / "r.json").read_text())["tests"]}
+    leak = tests["test_second_order_through_backward"]
+    assert leak["outcome"] == "leaked", result.stdout.str()
+    diagnosed = {holder: tensor["diagnoses"] for tensor in leak["tensors"] for holder in tensor["held_by"]}
+    assert any(finding.startswith(CREATE_GRAPH) for finding in diagnosed["test_it.MODEL.weight.grad"])
+    # the graphs the gradients were made by, which nothing in Python holds, get the same cause
+    graphs = [findings for holder, findings in diagnosed.items() if holder.startswith("<")]
+    assert graphs and all(any(f.startswith(CREATE_GRAPH) for f in findings) for findings in graphs)
+    assert not any("instead of loss.grad_fn" in f for findings in diagnosed.values() for f in findings)
+    # first-order gradients kept on a module's model are kept once, and not this cycle
+    assert tests["test_first_order"]["outcome"] == "passed"
+    assert not any(f.startswith(CREATE_GRAPH) for tensor in tests["test_first_order"]["tensors"] for f in tensor["diagnoses"])
+    assert tests["test_second_order_through_autograd_grad"]["outcome"] == "passed"
