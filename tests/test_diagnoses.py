@@ -129,3 +129,126 @@ def test_a_gradient_with_a_graph_of_its_own_is_named_as_create_graphs_cycle(pyte
     assert tests["test_first_order"]["outcome"] == "passed"
     assert not any(f.startswith(CREATE_GRAPH) for tensor in tests["test_first_order"]["tensors"] for f in tensor["diagnoses"])
     assert tests["test_second_order_through_autograd_grad"]["outcome"] == "passed"
+
+
+def _group(*chains: str, paths: list[list[tuple[str, str]]] | None = None, **fields: object) -> object:
+    from pytest_vramleak.snapshot import TensorGroup
+
+    group = TensorGroup("float32", (64,), "cpu", bytes=256, count=int(fields.pop("count", 1)))  # type: ignore[arg-type]
+    group.held_by = list(chains)
+    group.held_by_paths = paths if paths is not None else [[(chain, "Tensor")] for chain in chains]
+    for name, value in fields.items():
+        setattr(group, name, value)
+    return group
+
+
+PYTEST_SELF = "self (the TestModel instance pytest keeps until the session ends)"
+# Each diagnosis: the words it starts with, a group whose path it fits, and one whose path looks
+# alike (a name that reads the same, a near type) that it must not be given.
+EVERY_DIAGNOSIS = {
+    "history": ("autograd history kept", _group("test_it.TRAINER.total_loss", kind="history", nodes=40), _group("test_it.TRAINER.total_loss_history[0]")),
+    "graph carried by a loop": (
+        "autograd graph kept alive: 1.0 KiB in 4 saved tensors behind a tensor a running loop",
+        _group("test_it:9 local 'hidden'", kind="graph", graph_bytes=1024, graph_tensors=4),
+        _group("test_it:9 local 'hidden'", kind="tensor"),
+    ),
+    "graph kept": (
+        "autograd graph kept alive: 1.0 KiB in 4 saved tensors behind a tensor that still has its grad_fn",
+        _group("test_it.LOSSES[0]", graph_bytes=1024, graph_tensors=4),
+        _group("test_it.LOSSES[0]"),
+    ),
+    "grad_fn kept": (
+        "an autograd node (a grad_fn) was kept",
+        _group("test_it.NODES[0] -> autograd graph of SumBackward0"),
+        _group("test_it.autograd_graph_of_sums[0]"),
+    ),
+    "numpy array": (
+        "a numpy array made by tensor.numpy()",
+        _group("test_it.ARRAYS[0].base", paths=[[("test_it.ARRAYS", "list"), ("[0]", "ndarray"), (".base", "Tensor")]]),
+        _group("test_it.HOLDER.base", paths=[[("test_it.HOLDER", "Base"), (".base", "Tensor")]]),
+    ),
+    "module hook": (
+        "a module hook keeps what it is given",
+        _group("test_it.MODEL._forward_hooks[0] -> closure var 'seen'[0]"),
+        _group("test_it.MODEL.my_forward_hooks[0]"),
+    ),
+    "closure": (
+        "a closure (a callback, a logger) captured it",
+        _group("test_it.CALLBACKS[0] -> closure var 'batch'"),
+        _group("test_it.CALLBACKS['closure var batch']"),
+    ),
+    "fixture gradients": (
+        "backward() through the model fixture 'model' (module scope)",
+        _group("fixture 'model' (module scope).weight.grad", kind="grad"),
+        _group("fixture_cache['model'].weight.grad", kind="grad"),
+    ),
+    "fixture state": (
+        "state kept on a value that fixture 'data' (module scope) shares",
+        _group("fixture 'data' (module scope).cache[0]"),
+        _group("fixtures_seen['data'].cache[0]"),
+    ),
+    "pytest's test instance": (
+        "pytest keeps each test's class instance until the session ends, and with it what the test set on self (self.t)",
+        _group(f"{PYTEST_SELF}.t"),
+        _group("test_fit:12 local 'self'.t"),
+    ),
+    "record_property": (
+        "pytest keeps every record_property value",
+        _group("record_property values of test_fit[0][1]"),
+        _group("test_it.record_property_values[0]"),
+    ),
+    "pytest's warnings": (
+        "pytest keeps every warning it recorded",
+        _group("the warnings pytest recorded[0].message.args[0]"),
+        _group("test_it.WARNINGS[0].args[0]"),
+    ),
+    "a parametrized list appended to": (
+        "the test (or code it called) added entries to a list or dict that pytest keeps as a parametrize value",
+        _group("parametrize value callbacks of test_fit[2]", paths=[[("parametrize value callbacks of test_fit", "parametrize"), ("[2]", "Tensor")]]),
+        _group("test_it.CALLBACKS[2]", paths=[[("test_it.CALLBACKS", "module"), ("[2]", "Tensor")]]),
+    ),
+    "state on a parametrized object": (
+        "an object pytest keeps as a parametrize value for the whole session kept what the test computed on it (a cached",
+        _group("parametrize value holder of test_fit.state", paths=[[("parametrize value holder of test_fit", "parametrize"), (".state", "Tensor")]]),
+        _group("test_it.HOLDER.state", paths=[[("test_it.HOLDER", "module"), (".state", "Tensor")]]),
+    ),
+    "unittest.mock": (
+        "a unittest.mock mock keeps the arguments of every call",
+        _group("test_it.LOGGER._mock_call_args", paths=[[("test_it.LOGGER", "Mock"), ("._mock_call_args", "Tensor")]]),
+        _group("test_it.DATA.items[0]", paths=[[("test_it.DATA", "MockData"), (".items[0]", "Tensor")]]),
+    ),
+    "WeakKeyDictionary": (
+        "a WeakKeyDictionary keeps each value while its key is alive",
+        _group("test_it.CACHE.data[...][1]", paths=[[("test_it.CACHE", "WeakKeyDictionary"), (".data", "dict"), ("[...]", "tuple"), ("[1]", "Tensor")]]),
+        _group("test_it.CACHE.data[...]", paths=[[("test_it.CACHE", "WeakValueDictionary"), (".data", "dict"), ("[...]", "Tensor")]]),
+    ),
+    "held from C++, made by the test": (
+        "nothing in Python refers to these tensors the test made",
+        _group(HELD_FROM_CPP_TEXT := "<no Python reference: held from C++, e.g. by a hook or cache inside torch or an extension>", made_inside_library=False),
+        _group(HELD_FROM_CPP_TEXT, made_inside_library=None),
+    ),
+    "module-level container": (
+        "a module-level container gained 3 entries",
+        _group("test_it.CACHE['a']", "test_it.CACHE['b']", "test_it.CACHE['c']", count=3),
+        _group("test_it.CACHE['a']", count=1),
+    ),
+    "PyTorch's compile cache": (
+        "held by a cache PyTorch keeps itself",
+        _group("test_it.__compiled_fn_3_7f00.__closure__[0]"),
+        _group("test_it.__compiled_fn_cache[0]"),
+    ),
+    "create_graph cycle": (
+        "backward(create_graph=True) gave these gradients autograd graphs of their own",
+        _group("test_it.MODEL.weight.grad", kind="grad", grad_graph=True),
+        _group("test_it.MODEL.weight.grad", kind="grad"),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EVERY_DIAGNOSIS))
+def test_every_diagnosis_is_given_on_its_path_and_not_on_a_path_alike(name: str) -> None:
+    from pytest_vramleak.diagnosis import diagnose
+
+    words, fits, alike = EVERY_DIAGNOSIS[name]
+    assert any(finding.startswith(words) for finding in diagnose(fits)), diagnose(fits)
+    assert not any(finding.startswith(words) for finding in diagnose(alike)), diagnose(alike)
