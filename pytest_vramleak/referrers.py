@@ -632,9 +632,24 @@ def chain_parts(chain: Sequence[Any]) -> list[tuple[str, str]]:
     return parts
 
 
+MAX_STEPS_SHOWN = 24
+"""A chain longer than this many steps is shown with its middle left out (a linked list of 5,000
+nodes would make a line of 15 KB)."""
+
+
+def path_text(parts: Sequence[tuple[str, str]]) -> str:
+    """The one-line form of a chain's steps (see :func:`chain_parts`), its middle left out where it
+    is long: ``test_it.HEAD.next.next ... 4,976 steps ... .next.payload``."""
+    texts = [text for text, _ in parts]
+    if len(texts) > MAX_STEPS_SHOWN:
+        keep = MAX_STEPS_SHOWN // 2
+        texts = [*texts[:keep], f" ... {len(texts) - 2 * keep:,} steps ... ", *texts[-keep:]]
+    return "".join(texts)
+
+
 def chain_text(chain: Sequence[Any]) -> str:
     """Render ``[root, ..., target]`` as one line, e.g. ``tests.test_cache.CACHE['user-42']``."""
-    return "".join(text for text, _ in chain_parts(chain))
+    return path_text(chain_parts(chain))
 
 
 def holder_paths(
@@ -698,7 +713,7 @@ def name_holders(
 ) -> list[str | None]:
     """One line per target naming the chain of references that keeps it alive (see :func:`holder_paths`)."""
     paths = holder_paths(targets, max_depth=max_depth, exclude_types=exclude_types, frames=frames)
-    return ["".join(text for text, _ in path) if path is not None else None for path in paths]
+    return [path_text(path) if path is not None else None for path in paths]
 
 
 def without_python_holders(objects: Sequence[Any], *, exclude_types: tuple[type, ...] = ()) -> set[int]:
@@ -799,7 +814,7 @@ def cycle_holding(garbage: Sequence[Any], target: Any) -> tuple[list[tuple[str, 
         if loop is not None:
             name = type_name(path[0])
             holder = [(name, name), *chain_parts(path)[1:]]
-            return holder, name + "".join(text for text, _ in chain_parts(loop)[1:])
+            return holder, name + path_text(chain_parts(loop)[1:])
         for parent in parents.get(id(path[0]), ()):
             if id(parent) not in seen:
                 seen.add(id(parent))

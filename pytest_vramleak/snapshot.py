@@ -27,7 +27,7 @@ from typing import Any
 from .census import Found, StorageKey, _graph_tensors, is_tensor_type, live_tensors, storage_key, take_census, tensor_storages, walk, whole_heap
 from .devices import Meter, make_meter, resolve_device
 from .diagnosis import diagnose
-from .referrers import NamedRoot, cycle_holding, holder_paths, module_hook_holding, type_name, without_python_holders
+from .referrers import NamedRoot, cycle_holding, holder_paths, module_hook_holding, path_text, type_name, without_python_holders
 from .report import render_groups, shape_text
 from .sizes import format_size
 from .sites import SiteSource, describe_stack
@@ -290,7 +290,7 @@ def describe_history(
             dtype, shape, where = tensor_key(tensor)
             group = TensorGroup(dtype, shape, where, bytes=nodes * node_bytes, count=1, kind="history", cls=tensor_class(tensor), nodes=nodes)
             path = path if path is not None else [(HELD_FROM_CPP, "")]
-            group.held_by.append("".join(text for text, _ in path))
+            group.held_by.append(path_text(path))
             group.held_by_paths.append(path)
             group.diagnoses = diagnose(group)
             groups.append(group)
@@ -548,7 +548,7 @@ def describe(
                 paths = [path if path is not None else through_nodes.get(id(target)) for target, path in zip(targets, paths)]
             for (group, suffix), path in zip(target_groups, paths):
                 path = ([*path, (suffix, "Tensor")] if suffix else path) if path is not None else [(HELD_FROM_CPP, "")]
-                line = "".join(text for text, _ in path)
+                line = path_text(path)
                 if line not in group.held_by:
                     group.held_by.append(line)
                     group.held_by_paths.append(path)
@@ -649,7 +649,7 @@ def describe_cycle_garbage(garbage: Sequence[Any], keys: set[StorageKey] | None,
             path, held = [(HELD_FROM_CPP, "")], HELD_FROM_CPP
         else:
             path, loop = holding
-            held = "".join(text for text, _ in path)
+            held = path_text(path)
             held += f", on the reference cycle {loop} (back to the same {path[0][0]})"
         group = groups.setdefault((dtype, shape, where, tensor_class(obj), held), TensorGroup(dtype, shape, where, cls=tensor_class(obj)))
         group.bytes += nbytes

@@ -194,3 +194,15 @@ def test_object_nothing_refers_to() -> None:
 )
 def test_key_text(key: Any, text: str) -> None:
     assert key_text(key) == text
+
+
+def test_a_long_chain_is_shown_with_its_middle_left_out() -> None:
+    from pytest_vramleak.referrers import MAX_STEPS_SHOWN, path_text
+
+    steps = [("test_it.HEAD", "module"), *[(".next", "Node")] * 5000, (".payload", "Tensor")]
+    text = path_text(steps)
+    assert text.startswith("test_it.HEAD.next.next") and text.endswith(".next.next.payload")
+    assert f" ... {5002 - MAX_STEPS_SHOWN:,} steps ... " in text
+    assert len(text) < 300
+    short = [("test_it.CACHE", "module"), ("['user-42']", "Tensor")]
+    assert path_text(short) == "test_it.CACHE['user-42']"
