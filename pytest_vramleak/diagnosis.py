@@ -63,7 +63,10 @@ def diagnose(group: Any) -> list[str]:
     hook = getattr(group, "hook", "")
     if any(_HOOK_DICTS.search(chain) for chain in chains) or hook:
         found.append(
-            ("a module hook keeps what it is given" + (f" ({hook} appends to what holds these tensors)" if hook else ""))
+            (
+                ("a tensor's hook (register_hook) keeps what it is given" if _tensor_hook(group) else "a module hook keeps what it is given")
+                + (f" ({hook} appends to what holds these tensors)" if hook else "")
+            )
             + ": keep the handle register_*_hook() returns and call handle.remove() when done, or clear what the "
             "hook appends to"
         )
@@ -166,6 +169,15 @@ def diagnose(group: Any) -> list[str]:
             "test's leak, and not counted as one"
         ]
     return found
+
+
+def _tensor_hook(group: Any) -> bool:
+    """Whether the hooks dict on the path is a tensor's (``tensor.register_hook``), not a module's."""
+    for path in getattr(group, "held_by_paths", []):
+        for (_, kind), (text, _) in zip(path, path[1:]):
+            if text == "._backward_hooks" and kind in ("Tensor", "Parameter"):
+                return True
+    return False
 
 
 def held_by_torch_cache(group: Any) -> bool:

@@ -24,7 +24,7 @@ from typing import Any
 
 import objgraph
 
-from .census import whole_heap
+from .census import is_tensor_type, whole_heap
 from .sites import code_folders
 
 _PACKAGE_DIR = __file__.rsplit("/", 1)[0]
@@ -580,6 +580,9 @@ def edge_text(parent: Any, child: Any, mode: Any) -> tuple[str, Any]:
                 return f".{name}", None
     if kind.__name__ == _LRU_WRAPPER_NAME and kind.__module__ == "functools":
         return (" -> lru_cache" if type(child) is dict else " -> lru_cache entry"), None
+    hooks = _tensor_hooks(parent, child)
+    if hooks:
+        return f".{hooks}", None
     namespace = _instance_dict(parent)
     if child is namespace:
         return "", ("module-attr" if _is_nn_module(parent) else "attr")
@@ -591,6 +594,18 @@ def edge_text(parent: Any, child: Any, mode: Any) -> tuple[str, Any]:
     if slot is not None:
         return f".{slot}", None
     return f" -> <{kind.__qualname__}>", None
+
+
+def _tensor_hooks(parent: Any, child: Any) -> str | None:
+    """``_backward_hooks`` where ``child`` is the hooks dict a tensor keeps in C (``register_hook``)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not is_tensor_type(type(parent)):
+        return None
+    try:
+        hooks = torch._C.TensorBase._backward_hooks.__get__(parent)
+    except Exception:
+        return None
+    return "_backward_hooks" if hooks is child else None
 
 
 def type_name(obj: Any) -> str:

@@ -172,6 +172,17 @@ EVERY_DIAGNOSIS = {
         _group("test_it.MODEL._forward_hooks[0] -> closure var 'seen'[0]"),
         _group("test_it.MODEL.my_forward_hooks[0]"),
     ),
+    "tensor hook": (
+        "a tensor's hook (register_hook) keeps what it is given",
+        _group(
+            "test_it.PARAM._backward_hooks[4] -> closure var 'big'",
+            paths=[[("test_it", "module"), (".PARAM", "Parameter"), ("._backward_hooks", "OrderedDict"), ("[4]", "function"), (" -> closure var 'big'", "Tensor")]],
+        ),
+        _group(
+            "test_it.MODEL._backward_hooks[4] -> closure var 'big'",
+            paths=[[("test_it", "module"), (".MODEL", "Linear"), ("._backward_hooks", "OrderedDict"), ("[4]", "function"), (" -> closure var 'big'", "Tensor")]],
+        ),
+    ),
     "closure": (
         "a closure (a callback, a logger) captured it",
         _group("test_it.CALLBACKS[0] -> closure var 'batch'"),

@@ -629,6 +629,26 @@ def test_what_nothing_in_python_holds_is_named_and_placed_under_the_default_rule
     result.stdout.no_fnmatch_line("*held by PyTorch itself*")
 
 
+def test_a_tensors_hook_is_named_through_its_hooks_dict(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import torch
+
+        PARAM = torch.nn.Parameter(torch.ones(4))
+
+        def test_hooks_a_parameter():
+            big = torch.ones(4096)
+            PARAM.register_hook(lambda grad: grad + big.sum())
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak", "--vramleak-fail-on=any")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["    held by test_it.PARAM._backward_hooks[[]*[]] -> closure var 'big'", "    diagnosis: a tensor's hook (register_hook) keeps what it is given*handle.remove()*"]
+    )
+    result.stdout.no_fnmatch_line("*<Parameter>*")
+
+
 def test_fake_tensors_and_their_autograd_nodes_are_torch_compiles_not_a_leak(pytester: pytest.Pytester) -> None:
     # torch.compile traces with fake tensors and its caches keep them, autograd nodes included
     # (torch_geometric's compiled convolutions): they hold no memory, and reading their data
