@@ -320,6 +320,11 @@ def find_chains(
             if id(holder) in ignore or id(holder) in on_stack or type(holder) in exclude_types:
                 continue
             held = [r for r in gc.get_referents(holder) if id(r) in frontier_ids]
+            if held and is_module_root(holder):
+                # what a C module keeps in its state (``_pickle``'s copy of copyreg.dispatch_table)
+                # is reached from its Python owner, by a name the user knows
+                namespace = types.ModuleType.__dict__["__dict__"].__get__(holder)
+                held = [h for h in held if h is namespace]
             if not held:
                 continue
             has_holder.update(id(h) for h in held)
@@ -469,7 +474,11 @@ def key_text(key: Any) -> str:
         return text if len(text) <= _MAX_KEY_TEXT else text[: _MAX_KEY_TEXT - 4] + "...'"
     if type(key) is tuple:
         return "(" + ", ".join(key_text(k) for k in key) + ("," if len(key) == 1 else "") + ")"
-    return f"<{type(key).__qualname__} key>"
+    if type(key) is type:  # a class as a key (copyreg.dispatch_table, a registry): its name, read from C
+        name = type.__dict__["__qualname__"].__get__(key)
+        if type(name) is str:
+            return name
+    return f"<{type_name(key)} key>"
 
 
 def _is_nn_module(obj: Any) -> bool:
@@ -541,7 +550,9 @@ def edge_text(parent: Any, child: Any, mode: Any) -> tuple[str, Any]:
     if kind in (set, frozenset):
         return " -> set element", None
     if issubclass(kind, types.ModuleType):
-        return "", "attr"
+        if child is types.ModuleType.__dict__["__dict__"].__get__(parent):
+            return "", "attr"
+        return " -> module state", None  # what a C module keeps outside its namespace
     if kind is type or issubclass(kind, type):
         return ("", "attr") if child is type.__dict__["__dict__"].__get__(parent) or type(child) is dict else (" -> class internals", None)
     if kind is types.FunctionType:

@@ -629,6 +629,28 @@ def test_what_nothing_in_python_holds_is_named_and_placed_under_the_default_rule
     result.stdout.no_fnmatch_line("*held by PyTorch itself*")
 
 
+def test_a_registry_a_c_module_shares_is_named_by_its_python_owner_and_a_class_key_by_its_name(pytester: pytest.Pytester) -> None:
+    # copyreg.dispatch_table is also held by the _pickle C module's state, one level nearer
+    pytester.makepyfile(
+        test_it="""
+        import copyreg
+        import torch
+
+        class Reducible:
+            pass
+
+        def test_registers_a_reducer():
+            kept = torch.ones(1024)
+            copyreg.pickle(Reducible, lambda obj: (Reducible, (), kept))
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak", "--vramleak-fail-on=any")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["    held by copyreg.dispatch_table[[]Reducible[]] -> closure var 'kept'"])
+    result.stdout.no_fnmatch_line("*_pickle*")
+    result.stdout.no_fnmatch_line("*type key*")
+
+
 def test_a_tensors_hook_is_named_through_its_hooks_dict(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_it="""
