@@ -31,6 +31,8 @@ _PACKAGE_DIR = __file__.rsplit("/", 1)[0]
 _MODULE_NAMESPACES = ("_modules", "_parameters", "_buffers")
 _LRU_WRAPPER_NAME = "_lru_cache_wrapper"
 _MAX_KEY_TEXT = 60
+_MODULE_NAMESPACE: Any = vars(types.ModuleType)["__dict__"]
+"""A module's ``__dict__`` descriptor: its namespace, read without running any code of the module's."""
 
 
 def _own_frames() -> set[int]:
@@ -323,7 +325,7 @@ def find_chains(
             if held and is_module_root(holder):
                 # what a C module keeps in its state (``_pickle``'s copy of copyreg.dispatch_table)
                 # is reached from its Python owner, by a name the user knows
-                namespace = types.ModuleType.__dict__["__dict__"].__get__(holder)
+                namespace = _MODULE_NAMESPACE.__get__(holder)
                 held = [h for h in held if h is namespace]
             if not held:
                 continue
@@ -550,7 +552,7 @@ def edge_text(parent: Any, child: Any, mode: Any) -> tuple[str, Any]:
     if kind in (set, frozenset):
         return " -> set element", None
     if issubclass(kind, types.ModuleType):
-        if child is types.ModuleType.__dict__["__dict__"].__get__(parent):
+        if child is _MODULE_NAMESPACE.__get__(parent):
             return "", "attr"
         return " -> module state", None  # what a C module keeps outside its namespace
     if kind is type or issubclass(kind, type):
