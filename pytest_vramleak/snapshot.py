@@ -17,6 +17,7 @@ one keeps nothing of the user's alive.
 from __future__ import annotations
 
 import gc
+import itertools
 import re
 import types
 import weakref
@@ -312,8 +313,7 @@ def _locate(keys: Iterable[StorageKey], device: str, defer_owners: set[int] | No
 _node_type_cache: dict[type, bool] = {}
 
 
-def _is_graph_node(obj: Any) -> bool:
-    cls = type(obj)
+def _is_graph_node_type(cls: type) -> bool:
     known = _node_type_cache.get(cls)
     if known is None:
         try:
@@ -340,10 +340,14 @@ def _paths_through_graph_nodes(
             for storage in tensor_storages(target):
                 wanted[id(storage)] = target
     found: dict[int, tuple[Any, str]] = {}
-    known = _node_type_cache
     with whole_heap():
-        # (the cache first, inline: a call per object of the heap costs more than the lookup)
-        nodes = [obj for obj in gc.get_objects() if known.get(type(obj)) or (type(obj) not in known and _is_graph_node(obj))]
+        # The heap's objects are picked by type in C (a Python test per object of a heap of 10^5
+        # or more costs tenths of a second): the classes met first, then the objects of those
+        # that are autograd nodes.
+        everything = gc.get_objects()
+        node_types = {cls for cls in set(map(type, everything)) if _is_graph_node_type(cls)}
+        nodes = list(itertools.compress(everything, map(node_types.__contains__, map(type, everything)))) if node_types else []
+        del everything
     try:
         visited: set[int] = set()
         keep: list[Any] = []
