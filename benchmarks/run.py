@@ -2,7 +2,7 @@
 
     python benchmarks/run.py                  # 234 tests of 1-4 ms, 5 alternating rounds
     python benchmarks/run.py --tests 300 --rounds 7
-    python benchmarks/run.py --only '--vramleak,single run'   # plain and these two only
+    python benchmarks/run.py --only='--vramleak,single run'   # plain and these two only ('=': the value starts with --)
 
 Configurations: plain pytest; ``--vramleak`` (every test checked, a test that kept memory run 3
 more times and once recording sites); the same judging each test on one run
