@@ -30,7 +30,7 @@ import pytest
 
 from .census import StorageKey
 from .referrers import NamedRoot, without_python_holders
-from .check import CheckResult, LeakCheck, Rules, name_leak
+from .check import CPP_HELD, CheckResult, LeakCheck, NamedLeak, Rules, name_leak
 from .devices import CudaMeter, DeviceUnavailable, Meter, is_out_of_memory, make_meter, pin_worker, resolve_device
 from .html_report import is_html_path, render_html
 from .release import ReleaseScheduler
@@ -39,7 +39,7 @@ from .repeats import Decision, Repetitions, Rule, Run, decide
 from .sites import FRAMES_FOR_CPP_HELD, FRAMES_TRACED, SiteRecorder, Sites, SiteSource, StorageSites
 from .report import TestResult, benchmark_entries, render_groups, render_markdown, write_json, write_text_atomically
 from .sizes import SizeError, format_size, parse_size
-from .snapshot import describe, memory_contents, merge_parts
+from .snapshot import describe, held_in_cpp_groups, memory_contents, merge_parts
 from .steps import StepNotRun, StepResult, StepWatcher, step_caller
 from .summary import summary_lines
 from .tracker import NODE_BYTES, StorageRef, Tracker
@@ -385,6 +385,8 @@ class TestRuns:
     """Where the run that records sites notes them (the run after the verdict, for a failing test)."""
     naming_run: bool = False
     """The run now is the one that records sites, after the verdict."""
+    held_in_cpp: bool = False
+    """Nothing in Python referred to any tensor the runs kept before the run that records sites."""
     foreign: bool = False
     """Another plugin runs the test's phases: the run is judged as it tears down, and fails there."""
     extra_begin: int | None = None
@@ -606,7 +608,7 @@ def _recording_run(item: pytest.Item, runs: TestRuns, run: Callable[[], list[pyt
     tracker = item.config.stash[TRACKER]
     # Memory only C++ holds is named by where it was made, from the user's line or from inside a
     # library (PyTorch's own, set aside): a few frames tell that, and no view is kept from Python.
-    light = _held_from_cpp_only(tracker, runs.first_begin)
+    light = runs.held_in_cpp = _held_from_cpp_only(tracker, runs.first_begin)
     recorder.start(frames=FRAMES_FOR_CPP_HELD if light else FRAMES_TRACED)
     if not light:
         storages.start()
@@ -619,6 +621,32 @@ def _recording_run(item: pytest.Item, runs: TestRuns, run: Callable[[], list[pyt
         recorder.capture(tracker.pairs(alive) + [(storage, storage) for storage in (ref() for ref in alive) if storage is not None])
         recorder.stop()
         runs.naming_run = False
+
+
+def _pytorchs_own(tracker: Tracker, runs: TestRuns, refs: list[StorageRef]) -> list[Any] | None:
+    """Where every storage the runs keep is a tensor nothing in Python reaches, and the run that
+    recorded sites saw torch's own code make each of its tensors: the groups to set aside as
+    PyTorch's (else None, and what the runs keep is named as usual)."""
+    sites, since = runs.sites, runs.extra_begin
+    if sites is None or since is None or not refs:
+        return None
+    tensors: list[Any] = []
+    owners: list[StorageRef] = []
+    try:
+        for ref in refs:
+            count = len(tensors)
+            tensors += tracker.users([ref])
+            if len(tensors) == count:
+                return None
+            owners += [ref] * (len(tensors) - count)
+        made = [sites.made_inside_library(tensor) for tensor in tensors]
+        if not any(made) or any(ref.born >= since and made_here is not True for ref, made_here in zip(owners, made)) or False in made:
+            return None
+        return held_in_cpp_groups(tensors, owners)
+    except Exception:  # naming as usual is never wrong, only slower
+        return None
+    finally:
+        tensors.clear()
 
 
 def _held_from_cpp_only(tracker: Tracker, since: int) -> bool:
@@ -661,21 +689,30 @@ def _name_runs(item: pytest.Item, runs: TestRuns, verdict: Verdict, *, listing: 
             verdict.groups, verdict.named = list(last.engine.result.groups), True
         return
     tracker = item.config.stash[TRACKER]
-    tracker.settle()
-    # An object a run made on a reference cycle, which the next run replaced, is freed only by a
-    # full collection, this one: it counts as freed by the run after the one that made it.
-    clocks = [run.begin_clock for run in runs.repetitions.runs]
-    credit = [0] * len(clocks)
-    for born, nbytes, where in tracker.settled:
-        made = max((index for index, clock in enumerate(clocks) if clock <= born), default=None)
-        if where == device and made is not None and made + 1 < len(clocks) and not (runs.extra_begin is not None and born >= runs.extra_begin):
-            credit[made + 1] += nbytes
     roots: list[Any] = []
     for check in reversed(runs.checks):
         graph = check.engine.result.graph if check.engine is not None else None
         if graph is not None and graph.roots:
             roots = list(graph.roots)
             break
+    # (A test whose run again failed is judged on its first run: what the others made is not named.)
+    second = runs.checks[1].engine if runs.repetitions.rerun_failed else None
+    until = second.begin_clock if second is not None else None
+    # What only PyTorch keeps, made by torch's own code (tracing constants), is set aside without
+    # the collection and the walks of the heap that naming takes.
+    pytorchs = None
+    if runs.held_in_cpp and not runs.rule.strict and not roots and second is None and not verdict.decision.grows_history:
+        pytorchs = _pytorchs_own(tracker, runs, tracker.alive_since(device, runs.first_begin))
+    if pytorchs is None:
+        tracker.settle()
+    # An object a run made on a reference cycle, which the next run replaced, is freed only by a
+    # full collection, this one: it counts as freed by the run after the one that made it.
+    clocks = [run.begin_clock for run in runs.repetitions.runs]
+    credit = [0] * len(clocks)
+    for born, nbytes, where in (tracker.settled if pytorchs is None else []):
+        made = max((index for index, clock in enumerate(clocks) if clock <= born), default=None)
+        if where == device and made is not None and made + 1 < len(clocks) and not (runs.extra_begin is not None and born >= runs.extra_begin):
+            credit[made + 1] += nbytes
     sources: list[SiteSource] = [*(runs.sites.sources if runs.sites is not None else ()), *([first.engine.sites] if first.engine.sites else [])]
     name = functools.partial(
         name_leak,
@@ -688,15 +725,15 @@ def _name_runs(item: pytest.Item, runs: TestRuns, verdict: Verdict, *, listing: 
         count_cpp_held=runs.rule.strict,
     )
     # Everything the runs keep is named once, to set aside what is PyTorch's in every run ...
-    # (A test whose run again failed is judged on its first run: what the others made is not named.)
-    second = runs.checks[1].engine if runs.repetitions.rerun_failed else None
-    until = second.begin_clock if second is not None else None
     refs = tracker.alive_since(device, runs.first_begin, until)
     # Named per run, in one walk of the heap: the run shown below is one of them.
     starts = [*clocks, *([runs.extra_begin] if runs.extra_begin is not None else [])]
     births = {(ref.device, ref.pointer): ref.born for ref in refs}
     run_of = functools.partial(_run_index, starts, births)
-    named = name(refs if not verdict.decision.grows_history else [], roots, part=run_of)
+    if pytorchs is not None:
+        named = NamedLeak([], [], [(CPP_HELD, pytorchs)])
+    else:
+        named = name(refs if not verdict.decision.grows_history else [], roots, part=run_of)
     verdict.groups, verdict.named = merge_parts(named.groups) + named.history, True
     verdict.set_aside = named.set_aside
     verdict.notes = [note for note in verdict.notes if not note.endswith(": not counted")]

@@ -595,6 +595,33 @@ def _has_graph(tensor: Any) -> bool:
         return False
 
 
+def held_in_cpp_groups(tensors: Sequence[Any], refs: Sequence[Any]) -> list[TensorGroup] | None:
+    """The groups of ``tensors`` (each with its storage's ``refs`` entry: ``pointer``, ``device``,
+    ``nbytes``) where nothing in Python reaches any of them: no holder gc sees, no numpy array met
+    from the modules, no autograd node Python holds; None where anything does. Cheaper than
+    :func:`describe`, which names holders of every kind."""
+    unheld = without_python_holders(tensors, exclude_types=(Found,))
+    if len(unheld) != len({id(tensor) for tensor in tensors}):
+        return None
+    if any(path is not None for path in holder_paths(tensors, exclude_types=(Found,), collect=False)):
+        return None
+    if _paths_through_graph_nodes(list(tensors), (), ()):
+        return None
+    groups: dict[tuple[Any, ...], TensorGroup] = {}
+    for tensor, ref in zip(tensors, refs):
+        dtype, shape, where = tensor_key(tensor)
+        cls = tensor_class(tensor)
+        group = groups.setdefault((dtype, shape, where, cls), TensorGroup(dtype, shape, where, cls=cls, held_by=[HELD_FROM_CPP], held_by_paths=[[(HELD_FROM_CPP, "")]]))
+        key = (ref.device, ref.pointer)
+        if key not in group.keys:
+            group.keys.append(key)
+            group.bytes += ref.nbytes
+            group.count += 1
+    for group in groups.values():
+        group.diagnoses = diagnose(group)
+    return sorted(groups.values(), key=lambda g: -g.bytes)
+
+
 def merge_parts(groups: Sequence[TensorGroup]) -> list[TensorGroup]:
     """The groups :func:`describe` split by part, joined as if named together: each merged group
     keeps its parts (``parts``), and the chains and sites of the earliest parts first."""

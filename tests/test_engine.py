@@ -94,3 +94,46 @@ def test_leak_check_outside_pytest() -> None:
     with LeakCheck("cpu") as clean:
         torch.ones(1024).sum()
     assert (clean.result.outcome, clean.result.leaked_bytes, clean.result.groups) == ("passed", 0, [])
+
+
+class _Ref:
+    """What held_in_cpp_groups reads of a tracker's entry for a storage."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        self.device, self.pointer, self.nbytes = "cpu", storage.data_ptr(), storage.nbytes()
+
+
+HELD_IN_CPP_MODULE: list[object] = []
+
+
+def test_memory_only_cpp_holds_is_told_without_naming_and_anything_python_reaches_is_not() -> None:
+    import gc
+
+    import numpy
+
+    from pytest_vramleak.snapshot import HELD_FROM_CPP, held_in_cpp_groups
+
+    # a tensor whose Python object only C++ keeps: saved by an autograd graph, its name dropped
+    x = torch.randn(16, requires_grad=True)
+    saved = torch.randn(16)
+    y = x * saved
+    refs = [_Ref(saved)]
+    saved_id = id(saved)
+    del saved
+    # (passed in a list of its own: a local of this running test would be a holder)
+    groups = held_in_cpp_groups([o for o in gc.get_objects() if id(o) == saved_id], refs)
+    assert groups is not None and [(g.dtype, g.shape, g.bytes, g.held_by) for g in groups] == [("float32", (16,), 64, [HELD_FROM_CPP])]
+    del y
+    # a list holds it: named as usual
+    listed = torch.ones(8)
+    HELD_IN_CPP_MODULE.append(listed)
+    assert held_in_cpp_groups([listed], [_Ref(listed)]) is None
+    # a numpy array a module keeps holds it, unseen by gc
+    array_base = torch.ones(32)
+    HELD_IN_CPP_MODULE.append(array_base.numpy())
+    ref = _Ref(array_base)
+    base_id = id(HELD_IN_CPP_MODULE[-1].base)  # type: ignore[attr-defined]
+    del array_base
+    assert held_in_cpp_groups([o for o in gc.get_objects() if id(o) == base_id], [ref]) is None
+    HELD_IN_CPP_MODULE.clear()
