@@ -599,7 +599,9 @@ def held_in_cpp_groups(tensors: Sequence[Any], refs: Sequence[Any]) -> list[Tens
     """The groups of ``tensors`` (each with its storage's ``refs`` entry: ``pointer``, ``device``,
     ``nbytes``) where nothing in Python reaches any of them: no holder gc sees, no numpy array met
     from the modules, no autograd node Python holds; None where anything does. Cheaper than
-    :func:`describe`, which names holders of every kind."""
+    :func:`describe`, which names holders of every kind. (Not looked for here: a graph of an
+    older tensor Python holds that saved one of them; the caller's tensors are all new, made by
+    torch's own code, with no holder gc sees.)"""
     unheld = without_python_holders(tensors, exclude_types=(Found,))
     if len(unheld) != len({id(tensor) for tensor in tensors}):
         return None
