@@ -9,6 +9,8 @@ import xml.etree.ElementTree as ElementTree
 
 import pytest
 
+from .conftest import read_report
+
 KEPT_AND_GROWING = """
 import pytest, torch
 
@@ -399,7 +401,7 @@ def test_a_test_that_fails_on_its_own_and_leaks_is_one_failure_with_both_reasons
     result.stdout.fnmatch_lines(["FAILED test_it.py::test_fails_and_leaks - AssertionError: its own failure", "*2 failed, 1 passed*"])
     suite = ElementTree.parse(pytester.path / "junit.xml").getroot().find("testsuite")
     assert suite is not None and (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("3", "2", "0")
-    tests = {test["nodeid"].rpartition("::")[2]: test for test in json.loads((pytester.path / "r.json").read_text())["tests"]}
+    tests = read_report(pytester.path / "r.json")
     assert tests["test_fails_and_leaks"]["outcome"] == "leaked"
     assert tests["test_fails_and_leaks"]["leaked_bytes"] == 2 * 1024 * 1024
     assert tests["test_fails_holding_big_locals"]["outcome"] == "passed"
@@ -431,6 +433,6 @@ def test_runs_again_leave_the_random_numbers_the_next_tests_draw_as_they_were(py
     plain = json.loads((pytester.path / "drawn.json").read_text())
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak", "-p", "no:randomly", "--vramleak-report=r.json")
     result.assert_outcomes(failed=1, passed=1)
-    report = {test["nodeid"].rpartition("::")[2]: test for test in json.loads((pytester.path / "r.json").read_text())["tests"]}
+    report = read_report(pytester.path / "r.json")
     assert len(report["test_keeps_memory_and_draws"]["repetitions"]) == 4  # it ran again
     assert json.loads((pytester.path / "drawn.json").read_text()) == plain

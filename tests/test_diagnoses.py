@@ -9,6 +9,8 @@ import textwrap
 
 import pytest
 
+from .conftest import read_report
+
 SUITE = """
 import weakref
 from unittest import mock
@@ -116,7 +118,7 @@ def test_a_gradient_with_a_graph_of_its_own_is_named_as_create_graphs_cycle(pyte
         """
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak", "-W", "ignore::UserWarning", "--vramleak-report=r.json")
-    tests = {test["nodeid"].rpartition("::")[2]: test for test in json.loads((pytester.path / "r.json").read_text())["tests"]}
+    tests = read_report(pytester.path / "r.json")
     leak = tests["test_second_order_through_backward"]
     assert leak["outcome"] == "leaked", result.stdout.str()
     diagnosed = {holder: tensor["diagnoses"] for tensor in leak["tensors"] for holder in tensor["held_by"]}

@@ -9,6 +9,8 @@ import pytest
 
 from pytest_vramleak import format_size
 
+from .conftest import read_report
+
 
 def test_baseline_excludes_fixtures_that_outlive_or_free_at_teardown(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
@@ -608,7 +610,7 @@ def test_a_strict_cycles_failure_names_each_cycle_its_holder_and_where_the_tenso
     )
     assert "no live tensor accounts for it" not in result.stdout.str()
     assert "lived in reference cycles until garbage collection (not a leak" not in result.stdout.str()
-    reports = {test["nodeid"].rpartition("::")[2]: test for test in json.loads((pytester.path / "r.json").read_text())["tests"]}
+    reports = read_report(pytester.path / "r.json")
     assert [tensor["held_by"] for tensor in reports["test_makes_a_self_cycle"]["tensors"]] == [
         ["Node.payload, on the reference cycle Node.me (back to the same Node)"]
     ]
