@@ -628,17 +628,13 @@ def _pytorchs_own(tracker: Tracker, runs: TestRuns, refs: list[StorageRef]) -> l
     recorded sites saw torch's own code make each of its tensors: the groups to set aside as
     PyTorch's (else None, and what the runs keep is named as usual)."""
     sites, since = runs.sites, runs.extra_begin
-    if sites is None or since is None or not refs:
+    if sites is None or since is None:
         return None
     tensors: list[Any] = []
-    owners: list[StorageRef] = []
     try:
-        for ref in refs:
-            count = len(tensors)
-            tensors += tracker.users([ref])
-            if len(tensors) == count:
-                return None
-            owners += [ref] * (len(tensors) - count)
+        owners = _kept_tensors(tracker, refs, tensors)
+        if owners is None:
+            return None
         made = [sites.made_inside_library(tensor) for tensor in tensors]
         if not any(made) or any(ref.born >= since and made_here is not True for ref, made_here in zip(owners, made)) or False in made:
             return None
@@ -649,17 +645,28 @@ def _pytorchs_own(tracker: Tracker, runs: TestRuns, refs: list[StorageRef]) -> l
         tensors.clear()
 
 
+def _kept_tensors(tracker: Tracker, refs: list[StorageRef], tensors: list[Any]) -> list[StorageRef] | None:
+    """Fill ``tensors`` with the live tensors that use each of ``refs`` (the caller's list, and no
+    other, holds them: another would be a holder to whoever asks who refers to them), and return
+    each one's storage; None where a storage is seen through no tensor, or there is none."""
+    owners: list[StorageRef] = []
+    for ref in refs:
+        count = len(tensors)
+        tensors += tracker.users([ref])
+        if len(tensors) == count:
+            return None
+        owners += [ref] * (len(tensors) - count)
+    return owners or None
+
+
 def _held_from_cpp_only(tracker: Tracker, since: int) -> bool:
     """Whether nothing in Python refers to any tensor the runs so far keep on CPU (each storage
     seen through a tensor)."""
     tensors: list[Any] = []
     try:
-        for ref in tracker.alive_since("cpu", since):
-            count = len(tensors)
-            tensors += tracker.users([ref])  # (no other list may hold them: it would be a holder)
-            if len(tensors) == count:
-                return False
-        return bool(tensors) and len(without_python_holders(tensors)) == len({id(tensor) for tensor in tensors})
+        if _kept_tensors(tracker, tracker.alive_since("cpu", since), tensors) is None:
+            return False
+        return len(without_python_holders(tensors)) == len({id(tensor) for tensor in tensors})
     except Exception:  # the full recording is never wrong, only slower
         return False
     finally:
