@@ -175,10 +175,10 @@ _ENTRY_VERSION = operator.attrgetter("version")
 _GRAD = operator.attrgetter("_grad")
 
 
-@functools.lru_cache(maxsize=1)
 def _tracing_tensor_types() -> tuple[type, ...]:
     """The tensors torch.compile traces with (fake and functional tensors), where torch loaded
-    them: they hold no memory, and the autograd nodes they keep are the compiler's caches'."""
+    them: they hold no memory, and the autograd nodes they keep are the compiler's caches'. (Read
+    each time, not cached: a torch that loads them later than the first check has them then.)"""
     found = []
     for module_name, class_name in (("torch._subclasses.fake_tensor", "FakeTensor"), ("torch._subclasses.functional_tensor", "FunctionalTensor")):
         module = sys.modules.get(module_name)
@@ -674,7 +674,7 @@ class Tracker:
         try:
             for entry in roots:
                 tensor = entry.ref()
-                if tensor is None or (traced and isinstance(tensor, traced)):
+                if tensor is None or (traced and issubclass(type(tensor), traced)):
                     continue
                 try:
                     node = grad_fn(tensor)
