@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import bdb
 import functools
+import random
+import sys
 from collections.abc import Iterable
 from typing import Any, Literal
 
@@ -135,9 +137,6 @@ class RandomState:
     where CUDA is initialized)."""
 
     def __init__(self) -> None:
-        import random
-        import sys
-
         self._python = random.getstate()
         numpy = sys.modules.get("numpy")
         self._numpy = numpy.random.get_state() if numpy is not None else None
@@ -148,9 +147,6 @@ class RandomState:
         self._cuda = [bytes(state.tolist()) for state in cuda.get_rng_state_all()] if cuda is not None and cuda.is_initialized() else None
 
     def restore(self) -> None:
-        import random
-        import sys
-
         random.setstate(self._python)
         numpy = sys.modules.get("numpy")
         if numpy is not None and self._numpy is not None:
