@@ -1087,6 +1087,10 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
             # pytest keeps the failure's traceback (its frames, their tensors) in sys.last_* until
             # the next failure; the next checked test drops it anyway: what it holds is not a leak.
             _drop_last_error()
+            # Checked on this run alone, as a test run once is: a suspected leak is confirmed by a
+            # full collection, which frees those frames where an observation during the call froze
+            # them with the heap (they were alive then: the error was being raised).
+            check.engine.settle_leaks = True
         try:
             check.engine.finish(confirm=functools.partial(_drop_fixture_values, item))
         except Exception as error:

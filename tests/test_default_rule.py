@@ -378,8 +378,11 @@ def test_passes():
 """
 
 
-def test_a_test_that_fails_on_its_own_and_leaks_is_one_failure_with_both_reasons(pytester: pytest.Pytester) -> None:
+@pytest.mark.parametrize("refreeze", [False, True], ids=["as-timed", "every-observation-refreezes"])
+def test_a_test_that_fails_on_its_own_and_leaks_is_one_failure_with_both_reasons(pytester: pytest.Pytester, refreeze: bool) -> None:
     pytester.makepyfile(test_it=FAILING_TESTS)
+    if refreeze:  # a slow observation during the call freezes the heap, the failing frames with it
+        pytester.makeconftest("import pytest_vramleak.tracker\npytest_vramleak.tracker.REFREEZE_AFTER_SECONDS = 0\n")
     # (in a subprocess: an in-process run's hook recorder keeps every failure's traceback)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak", "-rA", "--junitxml=junit.xml", "--vramleak-report=r.json")
     result.assert_outcomes(failed=2, passed=1)
