@@ -451,7 +451,9 @@ class Tracker:
         scanned = time.perf_counter() - started
         if watch and since is not None:
             self._watch_older(graphs is None or since.graphs is None or graphs != since.graphs)
-        if self._froze and scanned > REFREEZE_AFTER_SECONDS:
+        # (only just after a collection: young garbage not yet collected would be frozen with the
+        # rest, kept as if alive and out of the collections that follow: a cycle the body left)
+        if self._froze and collect and scanned > REFREEZE_AFTER_SECONDS:
             self._refreeze()
         return Mark(self.clock, graphs)
 

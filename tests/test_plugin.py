@@ -559,7 +559,14 @@ def test_strict_cycles_fails_tests_that_leave_tensors_to_the_cycle_collector(pyt
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(failed=1)
 
 
-def test_a_strict_cycles_failure_names_each_cycle_its_holder_and_where_the_tensor_was_made(pytester: pytest.Pytester) -> None:
+@pytest.mark.parametrize("refreeze", [False, True], ids=["as-timed", "every-observation-refreezes"])
+def test_a_strict_cycles_failure_names_each_cycle_its_holder_and_where_the_tensor_was_made(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, refreeze: bool
+) -> None:
+    if refreeze:  # slow observations (the run recording sites traces every allocation) freeze the heap
+        import pytest_vramleak.tracker
+
+        monkeypatch.setattr(pytest_vramleak.tracker, "REFREEZE_AFTER_SECONDS", 0)
     pytester.makepyfile(
         test_it="""
         import torch
