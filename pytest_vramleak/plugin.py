@@ -155,6 +155,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if missing is None and settings.device not in ("auto", "cpu"):
         _check_device_option(config, settings.device)
     config.stash[RESULTS] = []
+    config.stash[PYTORCHS_OWN] = {}
     config.stash[OUTPUT_ERRORS] = []
     config.stash[TRACKER] = Tracker()
     config.stash[FIXTURES] = []
@@ -389,6 +390,11 @@ class TestRuns:
     """Nothing in Python referred to any tensor the runs kept before the run that records sites."""
     foreign: bool = False
     """Another plugin runs the test's phases: the run is judged as it tears down, and fails there."""
+    first_kept: list[int] | None = None
+    """The sizes of the storages the first run kept, where it may run again (sorted)."""
+    as_in: str | None = None
+    """The earlier case of the same test function whose runs showed that what this case's first
+    run kept, the same storages, is PyTorch's own: this case was not run again."""
     extra_begin: int | None = None
     """The tracker's clock as the run that recorded sites after the verdict began (not one of the
     runs judged: what it left is named, and not counted)."""
@@ -396,6 +402,9 @@ class TestRuns:
 
 
 RUNS = pytest.StashKey[TestRuns]()
+PYTORCHS_OWN = pytest.StashKey[dict[str, tuple[str, list[int]]]]()
+"""Per parametrized test function: the case whose runs showed that what it keeps is PyTorch's own,
+and the sizes of the storages its first run kept."""
 
 
 def _checked(item: pytest.Item) -> bool:
@@ -480,7 +489,8 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
         runs.first_begin = first.engine.begin_clock
         repetitions.runs.append(_run_record(first))
         if repetitions.mode == "confirm" and runs.may_rerun and first.engine.suspected and not first.call_failed and not _ending(item):
-            repetitions.planned = 1 + runs.confirm
+            runs.as_in = _kept_as_in_an_earlier_case(item, runs)
+            repetitions.planned = 1 if runs.as_in else 1 + runs.confirm
     else:
         repetitions.stopped = why_stopped(first_reports) or "not checked"
     random_state = RandomState() if repetitions.wants_more and not _ending(item) else None
@@ -503,6 +513,8 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
         if repetitions.mode == "confirm" and _kept_once_already(repetitions):
             repetitions.planned = repetitions.started
     verdict = _judge(item, runs)
+    if verdict is not None and runs.as_in is not None:
+        _set_aside_as_in(runs, verdict)
     # --vramleak-fail-on=growth lists what tests keep once, with its holders: named too.
     listed = verdict is not None and runs.rule.fail_on == "growth" and verdict.decision.pattern in ("kept_once", "settled")
     if verdict is not None and (verdict.failing or listed):
@@ -528,6 +540,44 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
             first_reports[-1].outcome, first_reports[-1].longrepr = "failed", last_reports[-1].longrepr
     result = _finish_result(item, runs, verdict)
     return _final_reports(item, runs, first_reports, result, verdict, spent)
+
+
+def _function_key(item: pytest.Item) -> str | None:
+    """The test function a parametrized case runs (its id without the parameters), else None."""
+    name: str | None = getattr(item, "originalname", None)
+    if not name or name == item.name or not item.nodeid.endswith("]"):
+        return None
+    return item.nodeid[: len(item.nodeid) - len(item.name)] + name
+
+
+def _kept_as_in_an_earlier_case(item: pytest.Item, runs: TestRuns) -> str | None:
+    """The earlier case of this parametrized test whose runs showed that what its first run kept is
+    PyTorch's own, where this case's first run kept storages of the same sizes with nothing in
+    Python holding any of them (so this case need not run again); else None. One decision per test
+    function: the runs again and the naming of a tracing constant cost seconds per case."""
+    tracker = item.config.stash[TRACKER]
+    first = runs.checks[0].engine
+    if first is None or first.result.device != "cpu" or runs.rule.strict:
+        return None
+    runs.first_kept = sorted(ref.nbytes for ref in tracker.alive_since("cpu", runs.first_begin))
+    key = _function_key(item)
+    earlier = item.config.stash[PYTORCHS_OWN].get(key) if key is not None else None
+    if earlier is None or earlier[1] != runs.first_kept or not runs.first_kept:
+        return None
+    return earlier[0] if _held_from_cpp_only(tracker, runs.first_begin) else None
+
+
+def _set_aside_as_in(runs: TestRuns, verdict: Verdict) -> None:
+    """What the first run kept, set aside as the earlier case's was (see :func:`_kept_as_in_an_earlier_case`)."""
+    kept = sum(runs.first_kept or ())
+    verdict.adjust = [kept]
+    engine = verdict.first.engine
+    assert engine is not None
+    verdict.decision = decide(runs.repetitions, engine.result, runs.rule, device="cpu", adjust=verdict.adjust, node_bytes=NODE_BYTES)
+    verdict.notes.append(
+        f"{format_size(kept)} held by PyTorch itself in C++, as the runs of {runs.as_in} showed for the same storages "
+        "(nothing in Python refers to them; this case was not run again; --vramleak-fail-on=any counts it): not counted"
+    )
 
 
 def _kept_once_already(repetitions: Repetitions) -> bool:
@@ -766,6 +816,9 @@ def _name_runs(item: pytest.Item, runs: TestRuns, verdict: Verdict, *, listing: 
         take_out(named.kept_by_pytest, first_run_too=False)
         verdict.adjust = adjust
         verdict.decision = decide(runs.repetitions, engine, runs.rule, device=device, adjust=adjust, node_bytes=NODE_BYTES)
+    key = _function_key(item)
+    if pytorchs is not None and not verdict.failing and key is not None and runs.first_kept:
+        item.config.stash[PYTORCHS_OWN].setdefault(key, (_pasteable(item.config, item.nodeid), runs.first_kept))
     # ... and, for memory that grows, what the last measured run that left any left is shown.
     decision, repetitions = verdict.decision, runs.repetitions
     if decision.pattern == "grows" and not decision.grows_history and verdict.failing:

@@ -257,29 +257,51 @@ def test_a_module_fixture_torn_down_after_the_last_test_does_not_hide_its_leak(p
     assert report["test_first"]["outcome"] == "passed"
 
 
+TRACES_A_LOSS = """
+import pytest, torch
+import torch.nn.functional as F
+KEPT = []
+
+def nll(a, b, v):
+    return F.gaussian_nll_loss(a, b, v)  # torch's code makes two float64 scalars the trace keeps in C++
+
+@pytest.mark.parametrize("case", {cases})
+def test_traces(case):
+    args = (torch.randn(3), torch.randn(3), torch.ones(3))
+    if case == "kept":  # the same storages, held from Python: the test's own leak
+        KEPT.extend([torch.tensor(1.0, dtype=torch.float64), torch.tensor(2.0, dtype=torch.float64)])
+    else:
+        torch.jit.trace(nll, args)(*args)
+"""
+
+
 def test_memory_only_pytorch_keeps_is_named_as_pytorchs_and_set_aside(pytester: pytest.Pytester, run_checked) -> None:
-    # Scripting a module that builds constants as it runs keeps a few scalars in C++ for each
-    # scripted module: PyTorch's memory, nothing the test can free.
-    pytester.makepyfile(
-        test_it="""
-        import torch
-
-        class Shift(torch.nn.Module):
-            def forward(self, x):
-                return x + torch.tensor([1, 2]).sum()
-
-        def test_scripts_a_module():
-            torch.jit.script(Shift())(torch.ones(2))
-        """
-    )
-    result, report = run_checked("-p", "no:randomly", "--vramleak", "-W", "ignore::DeprecationWarning")
-    entry = report["test_scripts_a_module"]
-    if not any("held by PyTorch itself in C++" in note for note in entry["notes"]) and entry["repetitions"] is None:
-        pytest.skip("this build of torch keeps nothing in C++ when it scripts this module")
+    # Tracing keeps, in C++, the constants torch's own code made while it traced: PyTorch's
+    # memory, a little more each run, nothing the test can free.
+    pytester.makepyfile(test_it=TRACES_A_LOSS.format(cases=["traced"]))
+    result, report = run_checked("-p", "no:randomly", "--vramleak", "-W", "ignore")
+    entry = report["test_traces[traced]"]
     assert entry["outcome"] == "passed", result.stdout.str()
-    assert any("held by PyTorch itself in C++: nothing in Python refers to it, so nothing the test can free" in note for note in entry["notes"])
-    result, report = run_checked("-p", "no:randomly", "--vramleak", "--vramleak-fail-on=any", "-W", "ignore::DeprecationWarning")
-    assert report["test_scripts_a_module"]["outcome"] == "leaked"
+    assert entry["repetitions"] == [0, 0, 0, 0]  # less what was set aside: 16 B a run
+    assert entry["notes"] == ["80 B held by PyTorch itself in C++: nothing in Python refers to it, so nothing the test can free (--vramleak-fail-on=any counts it): not counted"]
+    result, report = run_checked("-p", "no:randomly", "--vramleak", "--vramleak-fail-on=any", "-W", "ignore")
+    assert report["test_traces[traced]"]["outcome"] == "leaked"
+
+
+def test_a_parametrized_case_keeping_what_an_earlier_case_showed_is_pytorchs_is_not_run_again(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(test_it=TRACES_A_LOSS.format(cases=["traced", "kept", "traced again"]))
+    result, report = run_checked("-p", "no:randomly", "--vramleak", "-W", "ignore")
+    assert report["test_traces[traced]"]["repetitions"] == [0, 0, 0, 0]
+    again = report["test_traces[traced again]"]
+    assert (again["outcome"], again["leaked_bytes"], again["repetitions"]) == ("passed", 0, None)  # run once
+    assert again["notes"] == [
+        "16 B held by PyTorch itself in C++, as the runs of test_it.py::test_traces[traced] showed for the same storages "
+        "(nothing in Python refers to them; this case was not run again; --vramleak-fail-on=any counts it): not counted"
+    ]
+    # Storages of the same sizes that Python holds are the case's own leak, judged in full.
+    kept = report["test_traces[kept]"]
+    assert (kept["outcome"], kept["repetitions"]) == ("leaked", [16, 32, 48, 64]), result.stdout.str()
+    assert [holder.rstrip("0123456789]") for holder in kept["tensors"][0]["held_by"]] == ["test_it.KEPT["] * 2
 
 
 def test_ids_in_the_summary_paste_back_from_where_pytest_ran(pytester: pytest.Pytester) -> None:
