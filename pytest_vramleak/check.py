@@ -220,7 +220,7 @@ class LeakCheck:
         self._baseline: Mark | None = None
         self.begin_clock = 0
         """The tracker's clock as the check began: storages first seen since are the check's."""
-        self._begin_graphs: int | None = None
+        self.begin_graphs: int | None = None
         self._allocated_at_begin: int | None = None
         self._allocated_at_start: int | None = None
         self._accelerator_clock = 0
@@ -251,11 +251,11 @@ class LeakCheck:
         if not self.tracker.active:
             self.tracker.begin(index=self.on_cpu)
         self.begin_clock = self.tracker.begin_clock
-        self._begin_graphs = self.tracker.begin_graphs
-        if self._begin_graphs is None:
+        self.begin_graphs = self.tracker.begin_graphs
+        if self.begin_graphs is None:
             from .tracker import graph_clock
 
-            self._begin_graphs = graph_clock(_import_torch())
+            self.begin_graphs = graph_clock(_import_torch())
         if self.on_cpu:
             self.result.baseline_bytes = self.tracker.total("cpu")
         else:
@@ -447,19 +447,19 @@ class LeakCheck:
         tracker = self.tracker
         tracker.observe(since=self._baseline)
         self._cpu_ledger()
-        self.result.graph = tracker.kept_graph(threshold=self._begin_graphs)
+        self.result.graph = tracker.kept_graph(threshold=self.begin_graphs)
         if not self.suspected:
             return
         if confirm is not None:  # what pytest still holds of the test's fixtures goes first: cheap
             confirm()
             tracker.observe(watch=False)
             self._cpu_ledger()
-            self.result.graph = tracker.kept_graph(threshold=self._begin_graphs)
+            self.result.graph = tracker.kept_graph(threshold=self.begin_graphs)
         if self.suspected and self.settle_leaks:
             self._confirm()
             tracker.observe(watch=False)
             self._cpu_ledger()
-            self.result.graph = tracker.kept_graph(threshold=self._begin_graphs)
+            self.result.graph = tracker.kept_graph(threshold=self.begin_graphs)
 
     def _confirm(self) -> None:
         """Before a suspected leak is final: drop what PyTorch caches for itself (as its own check
@@ -476,7 +476,7 @@ class LeakCheck:
         assert self._allocated_at_begin is not None and self._allocated_at_start is not None, "finish() before start()"
         baseline = self._allocated_at_begin + result.fixture_bytes
         growth = measure_growth(meter, baseline, self._driver_at_start, budget.leak)
-        result.graph = self.tracker.young_graph(self._begin_graphs)
+        result.graph = self.tracker.young_graph(self.begin_graphs)
         if growth.allocated + result.history_bytes > budget.leak:
             if confirm is not None:
                 confirm()
@@ -485,7 +485,7 @@ class LeakCheck:
                     clear_torch_caches(_import_torch())
                 self._settled = True
             growth = measure_growth(meter, baseline, self._driver_at_start, budget.leak)
-            result.graph = self.tracker.young_graph(self._begin_graphs)
+            result.graph = self.tracker.young_graph(self.begin_graphs)
         result.net_bytes = growth.allocated
         result.leaked_bytes = max(0, growth.allocated)
         result.end_bytes = meter.allocated_bytes()

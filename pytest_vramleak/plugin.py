@@ -23,13 +23,13 @@ import socket
 import sys
 from pathlib import Path
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 import pytest
 
 from .census import StorageKey
-from .referrers import NamedRoot, without_python_holders
+from .referrers import NamedRoot, held_only_inside, without_python_holders
 from .check import CPP_HELD, CheckResult, LeakCheck, NamedLeak, Rules, name_leak
 from .devices import CudaMeter, DeviceUnavailable, Meter, is_out_of_memory, make_meter, pin_worker, resolve_device
 from .html_report import is_html_path, render_html
@@ -392,6 +392,9 @@ class TestRuns:
     """Another plugin runs the test's phases: the run is judged as it tears down, and fails there."""
     first_kept: list[int] | None = None
     """The sizes of the storages the first run kept, where it may run again (sorted)."""
+    in_parameters: bool = False
+    """What the first run kept is held only inside the test's own parametrize values (see
+    :func:`_kept_in_its_parameters`): the test was not run again."""
     as_in: str | None = None
     """The earlier case of the same test function whose runs showed that what this case's first
     run kept, the same storages, is PyTorch's own: this case was not run again."""
@@ -490,7 +493,8 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
         repetitions.runs.append(_run_record(first))
         if repetitions.mode == "confirm" and runs.may_rerun and first.engine.suspected and not first.call_failed and not _ending(item):
             runs.as_in = _kept_as_in_an_earlier_case(item, runs)
-            repetitions.planned = 1 if runs.as_in else 1 + runs.confirm
+            runs.in_parameters = runs.as_in is None and _kept_in_its_parameters(item, runs, sum(spent.values()))
+            repetitions.planned = 1 if runs.as_in or runs.in_parameters else 1 + runs.confirm
     else:
         repetitions.stopped = why_stopped(first_reports) or "not checked"
     random_state = RandomState() if repetitions.wants_more and not _ending(item) else None
@@ -509,12 +513,19 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
             _drop_last_error()
             break
         assert check is not None
-        repetitions.runs.append(_run_record(check))
+        repetitions.runs.append(_run_record(check, runs))
         if repetitions.mode == "confirm" and _kept_once_already(repetitions):
             repetitions.planned = repetitions.started
     verdict = _judge(item, runs)
     if verdict is not None and runs.as_in is not None:
         _set_aside_as_in(runs, verdict)
+    if verdict is not None and runs.in_parameters:
+        verdict.decision = replace(verdict.decision, pattern="kept_once")
+        names = ", ".join(getattr(item, "callspec").params)
+        verdict.notes.append(
+            f"kept only in its parametrize values ({names}), which pytest keeps for the session and no other run of this case "
+            f"adds to: kept once, not run again (its run took {sum(spent.values()):.1f} s)"
+        )
     # --vramleak-fail-on=growth lists what tests keep once, with its holders: named too.
     listed = verdict is not None and runs.rule.fail_on == "growth" and verdict.decision.pattern in ("kept_once", "settled")
     if verdict is not None and (verdict.failing or listed):
@@ -567,6 +578,33 @@ def _kept_as_in_an_earlier_case(item: pytest.Item, runs: TestRuns) -> str | None
     return earlier[0] if _held_from_cpp_only(tracker, runs.first_begin) else None
 
 
+SLOW_RUN_SECONDS = 0.5
+"""A test whose run took this long is asked who holds what it kept before it runs again."""
+
+
+def _kept_in_its_parameters(item: pytest.Item, runs: TestRuns, seconds: float) -> bool:
+    """Whether every tensor the first run kept on CPU is held only inside the test's own
+    parametrize values (a callback's best score, a metric's cached result). pytest keeps those
+    for the session, and runs the case once: it cannot add to them again, so what they keep is
+    kept once, and a slow test (a DDP fit of seconds) need not run again to show it."""
+    params = getattr(getattr(item, "callspec", None), "params", None)
+    first = runs.checks[0].engine
+    if not params or seconds < SLOW_RUN_SECONDS or first is None or first.result.device != "cpu" or runs.rule.strict:
+        return False
+    if first.result.graph is not None and first.result.graph.nodes:
+        return False  # autograd history: judged by its runs
+    tracker = item.config.stash[TRACKER]
+    tensors: list[Any] = []
+    try:
+        if _kept_tensors(tracker, tracker.alive_since("cpu", runs.first_begin), tensors) is None:
+            return False
+        return held_only_inside(tensors, list(params.values()))
+    except Exception:  # running again is never wrong, only slower
+        return False
+    finally:
+        tensors.clear()
+
+
 def _set_aside_as_in(runs: TestRuns, verdict: Verdict) -> None:
     """What the first run kept, set aside as the earlier case's was (see :func:`_kept_as_in_an_earlier_case`)."""
     kept = sum(runs.first_kept or ())
@@ -585,14 +623,25 @@ def _kept_once_already(repetitions: Repetitions) -> bool:
     no autograd node): memory kept once, whatever the runs left would follow. (A test that grows
     only every third run or less often then reads as kept once.)"""
     runs = repetitions.runs
-    return len(runs) >= 3 and all(run.leaked_bytes <= 0 and run.history_nodes <= 0 for run in runs[1:])
+    return len(runs) >= 3 and all(run.leaked_bytes <= 0 and run.history_nodes <= before.history_nodes for before, run in zip(runs[1:], runs[2:]))
 
 
-def _run_record(check: Check) -> Run:
+def _run_record(check: Check, runs: TestRuns | None = None) -> Run:
+    """What a run left. ``runs``: the test's runs so far, for a run after the first."""
     assert check.engine is not None
     engine = check.engine.result
     graph = engine.graph
-    return Run(engine.leaked_bytes or 0, engine.outcome, graph.nodes if graph is not None else 0, check.engine.begin_clock)
+    nodes = graph.nodes if graph is not None else 0
+    if runs is None or not runs.checks:
+        return Run(engine.leaked_bytes or 0, engine.outcome, nodes, check.engine.begin_clock)
+    first = runs.checks[0].engine
+    if first is not None and first is not check.engine and first.begin_graphs is not None:
+        if engine.device == "cpu":  # what tensors alive now keep of every run's graphs: a run may free an earlier one's
+            tracker = check.engine.tracker
+            nodes = tracker.kept_graph(threshold=first.begin_graphs, entries=tracker.entries_since_run(runs.first_begin)).nodes
+        elif runs.repetitions.runs:  # (accelerators: each run's own, added up)
+            nodes += runs.repetitions.runs[-1].history_nodes
+    return Run(engine.leaked_bytes or 0, engine.outcome, nodes, check.engine.begin_clock)
 
 
 def _drop_last_error() -> None:
@@ -875,6 +924,8 @@ def _finish_result(item: pytest.Item, runs: TestRuns, verdict: Verdict | None) -
             result.repetitions = repetitions.series(verdict.adjust)
             result.repetition_warmup = repetitions.warmup
             result.growth_bytes = decision.growth_bytes
+        elif runs.in_parameters:
+            result.pattern = decision.pattern
         if repetitions.rerun_failed and repetitions.stopped:
             result.notes.append(f"the runs after the first were not used: {repetitions.stopped}; judged on the first run")
     else:

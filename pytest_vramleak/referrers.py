@@ -760,6 +760,42 @@ def without_python_holders(objects: Sequence[Any], *, exclude_types: tuple[type,
     return wanted_ids - held
 
 
+INSIDE_LIMIT = 200_000
+"""Objects :func:`held_only_inside` walks from its values before it gives up (and says no)."""
+
+
+def held_only_inside(objects: Sequence[Any], values: Sequence[Any]) -> bool:
+    """Whether every one of ``objects`` is reached from ``values`` (through their attributes and
+    containers: never through a module, a class or a function's globals) and every gc-visible
+    holder of each of them is itself reached so: nothing else in Python (a module's list, a frame
+    still running) holds any of them. Two walks: ``values``' own objects, then the heap once."""
+    wanted_ids = {id(o) for o in objects}
+    inside: set[int] = set()
+    stack: list[Any] = list(values)
+    skip = (types.ModuleType, type, types.FunctionType, types.FrameType, types.CodeType)
+    while stack:
+        obj = stack.pop()
+        if id(obj) in inside or isinstance(obj, skip):
+            continue
+        inside.add(id(obj))
+        if len(inside) > INSIDE_LIMIT:
+            return False
+        stack += gc.get_referents(obj)
+    stack.clear()
+    if not objects or not wanted_ids <= inside:
+        return False
+    own = _own_frames()
+    wanted = tuple(objects)
+    if any(ident in wanted_ids for ident in _running_locals(_frames_not_ours(own))):
+        return False
+    with whole_heap():
+        referrers = _referrers(wanted, wanted_ids)
+    try:
+        return all(id(holder) in inside or id(holder) in own or holder is objects or holder is wanted for holder in referrers)
+    finally:
+        del referrers
+
+
 _HOOK_ATTRIBUTES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks")
 
 

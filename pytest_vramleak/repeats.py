@@ -51,7 +51,7 @@ class Run:
     """Bytes above the run's own start (never below 0)."""
     outcome: str
     history_nodes: int = 0
-    """Autograd nodes the run made that tensors alive after it keep."""
+    """Autograd nodes made since the first run began that tensors alive after this run keep."""
     begin_clock: int = 0
     """The tracker's clock as the run began: storages first seen since are this run's or later ones'."""
 
@@ -107,11 +107,7 @@ class Repetitions:
 
     def node_series(self) -> list[int]:
         """Autograd nodes kept after each run, made by this test's runs."""
-        total, series = 0, []
-        for run in self.runs:
-            total += run.history_nodes
-            series.append(total)
-        return series
+        return [run.history_nodes for run in self.runs]
 
     def _measured(self, series: list[int]) -> list[int]:
         base = series[self.warmup - 1] if self.warmup else 0

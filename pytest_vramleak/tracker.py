@@ -713,6 +713,11 @@ class Tracker:
             found.clear()
         return self.kept_graph(threshold=threshold, entries=entries)
 
+    def entries_since_run(self, clock: int) -> list[Entry]:
+        """The roots :meth:`kept_graph` reads for the runs of a test since ``clock``: the live
+        tensors first read since, and the older ones the last run changed in place."""
+        return self.entries_born_since(clock) + list(self._inplace.values())
+
     def entries_born_since(self, clock: int) -> list[Entry]:
         """Live indexed tensors first read at ``clock`` or later (a walk of the index: for a leak)."""
         return [entry for entry in self._entries.values() if entry.born >= clock and entry.ref() is not None]

@@ -461,3 +461,55 @@ def test_runs_again_leave_the_random_numbers_the_next_tests_draw_as_they_were(py
     report = read_report(pytester.path / "r.json")
     assert len(report["test_keeps_memory_and_draws"]["repetitions"]) == 4  # it ran again
     assert json.loads((pytester.path / "drawn.json").read_text()) == plain
+
+
+CALLBACKS = """
+import pytest, torch
+KEEP = []
+RUNS = []
+
+class Callback:
+    def __init__(self):
+        self.best = None
+
+@pytest.mark.parametrize("callbacks", [[Callback(), Callback()]])
+def test_fit(callbacks):
+    RUNS.append(1)
+    for callback in callbacks:
+        callback.best = torch.ones(4)  # a best score, on the case's own callbacks
+    {also}
+
+def test_runs():
+    assert len(RUNS) == {runs}
+"""
+
+
+def test_a_slow_test_keeping_memory_only_in_its_parametrize_values_is_not_run_again(
+    pytester: pytest.Pytester, run_checked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pytest keeps a case's parametrize values for the session and runs the case once: what they
+    # keep cannot grow, and a DDP fit of seconds need not run again to show it.
+    import pytest_vramleak.plugin as plugin
+
+    monkeypatch.setattr(plugin, "SLOW_RUN_SECONDS", 0.0)
+    pytester.makepyfile(test_it=CALLBACKS.format(also="", runs=1))
+    result, report = run_checked("-p", "no:randomly", "--vramleak")
+    result.assert_outcomes(passed=2)
+    entry = report["test_fit[callbacks0]"]
+    assert (entry["outcome"], entry["leaked_bytes"], entry["pattern"], entry["repetitions"]) == ("passed", 32, "kept_once", None)
+    assert entry["notes"][0].startswith(
+        "kept only in its parametrize values (callbacks), which pytest keeps for the session and no other run of this case adds to: "
+        "kept once, not run again (its run took "
+    )
+    result.stdout.fnmatch_lines(["memory kept once, not growing*", "*32 B  test_it.py::test_fit[[]callbacks0[]] (cpu, kept once)"])
+
+
+def test_memory_a_parametrize_value_holds_that_a_module_holds_too_runs_again(pytester: pytest.Pytester, run_checked, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pytest_vramleak.plugin as plugin
+
+    monkeypatch.setattr(plugin, "SLOW_RUN_SECONDS", 0.0)
+    pytester.makepyfile(test_it=CALLBACKS.format(also="KEEP.append(callbacks[0].best)", runs=5))
+    result, report = run_checked("-p", "no:randomly", "--vramleak")
+    entry = report["test_fit[callbacks0]"]
+    assert (entry["outcome"], entry["pattern"]) == ("leaked", "grows"), result.stdout.str()
+    assert report["test_runs"]["outcome"] == "passed"  # 3 more runs, and 1 recording sites
