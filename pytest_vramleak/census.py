@@ -152,6 +152,8 @@ _SPARSE_PARTS = {
     "torch.sparse_csc": ("ccol_indices", "row_indices", "values"),
     "torch.sparse_bsc": ("ccol_indices", "row_indices", "values"),
 }
+# The layout of tensors whose memory an opaque library (oneDNN) owns: no storage, no data pointer.
+_OPAQUE = "torch._mkldnn"
 # A strided nested tensor keeps the sizes, strides and offsets of its components in tensors of its own.
 _NESTED_PARTS = ("_nested_tensor_size", "_nested_tensor_strides", "_nested_tensor_storage_offsets")
 
@@ -165,9 +167,12 @@ def tensor_storages(tensor: Any) -> list[Any]:
         storage = base.untyped_storage(tensor)
     except Exception:  # sparse tensors and wrapper subclasses have no storage to read
         try:
-            parts = _SPARSE_PARTS.get(str(base.layout.__get__(tensor)))
+            layout = str(base.layout.__get__(tensor))
         except Exception:
             return []
+        if layout == _OPAQUE:
+            return [tensor]  # stands for its storage (see storage_facts)
+        parts = _SPARSE_PARTS.get(layout)
         found = []
         for name in parts or ():
             try:
@@ -219,10 +224,23 @@ def storage_facts(storage: Any, *, empty: bool = False) -> tuple[str, int, int] 
         nbytes = storage.nbytes()
         pointer = storage.data_ptr() if nbytes else 0
     except Exception:
-        return None
+        return _opaque_facts(storage)
     if (not pointer or not nbytes) and not (empty and not nbytes):
         return None
     return name, pointer, nbytes
+
+
+def _opaque_facts(tensor: Any) -> tuple[str, int, int] | None:
+    """An opaque tensor (``to_mkldnn()``) stands for the storage it does not expose: its
+    TensorImpl's address for a pointer, the size of its elements for its bytes."""
+    try:
+        base = _torch()._C.TensorBase
+        if not isinstance(tensor, base) or str(base.layout.__get__(tensor)) != _OPAQUE:
+            return None
+        nbytes = base.numel(tensor) * base.element_size(tensor)
+        return str(base.device.__get__(tensor)), base._cdata.__get__(tensor), nbytes
+    except Exception:
+        return None
 
 
 _UNSEEN = object()

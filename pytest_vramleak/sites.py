@@ -137,6 +137,12 @@ def frame_kind_of_file(filename: str) -> str:
     return "user"
 
 
+def _storage_facts(storage: Any) -> tuple[str, int, int] | None:
+    from .census import storage_facts  # (census imports torch-facing helpers late too)
+
+    return storage_facts(storage)
+
+
 def user_sites(frames: list[tuple[str, int, str]]) -> tuple[Site, ...]:
     """The innermost frames of a stack (innermost first) that belong to the user's code, library
     frames between them left out, up to the test runner's frames."""
@@ -332,10 +338,9 @@ class SiteRecorder:
             stack = self._stack(tensor, frames)
             if stack:
                 self._objects[id(tensor)] = stack
-                try:
-                    self._sites[id(storage)] = (storage.data_ptr(), storage.nbytes(), stack)
-                except Exception:
-                    continue
+                facts = _storage_facts(storage)
+                if facts is not None:
+                    self._sites[id(storage)] = (facts[1], facts[2], stack)
 
     def made_inside_library(self, obj: Any) -> bool | None:
         """Whether library code (torch's own) made this tensor or storage object, rather than a
@@ -364,11 +369,9 @@ class SiteRecorder:
     def site_of(self, tensor: Any, storage: Any) -> tuple[Site, ...] | None:
         """Where ``tensor`` (whose storage is ``storage``) was made, if recorded."""
         known = self._sites.get(id(storage))
-        try:
-            if known is not None and known[:2] == (storage.data_ptr(), storage.nbytes()):
-                return self._named(known[2])
-        except Exception:
-            return None
+        facts = _storage_facts(storage) if known is not None else None
+        if known is not None and facts is not None and known[:2] == facts[1:]:
+            return self._named(known[2])
         if tracemalloc.is_tracing():
             return self._named(self._stack(tensor)) or None
         return None

@@ -16,16 +16,19 @@ one keeps nothing of the user's alive.
 
 from __future__ import annotations
 
+import ctypes
+import datetime
 import gc
 import itertools
 import re
+import sys
 import types
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .census import Found, StorageKey, _graph_tensors, is_tensor_type, live_tensors, storage_key, take_census, tensor_storages, walk, whole_heap
+from .census import Found, StorageKey, _graph_tensors, is_tensor_type, live_tensors, storage_facts, storage_key, take_census, tensor_storages, walk, whole_heap
 from .devices import Meter, make_meter, resolve_device
 from .diagnosis import diagnose
 from .referrers import NamedRoot, cycle_holding, holder_paths, module_hook_holding, path_text, type_name, without_python_holders
@@ -374,6 +377,109 @@ def _paths_through_graph_nodes(
         found.clear()
 
 
+_CONTAINERS = {dict, list, tuple, set, frozenset}
+_DLTENSOR = b"dltensor"
+"""The name of a DLPack capsule nobody has consumed yet: it owns its ``DLManagedTensor``."""
+_DLTENSOR_BYTE_OFFSET = 40
+"""Where ``byte_offset`` lies in a ``DLTensor`` (after data, device, ndim, dtype, shape, strides)."""
+
+
+def _capsule_data(capsule: Any) -> int | None:
+    """The address of the data a DLPack capsule (``torch.utils.dlpack.to_dlpack``) stands for."""
+    api = ctypes.pythonapi
+    api.PyCapsule_GetName.restype = ctypes.c_char_p
+    api.PyCapsule_GetName.argtypes = [ctypes.py_object]
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    if api.PyCapsule_GetName(capsule) != _DLTENSOR:
+        return None
+    managed = api.PyCapsule_GetPointer(capsule, _DLTENSOR)
+    if not managed:
+        return None
+    data = ctypes.c_void_p.from_address(managed).value or 0
+    return data + ctypes.c_uint64.from_address(managed + _DLTENSOR_BYTE_OFFSET).value
+
+
+def _paths_through_opaque_holders(
+    targets: list[Any], frames: Sequence[types.FrameType], named: Sequence[NamedRoot]
+) -> dict[int, list[tuple[str, str]]]:
+    """For tensors nothing in Python refers to: the chain to an object Python holds that keeps the
+    tensor's memory without a reference gc sees: a DLPack capsule (``to_dlpack``), a numpy array
+    made from one (``np.from_dlpack``), a finished ``torch.futures.Future`` whose value it is.
+    Capsules and arrays are not tracked by gc: every object's referents are read (one pass in C),
+    so this runs only for what no cheaper search named."""
+    torch = _torch()
+    spans: list[tuple[int, int, Any]] = []
+    with torch._C.DisableTorchFunction():
+        for target in targets:  # a tensor, or a storage object seen without one
+            for storage in tensor_storages(target) if is_tensor_type(type(target)) else [target]:
+                facts = storage_facts(storage)
+                if facts is not None:
+                    spans.append((facts[1], facts[1] + facts[2], target))
+    if not spans:
+        return {}
+    numpy = sys.modules.get("numpy")
+    ndarray = getattr(numpy, "ndarray", None)
+    future = getattr(torch._C, "Future", None)
+    kinds = {type(datetime.datetime_CAPI), ndarray} - {None}
+    found: dict[int, tuple[Any, str]] = {}
+
+    def holds(holder: Any, address: int | None, what: str) -> None:
+        for start, end, target in spans:
+            if address is not None and start <= address < end and id(target) not in found:
+                found[id(target)] = (holder, what)
+
+    with whole_heap():
+        everything = gc.get_objects()
+    try:
+        # (A container of only such objects is not tracked by gc either: a few levels of those.)
+        picked: list[Any] = []
+        level = everything
+        for _ in range(4):
+            referents = gc.get_referents(*level)
+            picked += itertools.compress(referents, map(kinds.__contains__, map(type, referents)))
+            level = [obj for obj in itertools.compress(referents, map(_CONTAINERS.__contains__, map(type, referents))) if not gc.is_tracked(obj)]
+            del referents
+            if not level:
+                break
+        del level
+        for obj in picked:
+            try:
+                if type(obj) is ndarray:
+                    holds(obj, ndarray.__array_interface__.__get__(obj)["data"][0], " (a numpy array sharing its memory)")
+                else:
+                    holds(obj, _capsule_data(obj), " (a DLPack capsule of it)")
+            except Exception:
+                continue
+        if future is not None:
+            with torch._C.DisableTorchFunction():
+                for obj in everything:
+                    if issubclass(type(obj), future) and future.done(obj):
+                        try:
+                            value = future.value(obj)
+                        except Exception:
+                            continue
+                        for tensor in value if type(value) in (list, tuple) else (value,):
+                            if is_tensor_type(type(tensor)):
+                                for storage in tensor_storages(tensor):
+                                    facts = storage_facts(storage)
+                                    holds(obj, facts[1] if facts is not None else None, ".value()")
+                        del value
+    finally:
+        del everything
+    if not found:
+        return {}
+    holders = list({id(holder): holder for holder, _ in found.values()}.values())
+    holder_ids = [id(holder) for holder in holders]
+    paths = dict(zip(holder_ids, holder_paths(holders, exclude_types=(Found,), frames=frames, named=named)))
+    chains = {}
+    for ident, (holder, what) in found.items():
+        path = paths.get(id(holder))
+        if path is not None:
+            chains[ident] = [*path, (what, "Tensor")]
+    return chains
+
+
 def _graph_owners() -> list[Any]:
     """Tensors Python sees that have an autograd graph: the candidates for owning saved tensors."""
     torch = _torch()
@@ -550,6 +656,13 @@ def describe(
                 # Nothing in Python refers to these tensors: an autograd node Python holds may.
                 through_nodes = _paths_through_graph_nodes([t for t, p in zip(targets, paths) if p is None], frames, named)
                 paths = [path if path is not None else through_nodes.get(id(target)) for target, path in zip(targets, paths)]
+            if any(path is None for path in paths):
+                # ... or an object that keeps its memory from C++: a DLPack capsule, a Future.
+                try:
+                    opaque = _paths_through_opaque_holders([t for t, p in zip(targets, paths) if p is None], frames, named)
+                except Exception:  # what cannot be read stays "held from C++"
+                    opaque = {}
+                paths = [path if path is not None else opaque.get(id(target)) for target, path in zip(targets, paths)]
             for (group, suffix), path in zip(target_groups, paths):
                 path = ([*path, (suffix, "Tensor")] if suffix else path) if path is not None else [(HELD_FROM_CPP, "")]
                 line = path_text(path)

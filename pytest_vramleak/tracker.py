@@ -302,6 +302,9 @@ class Tracker:
         self._storage_died = self._on_death  # bound once: indexing makes a reference per storage
         self._tensor_died = self._on_tensor_death
         self._storages: dict[int, StorageRef] = {}
+        self._opaque: set[int] = set()
+        """Idents of the entries of ``_storages`` that are opaque tensors standing for their own
+        storage (``to_mkldnn()``: see :func:`~pytest_vramleak.census.storage_facts`)."""
         self._dead: list[StorageRef] = []
         self._dead_tensors: list[int] = []
         self._young_dead = 0
@@ -548,6 +551,8 @@ class Tracker:
     def _compare_sizes(self) -> None:
         """Compare the size of every indexed storage with what was read (2c), at C speed."""
         refs = list(self._storages.values())
+        if self._opaque:  # an opaque tensor's size is fixed, and it has no storage to read
+            refs = [ref for ref in refs if ref.ident not in self._opaque]
         try:
             storages = list(map(operator.call, refs))
             sizes = list(map(_nbytes(), storages))
@@ -1080,6 +1085,8 @@ class Tracker:
         ref.adopted = False
         ref.users = [user] if user is not None else []
         self._storages[ident] = ref
+        if user == ident:  # an opaque tensor, standing for its own storage
+            self._opaque.add(ident)
         self._totals[device] += nbytes
         if self._begun and born >= self.begin_clock:
             self._young.append(ref)
@@ -1106,6 +1113,7 @@ class Tracker:
             for ref in dead:
                 if self._storages.get(ref.ident) is ref:
                     del self._storages[ref.ident]
+                    self._opaque.discard(ref.ident)
                 self._totals[ref.device] -= ref.nbytes
                 if deaths is not None:
                     deaths.append((ref.born, ref.nbytes, ref.device))

@@ -166,6 +166,53 @@ LEAK_KINDS = {
         "held by sys.last_*(step:*) local 'hidden'",
         "sys.last_traceback / sys.last_value keep the last reported error's frames and their local tensors*",
     ),
+    "mkldnn_tensor": (
+        """
+        KEEP = {}
+
+        @pytest.mark.vram_budget
+        def test_it():
+            KEEP["m"] = torch.randn(4096).to_mkldnn()  # here
+        """,
+        "held by test_it.KEEP['m']",
+        None,
+    ),
+    "dlpack_capsule": (
+        """
+        KEEP = {}
+
+        @pytest.mark.vram_budget
+        def test_it():
+            KEEP["capsule"] = torch.utils.dlpack.to_dlpack(torch.ones(1024))  # here
+        """,
+        "held by test_it.KEEP['capsule'] (a DLPack capsule of it)",
+        None,
+    ),
+    "numpy_array_from_dlpack": (
+        """
+        import numpy
+        KEEP = {}
+
+        @pytest.mark.vram_budget
+        def test_it():
+            KEEP["array"] = numpy.from_dlpack(torch.ones(1024))  # here
+        """,
+        "held by test_it.KEEP['array'] (a numpy array sharing its memory)",
+        None,
+    ),
+    "future_value": (
+        """
+        KEEP = {}
+
+        @pytest.mark.vram_budget
+        def test_it():
+            future = torch.futures.Future()
+            future.set_result(torch.ones(1024))  # here
+            KEEP["future"] = future
+        """,
+        "held by test_it.KEEP['future'].value()",
+        None,
+    ),
     "autograd_graph": (
         """
         LOSSES = []
