@@ -235,7 +235,7 @@ def _opaque_facts(tensor: Any) -> tuple[str, int, int] | None:
     TensorImpl's address for a pointer, the size of its elements for its bytes."""
     try:
         base = _torch()._C.TensorBase
-        if not isinstance(tensor, base) or str(base.layout.__get__(tensor)) != _OPAQUE:
+        if not issubclass(type(tensor), base) or str(base.layout.__get__(tensor)) != _OPAQUE:
             return None
         nbytes = base.numel(tensor) * base.element_size(tensor)
         return str(base.device.__get__(tensor)), base._cdata.__get__(tensor), nbytes

@@ -775,7 +775,7 @@ def held_only_inside(objects: Sequence[Any], values: Sequence[Any]) -> bool:
     skip = (types.ModuleType, type, types.FunctionType, types.FrameType, types.CodeType)
     while stack:
         obj = stack.pop()
-        if id(obj) in inside or isinstance(obj, skip):
+        if id(obj) in inside or issubclass(type(obj), skip):
             continue
         inside.add(id(obj))
         if len(inside) > INSIDE_LIMIT:
