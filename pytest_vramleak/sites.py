@@ -22,6 +22,7 @@ import os
 import sys
 import sysconfig
 import tracemalloc
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -81,26 +82,55 @@ def _functions_by_line(filename: str, stamp: tuple[int, int]) -> tuple[tuple[int
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return ()
-    spans = [
-        (node.lineno, node.end_lineno or node.lineno, node.name if not isinstance(node, ast.Lambda) else "<lambda>")
-        for node in ast.walk(tree)
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-    ]
-    return tuple(sorted(spans, key=lambda span: span[0]))
+    spans = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            name = node.name
+        elif isinstance(node, (ast.Lambda, ast.GeneratorExp, ast.ListComp, ast.SetComp, ast.DictComp)):
+            name = _SCOPE_NAMES.get(type(node), "")
+            if not name:
+                continue
+        else:
+            continue
+        spans.append((node.lineno, node.col_offset, node.end_lineno or node.lineno, name))
+    return tuple((first, last, name) for first, _, last, name in sorted(spans, key=lambda span: span[:2]))
 
 
-def enclosing_function(filename: str, line: int) -> str:
-    """The name of the innermost function whose body holds ``line``, read from the source
-    (tracemalloc records files and lines only), or ``""`` at a module's or class's top level."""
+# Expressions that run in a frame of their own, named as CPython names their code (comprehensions
+# other than generator expressions run inline from 3.12 on: PEP 709).
+_SCOPE_NAMES: dict[type, str] = {ast.Lambda: "<lambda>", ast.GeneratorExp: "<genexpr>"}
+if sys.version_info < (3, 12):
+    _SCOPE_NAMES.update({ast.ListComp: "<listcomp>", ast.SetComp: "<setcomp>", ast.DictComp: "<dictcomp>"})
+
+
+def enclosing_function(filename: str, line: int, outer: int = 0) -> str:
+    """The name of the innermost function whose body holds ``line`` (``outer`` levels out from
+    it), read from the source (tracemalloc records files and lines only), or ``""`` at a module's
+    or class's top level."""
     try:
         status = os.stat(filename)
     except OSError:
         return ""
-    name = ""
-    for first, last, function in _functions_by_line(filename, (status.st_mtime_ns, status.st_size)):
-        if first <= line <= last:
-            name = function  # spans are sorted by start: the last match is the innermost
-    return name
+    # spans are sorted by start: the last match is the innermost
+    names = [function for first, last, function in _functions_by_line(filename, (status.st_mtime_ns, status.st_size)) if first <= line <= last]
+    return names[-1 - outer] if outer < len(names) else ""
+
+
+def name_frames(stack: Sequence[tuple[str, int, Any]]) -> tuple[Site, ...]:
+    """Each frame of a stack (innermost first) with the function it ran. Frames on one line are
+    nested scopes, innermost first (``(lambda: torch.ones(3))()`` in a test): the caller of a
+    lambda on its own line is the function around the lambda, not the lambda again."""
+    named: list[Site] = []
+    outer = 0
+    for filename, line, _ in stack:
+        if named and named[-1][:2] == (filename, line):
+            # Called from the same line: from around the lambda or comprehension the inner frame
+            # ran (a function calling itself on one line is that function again).
+            outer += named[-1][2].startswith("<")
+        else:
+            outer = 0
+        named.append((filename, line, enclosing_function(filename, line, outer)))
+    return tuple(named)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -355,7 +385,7 @@ class SiteRecorder:
 
     @staticmethod
     def _named(stack: tuple[Site, ...]) -> tuple[Site, ...]:
-        return tuple((filename, line, enclosing_function(filename, line)) for filename, line, _ in stack)
+        return name_frames(stack)
 
     def object_site_of(self, tensor: Any) -> tuple[Site, ...] | None:
         """Where the tensor object itself was made, as captured or while tracing runs."""

@@ -56,6 +56,40 @@ def test_a_file_that_is_gone_or_not_python_names_no_function(tmp_path: Path) -> 
     assert enclosing_function(str(broken), 1) == ""
 
 
+def test_frames_on_one_line_are_named_innermost_scope_first(pytester: pytest.Pytester) -> None:
+    # A lambda (or, before Python 3.12, a comprehension) called on the line that defines it runs
+    # in a frame of its own on that line: its caller is the function around it.
+    pytester.makepyfile(
+        test_it="""
+        import torch
+        KEEP = []
+
+        def again(n):
+            return again(n - 1) if n else torch.ones(32)
+
+        def test_lambda_on_one_line():
+            KEEP.append((lambda: torch.ones(256))())
+
+        def test_comprehension():
+            KEEP.extend({torch.ones(64) for _ in range(2)})
+
+        def test_recursion_on_one_line():
+            KEEP.append(again(1))
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak")
+    result.assert_outcomes(failed=3)
+    comprehension = "<setcomp>" if sys.version_info < (3, 12) else "test_comprehension"
+    result.stdout.fnmatch_lines(
+        [
+            "    allocated at test_it.py:8 in <lambda>(), called from test_it.py:8 in test_lambda_on_one_line()",
+            f"    allocated at test_it.py:11 in {comprehension}(), called from test_it.py:11 in test_comprehension()",
+            "    allocated at test_it.py:5 in again(), called from test_it.py:5 in again(), called from test_it.py:14 in test_recursion_on_one_line()",
+        ],
+        consecutive=False,
+    )
+
+
 NATIVE_THREAD = """
 import ctypes
 import sys
