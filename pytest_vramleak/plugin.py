@@ -392,6 +392,9 @@ class TestRuns:
     """Another plugin runs the test's phases: the run is judged as it tears down, and fails there."""
     first_kept: list[int] | None = None
     """The sizes of the storages the first run kept, where it may run again (sorted)."""
+    credit: list[int] | None = None
+    """Per run, the bytes it freed of an earlier run's garbage on cycles (see :func:`_settled_credit`),
+    where a full collection was taken before naming."""
     in_parameters: bool = False
     """What the first run kept is held only inside the test's own parametrize values (see
     :func:`_kept_in_its_parameters`): the test was not run again."""
@@ -519,6 +522,8 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
     verdict = _judge(item, runs)
     if verdict is not None and runs.as_in is not None:
         _set_aside_as_in(runs, verdict)
+    if verdict is not None and verdict.failing:
+        _credit_cycles_first(item, runs, verdict)
     if verdict is not None and runs.in_parameters:
         verdict.decision = replace(verdict.decision, pattern="kept_once")
         names = ", ".join(getattr(item, "callspec").params)
@@ -809,16 +814,11 @@ def _name_runs(item: pytest.Item, runs: TestRuns, verdict: Verdict, *, listing: 
     pytorchs = None
     if runs.held_in_cpp and not runs.rule.strict and not roots and second is None and not verdict.decision.grows_history:
         pytorchs = _pytorchs_own(tracker, runs, tracker.alive_since(device, runs.first_begin))
+    clocks = [run.begin_clock for run in runs.repetitions.runs]
+    credit = list(runs.credit) if runs.credit is not None else [0] * len(clocks)
     if pytorchs is None:
         tracker.settle()
-    # An object a run made on a reference cycle, which the next run replaced, is freed only by a
-    # full collection, this one: it counts as freed by the run after the one that made it.
-    clocks = [run.begin_clock for run in runs.repetitions.runs]
-    credit = [0] * len(clocks)
-    for born, nbytes, where in (tracker.settled if pytorchs is None else []):
-        made = max((index for index, clock in enumerate(clocks) if clock <= born), default=None)
-        if where == device and made is not None and made + 1 < len(clocks) and not (runs.extra_begin is not None and born >= runs.extra_begin):
-            credit[made + 1] += nbytes
+        credit = [a + b for a, b in zip(credit, _settled_credit(tracker, runs, device))]
     sources: list[SiteSource] = [*(runs.sites.sources if runs.sites is not None else ()), *([first.engine.sites] if first.engine.sites else [])]
     name = functools.partial(
         name_leak,
@@ -880,6 +880,37 @@ def _name_runs(item: pytest.Item, runs: TestRuns, verdict: Verdict, *, listing: 
             shown, which = [group for group in named.groups if group.part == leaving[-1]], f"run {leaving[-1] + 1} of {len(repetitions.runs)}"
         if shown:  # (where a run's tensors were all set aside, what all runs keep stands)
             verdict.groups, verdict.shown = merge_parts(shown) + named.history, which
+
+
+def _settled_credit(tracker: Tracker, runs: TestRuns, device: str) -> list[int]:
+    """After a full collection (:meth:`Tracker.settle`): the bytes each run freed that an earlier
+    run made on a reference cycle. An object a run made on a cycle, which the next run replaced,
+    is freed only by a full collection: it counts as freed by the run after the one that made it."""
+    clocks = [run.begin_clock for run in runs.repetitions.runs]
+    credit = [0] * len(clocks)
+    for born, nbytes, where in tracker.settled:
+        made = max((index for index, clock in enumerate(clocks) if clock <= born), default=None)
+        if where == device and made is not None and made + 1 < len(clocks) and not (runs.extra_begin is not None and born >= runs.extra_begin):
+            credit[made + 1] += nbytes
+    return credit
+
+
+def _credit_cycles_first(item: pytest.Item, runs: TestRuns, verdict: Verdict) -> None:
+    """Memory that grows on CPU is judged again after a full collection, before anything runs
+    again to record sites or walks the heap to name holders: a test replacing an object on a
+    reference cycle each run only looked like growth (the replaced ones were garbage)."""
+    decision = verdict.decision
+    if decision.pattern != "grows" or decision.grows_history or len(runs.checks) < 2 or verdict.first.engine is None:
+        return
+    engine = verdict.first.engine.result
+    if engine.device != "cpu":
+        return
+    tracker = item.config.stash[TRACKER]
+    tracker.settle()
+    runs.credit = _settled_credit(tracker, runs, "cpu")
+    if any(runs.credit):
+        verdict.adjust = list(runs.credit)
+        verdict.decision = decide(runs.repetitions, engine, runs.rule, device="cpu", adjust=verdict.adjust, node_bytes=NODE_BYTES)
 
 
 def _run_index(starts: list[int], born: dict[StorageKey, int], key: StorageKey) -> int | None:

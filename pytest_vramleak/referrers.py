@@ -208,9 +208,7 @@ def _search_forward(
     covered = 0
     found: dict[int, list[Any]] = {}
     excluded = frozenset(exclude_types)
-    parent: dict[int, Any] = {id(root): None for root in roots}
-    seen = set(ignore)
-    seen.update(parent)
+    parent: dict[int, Any] = {id(root): None for root in roots}  # also what was seen: one table, not two
     level = list(roots)
     visited = len(level)
     while level and remaining and visited < limit:
@@ -221,9 +219,8 @@ def _search_forward(
                 children = _referents(node, by_storage)
             for child in children:
                 ident = id(child)
-                if ident in seen or type(child) in excluded:
+                if ident in parent or ident in ignore or type(child) in excluded:
                     continue
-                seen.add(ident)
                 parent[ident] = node
                 note(child)
                 if ident in remaining:

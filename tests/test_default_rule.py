@@ -382,6 +382,34 @@ def test_the_figures_add_up_for_a_replaced_object_on_a_cycle(pytester: pytest.Py
         assert (report[name]["pattern"], report[name]["repetitions"]) == ("kept_once", [1024] * count), name
 
 
+def test_growth_that_a_full_collection_credits_runs_nothing_more(pytester: pytest.Pytester, run_checked) -> None:
+    # What looked like growth was each run's replaced object on a cycle: judged again after the
+    # full collection, before a run recording sites or a walk of the heap naming holders.
+    pytester.makepyfile(
+        test_it="""
+        import torch
+        RUNS = []
+
+        class Writer:
+            pass
+
+        def test_replace_cyclic():
+            RUNS.append(1)
+            h = Writer()
+            h.me = h
+            h.t = torch.randn(256)
+            Writer.last = h
+
+        def test_runs():
+            assert len(RUNS) == 4
+        """
+    )
+    result, report = run_checked("-p", "no:randomly", "--vramleak")
+    result.assert_outcomes(passed=2)
+    entry = report["test_replace_cyclic"]
+    assert (entry["pattern"], entry["repetitions"], entry["tensors"]) == ("kept_once", [1024] * 4, [])
+
+
 FAILING_TESTS = """
 import torch
 
