@@ -36,7 +36,7 @@ from .diagnosis import held_by_torch_cache
 from .history import AllocatorHistory
 from .peaks import PeakBreakdown
 from .processes import Children, ProcessGroups, describe_children, describe_groups
-from .ranks import RANKS_ENV, collect, describe as describe_ranks
+from .rank_reports import RANKS_ENV, collect, describe as describe_ranks
 from .referrers import NamedRoot
 from .report import render_groups
 from .sizes import format_size

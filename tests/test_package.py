@@ -1,0 +1,64 @@
+"""The package's shape: its modules import one another without a cycle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest_vramleak
+
+PACKAGE = Path(pytest_vramleak.__file__).parent
+
+
+def _imports() -> dict[str, set[str]]:
+    """Each module's imports of the package's own modules, at any depth of its code."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.glob("*.py")):
+        name = path.stem
+        graph[name] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                if node.module:
+                    graph[name].add(node.module.split(".")[0])
+                else:
+                    graph[name].update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pytest_vramleak."):
+                graph[name].add(node.module.split(".")[1])
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = 1
+        stack.append(module)
+        for imported in sorted(graph.get(module, ())):
+            if state.get(imported) == 1:
+                return stack[stack.index(imported) :] + [imported]
+            if imported not in state:
+                found = visit(imported)
+                if found:
+                    return found
+        stack.pop()
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state:
+            found = visit(module)
+            if found:
+                return found
+    return None
+
+
+def test_the_modules_import_one_another_without_a_cycle() -> None:
+    graph = _imports()
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+    assert {"check", "ranks", "plugin"} <= set(graph) and "check" in graph["ranks"]
+
+
+def test_a_cycle_is_found_where_there_is_one() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
