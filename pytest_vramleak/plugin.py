@@ -157,7 +157,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[RESULTS] = []
     config.stash[PYTORCHS_OWN] = {}
     config.stash[OUTPUT_ERRORS] = []
-    config.stash[TRACKER] = Tracker()
+    config.stash[TRACKER] = Tracker(defer=True)  # what checks defer is compared between tests (_look_for_drift)
     config.stash[FIXTURES] = []
     config.pluginmanager.register(_Recorder(config.stash[RESULTS]), "vramleak-recorder")
     config.pluginmanager.register(_XdistController(config), "vramleak-xdist")

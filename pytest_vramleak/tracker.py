@@ -274,9 +274,14 @@ def count_nodes(node: Any, threshold: int, visited: set[int], keep: list[Any]) -
 class Tracker:
     """Indexes tensors and storages of every device; see the module docstring."""
 
-    def __init__(self, device: str | None = None) -> None:
+    def __init__(self, device: str | None = None, *, defer: bool = False) -> None:
         self.device = device
         """The device the tracker's owner measures (the tracker itself indexes every device)."""
+        self.defer = defer
+        """Whether observations may leave the comparison of many older tensors (more than
+        :data:`COMPARED_PER_CHECK`) to :meth:`drift` between checks: the plugin's tracker, whose
+        owner runs that between tests. A tracker made for one check in a script compares them at
+        every observation: nothing else would."""
         self.stale = True
         """Set when code ran untracked since :meth:`end`: the next :meth:`begin` indexes the whole heap."""
         self.unindexed = False
@@ -469,16 +474,17 @@ class Tracker:
             self._read_touched()
         if backward_ran and self._retainers:
             self._read_changed_gradients(self._retainers)
+        every = not self.defer
         if built_graphs:
-            if len(self._capable) <= COMPARED_PER_CHECK or self._watch.failed or not self._watch.watching:
+            if every or len(self._capable) <= COMPARED_PER_CHECK or self._watch.failed or not self._watch.watching:
                 self._read_gradients()  # small enough, or a backward pass may have gone unwatched
             else:
                 self.deferred = True  # a backward that did not go through torch.autograd: see drift()
-            if len(self._plain) <= COMPARED_PER_CHECK:
+            if every or len(self._plain) <= COMPARED_PER_CHECK:
                 self._compare_versions()  # an in-place operation may have given an older tensor a graph (2d)
             else:
                 self.deferred = True
-        if len(self._storages) <= COMPARED_PER_CHECK:
+        if every or len(self._storages) <= COMPARED_PER_CHECK:
             self._compare_sizes()
         else:
             self.deferred = True

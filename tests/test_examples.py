@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,3 +34,19 @@ def test_every_leak_in_the_examples_says_where_it_was_made_with_no_option(pytest
     result.stdout.no_fnmatch_line("*not recorded*")
     # the tensors listed are one run's, and the heading says which: the figures above are the first run's
     result.stdout.fnmatch_lines(["leaked 864.0 KiB on cpu, allowed 0 B", "*", "leaked tensors, as one run leaves them (the run that recorded where tensors are made):"])
+
+
+def test_the_script_example_checks_a_training_loop_outside_pytest(pytester: pytest.Pytester) -> None:
+    shutil.copytree(EXAMPLES, pytester.path / "examples")
+    leaking = pytester.run(sys.executable, "examples/train_script.py")
+    assert leaking.ret == 1, leaking.stderr.str()
+    leaking.stdout.fnmatch_lines(
+        [
+            "leak: memory grew 4 B per step over 10 measured steps (40 B in total) on cpu*",
+            "    allocated at examples/train_script.py:* in train_step(), called from examples/train_script.py:* in main()*",
+            "    held by main:* local 'history'[[]*[]]",
+        ]
+    )
+    fixed = pytester.run(sys.executable, "examples/train_script.py", "--fixed")
+    assert fixed.ret == 0, fixed.stderr.str()
+    fixed.stdout.fnmatch_lines(["no leak: memory did not grow over 10 measured steps"])
