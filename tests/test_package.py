@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest_vramleak
@@ -62,3 +63,23 @@ def test_the_modules_import_one_another_without_a_cycle() -> None:
 def test_a_cycle_is_found_where_there_is_one() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_readme_fits_a_first_screen_and_its_links_resolve() -> None:
+    root = PACKAGE.parent
+    readme = (root / "README.md").read_text()
+    assert len(readme.splitlines()) < 150
+    for page in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        text = page.read_text()
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):
+            assert (page.parent / target).exists(), f"{page.name} links to {target}, which is not there"
+        for target, anchor in re.findall(r"\]\(([^)#:]*)#([^)]+)\)", text):
+            linked = (page.parent / target) if target else page
+            headings = {_anchor(line) for line in linked.read_text().splitlines() if line.startswith("#")}
+            assert anchor in headings, f"{page.name} links to {target}#{anchor}, which is no heading there"
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading."""
+    text = heading.lstrip("#").strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")

@@ -54,20 +54,20 @@ def test_options_that_act_on_checked_tests_say_so_in_a_run_that_checks_none(pyte
     assert "had nothing to act on" not in pytester.runpytest("-p", "no:cacheprovider").stdout.str()
 
 
-def test_the_readmes_options_table_is_the_plugins_options(pytester: pytest.Pytester) -> None:
-    """Every row of the README's options table names an option pytest --help lists, with its ini
-    name and its default, and every option has a row."""
+def test_the_references_options_table_is_the_plugins_options(pytester: pytest.Pytester) -> None:
+    """Every row of the reference's options table (docs/reference.md) names an option pytest
+    --help lists, with its ini name and its default, and every option has a row."""
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = (Path(__file__).parent.parent / "docs" / "reference.md").read_text()
     # (a value's choices are written with escaped bars: `--vramleak-sites=auto\|on\|off`)
     rows = re.findall(r"^\| `(--vramleak[a-z-]*)(?:=(?:[^|\\]|\\\|)*)?` \| `(vramleak\w*)[^|]*\| ([^|]*) \|", readme, flags=re.MULTILINE)
     table = {cli: (ini, default.strip()) for cli, ini, default in rows}
     assert set(table) == {option.cli for option in OPTIONS}
     help_text = " ".join(pytester.runpytest_subprocess("--help").stdout.str().split())
     shown_defaults = {"false": "off", "": "none"}
-    # defaults the plugin decides at run time, written as the README says them
+    # defaults the plugin decides at run time, written as the reference says them
     decided = {"vramleak_fail_on": "`significant` unmarked, `any` marked", "vramleak_markdown": "`$GITHUB_STEP_SUMMARY`", "vramleak_release_above": "off"}
     wrong = []
     for option in OPTIONS:
