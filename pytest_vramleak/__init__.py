@@ -37,7 +37,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # The marker helper needs pytest; a training script importing the engine does not.
     if name == "vram_budget":
-        from .plugin import vram_budget
+        from .marker import vram_budget
 
         return vram_budget
     raise AttributeError(f"module 'pytest_vramleak' has no attribute {name!r}")

@@ -4,11 +4,17 @@ records of the run (so a pytest-xdist controller renders its workers' results th
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import pytest
+
+from .devices import DeviceUnavailable, resolve_device
+from .options import CHECK_ONLY, OPTIONS, Settings
 from .report import leaked_figure
 from .sizes import format_size
+from .state import MARKER, RESULTS, SETTINGS
 from .tracker import COMPARED_PER_CHECK
 
 MAX_CHAINS = 3
@@ -117,3 +123,51 @@ def _leak_kind(result: dict[str, Any]) -> str:
     if result.get("pattern"):
         return f"{result['device']}, {result['pattern'].replace('_', ' ')}"
     return f"{result['device']}, grew across steps" if not result.get("leaked_bytes") else str(result["device"])
+
+
+def header_settings(config: pytest.Config) -> str:
+    """The effective device and settings, e.g. ``device cpu, checking every test (--vramleak), step warm-up 2``."""
+    settings = config.stash[SETTINGS]
+    scope = "every test (--vramleak)" if settings.every_test else f"tests marked {MARKER}"
+    torch = sys.modules.get("torch")  # not imported here only to say which device: it takes seconds
+    try:
+        device = resolve_device(settings.device, torch) if torch is not None else settings.device
+    except (DeviceUnavailable, ValueError) as error:
+        device = f"{settings.device} ({error})"
+    report = f", report {', '.join(settings.report_paths)}" if settings.report_paths else ""
+    return f"device {device}, checking {scope}, {rule_text(settings)}, step warm-up {settings.warmup}{report}"
+
+
+def rule_text(settings: Settings) -> str:
+    """How leaks fail tests, in a few words for the header."""
+    runs = f"a leaking test runs {settings.confirm} more times" if settings.confirm else "tests run once"
+    if settings.repeat > 1:
+        runs = f"each test runs {settings.repeat} times"
+    floor = format_size(settings.kept_floor)
+    rules = {
+        "significant": f"failing growth or memory kept once from {floor}",
+        "growth": "failing growth only",
+        "any": "failing any leak past the budget",
+    }
+    if settings.fail_on is not None:
+        return f"{runs}, {rules[settings.fail_on]}"
+    return f"{runs}, failing growth or memory kept once from {floor} (marked tests: any leak past their budget)"
+
+
+def latest(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per test, the last reported: a test run again (a rerun plugin, a crashed xdist
+    worker's test run elsewhere) is listed once."""
+    return list({result["nodeid"]: result for result in results}.values())
+
+
+def idle_options(config: pytest.Config) -> list[str]:
+    """The options given that act on checked tests only, in a run that ran tests and checked none."""
+    given = [
+        "--" + option.ini.replace("_", "-") if config.getoption(option.ini) is not None else f"ini option {option.ini}"
+        for option in OPTIONS
+        if option.ini in CHECK_ONLY and (config.getoption(option.ini) is not None or str(config.getini(option.ini)) != option.default)
+    ]
+    recorder = config.pluginmanager.get_plugin("vramleak-recorder")
+    if not given or recorder is None or not recorder.ran or any(result["outcome"] != "unchecked" for result in config.stash.get(RESULTS, [])):
+        return []
+    return given

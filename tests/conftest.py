@@ -47,7 +47,8 @@ def fake_cuda_plugin(monkeypatch: pytest.MonkeyPatch):
     import sys
     import types
 
-    import pytest_vramleak.plugin as plugin
+    import pytest_vramleak.state as state
+    import pytest_vramleak.summary as summary
     from pytest_vramleak.devices import CudaMeter
 
     from .fakes import FakeCuda
@@ -57,8 +58,9 @@ def fake_cuda_plugin(monkeypatch: pytest.MonkeyPatch):
         shared = types.ModuleType("vramleak_fake_cuda")
         shared.CUDA = cuda  # type: ignore[attr-defined]
         monkeypatch.setitem(sys.modules, "vramleak_fake_cuda", shared)
-        monkeypatch.setattr(plugin, "resolve_device", lambda spec, torch: "cuda:0")
-        monkeypatch.setattr(plugin, "make_meter", lambda name, torch: CudaMeter(name, cuda))
+        for module in (state, summary):  # each test's meter and the device option's check; the header
+            monkeypatch.setattr(module, "resolve_device", lambda spec, torch: "cuda:0")
+        monkeypatch.setattr(state, "make_meter", lambda name, torch: CudaMeter(name, cuda))
         return cuda
 
     return install

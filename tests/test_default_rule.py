@@ -522,9 +522,9 @@ def test_a_slow_test_keeping_memory_only_in_its_parametrize_values_is_not_run_ag
 ) -> None:
     # pytest keeps a case's parametrize values for the session and runs the case once: what they
     # keep cannot grow, and a DDP fit of seconds need not run again to show it.
-    import pytest_vramleak.plugin as plugin
+    import pytest_vramleak.runs as runs
 
-    monkeypatch.setattr(plugin, "SLOW_RUN_SECONDS", 0.0)
+    monkeypatch.setattr(runs, "SLOW_RUN_SECONDS", 0.0)
     pytester.makepyfile(test_it=CALLBACKS.format(also="", runs=1))
     result, report = run_checked("-p", "no:randomly", "--vramleak")
     result.assert_outcomes(passed=2)
@@ -538,9 +538,9 @@ def test_a_slow_test_keeping_memory_only_in_its_parametrize_values_is_not_run_ag
 
 
 def test_memory_a_parametrize_value_holds_that_a_module_holds_too_runs_again(pytester: pytest.Pytester, run_checked, monkeypatch: pytest.MonkeyPatch) -> None:
-    import pytest_vramleak.plugin as plugin
+    import pytest_vramleak.runs as runs
 
-    monkeypatch.setattr(plugin, "SLOW_RUN_SECONDS", 0.0)
+    monkeypatch.setattr(runs, "SLOW_RUN_SECONDS", 0.0)
     pytester.makepyfile(test_it=CALLBACKS.format(also="KEEP.append(callbacks[0].best)", runs=5))
     result, report = run_checked("-p", "no:randomly", "--vramleak")
     entry = report["test_fit[callbacks0]"]

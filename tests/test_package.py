@@ -83,3 +83,12 @@ def _anchor(heading: str) -> str:
     """GitHub's anchor for a Markdown heading."""
     text = heading.lstrip("#").strip().lower()
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+PYTEST_GROUP = {"plugin", "runs", "state", "marker", "fixture", "leftovers", "summary", "outputs", "protocol", "release", "options"}
+
+
+def test_the_engine_imports_nothing_of_the_pytest_layer() -> None:
+    # A training script uses the engine (LeakCheck, StepWatcher, take_snapshot) without pytest's hooks.
+    wrong = {name: sorted(imported & PYTEST_GROUP) for name, imported in _imports().items() if name not in PYTEST_GROUP and not name.startswith("__") and imported & PYTEST_GROUP}
+    assert wrong == {}
