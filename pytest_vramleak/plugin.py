@@ -64,6 +64,7 @@ from .state import (
     meter_for,
     option_and_source,
     pasteable,
+    skipped_by_mark,
     why_unavailable,
 )
 from .summary import header_settings, idle_options, latest, summary_lines
@@ -195,6 +196,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     check = Check(budget)
     item.stash[CHECK] = item.config.stash[ACTIVE] = check
     check.meter = meter_for(item, budget.device if budget else None)
+    if skipped_by_mark(item):  # pytest skips it next, before its fixtures: nothing to measure
+        return
     # pytest keeps the last failed test's traceback, and its frames' tensors, in sys.last_* until
     # the next test's call starts. Drop them now and collect: the failed test's frames sit in
     # reference cycles that would otherwise be frozen, and kept in memory, through this test.

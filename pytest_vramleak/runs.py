@@ -50,6 +50,8 @@ class TestRuns:
     """Where the run that records sites notes them (the run after the verdict, for a failing test)."""
     naming_run: bool = False
     """The run now is the one that records sites, after the verdict."""
+    cpp_known: bool = False
+    """``held_in_cpp`` was read as the runs were judged (before the run that records sites)."""
     held_in_cpp: bool = False
     """Nothing in Python referred to any tensor the runs kept before the run that records sites."""
     foreign: bool = False
@@ -375,7 +377,7 @@ def _recording_run(item: pytest.Item, runs: TestRuns, run: Callable[[], list[pyt
     tracker = item.config.stash[TRACKER]
     # Memory only C++ holds is named by where it was made, from the user's line or from inside a
     # library (PyTorch's own, set aside): a few frames tell that, and no view is kept from Python.
-    light = runs.held_in_cpp = _held_from_cpp_only(tracker, runs.first_begin)
+    light = runs.held_in_cpp = runs.held_in_cpp if runs.cpp_known else _held_from_cpp_only(tracker, runs.first_begin)
     recorder.start(frames=FRAMES_FOR_CPP_HELD if light else FRAMES_TRACED)
     if not light:
         storages.start()
@@ -569,6 +571,11 @@ def _credit_cycles_first(item: pytest.Item, runs: TestRuns, verdict: Verdict) ->
     if engine.device != "cpu":
         return
     tracker = item.config.stash[TRACKER]
+    # Garbage on a cycle refers to what it holds: memory nothing in Python refers to (what
+    # PyTorch's tracing keeps in C++) was made garbage by no run, and needs no collection.
+    runs.held_in_cpp, runs.cpp_known = _held_from_cpp_only(tracker, runs.first_begin), True
+    if runs.held_in_cpp:
+        return
     tracker.settle()
     runs.credit = _settled_credit(tracker, runs, "cpu")
     if any(runs.credit):

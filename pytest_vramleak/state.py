@@ -152,3 +152,16 @@ def option_and_source(config: pytest.Config, ini_name: str) -> tuple[Any, str]:
     if value is not None:
         return value, "--" + ini_name.replace("_", "-")
     return config.getini(ini_name), f"ini option {ini_name}"
+
+
+def skipped_by_mark(item: pytest.Item) -> bool:
+    """Whether pytest will skip the test by its marks as its setup starts, read without evaluating
+    anything: a ``skip`` mark, or a ``skipif`` whose condition is ``True`` (a condition pytest
+    must evaluate, a string, is left to pytest: the check then begins as for any test)."""
+    if item.get_closest_marker("skip") is not None:
+        return True
+    for mark in item.iter_markers("skipif"):
+        conditions = mark.args if mark.args else (mark.kwargs.get("condition"),)
+        if any(condition is True for condition in conditions):
+            return True
+    return False

@@ -546,3 +546,38 @@ def test_memory_a_parametrize_value_holds_that_a_module_holds_too_runs_again(pyt
     entry = report["test_fit[callbacks0]"]
     assert (entry["outcome"], entry["pattern"]) == ("leaked", "grows"), result.stdout.str()
     assert report["test_runs"]["outcome"] == "passed"  # 3 more runs, and 1 recording sites
+
+
+def test_a_test_its_marks_skip_is_not_measured(pytester: pytest.Pytester, run_checked, monkeypatch: pytest.MonkeyPatch) -> None:
+    # pytest skips it as its setup starts, before its fixtures: no check begins (a tracker's
+    # begin collects young garbage and freezes the heap), and its record is as before.
+    from pytest_vramleak.check import LeakCheck
+
+    begun: list[str] = []
+    original = LeakCheck.begin
+    monkeypatch.setattr(LeakCheck, "begin", lambda self: (begun.append(self.name), original(self))[1])
+    pytester.makepyfile(
+        test_it="""
+        import pytest
+
+        @pytest.mark.skip(reason="not here")
+        def test_skipped():
+            pass
+
+        @pytest.mark.skipif(True, reason="not here")
+        def test_skipped_if():
+            pass
+
+        @pytest.mark.skipif("True", reason="a condition pytest evaluates")
+        def test_skipped_by_a_condition():
+            pass
+
+        def test_runs():
+            pass
+        """
+    )
+    result, report = run_checked("-p", "no:randomly", "--vramleak")
+    result.assert_outcomes(passed=1, skipped=3)
+    assert begun == ["test_it.py::test_skipped_by_a_condition", "test_it.py::test_runs"]
+    for name in ("test_skipped", "test_skipped_if", "test_skipped_by_a_condition"):
+        assert (report[name]["outcome"], report[name]["reason"], report[name]["device"]) == ("unchecked", "the test was skipped", "cpu")
