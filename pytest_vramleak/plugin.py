@@ -353,10 +353,16 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -
     elif report.when != "call" or not report.failed:
         return None
     if outcome == "leaked":
-        return "failed", "L", ("LEAKED", {"red": True})
+        return "failed", "L", _word("LEAKED")
     if outcome == "over_budget":
-        return "failed", "B", ("OVER BUDGET", {"red": True})
+        return "failed", "B", _word("OVER BUDGET")
     return None
+
+
+def _word(word: str) -> Any:
+    """The verbose word, in red where pytest's short summary takes a word with its markup (newer pytest);
+    before, the summary would print the pair itself."""
+    return (word, {"red": True}) if hasattr(pytest.TestReport, "_get_verbose_word_with_markup") else word
 
 
 WORKER_LEFTOVERS = pytest.StashKey[list[dict[str, Any]]]()
