@@ -741,19 +741,29 @@ def name_holders(
     return [path_text(path) if path is not None else None for path in paths]
 
 
-def without_python_holders(objects: Sequence[Any], *, exclude_types: tuple[type, ...] = ()) -> set[int]:
-    """Ids of the objects that nothing in Python refers to (no gc-tracked object, no running frame)."""
+def _python_holders(objects: Sequence[Any], wanted_ids: set[int], exclude_types: tuple[type, ...] = ()) -> tuple[set[int], list[Any]]:
+    """Who in Python holds any of ``objects``: the ids of those a running frame (not this
+    package's) has as a local, and the gc-tracked objects that refer to any of them, less this
+    package's frames and the caller's own list. The caller clears the list it gets."""
     own = _own_frames()
     wanted = tuple(objects)
-    wanted_ids = {id(o) for o in wanted}
-    held = {ident for ident in _running_locals(_frames_not_ours(own)) if ident in wanted_ids}
+    in_frames = {ident for ident in _running_locals(_frames_not_ours(own)) if ident in wanted_ids}
     with whole_heap():
         referrers = _referrers(wanted, wanted_ids)
-    for holder in referrers:
-        if id(holder) in own or type(holder) in exclude_types or holder is objects or holder is wanted:
-            continue
+    try:
+        holders = [h for h in referrers if id(h) not in own and type(h) not in exclude_types and h is not objects and h is not wanted]
+    finally:
+        del referrers
+    return in_frames, holders
+
+
+def without_python_holders(objects: Sequence[Any], *, exclude_types: tuple[type, ...] = ()) -> set[int]:
+    """Ids of the objects that nothing in Python refers to (no gc-tracked object, no running frame)."""
+    wanted_ids = {id(o) for o in objects}
+    held, holders = _python_holders(objects, wanted_ids, exclude_types)
+    for holder in holders:
         held.update(id(r) for r in gc.get_referents(holder) if id(r) in wanted_ids)
-    del referrers
+    holders.clear()
     return wanted_ids - held
 
 
@@ -781,16 +791,11 @@ def held_only_inside(objects: Sequence[Any], values: Sequence[Any]) -> bool:
     stack.clear()
     if not objects or not wanted_ids <= inside:
         return False
-    own = _own_frames()
-    wanted = tuple(objects)
-    if any(ident in wanted_ids for ident in _running_locals(_frames_not_ours(own))):
-        return False
-    with whole_heap():
-        referrers = _referrers(wanted, wanted_ids)
+    in_frames, holders = _python_holders(objects, wanted_ids)
     try:
-        return all(id(holder) in inside or id(holder) in own or holder is objects or holder is wanted for holder in referrers)
+        return not in_frames and all(id(holder) in inside for holder in holders)
     finally:
-        del referrers
+        holders.clear()
 
 
 _HOOK_ATTRIBUTES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks")
