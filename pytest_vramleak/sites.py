@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .census import is_tensor_type, storage_facts, tensor_storages
+
 MAX_CALLERS = 3
 FRAMES_TRACED = 16
 FRAMES_FOR_CPP_HELD = 4
@@ -74,6 +76,13 @@ def site_text(site: Site) -> str:
     return f"{text} in {function}()" if function else text
 
 
+# Expressions that run in a frame of their own, named as CPython names their code (comprehensions
+# other than generator expressions run inline from 3.12 on: PEP 709).
+_SCOPE_NAMES: dict[type, str] = {ast.Lambda: "<lambda>", ast.GeneratorExp: "<genexpr>"}
+if sys.version_info < (3, 12):
+    _SCOPE_NAMES.update({ast.ListComp: "<listcomp>", ast.SetComp: "<setcomp>", ast.DictComp: "<dictcomp>"})
+
+
 @functools.lru_cache(maxsize=64)
 def _functions_by_line(filename: str, stamp: tuple[int, int]) -> tuple[tuple[int, int, str], ...]:
     """``(first line, last line, name)`` of every function in a source file, innermost last."""
@@ -85,22 +94,10 @@ def _functions_by_line(filename: str, stamp: tuple[int, int]) -> tuple[tuple[int
     spans = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            name = node.name
-        elif isinstance(node, (ast.Lambda, ast.GeneratorExp, ast.ListComp, ast.SetComp, ast.DictComp)):
-            name = _SCOPE_NAMES.get(type(node), "")
-            if not name:
-                continue
-        else:
-            continue
-        spans.append((node.lineno, node.col_offset, node.end_lineno or node.lineno, name))
+            spans.append((node.lineno, node.col_offset, node.end_lineno or node.lineno, node.name))
+        elif isinstance(node, ast.expr) and type(node) in _SCOPE_NAMES:
+            spans.append((node.lineno, node.col_offset, node.end_lineno or node.lineno, _SCOPE_NAMES[type(node)]))
     return tuple((first, last, name) for first, _, last, name in sorted(spans, key=lambda span: span[:2]))
-
-
-# Expressions that run in a frame of their own, named as CPython names their code (comprehensions
-# other than generator expressions run inline from 3.12 on: PEP 709).
-_SCOPE_NAMES: dict[type, str] = {ast.Lambda: "<lambda>", ast.GeneratorExp: "<genexpr>"}
-if sys.version_info < (3, 12):
-    _SCOPE_NAMES.update({ast.ListComp: "<listcomp>", ast.SetComp: "<setcomp>", ast.DictComp: "<dictcomp>"})
 
 
 def enclosing_function(filename: str, line: int, outer: int = 0) -> str:
@@ -165,12 +162,6 @@ def frame_kind_of_file(filename: str) -> str:
     if filename.startswith(standard) and not filename.startswith(installed):
         return "library"  # copy.deepcopy, functools: a site names the user's line that called them
     return "user"
-
-
-def _storage_facts(storage: Any) -> tuple[str, int, int] | None:
-    from .census import storage_facts  # (census imports torch-facing helpers late too)
-
-    return storage_facts(storage)
 
 
 def user_sites(frames: list[tuple[str, int, str]]) -> tuple[Site, ...]:
@@ -368,7 +359,7 @@ class SiteRecorder:
             stack = self._stack(tensor, frames)
             if stack:
                 self._objects[id(tensor)] = stack
-                facts = _storage_facts(storage)
+                facts = storage_facts(storage)
                 if facts is not None:
                     self._sites[id(storage)] = (facts[1], facts[2], stack)
 
@@ -399,7 +390,7 @@ class SiteRecorder:
     def site_of(self, tensor: Any, storage: Any) -> tuple[Site, ...] | None:
         """Where ``tensor`` (whose storage is ``storage``) was made, if recorded."""
         known = self._sites.get(id(storage))
-        facts = _storage_facts(storage) if known is not None else None
+        facts = storage_facts(storage) if known is not None else None
         if known is not None and facts is not None and known[:2] == facts[1:]:
             return self._named(known[2])
         if tracemalloc.is_tracing():
@@ -462,8 +453,6 @@ class StorageSites:
         return self._returning if self._tracing else None
 
     def _note(self, values: list[Any]) -> None:
-        from .census import is_tensor_type, storage_facts, tensor_storages
-
         for value in values:
             if not is_tensor_type(type(value)):
                 continue
@@ -482,8 +471,6 @@ class StorageSites:
                         self._storages[key] = user_sites(frames)
 
     def site_of(self, tensor: Any, storage: Any) -> tuple[Site, ...] | None:
-        from .census import storage_facts
-
         facts = storage_facts(storage)
         if facts is None:
             return None
