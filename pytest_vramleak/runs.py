@@ -302,10 +302,8 @@ def _run_record(check: Check, runs: TestRuns | None = None) -> Run:
     engine = check.engine.result
     graph = engine.graph
     nodes = graph.nodes if graph is not None else 0
-    if runs is None or not runs.checks:
-        return Run(engine.leaked_bytes or 0, engine.outcome, nodes, check.engine.begin_clock)
-    first = runs.checks[0].engine
-    if first is not None and first is not check.engine and first.begin_graphs is not None:
+    first = runs.checks[0].engine if runs is not None and runs.checks else None
+    if runs is not None and first is not None and first is not check.engine and first.begin_graphs is not None:
         if engine.device == "cpu":  # what tensors alive now keep of every run's graphs: a run may free an earlier one's
             tracker = check.engine.tracker
             nodes = tracker.kept_graph(threshold=first.begin_graphs, entries=tracker.entries_since_run(runs.first_begin)).nodes

@@ -377,6 +377,8 @@ def _paths_through_graph_nodes(
         found.clear()
 
 
+_CAPSULE = type(datetime.datetime_CAPI)
+"""Python's capsule type (``types.CapsuleType`` from 3.13 on)."""
 _CONTAINERS = {dict, list, tuple, set, frozenset}
 _DLTENSOR = b"dltensor"
 """The name of a DLPack capsule nobody has consumed yet: it owns its ``DLManagedTensor``."""
@@ -421,7 +423,7 @@ def _paths_through_opaque_holders(
     numpy = sys.modules.get("numpy")
     ndarray = getattr(numpy, "ndarray", None)
     future = getattr(torch._C, "Future", None)
-    kinds = {type(datetime.datetime_CAPI), ndarray} - {None}
+    kinds = {_CAPSULE, ndarray} - {None}
     found: dict[int, tuple[Any, str]] = {}
 
     def holds(holder: Any, address: int | None, what: str) -> None:
