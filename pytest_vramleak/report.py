@@ -80,6 +80,9 @@ class TestResult:
     """Bytes above the warm-up baseline after each measured step of the test's last step check."""
     warmup_steps: list[int] | None = None
     """The same after each warm-up step of that check."""
+    step_history_nodes: list[int] | None = None
+    """After each measured step of that check, the autograd nodes made by earlier measured steps
+    that tensors alive then keep (None where torch does not number its nodes)."""
     growth_bytes: int | None = None
     settled_after_step: int | None = None
     """Where a step check's memory rose and then stayed flat: the step after which it did."""

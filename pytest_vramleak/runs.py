@@ -651,6 +651,7 @@ def _step_figures(check: Check, result: TestResult) -> None:
         result.outcome = "passed"  # checked through the fixture alone
     result.steps = list(last.steps)
     result.warmup_steps = list(last.warmup_steps)
+    result.step_history_nodes = list(last.history) if last.history else None
     if last.leak is not None and not result.tensors:
         result.tensors = [group.to_json() for group in last.leak.groups]
     result.growth_bytes = last.verdict.growth_bytes if last.verdict is not None else result.growth_bytes

@@ -8,12 +8,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .census import storage_key
 from .devices import CudaMeter, Meter
 from .referrers import NamedRoot
 from .sites import SiteRecorder
 from .sizes import format_size
-from .snapshot import Leak, describe, meter_for
-from .tracker import Mark, Tracker
+from .snapshot import Leak, describe, describe_history, meter_for
+from .tracker import NODE_BYTES, KeptGraph, Mark, Tracker, graph_clock
 from .verdict import GrowthVerdict, judge_growth
 
 
@@ -45,10 +46,20 @@ class StepResult:
     fragmentation: GrowthVerdict | None = None
     """CUDA: the growth rule applied to memory reserved but not allocated after each measured step,
     where it grew while allocated memory did not (the caching allocator fragmenting)."""
+    history: list[int] = field(default_factory=list)
+    """Autograd nodes made after warm-up, before each measured step began, that tensors alive
+    after that step keep: each step's graph kept past its step (empty where torch does not
+    number its nodes)."""
+    history_verdict: GrowthVerdict | None = None
+    """The growth rule applied to ``history`` (at :data:`~pytest_vramleak.tracker.NODE_BYTES` a node)."""
 
     @property
     def grows(self) -> bool:
-        return (self.verdict is not None and self.verdict.grows) or self.fragmentation is not None
+        return (self.verdict is not None and self.verdict.grows) or self.fragmentation is not None or self.history_grows
+
+    @property
+    def history_grows(self) -> bool:
+        return self.history_verdict is not None and self.history_verdict.grows
 
     @property
     def stopped_early(self) -> bool:
@@ -78,12 +89,17 @@ class StepResult:
         if self.grows:
             assert self.verdict is not None
             early = f" (the loop was left early: {len(self.steps)} of {self.planned - self.warmup} steps measured)" if self.stopped_early else ""
-            lines = [
-                self.verdict.message + early,
-                "after each measured step, above the warm-up baseline: " + ", ".join(format_size(s) for s in self.steps),
-            ]
+            lines = []
+            if self.verdict.grows:
+                lines += [
+                    self.verdict.message + early,
+                    "after each measured step, above the warm-up baseline: " + ", ".join(format_size(s) for s in self.steps),
+                ]
+            if self.history_grows:
+                lines += [self._history_message() + ("" if self.verdict.grows else early), "autograd nodes kept from earlier steps after each measured step: " + ", ".join(f"{n:,}" for n in self.history)]
             if self.leak is not None:
-                lines += ["tensors created after warm-up that outlived their step:", self.leak.render()]
+                heading = "tensors created after warm-up that outlived their step:" if self.verdict.grows else "what keeps that history:"
+                lines += [heading, self.leak.render()]
             return "\n".join(lines)
         settled = self.settled_after
         if settled is not None:
@@ -93,6 +109,19 @@ class StepResult:
                 f"step {settled} (settled: not a leak); warmup={settled + 1} would leave it out of the measured steps"
             )
         return ""
+
+    def _history_message(self) -> str:
+        growth = self.history_verdict
+        assert growth is not None
+        per_step = growth.per_step_bytes / NODE_BYTES
+        nodes = f"{per_step:,.0f}" if per_step >= 10 else f"{per_step:,.1f}".removesuffix(".0")
+        noun = "node" if nodes == "1" else "nodes"
+        return (
+            f"the autograd history kept across steps grew {nodes} {noun} per step over {len(self.history)} measured steps "
+            f"(about {format_size(growth.per_step_bytes)} of host memory per step; {self.history[-1]:,} nodes after the last): "
+            "a tensor that outlives its step links each step's graph to the one before, even where backward freed "
+            "what the graph saved; keep loss.item() or loss.detach() instead"
+        )
 
 
 def _whole(value: Any) -> int | None:
@@ -179,8 +208,11 @@ class StepWatcher:
             reason = f"not checked: the loop was left early, with {len(figures)} of {planned - warmup} steps measured (at least 2 are needed)"
             return StepResult(device, warmup, figures, None, None, loop.warmup_figures(), planned, ran, reason)
         verdict = judge_growth(figures, self.tolerance, device)
-        leak = loop.explain(verdict.per_step_bytes) if verdict.grows else None
-        result = StepResult(device, warmup, figures, verdict, leak, loop.warmup_figures(), planned, ran)
+        history = loop.history[: len(figures)]
+        history_verdict = judge_growth([nodes * NODE_BYTES for nodes in history], self.tolerance, device) if len(history) >= 2 else None
+        history_grows = history_verdict is not None and history_verdict.grows
+        leak = loop.explain(verdict.per_step_bytes, storages=verdict.grows, history=history_grows) if verdict.grows or history_grows else None
+        result = StepResult(device, warmup, figures, verdict, leak, loop.warmup_figures(), planned, ran, history=history, history_verdict=history_verdict)
         slack = loop.slack_figures()
         if not verdict.grows and len(slack) >= 2:
             fragmenting = judge_growth(slack, self.tolerance, device)
@@ -273,6 +305,13 @@ class _Loop:
         """Measured steps, counted from 1, after which site recording stops (None: not started)."""
         self.recording_since = 0
         self.recording = False
+        self.graph_base: int | None = None
+        """This thread's autograd counter at the baseline: nodes numbered from it on were made by
+        the measured steps (None: not known)."""
+        self.graph_last: int | None = None
+        """The counter at the last measurement: nodes numbered from it on belong to the step since."""
+        self.history: list[int] = []
+        self.kept_graph = KeptGraph(0, [])
 
     def open(self) -> None:
         if self.owns_tracker:
@@ -308,10 +347,34 @@ class _Loop:
         self.tracker.freeze_young()  # each step's observation then reads what that step made
         self.warming.append(self.baseline_bytes)
         self.baseline_clock = self.penultimate_clock = self.tracker.clock
+        self.graph_base = self.graph_last = self._graph_clock()
+
+    def _graph_clock(self) -> int | None:
+        if self.on_cpu and self.last_mark is not None:
+            return self.last_mark.graphs
+        return graph_clock(_torch())
+
+    def _count_history(self) -> None:
+        """Count the autograd nodes made after warm-up and before the step just measured that
+        tensors alive now keep. A loop's last loss keeps its own step's graph until the next step
+        rebinds it: those nodes are followed but not counted, so a clean loop counts none."""
+        clock, base, before = self._graph_clock(), self.graph_base, self.graph_last
+        if clock is None or base is None or before is None:
+            return
+        self.graph_last = clock
+        if before == base:  # no step before this one built a graph since the baseline
+            self.history.append(0)
+            return
+        if self.on_cpu:
+            self.kept_graph = self.tracker.kept_graph(threshold=base, before=before)
+        else:
+            self.kept_graph = self.tracker.young_graph(base, before=before)
+        self.history.append(self.kept_graph.nodes)
 
     def measure_step(self) -> None:
         self.penultimate_clock = self.tracker.clock
         self.measured.append(self._measure())
+        self._count_history()
         if self.slack and self._last_slack is not None:
             self.slack.append(self._last_slack)
         if self.recorder is None:
@@ -345,17 +408,19 @@ class _Loop:
     def warmup_figures(self) -> list[int]:
         return [w - self.baseline_bytes for w in self.warming]
 
-    def explain(self, per_step: float) -> Leak:
+    def explain(self, per_step: float, *, storages: bool = True, history: bool = False) -> Leak:
         """The tensors made after warm-up that outlived a step (alive after the next-to-last step
-        and at the end), with their holders. The last step's own temporaries are not among them."""
+        and at the end), with their holders, where ``storages`` grew; the last step's own
+        temporaries are not among them. With ``history``, also the tensors that keep the autograd
+        history that grew, with theirs."""
         tracker, device = self.tracker, self.meter.name
         self.stop_recording()  # (a loop that grew in its last steps is still recording)
-        if not self.on_cpu:
+        if not self.on_cpu and storages:
             tracker.catch_up()
-        lasting = tracker.created(device, since=self.baseline_clock, before=self.penultimate_clock + 1)
+        lasting = tracker.created(device, since=self.baseline_clock, before=self.penultimate_clock + 1) if storages else []
         notes = []
         refs = lasting
-        if not lasting:
+        if storages and not lasting:
             # No storage outlived a step: memory grows through one replaced by a bigger one each
             # step. That one is larger than a step's growth; the last step's temporaries are not.
             made = sorted(tracker.created(device, since=self.baseline_clock), key=lambda ref: -ref.nbytes)
@@ -367,8 +432,26 @@ class _Loop:
             )
         refs += [ref for ref, _ in tracker.grown_older(device, since=self.baseline_clock)]
         keys = [(ref.device, ref.pointer) for ref in refs if ref() is not None]
-        with tracker.unfrozen():  # naming holders needs the whole heap
-            named = self.named_roots() if self.named_roots is not None else ()
-            groups = describe(keys, device, sites=self.recorder, named=named) if keys else []
+        wanted = set(keys)
+        roots = [(tensor, nodes) for tensor, nodes in ((ref(), nodes) for ref, nodes in self.kept_graph.roots) if tensor is not None] if history else []
+        # a kept tensor named among the grown ones already says it keeps its graph
+        roots = [(tensor, nodes) for tensor, nodes in roots if not (storage_key(tensor) or ((None, 0), 0))[0] in wanted]
+        try:
+            with tracker.unfrozen():  # naming holders needs the whole heap
+                named = self.named_roots() if self.named_roots is not None else ()
+                groups = describe(keys, device, sites=self.recorder, named=named) if keys else []
+                if roots:
+                    # a tensor named as keeping a graph's saved tensors is named once
+                    graph_holders = {chain for group in groups if group.kind == "graph" for chain in group.held_by}
+                    kept = describe_history(roots, device, node_bytes=NODE_BYTES, named=named, collect=False)
+                    groups += [group for group in kept if not set(group.held_by) <= graph_holders]
+        finally:
+            roots.clear()
         end = self.baseline_bytes + (self.figures()[-1] if self.measured else 0)
         return Leak(device, self.baseline_bytes, end, end - self.baseline_bytes, groups, notes=notes)
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch

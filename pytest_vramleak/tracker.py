@@ -253,22 +253,31 @@ class KeptGraph(NamedTuple):
         return self.nodes * NODE_BYTES
 
 
-def count_nodes(node: Any, threshold: int, visited: set[int], keep: list[Any]) -> int:
+def count_nodes(node: Any, threshold: int, visited: set[int], keep: list[Any], before: int | None = None) -> int:
     """Nodes under ``node`` numbered ``threshold`` or later (made since then on this thread), each
     counted once overall; older nodes are neither counted nor followed (their inputs are older
-    still). ``AccumulateGrad`` nodes belong to their leaves and are not counted."""
+    still). ``AccumulateGrad`` nodes belong to their leaves and are not counted. With ``before``,
+    nodes numbered from it on are followed but not counted (a step check's current step)."""
     accumulate = _torch()._C._functions.AccumulateGrad
+    end = 1 << 63 if before is None else before
+
+    def number(current: Any) -> int:
+        return -1 if type(current) is accumulate else _sequence_number(current)
 
     def made_since(current: Any) -> bool:
-        if type(current) is accumulate:
-            return False
-        try:
-            number: int = current._sequence_nr()
-        except Exception:
-            return False
-        return threshold <= number < 1 << 63
+        return threshold <= number(current) < 1 << 63
 
-    return sum(map(made_since, graph_nodes([node], visited, keep, follow=made_since)))
+    if before is None:
+        return sum(map(made_since, graph_nodes([node], visited, keep, follow=made_since)))
+    return sum(threshold <= number(current) < end for current in graph_nodes([node], visited, keep, follow=made_since))
+
+
+def _sequence_number(node: Any) -> int:
+    try:
+        number: int = node._sequence_nr()
+    except Exception:
+        return -1
+    return number
 
 
 class Tracker:
@@ -671,10 +680,11 @@ class Tracker:
                     found.append(tensor)
         return found
 
-    def kept_graph(self, *, threshold: int | None = None, entries: list[Entry] | None = None) -> KeptGraph:
+    def kept_graph(self, *, threshold: int | None = None, entries: list[Entry] | None = None, before: int | None = None) -> KeptGraph:
         """The autograd nodes made since ``threshold`` (this thread's counter; the test's start by
-        default) that tensors alive now keep: through the tensors read since the test began and
-        the older ones it changed in place. Call after an observation."""
+        default), and before ``before`` where given, that tensors alive now keep: through the
+        tensors read since the test began and the older ones it changed in place. Call after an
+        observation."""
         threshold = self.begin_graphs if threshold is None else threshold
         if threshold is None:
             return KeptGraph(0, [])
@@ -684,6 +694,7 @@ class Tracker:
         visited: set[int] = set()
         keep: list[Any] = []
         counted: list[tuple[weakref.ref[Any], int]] = []
+        nodes: list[tuple[int, weakref.ref[Any], Any]] = []
         try:
             for entry in roots:
                 tensor = entry.ref()
@@ -694,16 +705,24 @@ class Tracker:
                 except Exception:
                     continue
                 if node is not None:
-                    found = count_nodes(node, threshold, visited, keep)
-                    if found:
-                        counted.append((entry.ref, found))
+                    nodes.append((_sequence_number(node) if before is not None else 0, entry.ref, node))
                 del tensor
+            if before is not None:
+                # A node shared by several tensors is credited to the first counted. A step's
+                # carried state is made after its temporaries (the sum after the loss added to it,
+                # the new weight after the loss and gradient that made it): latest first.
+                nodes.sort(key=lambda item: -item[0])
+            for _, ref, node in nodes:
+                found = count_nodes(node, threshold, visited, keep, before)
+                if found:
+                    counted.append((ref, found))
         finally:
+            nodes.clear()
             keep.clear()
         counted.sort(key=lambda item: -item[1])
         return KeptGraph(sum(found for _, found in counted), counted[:MAX_GRAPH_ROOTS])
 
-    def young_graph(self, threshold: int | None) -> KeptGraph:
+    def young_graph(self, threshold: int | None, before: int | None = None) -> KeptGraph:
         """:meth:`kept_graph` through the tensors made since the heap was frozen, found by one
         traversal of the young objects without indexing them (an allocator counts the memory)."""
         if threshold is None:
@@ -722,7 +741,7 @@ class Tracker:
                     entries.append(Entry(ref))
         finally:
             found.clear()
-        return self.kept_graph(threshold=threshold, entries=entries)
+        return self.kept_graph(threshold=threshold, entries=entries, before=before)
 
     def entries_since_run(self, clock: int) -> list[Entry]:
         """The roots :meth:`kept_graph` reads for the runs of a test since ``clock``: the live

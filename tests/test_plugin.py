@@ -179,6 +179,7 @@ def test_json_report_schema(pytester: pytest.Pytester) -> None:
                 "budget": {"peak": None, "leak": 100},
                 "steps": None,
                 "warmup_steps": None,
+                "step_history_nodes": None,
                 "growth_bytes": None,
                 "settled_after_step": None,
                 "rule": "any",  # a marker's budget: anything past it fails
