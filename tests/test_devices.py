@@ -34,6 +34,18 @@ def test_resolve_device_names_a_missing_device() -> None:
         resolve_device("cuda", FakeTorch(FakeCuda(available=False), None))
 
 
+def test_auto_is_the_cpu_where_the_accelerator_torch_reports_cannot_start() -> None:
+    # A CUDA build that reports a device it cannot initialize (no driver): the header and each
+    # test's meter get the CPU, not torch's RuntimeError.
+    fake = FakeTorch(FakeCuda(devices=1), "cuda")
+
+    def no_driver() -> int:
+        raise RuntimeError("Found no NVIDIA driver on your system")
+
+    fake.accelerator.current_device_index = no_driver  # type: ignore[method-assign]
+    assert resolve_device("auto", fake) == "cpu"
+
+
 @pytest.mark.parametrize("spec", ["tpu", "cuda:x", "gpu0"])
 def test_resolve_device_rejects_unknown_names(spec: str) -> None:
     with pytest.raises(ValueError, match="unknown device"):
