@@ -34,30 +34,32 @@ class VramLeakFixture:
         """The step checks run so far in this test."""
         return self._watcher.results if self._watcher is not None else []
 
-    def steps(self, n: int, *, warmup: int | None = None) -> Iterator[int]:
-        """Yield ``0 .. n-1``; after the last step, fail the test if memory kept growing."""
+    def steps(self, n: int, *, warmup: int | None = None, max_steps: int | None = None, step: Callable[..., Any] | None = None) -> Iterator[int]:
+        """Yield ``0 .. n-1``; after the last step, fail the test if memory kept growing. Where
+        the ``n`` steps leave it undecided, up to ``max_steps`` steps run in all until it is decided."""
         try:
-            n, checked = (self._watcher or StepWatcher()).check_arguments(n, warmup)
+            n, checked, max_steps = (self._watcher or StepWatcher()).check_arguments(n, warmup, max_steps)
             warmup = checked if warmup is not None else None
         except ValueError as error:
             message = f"vramleak.{error}"
         else:
-            return self._run(n, warmup) if self._watcher is not None else iter(range(n))
+            return self._run(n, warmup, max_steps, step) if self._watcher is not None else iter(range(n))
         pytest.fail(message, pytrace=False)
 
-    def _run(self, n: int, warmup: int | None) -> Iterator[int]:
+    def _run(self, n: int, warmup: int | None, max_steps: int, step: Callable[..., Any] | None) -> Iterator[int]:
         assert self._watcher is not None
-        yield from self._watcher.steps(n, warmup=warmup)
+        yield from self._watcher.steps(n, warmup=warmup, max_steps=max_steps, step=step)
         result = self._watcher.results[-1]
         if result.grows:
             raise VramLeak(result.describe(), pytrace=False)
 
-    def check(self, step: Callable[..., Any], *, steps: int = 10, warmup: int | None = None) -> StepResult:
-        """Call ``step(i)`` (or ``step()``) ``steps`` times and fail the test if memory kept growing."""
+    def check(self, step: Callable[..., Any], *, steps: int = 10, warmup: int | None = None, max_steps: int | None = None) -> StepResult:
+        """Call ``step(i)`` (or ``step()``) ``steps`` times (up to ``max_steps`` where that leaves
+        the verdict undecided) and fail the test if memory kept growing."""
         __tracebackhide__ = True  # a step that raises shows the user's frames, as pytest's own are hidden
         try:
             call = step_caller(step)
-            for index in self.steps(steps, warmup=warmup):
+            for index in self.steps(steps, warmup=warmup, max_steps=max_steps, step=step):
                 call(index)
         except StepNotRun as error:
             message = f"vramleak.{error}"

@@ -647,7 +647,7 @@ def _step_figures(check: Check, result: TestResult) -> None:
     last = next((step for step in reversed(check.steps) if step.grows), check.steps[-1])
     if check.step_leaked:
         result.outcome = "leaked"
-    elif result.outcome == "unchecked" and check.budget is None and any(step.verdict is not None for step in check.steps) and check.unchecked_reason is None:
+    elif result.outcome == "unchecked" and check.budget is None and any(step.verdict is not None and not step.undecided for step in check.steps) and check.unchecked_reason is None:
         result.outcome = "passed"  # checked through the fixture alone
     result.steps = list(last.steps)
     result.warmup_steps = list(last.warmup_steps)
@@ -659,8 +659,11 @@ def _step_figures(check: Check, result: TestResult) -> None:
     if last.settled_after is not None:
         result.notes.append(last.describe())
     result.device = result.device or last.device
+    undecided = [step.undecided for step in check.steps if step.undecided]
     if result.outcome == "unchecked" and result.reason is None:
-        result.reason = next((step.reason for step in check.steps if step.reason), None)
+        result.reason = next((step.reason for step in check.steps if step.reason), None) or next(iter(undecided), None)
+    elif undecided and not check.step_leaked:
+        result.notes += undecided
 
 
 def _cycle_groups(runs: TestRuns, first: CheckResult) -> list[Any]:

@@ -39,6 +39,8 @@ from .sites import SiteSource, describe_stack
 MAX_CHAINS_PER_GROUP = 3
 MAX_HOOK_CHECKS = 3
 _HOOK_CHAIN = re.compile(r"\._\w*_hooks\[")
+STEP_FUNCTION = "the step function "
+"""How a step check names the function given to ``check()`` where it holds a leak."""
 HELD_FROM_CPP = "<no Python reference: held from C++, e.g. by a hook or cache inside torch or an extension>"
 
 
@@ -679,7 +681,8 @@ def describe(
                     checked.add(id(group))
                     # Only a closure can tie a container to a hook; a running frame's local is
                     # where such a container is usually seen (five walks of the heap otherwise).
-                    local = any(" local '" in chain or "closure var" in chain for chain in group.held_by)
+                    # (a step function given to check() is the closure itself: no hook to look for)
+                    local = any((" local '" in chain or "closure var" in chain) and not chain.startswith(STEP_FUNCTION) for chain in group.held_by)
                     if local and not any(_HOOK_CHAIN.search(chain) for chain in group.held_by):
                         group.hook = module_hook_holding(target) or ""
     finally:

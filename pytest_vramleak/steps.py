@@ -13,9 +13,9 @@ from .devices import CudaMeter, Meter
 from .referrers import NamedRoot
 from .sites import SiteRecorder
 from .sizes import format_size
-from .snapshot import Leak, describe, describe_history, meter_for
+from .snapshot import STEP_FUNCTION, Leak, describe, describe_history, meter_for
 from .tracker import NODE_BYTES, KeptGraph, Mark, Tracker, graph_clock
-from .verdict import GrowthVerdict, judge_growth
+from .verdict import LATE_GROWTH_STEPS, TREND_CERTAIN, GrowthVerdict, growth_message, judge_growth, trend_score
 
 
 RECORDED_STEPS = 2
@@ -52,6 +52,11 @@ class StepResult:
     number its nodes)."""
     history_verdict: GrowthVerdict | None = None
     """The growth rule applied to ``history`` (at :data:`~pytest_vramleak.tracker.NODE_BYTES` a node)."""
+    kept: list[int] | None = None
+    """CPU: ``steps`` less the storages each step made and left alive (its batch, its outputs):
+    what earlier steps kept, net of what they freed."""
+    undecided: str | None = None
+    """Why the measured steps could not tell growth from the steps' own tensors varying in size."""
 
     @property
     def grows(self) -> bool:
@@ -77,6 +82,8 @@ class StepResult:
         """The failure text of a loop that grew, or a line on one that settled or was not judged."""
         if self.reason:
             return self.reason
+        if self.undecided:
+            return self.undecided
         if self.fragmentation is not None:
             growth = self.fragmentation
             return (
@@ -95,6 +102,8 @@ class StepResult:
                     self.verdict.message + early,
                     "after each measured step, above the warm-up baseline: " + ", ".join(format_size(s) for s in self.steps),
                 ]
+                if self.kept is not None and self.kept != self.steps:
+                    lines.append("of which made by earlier measured steps and still alive: " + ", ".join(format_size(s) for s in self.kept))
             if self.history_grows:
                 lines += [self._history_message() + ("" if self.verdict.grows else early), "autograd nodes kept from earlier steps after each measured step: " + ", ".join(f"{n:,}" for n in self.history)]
             if self.leak is not None:
@@ -122,6 +131,44 @@ class StepResult:
             "a tensor that outlives its step links each step's graph to the one before, even where backward freed "
             "what the graph saved; keep loss.item() or loss.detach() instead"
         )
+
+
+def decide(figures: Sequence[int], kept: Sequence[int] | None, tolerance: int, device: str) -> tuple[GrowthVerdict, str | None]:
+    """The growth verdict on a loop's figures, and why it is undecided where it is.
+
+    On CPU ``kept`` (see :attr:`StepResult.kept`) leaves out what each step made and still
+    holds, whose size varies with its batch: memory grows where ``kept`` grows by the rule of
+    :func:`~pytest_vramleak.verdict.judge_growth`, at ``kept``'s rate. ``kept`` sees what a step
+    keeps one step late: where each of the last :data:`~pytest_vramleak.verdict.LATE_GROWTH_STEPS`
+    figures rose and each of the last but one of ``kept`` did, that is growth that started late. Where ``figures`` grow and ``kept`` did not rise,
+    no tensor outlived the step after the one that made it: either each step replaces a tensor
+    by a bigger one (``torch.cat`` onto itself), which rises at nearly every step, or the steps'
+    own tensors vary in size. A rise as steady as :data:`~pytest_vramleak.verdict.TREND_CERTAIN`
+    asks is growth; a weaker one is undecided. Where ``kept`` is not known (an allocator counts
+    the memory), the rule applies to ``figures``.
+    """
+    verdict = judge_growth(figures, tolerance, device)
+    if kept is None or len(kept) != len(figures):
+        return verdict, None
+    lasting = judge_growth(kept, tolerance, device)
+    if lasting.grows:  # at the rate of what the steps kept, and the total that rate makes
+        total = round(lasting.per_step_bytes * len(figures))
+        message = growth_message(lasting.per_step_bytes, len(figures), total, tolerance, device)
+        return GrowthVerdict(True, figures[-1], lasting.per_step_bytes, message, None, total), None
+    if not verdict.grows or (_rose_each(figures, LATE_GROWTH_STEPS) and _rose_each(kept, LATE_GROWTH_STEPS - 1)) or trend_score(figures) >= TREND_CERTAIN:
+        return verdict, None
+    return GrowthVerdict(False, verdict.growth_bytes, 0.0, ""), (
+        f"undecided: memory rose {format_size(verdict.kept_bytes)} over {len(figures)} measured steps on {device}, but no "
+        "tensor a measured step made outlived the step after it, and the rise is not steady enough to tell a tensor "
+        "replaced by a bigger one each step from the steps' own tensors varying in size; allow more steps with "
+        "steps(n, warmup=k, max_steps=m)"
+    )
+
+
+def _rose_each(figures: Sequence[int], count: int) -> bool:
+    """Whether each of the last ``count`` figures is above the one before it."""
+    tail = figures[-count - 1 :]
+    return len(tail) == count + 1 and all(after > before for before, after in zip(tail, tail[1:]))
 
 
 def _whole(value: Any) -> int | None:
@@ -156,8 +203,9 @@ class StepWatcher:
     """Values to name as their owner calls them when they hold a leak (a test's fixtures)."""
     results: list[StepResult] = field(default_factory=list)
 
-    def check_arguments(self, n: int, warmup: int | None) -> tuple[int, int]:
-        """``(n, warm-up)`` for ``steps(n, warmup=...)`` as ints; ValueError for arguments that cannot work.
+    def check_arguments(self, n: int, warmup: int | None, max_steps: int | None = None) -> tuple[int, int, int]:
+        """``(n, warm-up, max_steps)`` for ``steps(n, warmup=..., max_steps=...)`` as ints;
+        ValueError for arguments that cannot work. ``max_steps`` is ``n`` where not given.
 
         Any integer type counts (``numpy.int64``, a 0-d integer tensor: what ``operator.index``
         takes), but not ``bool``."""
@@ -168,23 +216,38 @@ class StepWatcher:
         n, warmup = whole[0], whole[1]
         if n - warmup < 2:
             raise ValueError(f"steps({n}, warmup={warmup}) leaves {max(0, n - warmup)} measured step(s); at least 2 are needed")
-        return n, warmup
+        if max_steps is None:
+            return n, warmup, n
+        most = _whole(max_steps)
+        if most is None or most < n:
+            raise ValueError(f"steps(n, max_steps=m) takes a whole number m of at least n={n}, got max_steps={max_steps!r}")
+        return n, warmup, most
 
-    def steps(self, n: int, *, warmup: int | None = None) -> Iterator[int]:
+    def steps(self, n: int, *, warmup: int | None = None, max_steps: int | None = None, step: Callable[..., Any] | None = None) -> Iterator[int]:
         """Yield ``0 .. n-1``; after the loop, ``self.results[-1]`` holds the verdict.
 
-        The first ``warmup`` iterations are not measured; at least two must remain. A loop left
-        early is judged on the steps measured so far where there are two or more.
+        The first ``warmup`` iterations are not measured; at least two must remain. Where the
+        ``n`` steps leave the verdict undecided (see :func:`decide`), the loop runs on to twice
+        as many steps, then four times, up to ``max_steps`` in all, until it is decided. A loop
+        left early is judged on the steps measured so far where there are two or more. ``step``
+        is the function :meth:`check` runs: where it keeps a leak (in a closure variable), it is
+        named as its holder.
         """
-        n, warmup = self.check_arguments(n, warmup)
+        n, warmup, max_steps = self.check_arguments(n, warmup, max_steps)
         meter = self.meter or meter_for(self.device)
-        loop = _Loop(meter, self.tracker or Tracker(meter.name), self.record_sites, self.named_roots)
+        named = self.named_roots
+        if step is not None:
+            root = NamedRoot(f"{STEP_FUNCTION}{getattr(step, '__qualname__', type(step).__name__)} given to check()", step, "step")
+            others = self.named_roots
+            named = (lambda: [*others(), root]) if others is not None else (lambda: [root])
+        loop = _Loop(meter, self.tracker or Tracker(meter.name), self.record_sites, named)
         loop.open()
         ran = 0
         try:
             if warmup == 0:
                 loop.take_baseline()
-            for index in range(n):
+            index, look = 0, n
+            while index < look:
                 yield index
                 ran = index + 1
                 if index < warmup - 1:
@@ -193,6 +256,11 @@ class StepWatcher:
                     loop.take_baseline()
                 else:
                     loop.measure_step()
+                index += 1
+                if index == look < max_steps and decide(loop.figures(), loop.kept_figures(), self.tolerance, meter.name)[1]:
+                    # undecided: run as many steps again (up to max_steps) and look once more;
+                    # looking after every step would give noise a chance at each look
+                    look = min(2 * look, max_steps)
         finally:
             # Also where the loop is left early: the generator is closed, and nothing may be raised.
             result = self._judge(loop, warmup, n, ran)
@@ -207,12 +275,17 @@ class StepWatcher:
         if len(figures) < 2:
             reason = f"not checked: the loop was left early, with {len(figures)} of {planned - warmup} steps measured (at least 2 are needed)"
             return StepResult(device, warmup, figures, None, None, loop.warmup_figures(), planned, ran, reason)
-        verdict = judge_growth(figures, self.tolerance, device)
+        kept = loop.kept_figures()
+        verdict, undecided = decide(figures, kept, self.tolerance, device)
+        if undecided and ran > planned:
+            undecided += f" (undecided after all {ran} steps max_steps allowed)"
         history = loop.history[: len(figures)]
         history_verdict = judge_growth([nodes * NODE_BYTES for nodes in history], self.tolerance, device) if len(history) >= 2 else None
         history_grows = history_verdict is not None and history_verdict.grows
         leak = loop.explain(verdict.per_step_bytes, storages=verdict.grows, history=history_grows) if verdict.grows or history_grows else None
-        result = StepResult(device, warmup, figures, verdict, leak, loop.warmup_figures(), planned, ran, history=history, history_verdict=history_verdict)
+        result = StepResult(
+            device, warmup, figures, verdict, leak, loop.warmup_figures(), planned, ran, history=history, history_verdict=history_verdict, kept=kept, undecided=undecided
+        )
         slack = loop.slack_figures()
         if not verdict.grows and len(slack) >= 2:
             fragmenting = judge_growth(slack, self.tolerance, device)
@@ -220,11 +293,12 @@ class StepWatcher:
                 result.fragmentation = fragmenting
         return result
 
-    def check(self, step: Callable[..., Any], *, steps: int = 10, warmup: int | None = None) -> StepResult:
-        """Call ``step(i)`` (or ``step()``) for ``i`` in ``0 .. steps-1`` and return the result of the check."""
+    def check(self, step: Callable[..., Any], *, steps: int = 10, warmup: int | None = None, max_steps: int | None = None) -> StepResult:
+        """Call ``step(i)`` (or ``step()``) for ``i`` in ``0 .. steps-1`` (up to ``max_steps - 1``
+        where undecided) and return the result of the check."""
         __tracebackhide__ = True
         call = step_caller(step)
-        for index in self.steps(steps, warmup=warmup):
+        for index in self.steps(steps, warmup=warmup, max_steps=max_steps, step=step):
             call(index)
         return self.results[-1]
 
@@ -312,6 +386,9 @@ class _Loop:
         """The counter at the last measurement: nodes numbered from it on belong to the step since."""
         self.history: list[int] = []
         self.kept_graph = KeptGraph(0, [])
+        self.kept: list[int] = []
+        """CPU: after each measured step, its figure less the storages that step made and left alive."""
+        self.previous_clock = 0
 
     def open(self) -> None:
         if self.owns_tracker:
@@ -346,7 +423,7 @@ class _Loop:
             self.slack = [self._last_slack]
         self.tracker.freeze_young()  # each step's observation then reads what that step made
         self.warming.append(self.baseline_bytes)
-        self.baseline_clock = self.penultimate_clock = self.tracker.clock
+        self.baseline_clock = self.penultimate_clock = self.previous_clock = self.tracker.clock
         self.graph_base = self.graph_last = self._graph_clock()
 
     def _graph_clock(self) -> int | None:
@@ -375,6 +452,10 @@ class _Loop:
         self.penultimate_clock = self.tracker.clock
         self.measured.append(self._measure())
         self._count_history()
+        if self.on_cpu:
+            own = sum(ref.nbytes for ref in self.tracker.created("cpu", since=self.previous_clock))
+            self.kept.append(self.measured[-1] - self.baseline_bytes - own)
+            self.previous_clock = self.tracker.clock
         if self.slack and self._last_slack is not None:
             self.slack.append(self._last_slack)
         if self.recorder is None:
@@ -400,6 +481,10 @@ class _Loop:
 
     def figures(self) -> list[int]:
         return [m - self.baseline_bytes for m in self.measured]
+
+    def kept_figures(self) -> list[int] | None:
+        """See :attr:`StepResult.kept`; None where an allocator counts the memory."""
+        return list(self.kept) if self.on_cpu else None
 
     def slack_figures(self) -> list[int]:
         """Reserved-but-unallocated bytes after each measured step, above the baseline's (CUDA only)."""

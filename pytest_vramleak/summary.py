@@ -66,6 +66,9 @@ def summary_lines(
     for result in results:
         if result.get("settled_after_step") is not None:
             lines += [f"{shown_id(result['nodeid'])}: {note}" for note in result.get("notes", []) if "settled" in note]
+        # a step check that could not tell growth from noise passes the test unjudged: say so
+        undecided = [note for note in [result.get("reason") or "", *result.get("notes", [])] if note.startswith("undecided: ")]
+        lines += [f"{shown_id(result['nodeid'])}: {note}" for note in undecided]
     # Memory a reference cycle kept until collection is worth a line when it is large; with -v, always.
     least = 1 if verbosity > 0 else CYCLE_NOTE_BYTES
     # (a test failing --vramleak-strict-cycles says it in its failure)

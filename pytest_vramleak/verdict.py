@@ -119,15 +119,37 @@ def judge_growth(steps: Sequence[int], tolerance: int, device: str = "cpu") -> G
             total = (min(later) - min(earlier)) * count // (count - half)
         if not late:
             per_step = total / count
-        message = (
-            f"memory grew {format_size(per_step)} per step over {count} measured steps "
-            f"({format_size(total)} in total) on {device}, tolerance {format_size(tolerance)}"
-        )
-        return GrowthVerdict(True, growth, per_step, message, None, total)
+        return GrowthVerdict(True, growth, per_step, growth_message(per_step, count, total, tolerance, device), None, total)
     # Not growing; settled where it rose to a new high and has held at least some of it since.
     kept = min(steps[highs[-1] :]) if highs else 0
     settled = highs[-1] + 1 if highs and since_last_high > 0 and kept > tolerance else None
     return GrowthVerdict(False, growth, 0.0, "", settled, kept if settled else 0)
+
+
+TREND_CERTAIN = 2.5
+"""The Mann-Kendall statistic (in standard deviations) from which a rise is a trend, not noise:
+about one chance in 160 that figures varying at random rise this steadily (6 steps that each
+rose are 1 order in 720). The step check asks it only of a rise no kept tensor explains."""
+
+
+def trend_score(figures: Sequence[int]) -> float:
+    """The Mann-Kendall trend statistic of ``figures``: how many standard deviations the count of
+    later-above-earlier pairs, less later-below-earlier pairs, lies above what figures in random
+    order give (ties count as neither, and the continuity correction is applied). Strictly
+    rising figures score about 1.7 over 4 steps, 2.6 over 6, 3.3 over 8 and 5.2 over 15."""
+    count = len(figures)
+    if count < 3:
+        return 0.0
+    score = sum((later > earlier) - (later < earlier) for i, earlier in enumerate(figures) for later in figures[i + 1 :])
+    spread = (count * (count - 1) * (2 * count + 5) / 18) ** 0.5
+    return (score - 1) / spread if score > 0 else (score + 1) / spread if score < 0 else 0.0
+
+
+def growth_message(per_step: float, count: int, total: int, tolerance: int, device: str) -> str:
+    return (
+        f"memory grew {format_size(per_step)} per step over {count} measured steps "
+        f"({format_size(total)} in total) on {device}, tolerance {format_size(tolerance)}"
+    )
 
 
 def _new_highs(steps: Sequence[int]) -> list[int]:
