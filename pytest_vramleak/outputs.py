@@ -10,6 +10,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -96,3 +97,9 @@ def write_outputs(session: pytest.Session, settings: Settings, leftovers: list[d
             errors.append(f"could not write {what}: {type(error).__name__}: {error}")
     if errors and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
+
+
+def trace_folder(config: pytest.Config) -> Path:
+    """Snapshots go next to the (first) report, or into ``.vramleak-traces`` under the root folder."""
+    report = next(iter(config.stash[SETTINGS].report_paths), None)
+    return Path(report).resolve().parent / "vramleak-traces" if report else config.rootpath / ".vramleak-traces"

@@ -25,7 +25,6 @@ import importlib.util
 import os
 import sys
 from collections.abc import Generator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,7 +36,7 @@ from .leftovers import DRIFT, DRIFT_SPAN, FIXTURES, FixtureMemory, fixture_lefto
 from .marker import parse_marker
 from .options import OPTIONS, OptionError, Settings
 from .options import read_settings as read_options
-from .outputs import write_outputs
+from .outputs import trace_folder, write_outputs
 from .release import ReleaseScheduler
 from .runs import PYTORCHS_OWN, RUNS, checked, drop_last_error, finish_result, judge_foreign_run, named_roots, plan, record_properties, run_protocol
 from .snapshot import memory_contents
@@ -67,7 +66,7 @@ from .state import (
     skipped_by_mark,
     why_unavailable,
 )
-from .summary import header_settings, idle_options, latest, summary_lines
+from .summary import header_settings, idle_options, latest, status_word, summary_lines
 from .tracker import Tracker
 from .verdict import Budget
 
@@ -228,7 +227,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             # (the run that records where tensors are made names the cycles the first run failed on)
             rules=rules if first else Rules(count_cpp_held=runs.rule.strict, watch_peak=False, strict_cycles=settings.strict_cycles and runs.naming_run, keep_cycle_garbage=True),
             record_sites=settings.sites == "on" and first,
-            trace_folder=_trace_folder(item.config) if trace and first else None,
+            trace_folder=trace_folder(item.config) if trace and first else None,
             name=item.nodeid,
             named_roots=functools.partial(named_roots, item),
             # A test run again is confirmed once, after its runs (a full collection costs a walk of
@@ -340,12 +339,6 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         look_for_drift(item.config, due=True)
 
 
-def _trace_folder(config: pytest.Config) -> Path:
-    """Snapshots go next to the (first) report, or into ``.vramleak-traces`` under the root folder."""
-    report = next(iter(config.stash[SETTINGS].report_paths), None)
-    return Path(report).resolve().parent / "vramleak-traces" if report else config.rootpath / ".vramleak-traces"
-
-
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> tuple[str, str, Any] | None:
     outcome = getattr(report, "vramleak_outcome", None)
     if report.when == "teardown" and report.failed:  # a run another plugin ran: it fails as it tears down
@@ -353,16 +346,10 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -
     elif report.when != "call" or not report.failed:
         return None
     if outcome == "leaked":
-        return "failed", "L", _word("LEAKED")
+        return "failed", "L", status_word("LEAKED")
     if outcome == "over_budget":
-        return "failed", "B", _word("OVER BUDGET")
+        return "failed", "B", status_word("OVER BUDGET")
     return None
-
-
-def _word(word: str) -> Any:
-    """The verbose word, in red where pytest's short summary takes a word with its markup (newer pytest);
-    before, the summary would print the pair itself."""
-    return (word, {"red": True}) if hasattr(pytest.TestReport, "_get_verbose_word_with_markup") else word
 
 
 WORKER_LEFTOVERS = pytest.StashKey[list[dict[str, Any]]]()

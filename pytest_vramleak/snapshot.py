@@ -404,6 +404,52 @@ def _capsule_data(capsule: Any) -> int | None:
     return data + ctypes.c_uint64.from_address(managed + _DLTENSOR_BYTE_OFFSET).value
 
 
+def _script_module_holds(torch: Any, objects: Sequence[Any], holds: Callable[[Any, int | None, str], None]) -> None:
+    """Tell ``holds`` of the tensors a TorchScript module keeps in C++ (``to_mkldnn(model)``'s
+    buffers): each attribute, and the tensors its autograd graph keeps (the dense weight behind
+    ``weight.to_mkldnn()``). Read with ``nn.Module``'s own methods, never a subclass's."""
+    script_module = getattr(torch.jit, "ScriptModule", None)
+    if script_module is None:
+        return
+    module = torch.nn.Module
+    with torch._C.DisableTorchFunction():
+        for obj in objects:
+            if not issubclass(type(obj), script_module):  # (isinstance would read a __class__ property)
+                continue
+            try:
+                named = [*module.named_parameters(obj), *module.named_buffers(obj)]
+            except Exception:
+                continue
+            visited: set[int] = set()
+            keep: list[Any] = []
+            for name, tensor in named:
+                reached = [(tensor, f".{name}")]
+                node = getattr(tensor, "grad_fn", None)
+                if node is not None:
+                    reached += [(saved, f".{name}.grad_fn") for saved in _graph_tensors(node, visited, keep)]
+                    reached += [(leaf, f".{name}.grad_fn") for leaf in _graph_leaves(node, visited)]
+                for held, what in reached:
+                    for storage in tensor_storages(held):
+                        facts = storage_facts(storage)
+                        holds(obj, facts[1] if facts is not None else None, what)
+            keep.clear()
+
+
+def _graph_leaves(node: Any, visited: set[int]) -> list[Any]:
+    """The leaves (``AccumulateGrad``'s variables) the graph under ``node`` ends in."""
+    leaves, stack, seen = [], [node], set()
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        variable = getattr(current, "variable", None)
+        if variable is not None:
+            leaves.append(variable)
+        stack += [child for child, _ in getattr(current, "next_functions", ()) if child is not None]
+    return leaves
+
+
 def _paths_through_opaque_holders(
     targets: list[Any], frames: Sequence[types.FrameType], named: Sequence[NamedRoot]
 ) -> dict[int, list[tuple[str, str]]]:
@@ -455,6 +501,7 @@ def _paths_through_opaque_holders(
                     holds(obj, _capsule_data(obj), " (a DLPack capsule of it)")
             except Exception:
                 continue
+        _script_module_holds(torch, everything, holds)
         if future is not None:
             with torch._C.DisableTorchFunction():
                 for obj in everything:

@@ -174,3 +174,9 @@ def idle_options(config: pytest.Config) -> list[str]:
     if not given or recorder is None or not recorder.ran or any(result["outcome"] != "unchecked" for result in config.stash.get(RESULTS, [])):
         return []
     return given
+
+
+def status_word(word: str) -> Any:
+    """The verbose word of a failed test (``LEAKED``), in red where pytest's short summary takes a
+    word with its markup (newer pytest); before, the summary would print the pair itself."""
+    return (word, {"red": True}) if hasattr(pytest.TestReport, "_get_verbose_word_with_markup") else word

@@ -740,3 +740,25 @@ def test_fake_tensors_and_their_autograd_nodes_are_torch_compiles_not_a_leak(pyt
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak", "--vramleak-sites=on", "-W", "error")
     result.assert_outcomes(passed=1)
     result.stdout.no_fnmatch_line("*warning*")
+
+
+def test_a_kept_mkldnn_model_is_named_through_its_torchscript_attributes(pytester: pytest.Pytester) -> None:
+    # to_mkldnn(model) returns a TorchScript module: its buffers live in C++, where gc sees no
+    # reference; the module's attributes and their autograd graphs (the dense weight behind
+    # weight.to_mkldnn()) are read to name them.
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch, torch.utils.mkldnn
+        KEEP = {}
+
+        @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit.script_method
+        @pytest.mark.vram_budget
+        def test_it():
+            KEEP["mkldnn_model"] = torch.utils.mkldnn.to_mkldnn(torch.nn.Linear(64, 64))
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["float32[[]64, 64[]] on cpu: * 16.0 KiB", "    held by test_it.KEEP[[]'mkldnn_model'[]].weight"])
+    result.stdout.fnmatch_lines(["float32[[]64[]] on cpu: *", "    held by test_it.KEEP[[]'mkldnn_model'[]].bias"])
+    result.stdout.no_fnmatch_line("*held from C++*")
