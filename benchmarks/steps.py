@@ -1,6 +1,12 @@
 """Time the step check against the bare loop: a small CPU training loop of a few ms a step.
 
     python benchmarks/steps.py [--steps 50] [--rounds 5]
+    python benchmarks/steps.py --short [--rounds 7]
+
+``--short``: loops of 6, 10 and 20 steps (warm-up 2, 2 and 5) of a 2 to 5 ms step, clean and
+leaking (each step keeps its loss with its graph), bare and under ``vramleak.steps`` in one
+session; prints the median of each, the clean loops' ratio, and what a leaking loop's failure
+costs over the bare loop (measuring, deciding and naming what holds the leak).
 
 Runs one pytest session: the loop bare, then the same loop under ``vramleak.steps``, several rounds
 each. Prints the median time of each loop (measured inside the test), their ratio, and what the
@@ -123,6 +129,81 @@ def pytest_sessionfinish():
 '''
 
 
+SHORT = '''
+import json, time
+import pytest, torch
+
+torch.set_num_threads(1)
+SETTINGS = [(6, 2), (10, 2), (20, 5)]
+TIMES = {{}}
+
+
+def make_step(kept):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
+    )
+    optimizer = torch.optim.Adam(model.parameters())
+    inputs, labels = torch.randn(64, 256), torch.randint(0, 10, (64,))
+
+    def step(index):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(inputs), labels)
+        loss.backward()
+        optimizer.step()
+        if kept is not None:
+            kept.append(model(inputs).sum())  # an output kept with its graph: a leak
+        return loss.item()
+
+    return step
+
+
+def test_warm_up():
+    step = make_step(None)
+    for index in range(3):
+        step(index)
+
+
+@pytest.mark.parametrize("leaks", [False, True], ids=["clean", "leaking"])
+@pytest.mark.parametrize("steps, warmup", SETTINGS)
+@pytest.mark.parametrize("round", range({rounds}))
+def test_loop(round, steps, warmup, leaks, vramleak):
+    for watched in (False, True):
+        step = make_step([] if leaks else None)
+        start = time.perf_counter()
+        try:
+            for index in (vramleak.steps(steps, warmup=warmup) if watched else range(steps)):
+                step(index)
+        except BaseException as error:  # the leak's failure, timed with the loop
+            assert watched and leaks and type(error).__name__ == "VramLeak", error
+        TIMES.setdefault(f"{{steps}},{{warmup}},{{leaks}},{{watched}}", []).append(time.perf_counter() - start)
+
+
+def test_zz_write():
+    with open("short.json", "w") as stream:
+        json.dump(TIMES, stream)
+'''
+
+
+def short_loops(rounds: int) -> None:
+    """The ``--short`` measurements (see the module docstring)."""
+    with tempfile.TemporaryDirectory() as directory:
+        folder = Path(directory)
+        (folder / "test_short.py").write_text(textwrap.dedent(SHORT.format(rounds=rounds)))
+        (folder / "pytest.ini").write_text("[pytest]\n")
+        # the leaking loops fail their tests (and are caught inside them): only the times matter
+        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"], cwd=folder, capture_output=True, text=True)
+        times = json.loads((folder / "short.json").read_text())
+    print(f"median of {rounds} rounds, one session, torch on one thread")
+    for steps, warmup in ((6, 2), (10, 2), (20, 5)):
+        bare, watched = (statistics.median(times[f"{steps},{warmup},False,{side}"]) for side in (False, True))
+        leak_bare, leak_watched = (statistics.median(times[f"{steps},{warmup},True,{side}"]) for side in (False, True))
+        print(
+            f"steps({steps}, warmup={warmup}), {1000 * bare / steps:.1f} ms a step: clean bare {bare:.3f}s, watched {watched:.3f}s, "
+            f"{watched / bare:.2f}x; leaking bare {leak_bare:.3f}s, watched and explained {leak_watched:.3f}s, +{leak_watched - leak_bare:.2f}s"
+        )
+
+
 def pytest_session(folder: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"], cwd=folder, capture_output=True, text=True
@@ -150,7 +231,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--short", action="store_true", help="loops of 6, 10 and 20 steps, clean and leaking")
     options = parser.parse_args()
+    if options.short:
+        short_loops(options.rounds)
+        return
     with tempfile.TemporaryDirectory() as directory:
         folder = Path(directory)
         (folder / "test_steps.py").write_text(textwrap.dedent(TESTS.format(steps=options.steps, rounds=options.rounds)))

@@ -123,9 +123,11 @@ def is_module_root(obj: Any) -> bool:
     return issubclass(type(obj), types.ModuleType) and objgraph.is_proper_module(obj)
 
 
-SMALL_FRONTIER = 32
+SMALL_FRONTIER = 256
 """Up to this many objects a level asks ``gc.get_referrers``, whose cost grows with heap size times
-the number of objects asked about; above it one pass over the heap with a set lookup is cheaper."""
+the number of objects asked about; above it one pass over the heap with a set lookup is cheaper
+(measured on a pytest process of 175,000 objects: 27 ms for 32 objects, 92 ms for 300, against
+about 105 ms for the pass whatever their number)."""
 
 
 def _referrers(frontier: tuple[Any, ...], frontier_ids: set[int]) -> list[Any]:
@@ -133,13 +135,8 @@ def _referrers(frontier: tuple[Any, ...], frontier_ids: set[int]) -> list[Any]:
         # Splatting an exact tuple passes that same tuple as the arguments, so the only extra
         # referrer the call sees is ``frontier`` itself, which the caller ignores.
         return gc.get_referrers(*frontier)
-    found = []
-    for obj in gc.get_objects():
-        for referent in gc.get_referents(obj):
-            if id(referent) in frontier_ids:
-                found.append(obj)
-                break
-    return found
+    referents, unrelated = gc.get_referents, frontier_ids.isdisjoint
+    return [obj for obj in gc.get_objects() if not unrelated(map(id, referents(obj)))]
 
 
 BACKWARD_LEVELS = 8
