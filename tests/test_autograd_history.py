@@ -40,6 +40,15 @@ def test_the_faqs_accumulated_loss_fails_as_growing_history(pytester: pytest.Pyt
     )
 
 
+@pytest.mark.parametrize("start", ["0", "torch.zeros(())"], ids=["starts-at-0", "starts-as-a-tensor"])
+def test_the_faqs_accumulated_loss_grows_over_a_repeated_test(pytester: pytest.Pytester, run_checked, start: str) -> None:
+    pytester.makepyfile(test_it=TRAINER.format(start=start, kept="loss"))
+    result, report = run_checked("-p", "no:randomly", "--vramleak", "--vramleak-repeat=5")
+    entry = report["test_trains_a_few_steps"]
+    assert (entry["outcome"], entry["pattern"]) == ("leaked", "grows"), result.stdout.str()
+    result.stdout.fnmatch_lines(["autograd history grew 25 nodes per run of the test over 3 measured runs on cpu*", "*held by test_it.TRAINER.total_loss", "*autograd nodes kept: 25, 50, 75, 100, 125"])
+
+
 @pytest.mark.parametrize("kept", ["loss.detach()", "loss.item()"])
 @pytest.mark.parametrize("start", ["0", "torch.zeros(())"], ids=["starts-at-0", "starts-as-a-tensor"])
 def test_the_faqs_remedies_pass(pytester: pytest.Pytester, run_checked, start: str, kept: str) -> None:
