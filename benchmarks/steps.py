@@ -29,6 +29,28 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+MAKE_STEP = '''
+def make_step(kept=None, batch=128):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
+    )
+    optimizer = torch.optim.Adam(model.parameters())
+    inputs, labels = torch.randn(batch, 256), torch.randint(0, 10, (batch,))
+
+    def step(index):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(inputs), labels)
+        loss.backward()
+        optimizer.step()
+        if kept is not None:
+            kept.append(model(inputs).sum())  # an output kept with its graph: a leak
+        return loss.item()
+
+    return step
+'''
+"""The training step both sessions time (an MLP with Adam), with a leak where ``kept`` is a list."""
+
 TESTS = '''
 import json, time
 import pytest, torch
@@ -37,22 +59,7 @@ torch.set_num_threads(1)
 TIMES = {{"bare": [], "watched": []}}
 
 
-def make_step():
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
-    )
-    optimizer = torch.optim.Adam(model.parameters())
-    inputs, labels = torch.randn(128, 256), torch.randint(0, 10, (128,))
-
-    def step(index):
-        optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(inputs), labels)
-        loss.backward()
-        optimizer.step()
-        return loss.item()
-
-    return step
+{make_step}
 
 
 def test_warm_up():
@@ -138,28 +145,11 @@ SETTINGS = [(6, 2), (10, 2), (20, 5)]
 TIMES = {{}}
 
 
-def make_step(kept):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
-    )
-    optimizer = torch.optim.Adam(model.parameters())
-    inputs, labels = torch.randn(64, 256), torch.randint(0, 10, (64,))
-
-    def step(index):
-        optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(inputs), labels)
-        loss.backward()
-        optimizer.step()
-        if kept is not None:
-            kept.append(model(inputs).sum())  # an output kept with its graph: a leak
-        return loss.item()
-
-    return step
+{make_step}
 
 
 def test_warm_up():
-    step = make_step(None)
+    step = make_step(None, batch=64)
     for index in range(3):
         step(index)
 
@@ -169,7 +159,7 @@ def test_warm_up():
 @pytest.mark.parametrize("round", range({rounds}))
 def test_loop(round, steps, warmup, leaks, vramleak):
     for watched in (False, True):
-        step = make_step([] if leaks else None)
+        step = make_step([] if leaks else None, batch=64)
         start = time.perf_counter()
         try:
             for index in (vramleak.steps(steps, warmup=warmup) if watched else range(steps)):
@@ -189,7 +179,7 @@ def short_loops(rounds: int) -> None:
     """The ``--short`` measurements (see the module docstring)."""
     with tempfile.TemporaryDirectory() as directory:
         folder = Path(directory)
-        (folder / "test_short.py").write_text(textwrap.dedent(SHORT.format(rounds=rounds)))
+        (folder / "test_short.py").write_text(textwrap.dedent(SHORT.format(rounds=rounds, make_step=MAKE_STEP)))
         (folder / "pytest.ini").write_text("[pytest]\n")
         # the leaking loops fail their tests (and are caught inside them): only the times matter
         subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"], cwd=folder, capture_output=True, text=True)
@@ -238,7 +228,7 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as directory:
         folder = Path(directory)
-        (folder / "test_steps.py").write_text(textwrap.dedent(TESTS.format(steps=options.steps, rounds=options.rounds)))
+        (folder / "test_steps.py").write_text(textwrap.dedent(TESTS.format(steps=options.steps, rounds=options.rounds, make_step=MAKE_STEP)))
         (folder / "conftest.py").write_text(CONFTEST.format())
         (folder / "pytest.ini").write_text("[pytest]\n")
         pytest_session(folder)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .census import Found, StorageKey, _graph_tensors, is_tensor_type, live_tensors, storage_facts, storage_key, take_census, tensor_storages, walk, whole_heap
+from .backward import graph_leaves
 from .devices import Meter, make_meter, resolve_device
 from .diagnosis import diagnose
 from .referrers import NamedRoot, cycle_holding, holder_paths, module_hook_holding, path_text, type_name, without_python_holders
@@ -427,27 +428,12 @@ def _script_module_holds(torch: Any, objects: Sequence[Any], holds: Callable[[An
                 node = getattr(tensor, "grad_fn", None)
                 if node is not None:
                     reached += [(saved, f".{name}.grad_fn") for saved in _graph_tensors(node, visited, keep)]
-                    reached += [(leaf, f".{name}.grad_fn") for leaf in _graph_leaves(node, visited)]
+                    reached += [(leaf, f".{name}.grad_fn") for leaf in graph_leaves(tensor, ())]
                 for held, what in reached:
                     for storage in tensor_storages(held):
                         facts = storage_facts(storage)
                         holds(obj, facts[1] if facts is not None else None, what)
             keep.clear()
-
-
-def _graph_leaves(node: Any, visited: set[int]) -> list[Any]:
-    """The leaves (``AccumulateGrad``'s variables) the graph under ``node`` ends in."""
-    leaves, stack, seen = [], [node], set()
-    while stack:
-        current = stack.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        variable = getattr(current, "variable", None)
-        if variable is not None:
-            leaves.append(variable)
-        stack += [child for child, _ in getattr(current, "next_functions", ()) if child is not None]
-    return leaves
 
 
 def _paths_through_opaque_holders(

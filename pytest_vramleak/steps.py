@@ -15,7 +15,7 @@ from .sites import SiteRecorder
 from .sizes import format_size
 from .snapshot import STEP_FUNCTION, Leak, describe, describe_history, meter_for
 from .tracker import NODE_BYTES, KeptGraph, Mark, Tracker, graph_clock
-from .verdict import LATE_GROWTH_STEPS, TREND_CERTAIN, GrowthVerdict, growth_message, judge_growth, trend_score
+from .verdict import LATE_GROWTH_STEPS, TREND_CERTAIN, GrowthVerdict, growth_message, judge_growth, rose_each, trend_score
 
 
 RECORDED_STEPS = 2
@@ -140,10 +140,10 @@ def decide(figures: Sequence[int], kept: Sequence[int] | None, tolerance: int, d
     holds, whose size varies with its batch: memory grows where ``kept`` grows by the rule of
     :func:`~pytest_vramleak.verdict.judge_growth`, at ``kept``'s rate. ``kept`` sees what a step
     keeps one step late: where each of the last :data:`~pytest_vramleak.verdict.LATE_GROWTH_STEPS`
-    figures rose and each of the last but one of ``kept`` did, that is growth that started late. Where ``figures`` grow and ``kept`` did not rise,
-    no tensor outlived the step after the one that made it: either each step replaces a tensor
-    by a bigger one (``torch.cat`` onto itself), which rises at nearly every step, or the steps'
-    own tensors vary in size. A rise as steady as :data:`~pytest_vramleak.verdict.TREND_CERTAIN`
+    figures rose and each of the last but one of ``kept`` did, that is growth that started late.
+    Where ``figures`` grow and ``kept`` did not rise, no tensor outlived the step after the one
+    that made it: either each step replaces a tensor by a bigger one (``torch.cat`` onto itself),
+    which rises at nearly every step, or the steps' own tensors vary in size. A rise as steady as :data:`~pytest_vramleak.verdict.TREND_CERTAIN`
     asks is growth; a weaker one is undecided. Where ``kept`` is not known (an allocator counts
     the memory), the rule applies to ``figures``.
     """
@@ -155,7 +155,7 @@ def decide(figures: Sequence[int], kept: Sequence[int] | None, tolerance: int, d
         total = round(lasting.per_step_bytes * len(figures))
         message = growth_message(lasting.per_step_bytes, len(figures), total, tolerance, device)
         return GrowthVerdict(True, figures[-1], lasting.per_step_bytes, message, None, total), None
-    if not verdict.grows or (_rose_each(figures, LATE_GROWTH_STEPS) and _rose_each(kept, LATE_GROWTH_STEPS - 1)) or trend_score(figures) >= TREND_CERTAIN:
+    if not verdict.grows or (rose_each(figures, LATE_GROWTH_STEPS) and rose_each(kept, LATE_GROWTH_STEPS - 1)) or trend_score(figures) >= TREND_CERTAIN:
         return verdict, None
     return GrowthVerdict(False, verdict.growth_bytes, 0.0, ""), (
         f"undecided: memory rose {format_size(verdict.kept_bytes)} over {len(figures)} measured steps on {device}, but no "
@@ -163,12 +163,6 @@ def decide(figures: Sequence[int], kept: Sequence[int] | None, tolerance: int, d
         "replaced by a bigger one each step from the steps' own tensors varying in size; allow more steps with "
         "steps(n, warmup=k, max_steps=m)"
     )
-
-
-def _rose_each(figures: Sequence[int], count: int) -> bool:
-    """Whether each of the last ``count`` figures is above the one before it."""
-    tail = figures[-count - 1 :]
-    return len(tail) == count + 1 and all(after > before for before, after in zip(tail, tail[1:]))
 
 
 def _whole(value: Any) -> int | None:

@@ -267,8 +267,6 @@ def count_nodes(node: Any, threshold: int, visited: set[int], keep: list[Any], b
     def made_since(current: Any) -> bool:
         return threshold <= number(current) < 1 << 63
 
-    if before is None:
-        return sum(map(made_since, graph_nodes([node], visited, keep, follow=made_since)))
     return sum(threshold <= number(current) < end for current in graph_nodes([node], visited, keep, follow=made_since))
 
 

@@ -93,11 +93,7 @@ def judge_growth(steps: Sequence[int], tolerance: int, device: str = "cpu") -> G
     # the baseline, a loop whose batches differ in size, hold nothing the loop added)
     band_rose = min(later) - min(earlier) > tolerance and max(later) - max(earlier) > tolerance and max(later) > tolerance
     tail = steps[-LATE_GROWTH_STEPS - 1 :]
-    late = (
-        count > LATE_GROWTH_STEPS
-        and all(after > before for before, after in zip(tail, tail[1:]))
-        and tail[-1] - tail[0] > tolerance
-    )
+    late = rose_each(steps, LATE_GROWTH_STEPS) and tail[-1] - tail[0] > tolerance
     highs = _new_highs(steps)
     gaps = [later_high - earlier_high for earlier_high, later_high in zip(highs, highs[1:])]
     since_last_high = count - 1 - highs[-1] if highs else count
@@ -150,6 +146,12 @@ def growth_message(per_step: float, count: int, total: int, tolerance: int, devi
         f"memory grew {format_size(per_step)} per step over {count} measured steps "
         f"({format_size(total)} in total) on {device}, tolerance {format_size(tolerance)}"
     )
+
+
+def rose_each(figures: Sequence[int], count: int) -> bool:
+    """Whether each of the last ``count`` figures is above the one before it."""
+    tail = figures[-count - 1 :]
+    return len(tail) == count + 1 and all(after > before for before, after in zip(tail, tail[1:]))
 
 
 def _new_highs(steps: Sequence[int]) -> list[int]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import collections
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import NamedTuple
 
 import pytest
@@ -57,16 +57,7 @@ def loop(*, leaks: bool) -> Callable[[Callable[[int], Step]], Callable[[int], St
     return register
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread() -> Iterator[None]:
-    """Run the catalogue's tiny models on one thread: on a busy 2-core runner, two OpenMP threads
-    made a step of the MLP take ~85 ms instead of ~0.2 ms. Memory figures do not depend on it."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 SETTINGS = [pytest.param(10, 2, id="steps10-warmup2"), pytest.param(20, 5, id="steps20-warmup5")]

@@ -11,7 +11,7 @@ it runs on until it can.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import NamedTuple
 
 import pytest
@@ -121,15 +121,7 @@ LOOPS = [
 
 SEEDS = range(10)
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def verdicts(entry: NoisyLoop, steps: int, warmup: int, max_steps: int | None = None) -> list[tuple[int, str, list[int]]]:
