@@ -20,158 +20,27 @@ budget. On CPU each observation reads what the test made and what died (see
 
 from __future__ import annotations
 
-import gc
-import itertools
-import os
-import shutil
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .devices import CpuMeter, CudaMeter, Meter, clear_torch_caches, explain_reserved, measure_growth
+from .census import StorageKey, storage_key
+from .devices import CpuMeter, CudaMeter, Meter, clear_torch_caches
 from .diagnosis import held_by_torch_cache
 from .history import AllocatorHistory
-from .peaks import PeakBreakdown
-from .processes import Children, ProcessGroups, describe_children, describe_groups
-from .rank_reports import RANKS_ENV, collect, describe as describe_ranks
+from .left_behind import LeftBehind
+from .outcome import Rules, discount, judge_check
+from .readings import AllocatorReadings, LedgerReadings
+from .result import CheckResult
 from .referrers import NamedRoot
-from .report import render_groups
-from .sizes import format_size
 from .sites import SiteRecorder, Sites, SiteSource
-from .census import StorageKey, storage_key
-from .snapshot import HELD_FROM_CPP, TensorGroup, describe, describe_cycle_garbage, describe_history, merge_parts, meter_for
-from .tracker import NODE_BYTES, KeptGraph, Mark, StorageRef, Tracker
-from .verdict import Budget, Increase, judge_budget, judge_increase
+from .snapshot import HELD_FROM_CPP, TensorGroup, describe, describe_history, merge_parts, meter_for
+from .tracker import NODE_BYTES, StorageRef, Tracker, graph_clock
+from .verdict import Budget
 
-
-_CHECKS = itertools.count()
-
-
-@dataclass(frozen=True)
-class Rules:
-    """What a check enforces beyond its budget."""
-
-    strict_cycles: bool = False
-    """Fail memory that only the cycle collector freed (past the leak budget), as a leak."""
-    saved_peak: int | None = None
-    """The peak of an earlier run to compare with; growth past ``max_increase`` fails."""
-    max_increase: Increase = Increase()
-    watch_peak: bool | None = None
-    """Measure the peak: None measures it where a budget asks for one or where it is free."""
-    count_cpp_held: bool = False
-    """Count memory that nothing in Python refers to (held by PyTorch itself in C++, nothing the
-    checked code can free) as a leak, rather than naming it and leaving it out."""
-    keep_cycle_garbage: bool = False
-    """With ``strict_cycles``: keep what collections during the body free (``gc.DEBUG_SAVEALL``)
-    until the body ends, so that every cycle it left is named (a run recording where tensors are
-    made allocates more, and collects sooner); the garbage is let go as the body ends."""
-
-
-@dataclass
-class CheckResult:
-    """What a check measured and decided. Sizes not measured are None."""
-
-    device: str
-    outcome: str = "passed"
-    """``passed``, ``leaked`` or ``over_budget``."""
-    message: str = ""
-    """One sentence per broken rule, or empty."""
-    baseline_bytes: int | None = None
-    """Memory in use as the check began (before a test's set-up)."""
-    end_bytes: int | None = None
-    leaked_bytes: int | None = None
-    """What the checked code left: bytes of storages it made that are alive, plus older storages'
-    growth in place, less older storages it freed (never below 0); on accelerators, the
-    allocator's growth less what fixtures of a wider scope made meanwhile."""
-    net_bytes: int | None = None
-    """The same before the floor at 0: negative where the code freed more older memory than it kept."""
-    fixture_bytes: int = 0
-    """Memory that fixtures of a wider scope, set up meanwhile, made and still hold: theirs."""
-    graph: KeptGraph | None = None
-    """Autograd nodes the checked code made that tensors alive after it keep (its history)."""
-    created_bytes: int | None = None
-    """On CPU: bytes of storages made during the check and still alive (what the groups list)."""
-    freed_older_bytes: int | None = None
-    """On CPU: bytes of older storages the check freed, which offset what it created."""
-    peak_bytes: int | None = None
-    peak_breakdown: PeakBreakdown | None = None
-    """On CPU, for a test with a peak budget: what filled the memory at the peak, by kind."""
-    peak_over: bool = False
-    """Whether the peak passed its budget (the breakdown is then part of the report)."""
-    left_behind: list[str] = field(default_factory=list)
-    """Process groups and child processes the check's code left alive, one block each."""
-    memory_leaked: bool = False
-    """Whether memory (not only process groups or children) is what leaked."""
-    over_budget: bool = False
-    """Whether a budget other than the leak's was passed: the peak, reserved or pinned memory, the saved run's peak."""
-    other_leaks: bool = False
-    """Whether memory that runs again do not classify leaked: pinned host memory, another device,
-    memory left to the cycle collector (--vramleak-strict-cycles)."""
-    ranks: list[dict[str, Any]] = field(default_factory=list)
-    """What each rank process reported through :func:`~pytest_vramleak.ranks.watch_rank`."""
-    cycle_bytes: int | None = None
-    cycle_groups: list[TensorGroup] = field(default_factory=list)
-    """With ``strict_cycles``: the tensors only the cycle collector freed, each with its cycle."""
-    cycles_failed: bool = False
-    details: dict[str, int] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    """Lines that explain the figures (the driver's view, reserved memory)."""
-    groups: list[TensorGroup] = field(default_factory=list)
-    """The leaked tensors, grouped, with their holders: only for a leak."""
-    other_groups: dict[str, list[TensorGroup]] = field(default_factory=dict)
-    """Leaked tensors on the process's other CUDA devices, by device."""
-    trace: str | None = None
-    set_aside: list[tuple[str, list[TensorGroup]]] = field(default_factory=list)
-    """What the leak did not count, and why: held only by PyTorch's own caches or in C++, or by
-    threads older than the check (see :func:`name_leak`)."""
-    named: bool = False
-    """Whether the leaked tensors were looked for and their holders named (see :meth:`LeakCheck.explain`)."""
-
-    @property
-    def history_bytes(self) -> int:
-        """The estimated host memory of the kept autograd history."""
-        return self.graph.estimated_bytes if self.graph is not None else 0
-
-    def figures(self) -> str:
-        """One line: memory before and after, what made the difference, the peak, and reserved
-        memory where there is some. Its terms add up: after = before + kept + fixtures' - garbage."""
-
-        def size(value: int | None) -> str:
-            return "not measured" if value is None else format_size(value)
-
-        text = f"before set-up {size(self.baseline_bytes)}, after teardown {size(self.end_bytes)}"
-        terms = []
-        net = self.net_bytes if self.net_bytes is not None else self.leaked_bytes
-        if net:
-            terms.append(f"the test kept {format_size(net)}" if net > 0 else f"the test freed {format_size(-net)} of older memory")
-        if self.fixture_bytes:
-            terms.append(f"fixtures of a wider scope set up meanwhile hold {format_size(self.fixture_bytes)}")
-        garbage = self.details.get("older_garbage_freed_bytes", 0)
-        if garbage:
-            terms.append(f"a full collection freed {format_size(garbage)} of older garbage")
-        if terms:
-            text += " (" + "; ".join(terms) + ")"
-        text += f", peak during the call {size(self.peak_bytes)}"
-        if "reserved_bytes" in self.details:
-            text += f", reserved by the caching allocator {format_size(self.details['reserved_bytes'])}"
-        return text
-
-    def report(self) -> str:
-        """The failure text: the sentence, the figures, the notes and the leaked tensors."""
-        lines = [self.message, self.figures(), *self.notes]
-        if self.peak_over and self.peak_breakdown is not None:
-            lines.append(self.peak_breakdown.render())
-        lines += self.left_behind
-        if self.cycles_failed:
-            lines += ["tensors freed only by the cycle collector:", render_groups(self.cycle_groups)]
-        if self.outcome == "leaked" and self.memory_leaked and self.named and (self.groups or not self.cycles_failed):
-            lines += ["leaked tensors:", render_groups(self.groups)]
-            for device, groups in self.other_groups.items():
-                lines += [f"leaked tensors on {device}:", render_groups(groups)]
-        return "\n".join(line for line in lines if line)
+__all__ = ["CPP_HELD", "CheckResult", "LeakCheck", "NamedLeak", "Rules", "name_leak"]
 
 
 class LeakCheck:
@@ -214,24 +83,15 @@ class LeakCheck:
         self._record_sites = record_sites
         self._trace_folder = trace_folder
         self.sites: SiteRecorder | None = None
-        self._garbage_from: int | None = None
-        """Where in ``gc.garbage`` what collections saved since the body began starts (keep_cycle_garbage)."""
         self.history: AllocatorHistory | None = None
-        self._baseline: Mark | None = None
         self.begin_clock = 0
         """The tracker's clock as the check began: storages first seen since are the check's."""
         self.begin_graphs: int | None = None
-        self._allocated_at_begin: int | None = None
-        self._allocated_at_start: int | None = None
+        self.ledger = LedgerReadings(self.tracker) if self.on_cpu else None
+        self.readings = None if self.on_cpu else AllocatorReadings(self.meter)
         self._accelerator_clock = 0
         """On an accelerator, the tracker's clock when the body started: what it makes is seen later."""
-        self._driver_at_start: int | None = None
-        self._pinned_at_start: int | None = None
-        self.process_groups = ProcessGroups()
-        self.children = Children()
-        self._ranks_folder: Path | None = None
-        self._ranks_env_before: str | None = None
-        self._others: list[tuple[CudaMeter, int]] = []
+        self.left_behind = LeftBehind()
         self._watching_peak = False
         self._owns_tracker = tracker is None
         self._threads_before: set[str] = set()
@@ -253,39 +113,22 @@ class LeakCheck:
         self.begin_clock = self.tracker.begin_clock
         self.begin_graphs = self.tracker.begin_graphs
         if self.begin_graphs is None:
-            from .tracker import graph_clock
-
             self.begin_graphs = graph_clock(_import_torch())
         if self.on_cpu:
             self.result.baseline_bytes = self.tracker.total("cpu")
         else:
             self._accelerator_clock = self.begin_clock - 1
-            self._allocated_at_begin = self.result.baseline_bytes = self.meter.allocated_bytes()
-        self.process_groups.begin()
-        self.children.begin()
-        # Rank processes started from here on inherit where to report (see pytest_vramleak.ranks).
-        self._ranks_folder = Path(tempfile.gettempdir()) / f"vramleak-ranks-{os.getpid()}-{next(_CHECKS)}"  # made by the first rank
-        self._ranks_env_before = os.environ.get(RANKS_ENV)
-        os.environ[RANKS_ENV] = str(self._ranks_folder)
+            assert self.readings is not None
+            self.result.baseline_bytes = self.readings.begin()
+        self.left_behind.begin()
 
     def start(self) -> None:
         """The body starts: take the baseline, start watching the peak."""
         meter = self.meter
-        if self.on_cpu:
-            self._baseline = self.tracker.observe()
-            self.tracker.freeze_young()  # what set-up made is read again only where it changes
-        else:
-            meter.settle()
-            self._allocated_at_start = meter.allocated_bytes()
-            if isinstance(meter, CudaMeter):
-                self._pinned_at_start = meter.pinned_bytes()
-            details = meter.details()
-            self._driver_at_start = details.get("driver_used_bytes")
-            if isinstance(meter, CudaMeter):
-                self._others = self._other_devices(meter)
-        if self.rules.strict_cycles and self.rules.keep_cycle_garbage and self.on_cpu and not gc.get_debug() & gc.DEBUG_SAVEALL:
-            self._garbage_from = len(gc.garbage)
-            gc.set_debug(gc.get_debug() | gc.DEBUG_SAVEALL)
+        if self.ledger is not None:
+            self.ledger.start(keep_garbage=self.rules.strict_cycles and self.rules.keep_cycle_garbage)
+        elif self.readings is not None:
+            self.readings.start()
         peak = self.rules.watch_peak
         if peak is None:
             peak = self.budget.peak is not None or not self.on_cpu
@@ -305,10 +148,12 @@ class LeakCheck:
         """The body returned (or raised): read the peak, what only the cycle collector frees, and
         where the tensors still alive were made."""
         try:
-            if self._baseline is not None or self._allocated_at_start is not None:
-                self.result.cycle_bytes = self._cycle_bytes()
-            if self.sites is not None and self._baseline is not None:
-                self.sites.capture(self.tracker.pairs(self.tracker.created("cpu", since=self.begin_clock - 1)))
+            if self.ledger is not None and self.ledger.baseline is not None:
+                self.result.cycle_bytes = self.ledger.cycle_bytes(self.result, strict=self.rules.strict_cycles, sites=self.sites)
+                if self.sites is not None:
+                        self.sites.capture(self.tracker.pairs(self.tracker.created("cpu", since=self.begin_clock - 1)))
+            elif self.readings is not None and self.readings.at_start is not None:
+                self.result.cycle_bytes = self.readings.cycle_bytes()
         finally:
             if self.sites is not None:
                 self.sites.stop()  # tracing costs: it covers the body alone
@@ -351,18 +196,9 @@ class LeakCheck:
 
     def close(self) -> None:
         """Unfreeze the heap; the check holds nothing of the code it checked."""
-        if self._garbage_from is not None:  # the body ended without stop(): the garbage saved is let go
-            gc.set_debug(gc.get_debug() & ~gc.DEBUG_SAVEALL)
-            del gc.garbage[self._garbage_from :]
-            self._garbage_from = None
-        self.process_groups.end()
-        if self._ranks_folder is not None:
-            if self._ranks_env_before is None:
-                os.environ.pop(RANKS_ENV, None)
-            else:
-                os.environ[RANKS_ENV] = self._ranks_env_before
-            shutil.rmtree(self._ranks_folder, ignore_errors=True)
-            self._ranks_folder = None
+        if self.ledger is not None:
+            self.ledger.close()
+        self.left_behind.end()
         if self.sites is not None:
             self.sites.stop()  # what it captured stays known: a test run again names its leak later
         if self.history is not None:
@@ -384,82 +220,16 @@ class LeakCheck:
 
     # -- measuring ------------------------------------------------------------------------------
 
-    def _cycle_bytes(self) -> int:
-        """Bytes the body made that were alive as it returned and that only the cycle collector freed."""
-        if not self.on_cpu:
-            self.meter.backend.synchronize(self.meter.index)  # type: ignore[attr-defined]
-            before = self.meter.allocated_bytes()
-            gc.collect()
-            self.meter.backend.synchronize(self.meter.index)  # type: ignore[attr-defined]
-            return max(0, before - self.meter.allocated_bytes())
-        assert self._baseline is not None
-        self.tracker.observe(collect=False, watch=False)
-        pending = self.tracker.created("cpu", since=self._baseline.clock)
-        if self.rules.strict_cycles and (pending or self._garbage_from is not None):
-            self.result.cycle_groups = self._cycle_garbage(pending)
-        if not pending:  # nothing the body made is alive, in a cycle or otherwise
-            return 0
-        self.tracker.observe(watch=False)
-        return sum(ref.nbytes for ref in pending if ref() is None)
-
-    def _cycle_garbage(self, pending: list[StorageRef]) -> list[TensorGroup]:
-        """What only the cycle collector frees of ``pending``, each tensor with its cycle: one
-        collection keeps its garbage (``gc.DEBUG_SAVEALL``) to be read, then lets it go."""
-        flags, kept = gc.get_debug(), len(gc.garbage)
-        saving_since = self._garbage_from
-        if saving_since is not None:  # saved since the body began (keep_cycle_garbage)
-            self._garbage_from, kept, flags = None, saving_since, flags & ~gc.DEBUG_SAVEALL
-        elif flags & gc.DEBUG_SAVEALL:
-            return []  # the user's own debugging saves the garbage: it is theirs to read
-        gc.set_debug(flags | gc.DEBUG_SAVEALL)
-        try:
-            gc.collect()
-        finally:
-            gc.set_debug(flags)
-        garbage = gc.garbage[kept:]
-        del gc.garbage[kept:]  # (what the user's own debugging saved there before stays)
-        try:
-            # (what collections saved during the body is named whole: its storages died to the tracker)
-            keys = {(ref.device, ref.pointer) for ref in pending} if saving_since is None else None
-            return describe_cycle_garbage(garbage, keys, sites=self.sites or SiteRecorder())
-        except Exception:  # naming is an aid: the figures stand without it
-            return []
-        finally:
-            garbage.clear()
-
-    def _cpu_ledger(self) -> int:
-        tracker = self.tracker
-        since = self.begin_clock - 1  # what function-scoped fixtures made during set-up is the test's
-        created = sum(ref.nbytes for ref in tracker.created("cpu", since=since))
-        grown = sum(delta for _, delta in tracker.grown_older("cpu", since=since))
-        freed = tracker.freed_older("cpu", since=since)
-        result = self.result
-        result.created_bytes = created + grown
-        result.freed_older_bytes = freed
-        result.end_bytes = tracker.total("cpu")
-        result.fixture_bytes = sum(ref.nbytes for ref in tracker.adopted_alive("cpu"))
-        result.net_bytes = created + grown - freed
-        result.leaked_bytes = max(0, result.net_bytes)
-        return result.leaked_bytes
-
     def _finish_cpu(self, confirm: Callable[[], None] | None) -> None:
-        assert self._baseline is not None, "finish() before start()"
-        tracker = self.tracker
-        tracker.observe(since=self._baseline)
-        self._cpu_ledger()
-        self.result.graph = tracker.kept_graph(threshold=self.begin_graphs)
-        if not self.suspected:
-            return
-        if confirm is not None:  # what pytest still holds of the test's fixtures goes first: cheap
+        ledger = self.ledger
+        assert ledger is not None and ledger.baseline is not None, "finish() before start()"
+        ledger.read(self.result, self.begin_clock, self.begin_graphs, since=ledger.baseline)
+        if self.suspected and confirm is not None:  # what pytest still holds of the test's fixtures goes first: cheap
             confirm()
-            tracker.observe(watch=False)
-            self._cpu_ledger()
-            self.result.graph = tracker.kept_graph(threshold=self.begin_graphs)
+            ledger.read(self.result, self.begin_clock, self.begin_graphs)
         if self.suspected and self.settle_leaks:
             self._confirm()
-            tracker.observe(watch=False)
-            self._cpu_ledger()
-            self.result.graph = tracker.kept_graph(threshold=self.begin_graphs)
+            ledger.read(self.result, self.begin_clock, self.begin_graphs)
 
     def _confirm(self) -> None:
         """Before a suspected leak is final: drop what PyTorch caches for itself (as its own check
@@ -472,10 +242,9 @@ class LeakCheck:
             self.result.details["older_garbage_freed_bytes"] = self.result.details.get("older_garbage_freed_bytes", 0) + garbage
 
     def _finish_accelerator(self, confirm: Callable[[], None] | None) -> None:
-        meter, budget, result = self.meter, self.budget, self.result
-        assert self._allocated_at_begin is not None and self._allocated_at_start is not None, "finish() before start()"
-        baseline = self._allocated_at_begin + result.fixture_bytes
-        growth = measure_growth(meter, baseline, self._driver_at_start, budget.leak)
+        readings, budget, result = self.readings, self.budget, self.result
+        assert readings is not None
+        growth = readings.growth(result.fixture_bytes, budget.leak)
         result.graph = self.tracker.young_graph(self.begin_graphs)
         if growth.allocated + result.history_bytes > budget.leak:
             if confirm is not None:
@@ -484,111 +253,16 @@ class LeakCheck:
                 if self.clear_caches:
                     clear_torch_caches(_import_torch())
                 self._settled = True
-            growth = measure_growth(meter, baseline, self._driver_at_start, budget.leak)
+            growth = readings.growth(result.fixture_bytes, budget.leak)
             result.graph = self.tracker.young_graph(self.begin_graphs)
-        result.net_bytes = growth.allocated
-        result.leaked_bytes = max(0, growth.allocated)
-        result.end_bytes = meter.allocated_bytes()
-        result.details = dict(meter.details())
-        if growth.driver is not None:
-            result.details["driver_growth_bytes"] = growth.driver
-        result.notes += [growth.note(budget.leak), explain_reserved(result.details, result.end_bytes)]
-        for other, allocated in self._others:
-            other_growth = measure_growth(other, allocated, None, budget.leak)
-            result.details[f"{other.name}_leaked_bytes"] = other_growth.allocated
-        pinned = meter.pinned_bytes() if isinstance(meter, CudaMeter) and self._pinned_at_start is not None else None
-        if pinned is not None and self._pinned_at_start is not None:
-            result.details["pinned_host_leaked_bytes"] = pinned - self._pinned_at_start
-        if isinstance(meter, CudaMeter):
-            for name, value in (("reserved_peak_bytes", meter.reserved_peak), ("pinned_host_peak_bytes", meter.pinned_peak)):
-                if value is not None:
-                    result.details[name] = value
+        readings.record(result, growth, budget)
 
     def _apply_rules(self) -> None:
-        result, budget, rules = self.result, self.budget, self.rules
-        assert result.leaked_bytes is not None
-        result.left_behind = []
-        result.over_budget = result.other_leaks = False
-        history = result.history_bytes
-        verdict = judge_budget(budget, result.device, result.leaked_bytes + history, result.peak_bytes)
-        result.peak_over = budget.peak is not None and result.peak_bytes is not None and result.peak_bytes > budget.peak
-        messages = [verdict.message] if verdict.message else []
-        if verdict.outcome == "leaked" and history and result.graph is not None:
-            kept = f"the autograd history of {result.graph.nodes:,} nodes the test made (about {format_size(history)} of host memory)"
-            allowed = f"allowed {format_size(budget.leak)}"
-            found = f"leaked {format_size(result.leaked_bytes + history)} on {result.device}, {allowed}"
-            if result.leaked_bytes:
-                messages[0] = messages[0].replace(found, f"leaked {format_size(result.leaked_bytes)} on {result.device}, {allowed}, and kept {kept}", 1)
-            else:
-                messages[0] = messages[0].replace(found, f"kept {kept} on {result.device}, {allowed}", 1)
-        if self.on_cpu and verdict.outcome == "leaked" and result.freed_older_bytes and result.leaked_bytes:
-            messages[0] += (
-                f" ({format_size(result.created_bytes or 0)} made and still alive, "
-                f"{format_size(result.freed_older_bytes)} of older memory freed)"
-            )
-        outcome = verdict.outcome
-        result.over_budget = result.peak_over
-        pinned_leak = result.details.get("pinned_host_leaked_bytes", 0)
-        if pinned_leak > budget.leak:
+        result = self.result
+        others = [other.name for other, _ in self.readings.others] if self.readings is not None else []
+        outcome, messages = judge_check(result, self.budget, self.rules, on_cpu=self.on_cpu, other_devices=others)
+        if self.left_behind.judge(result, messages):
             outcome = "leaked"
-            result.other_leaks = True
-            messages.append(
-                f"leaked {format_size(pinned_leak)} of pinned host memory (torch.cuda.host_memory_stats), allowed {format_size(budget.leak)}: "
-                "pinned buffers kept alive (a pin_memory() copy stored somewhere, a DataLoader with pin_memory=True whose iterator lives on)"
-            )
-        for name, limit, what in (
-            ("reserved_peak_bytes", budget.reserved, "memory reserved by the caching allocator"),
-            ("pinned_host_peak_bytes", budget.pinned, "pinned host memory"),
-        ):
-            if limit is None:
-                continue
-            used = result.details.get(name)
-            if used is None:
-                note = f"the budget for {what} was not checked: {result.device} keeps no statistics of it"
-                if note not in result.notes:
-                    result.notes.append(note)
-            elif used > limit:
-                result.over_budget = True
-                outcome = outcome if outcome == "leaked" else "over_budget"
-                messages.append(f"{what} peaked at {format_size(used)} above its level at the start on {result.device}, allowed {format_size(limit)}")
-        for other, _ in self._others:
-            grew = result.details.get(f"{other.name}_leaked_bytes", 0)
-            if grew > budget.leak:
-                outcome = "leaked"
-                result.other_leaks = True
-                messages.append(f"leaked {format_size(grew)} on {other.name}, allowed {format_size(budget.leak)}")
-        if rules.saved_peak is not None and result.peak_bytes is not None:
-            grew_text = judge_increase(rules.saved_peak, result.peak_bytes, rules.max_increase, result.device)
-            if grew_text:
-                result.over_budget = True
-                outcome = outcome if outcome == "leaked" else "over_budget"
-                messages.append(grew_text)
-        if rules.strict_cycles and (result.cycle_bytes or 0) > budget.leak:
-            outcome = "leaked"
-            result.other_leaks = result.cycles_failed = True
-            messages.append(
-                f"left {format_size(result.cycle_bytes or 0)} on {result.device} to the cycle collector, allowed "
-                f"{format_size(budget.leak)} (--vramleak-strict-cycles): break the reference cycle, e.g. with weakref"
-            )
-        result.memory_leaked = outcome == "leaked"
-        groups, children = self.process_groups.left(), self.children.left()
-        if groups:
-            outcome = "leaked"
-            messages.append(f"left {len(groups)} torch.distributed process group(s) alive")
-            result.left_behind.append(describe_groups(groups))
-            result.details["process_groups_left"] = len(groups)
-        if children:
-            outcome = "leaked"
-            messages.append(f"left {len(children)} child process(es) running")
-            result.left_behind.append(describe_children(children))
-            result.details["child_processes_left"] = len(children)
-        if self._ranks_folder is not None:
-            result.ranks = collect(self._ranks_folder)
-            line, text = describe_ranks(result.ranks)
-            if line:
-                outcome = "leaked"
-                messages.append(line)
-                result.left_behind.append(text)
         result.outcome = outcome
         result.message = "; ".join(messages)
 
@@ -624,7 +298,7 @@ class LeakCheck:
         result.named = True
         sites = self.site_source()
         devices = [result.device] + [
-            other.name for other, _ in self._others if result.details.get(f"{other.name}_leaked_bytes", 0) > self.budget.leak
+            other.name for other, _ in (self.readings.others if self.readings is not None else []) if result.details.get(f"{other.name}_leaked_bytes", 0) > self.budget.leak
         ]
         if not self.on_cpu:
             self.tracker.catch_up()  # the allocator said how much; which storages, the index says
@@ -651,30 +325,10 @@ class LeakCheck:
 
     def _set_aside(self, set_aside: list[tuple[str, list[TensorGroup]]]) -> None:
         """Take out of the leak what :func:`name_leak` found is not the check's, and decide again."""
-        result = self.result
-        if not set_aside or result.leaked_bytes is None:
-            return
-        for holders, groups in set_aside:
-            discounted = sum(group.bytes for group in groups)
-            result.leaked_bytes = max(0, result.leaked_bytes - discounted)
-            if result.created_bytes is not None:
-                result.created_bytes = max(0, result.created_bytes - discounted)
-            result.set_aside.append((holders, groups))
-            result.notes.append(f"{format_size(discounted)} {holders}: not counted")
-        self._apply_rules()
-        if result.outcome != "leaked":
-            result.groups = []
-
-    def _other_devices(self, meter: CudaMeter) -> list[tuple[CudaMeter, int]]:
-        """Every other CUDA device of the process, warmed up, with its allocated bytes now."""
-        others = []
-        for index in range(meter.backend.device_count()):
-            if index != meter.index:
-                other = CudaMeter(f"cuda:{index}", meter.backend, meter.clear_workspaces, meter.warm_up)
-                other.settle()
-                others.append((other, other.allocated_bytes()))
-        return others
-
+        if discount(self.result, set_aside):
+            self._apply_rules()
+            if self.result.outcome != "leaked":
+                self.result.groups = []
 
 def _import_torch() -> Any:
     import torch

@@ -403,8 +403,7 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.Fix
     allocated = check.meter.allocated_bytes() if check.meter.name != "cpu" else 0
     value = yield
     if check.engine is not None:  # what the fixture made or started belongs to its scope, not to the test
-        check.engine.process_groups.adopt()
-        check.engine.children.adopt()
+        check.engine.left_behind.adopt()
         if check.meter.name != "cpu":
             check.engine.adopt_bytes(check.meter.allocated_bytes() - allocated)
     tracker.observe(collect=False, watch=False)

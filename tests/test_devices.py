@@ -299,11 +299,11 @@ def test_plugin_measures_every_cuda_device(pytester: pytest.Pytester, fake_cuda_
 
 def test_an_accelerator_check_without_growth_reads_no_tensor(pytester: pytest.Pytester, fake_cuda_plugin, monkeypatch: pytest.MonkeyPatch) -> None:
     """The allocator's counters are the cheap signal: a tensor is read only to name a leak."""
-    from pytest_vramleak.tracker import Tracker
+    from pytest_vramleak.index import Index
 
     reads: list[str] = []
-    original = Tracker._read_tensor
-    monkeypatch.setattr(Tracker, "_read_tensor", lambda self, *args: reads.append("read") or original(self, *args))
+    original = Index.read_tensor
+    monkeypatch.setattr(Index, "read_tensor", lambda self, *args: reads.append("read") or original(self, *args))
     fake_cuda_plugin()
     pytester.makepyfile(
         test_it="""

@@ -100,3 +100,15 @@ def test_plugin_py_only_wires_hooks_in_under_500_lines() -> None:
     assert len(source.splitlines()) < 500
     functions = [node.name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.FunctionDef) and not node.name.startswith("pytest_")]
     assert not [name for name in functions if re.search(r"word|format|render|text|message|verdict|judge", name)], functions
+
+
+def test_no_class_is_over_300_lines() -> None:
+    # Each class is one responsibility a reader can hold at once (the tracker is four parts).
+    sizes = {
+        f"{path.stem}.{node.name}": (node.end_lineno or node.lineno) - node.lineno + 1
+        for path in sorted(PACKAGE.glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+    }
+    assert sizes["tracker.Tracker"] > 100  # the measure counts a class's whole body
+    assert {name: lines for name, lines in sizes.items() if lines > 300} == {}

@@ -1,0 +1,168 @@
+"""What a check reads to measure: the tracker's ledger on CPU, the allocator's counters elsewhere.
+
+On CPU (:class:`LedgerReadings`) a check leaked what the tracker's ledger says
+(:mod:`pytest_vramleak.ledger`): storages made since set-up started and alive, plus older
+storages' growth in place, less older storages freed. The baseline is an observation as the body
+starts, and memory only the cycle collector frees is what the body made that one more collection
+frees (:mod:`pytest_vramleak.cycles`).
+
+Where the device's allocator keeps counters (CUDA, XPU, MPS), a check needs no tensor to measure:
+the growth of allocated bytes from set-up's start to after teardown is what the checked code
+left, less what fixtures of a wider scope made meanwhile (the caller adds those to the baseline).
+A growth past the budget is measured again a few times (memory freed asynchronously can still
+arrive, as PyTorch's own check allows) and set beside the driver's figure
+(:func:`~pytest_vramleak.devices.measure_growth`). Every other CUDA device of the process, pinned
+host memory and the allocator's reserved peak are read alongside.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import TYPE_CHECKING
+
+from .cycles import cycle_garbage, let_go, save_garbage
+from .devices import CudaMeter, Growth, Meter, explain_reserved, measure_growth
+from .tracker import Mark, Tracker
+
+if TYPE_CHECKING:
+    from .result import CheckResult
+    from .sites import SiteRecorder
+    from .verdict import Budget
+
+
+class LedgerReadings:
+    """What one check reads of the tracker's ledger on CPU."""
+
+    def __init__(self, tracker: Tracker) -> None:
+        self.tracker = tracker
+        self.baseline: Mark | None = None
+        """The observation as the body started."""
+        self._garbage_from: int | None = None
+        """Where in ``gc.garbage`` what collections saved since the body began starts (keep_cycle_garbage)."""
+
+    def start(self, *, keep_garbage: bool) -> None:
+        """The body starts: observe, and freeze what set-up made (read again only where it changes)."""
+        self.baseline = self.tracker.observe()
+        self.tracker.freeze_young()
+        if keep_garbage:
+            self._garbage_from = save_garbage()
+
+    def cycle_bytes(self, result: CheckResult, *, strict: bool, sites: SiteRecorder | None) -> int:
+        """Bytes the body made that were alive as it returned and that only the cycle collector
+        freed; with ``strict``, the tensors among them, each with its cycle, go in the result."""
+        assert self.baseline is not None
+        tracker = self.tracker
+        tracker.observe(collect=False, watch=False)
+        pending = tracker.created("cpu", since=self.baseline.clock)
+        if strict and (pending or self._garbage_from is not None):
+            saving_since, self._garbage_from = self._garbage_from, None
+            result.cycle_groups = cycle_garbage(pending, saving_since, sites)
+        if not pending:  # nothing the body made is alive, in a cycle or otherwise
+            return 0
+        tracker.observe(watch=False)
+        return sum(ref.nbytes for ref in pending if ref() is None)
+
+    def read(self, result: CheckResult, begin_clock: int, graphs: int | None, *, since: Mark | None = None) -> None:
+        """Observe (``since`` the baseline, watching older tensors, the first time) and put what
+        the ledger says since clock ``begin_clock`` in the result, with the autograd history
+        made since ``graphs`` that is kept alive."""
+        tracker = self.tracker
+        if since is not None:
+            tracker.observe(since=since)
+        else:
+            tracker.observe(watch=False)
+        clock = begin_clock - 1  # what function-scoped fixtures made during set-up is the test's
+        created = sum(ref.nbytes for ref in tracker.created("cpu", since=clock))
+        grown = sum(delta for _, delta in tracker.grown_older("cpu", since=clock))
+        freed = tracker.freed_older("cpu", since=clock)
+        result.created_bytes = created + grown
+        result.freed_older_bytes = freed
+        result.end_bytes = tracker.total("cpu")
+        result.fixture_bytes = sum(ref.nbytes for ref in tracker.adopted_alive("cpu"))
+        result.net_bytes = created + grown - freed
+        result.leaked_bytes = max(0, result.net_bytes)
+        result.graph = tracker.kept_graph(threshold=graphs)
+
+    def close(self) -> None:
+        """The body ended without :meth:`cycle_bytes`: the garbage saved is let go."""
+        if self._garbage_from is not None:
+            let_go(self._garbage_from)
+            self._garbage_from = None
+
+
+class AllocatorReadings:
+    """What one check reads of an accelerator's allocator."""
+
+    def __init__(self, meter: Meter) -> None:
+        self.meter = meter
+        self.at_begin: int | None = None
+        """Allocated bytes as set-up started."""
+        self.at_start: int | None = None
+        """Allocated bytes as the body started."""
+        self._driver_at_start: int | None = None
+        self._pinned_at_start: int | None = None
+        self.others: list[tuple[CudaMeter, int]] = []
+        """Every other CUDA device of the process, with its allocated bytes as the body started."""
+
+    def begin(self) -> int:
+        """Read allocated bytes as set-up starts."""
+        self.at_begin = self.meter.allocated_bytes()
+        return self.at_begin
+
+    def start(self) -> None:
+        """Read the allocator as the body starts, after pending work is done."""
+        meter = self.meter
+        meter.settle()
+        self.at_start = meter.allocated_bytes()
+        if isinstance(meter, CudaMeter):
+            self._pinned_at_start = meter.pinned_bytes()
+        self._driver_at_start = meter.details().get("driver_used_bytes")
+        if isinstance(meter, CudaMeter):
+            self.others = _other_devices(meter)
+
+    def cycle_bytes(self) -> int:
+        """Bytes the body made that were alive as it returned and that only the cycle collector freed."""
+        meter = self.meter
+        meter.backend.synchronize(meter.index)  # type: ignore[attr-defined]
+        before = meter.allocated_bytes()
+        gc.collect()
+        meter.backend.synchronize(meter.index)  # type: ignore[attr-defined]
+        return max(0, before - meter.allocated_bytes())
+
+    def growth(self, fixture_bytes: int, allowed: int) -> Growth:
+        """The growth since set-up started, less what wider-scoped fixtures made meanwhile."""
+        assert self.at_begin is not None and self.at_start is not None, "finish() before start()"
+        return measure_growth(self.meter, self.at_begin + fixture_bytes, self._driver_at_start, allowed)
+
+    def record(self, result: CheckResult, growth: Growth, budget: Budget) -> None:
+        """Put the growth and what was read alongside it in the result."""
+        meter = self.meter
+        result.net_bytes = growth.allocated
+        result.leaked_bytes = max(0, growth.allocated)
+        result.end_bytes = meter.allocated_bytes()
+        result.details = dict(meter.details())
+        if growth.driver is not None:
+            result.details["driver_growth_bytes"] = growth.driver
+        result.notes += [growth.note(budget.leak), explain_reserved(result.details, result.end_bytes)]
+        for other, allocated in self.others:
+            other_growth = measure_growth(other, allocated, None, budget.leak)
+            result.details[f"{other.name}_leaked_bytes"] = other_growth.allocated
+        if not isinstance(meter, CudaMeter):
+            return
+        pinned = meter.pinned_bytes() if self._pinned_at_start is not None else None
+        if pinned is not None and self._pinned_at_start is not None:
+            result.details["pinned_host_leaked_bytes"] = pinned - self._pinned_at_start
+        for name, value in (("reserved_peak_bytes", meter.reserved_peak), ("pinned_host_peak_bytes", meter.pinned_peak)):
+            if value is not None:
+                result.details[name] = value
+
+
+def _other_devices(meter: CudaMeter) -> list[tuple[CudaMeter, int]]:
+    """Every other CUDA device of the process, warmed up, with its allocated bytes now."""
+    others = []
+    for index in range(meter.backend.device_count()):
+        if index != meter.index:
+            other = CudaMeter(f"cuda:{index}", meter.backend, meter.clear_workspaces, meter.warm_up)
+            other.settle()
+            others.append((other, other.allocated_bytes()))
+    return others
