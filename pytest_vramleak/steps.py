@@ -195,6 +195,11 @@ class StepWatcher:
     """Called with each loop's result as the loop ends, also one left early."""
     named_roots: Callable[[], Sequence[NamedRoot]] | None = None
     """Values to name as their owner calls them when they hold a leak (a test's fixtures)."""
+    explain: bool = True
+    """Where memory grew, name the tensors that outlived their step and what holds them
+    (``StepResult.leak``): a search of the heap, a good part of a second in a large process.
+    With ``False`` the check gives its verdict alone (``leak`` stays None) and records no
+    allocation sites: the verdict does not depend on the explanation."""
     results: list[StepResult] = field(default_factory=list)
 
     def check_arguments(self, n: int, warmup: int | None, max_steps: int | None = None) -> tuple[int, int, int]:
@@ -234,7 +239,7 @@ class StepWatcher:
             root = NamedRoot(f"{STEP_FUNCTION}{getattr(step, '__qualname__', type(step).__name__)} given to check()", step, "step")
             others = self.named_roots
             named = (lambda: [*others(), root]) if others is not None else (lambda: [root])
-        loop = _Loop(meter, self.tracker or Tracker(meter.name), self.record_sites, named)
+        loop = _Loop(meter, self.tracker or Tracker(meter.name), self.record_sites and self.explain, named)
         loop.open()
         ran = 0
         try:
@@ -276,7 +281,8 @@ class StepWatcher:
         history = loop.history[: len(figures)]
         history_verdict = judge_growth([nodes * NODE_BYTES for nodes in history], self.tolerance, device) if len(history) >= 2 else None
         history_grows = history_verdict is not None and history_verdict.grows
-        leak = loop.explain(verdict.per_step_bytes, storages=verdict.grows, history=history_grows) if verdict.grows or history_grows else None
+        explained = self.explain and (verdict.grows or history_grows)
+        leak = loop.explain(verdict.per_step_bytes, storages=verdict.grows, history=history_grows) if explained else None
         result = StepResult(
             device, warmup, figures, verdict, leak, loop.warmup_figures(), planned, ran, history=history, history_verdict=history_verdict, kept=kept, undecided=undecided
         )
