@@ -15,7 +15,7 @@ from .sites import SiteRecorder
 from .sizes import format_size
 from .snapshot import STEP_FUNCTION, Leak, describe, describe_history, meter_for
 from .tracker import NODE_BYTES, KeptGraph, Mark, Tracker, graph_clock
-from .verdict import LATE_GROWTH_STEPS, TREND_CERTAIN, GrowthVerdict, growth_message, judge_growth, rose_each, trend_score
+from .verdict import LATE_GROWTH_STEPS, SURE_STEPS, TREND_CERTAIN, GrowthVerdict, growth_message, judge_growth, rose_each, trend_score
 
 
 RECORDED_STEPS = 2
@@ -137,32 +137,78 @@ def decide(figures: Sequence[int], kept: Sequence[int] | None, tolerance: int, d
     """The growth verdict on a loop's figures, and why it is undecided where it is.
 
     On CPU ``kept`` (see :attr:`StepResult.kept`) leaves out what each step made and still
-    holds, whose size varies with its batch: memory grows where ``kept`` grows by the rule of
-    :func:`~pytest_vramleak.verdict.judge_growth`, at ``kept``'s rate. ``kept`` sees what a step
-    keeps one step late: where each of the last :data:`~pytest_vramleak.verdict.LATE_GROWTH_STEPS`
-    figures rose and each of the last but one of ``kept`` did, that is growth that started late.
-    Where ``figures`` grow and ``kept`` did not rise, no tensor outlived the step after the one
-    that made it: either each step replaces a tensor by a bigger one (``torch.cat`` onto itself),
-    which rises at nearly every step, or the steps' own tensors vary in size. A rise as steady as :data:`~pytest_vramleak.verdict.TREND_CERTAIN`
-    asks is growth; a weaker one is undecided. Where ``kept`` is not known (an allocator counts
-    the memory), the rule applies to ``figures``.
+    holds, whose size varies with its batch. Its level says nothing (the first measured step
+    frees what warm-up made, gradients and a batch, and replaces it with its own, which ``kept``
+    leaves out), only its changes do: it is judged from its lowest figure. Memory grows where
+    ``kept`` grows by the rule of :func:`~pytest_vramleak.verdict.judge_growth`, at ``kept``'s
+    rate.
+
+    ``kept`` sees what a step keeps one step late: where each of the last
+    :data:`~pytest_vramleak.verdict.LATE_GROWTH_STEPS` figures rose and each of the last but one
+    of ``kept`` did, that is growth that started late. Where ``figures`` grow and ``kept`` did
+    not rise, no tensor outlived the step after the one that made it: either each step replaces
+    a tensor by a bigger one (``torch.cat`` onto itself), which rises at nearly every step, or
+    the steps' own tensors vary in size. A rise as steady as
+    :data:`~pytest_vramleak.verdict.TREND_CERTAIN` asks is growth. A weaker one is not, where
+    the steps are enough for a rise at every step to reach it (:data:`~pytest_vramleak.verdict.SURE_STEPS`);
+    over fewer steps, it is undecided.
+
+    Over fewer than :data:`~pytest_vramleak.verdict.SURE_STEPS` measured steps, growth every
+    third step rises once or twice, and a loop that rose once and settled, or that keeps a
+    tensor every third step, show the same figures: there memory that did not grow is undecided
+    where a tensor a measured step made outlived the step after it (``kept`` rose from one step
+    to the next). And growth is undecided where the figures rose and then held flat while
+    ``kept`` grew: ``kept`` sees what a step keeps one step late, and state that appeared once
+    (an optimizer's) or gradients made again after being set to None count as kept in the step
+    after the figures stopped rising. Where ``kept`` is not known (an allocator counts the memory), the rule
+    applies to ``figures``.
     """
     verdict = judge_growth(figures, tolerance, device)
     if kept is None or len(kept) != len(figures):
         return verdict, None
-    lasting = judge_growth(kept, tolerance, device)
-    if lasting.grows:  # at the rate of what the steps kept, and the total that rate makes
-        total = round(lasting.per_step_bytes * len(figures))
-        message = growth_message(lasting.per_step_bytes, len(figures), total, tolerance, device)
+    count, floor = len(figures), min(kept)
+    lasting = judge_growth([value - floor for value in kept], tolerance, device)
+    if lasting.grows:
+        if count < SURE_STEPS and _held_flat(figures, verdict, tolerance):
+            return GrowthVerdict(False, verdict.growth_bytes, 0.0, ""), (
+                f"undecided: memory rose {format_size(verdict.kept_bytes)} over {count} measured steps on {device} and "
+                f"then held flat, while tensors that measured steps made outlived the step after them: fewer than {SURE_STEPS} "
+                "measured steps cannot tell state that appeared once (an optimizer's, gradients made again after being set "
+                f"to None) from growth; {_MORE_STEPS}"
+            )
+        # at the rate of what the steps kept, and the total that rate makes
+        total = round(lasting.per_step_bytes * count)
+        message = growth_message(lasting.per_step_bytes, count, total, tolerance, device)
         return GrowthVerdict(True, figures[-1], lasting.per_step_bytes, message, None, total), None
-    if not verdict.grows or (rose_each(figures, LATE_GROWTH_STEPS) and rose_each(kept, LATE_GROWTH_STEPS - 1)) or trend_score(figures) >= TREND_CERTAIN:
+    if not verdict.grows:
+        if count < SURE_STEPS and any(after - before > tolerance for before, after in zip(kept, kept[1:])):
+            return verdict, (
+                f"undecided: memory did not grow over {count} measured steps on {device}, but tensors that measured steps "
+                f"made outlived the step after them: fewer than {SURE_STEPS} measured steps cannot tell memory that "
+                f"settled or varies from growth every few steps; {_MORE_STEPS}"
+            )
         return verdict, None
+    if (rose_each(figures, LATE_GROWTH_STEPS) and rose_each(kept, LATE_GROWTH_STEPS - 1)) or trend_score(figures) >= TREND_CERTAIN:
+        return verdict, None
+    if count >= SURE_STEPS:  # a rise at every step would have been steady enough: the steps' own tensors vary
+        return GrowthVerdict(False, verdict.growth_bytes, 0.0, ""), None
     return GrowthVerdict(False, verdict.growth_bytes, 0.0, ""), (
-        f"undecided: memory rose {format_size(verdict.kept_bytes)} over {len(figures)} measured steps on {device}, but no "
+        f"undecided: memory rose {format_size(verdict.kept_bytes)} over {count} measured steps on {device}, but no "
         "tensor a measured step made outlived the step after it, and the rise is not steady enough to tell a tensor "
-        "replaced by a bigger one each step from the steps' own tensors varying in size; allow more steps with "
-        "steps(n, warmup=k, max_steps=m)"
+        f"replaced by a bigger one each step from the steps' own tensors varying in size; {_MORE_STEPS}"
     )
+
+
+_MORE_STEPS = "allow more steps with steps(n, warmup=k, max_steps=m)"
+
+
+def _held_flat(figures: Sequence[int], verdict: GrowthVerdict, tolerance: int) -> bool:
+    """Whether the figures settled (see :class:`~pytest_vramleak.verdict.GrowthVerdict`) and
+    stayed within ``tolerance`` of one another from their last new high on."""
+    if verdict.settled_at is None:
+        return False
+    since = figures[verdict.settled_at - 1 :]
+    return max(since) - min(since) <= tolerance
 
 
 def _whole(value: Any) -> int | None:

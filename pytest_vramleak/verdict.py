@@ -128,6 +128,13 @@ about one chance in 160 that figures varying at random rise this steadily (6 ste
 rose are 1 order in 720). The step check asks it only of a rise no kept tensor explains."""
 
 
+SURE_STEPS = 6
+"""Measured steps from which the step check decides every loop on CPU. Growth every third step
+rises twice in 6 steps, once in each half that :func:`judge_growth` compares, and a tensor
+replaced by a bigger one at every step reaches :data:`TREND_CERTAIN` (2.6); over fewer steps
+neither holds, and a verdict that depends on them is undecided."""
+
+
 def trend_score(figures: Sequence[int]) -> float:
     """The Mann-Kendall trend statistic of ``figures``: how many standard deviations the count of
     later-above-earlier pairs, less later-below-earlier pairs, lies above what figures in random
