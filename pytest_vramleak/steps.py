@@ -14,8 +14,8 @@ from .referrers import NamedRoot
 from .sites import SiteRecorder
 from .sizes import format_size
 from .snapshot import STEP_FUNCTION, Leak, describe, describe_history, meter_for
-from .tracker import NODE_BYTES, KeptGraph, Mark, Tracker, graph_clock
-from .verdict import LATE_GROWTH_STEPS, SURE_STEPS, TREND_CERTAIN, GrowthVerdict, growth_message, judge_growth, rose_each, trend_score
+from .tracker import NODE_BYTES, KeptGraph, Mark, StorageRef, Tracker, graph_clock
+from .verdict import LATE_GROWTH_STEPS, SURE_STEPS, TREND_CERTAIN, GrowthVerdict, floor_rise, grew_late, growth_message, judge_growth, rose_each, trend_score
 
 
 RECORDED_STEPS = 2
@@ -103,7 +103,11 @@ class StepResult:
                     "after each measured step, above the warm-up baseline: " + ", ".join(format_size(s) for s in self.steps),
                 ]
                 if self.kept is not None and self.kept != self.steps:
-                    lines.append("of which made by earlier measured steps and still alive: " + ", ".join(format_size(s) for s in self.kept))
+                    lowest = min(self.kept)  # its level is net of what the first step freed: see decide()
+                    lines.append(
+                        "of which made by earlier measured steps and still alive, net of what they freed, from the lowest: "
+                        + ", ".join(format_size(kept - lowest) for kept in self.kept)
+                    )
             if self.history_grows:
                 lines += [self._history_message() + ("" if self.verdict.grows else early), "autograd nodes kept from earlier steps after each measured step: " + ", ".join(f"{n:,}" for n in self.history)]
             if self.leak is not None:
@@ -167,7 +171,8 @@ def decide(figures: Sequence[int], kept: Sequence[int] | None, tolerance: int, d
     if kept is None or len(kept) != len(figures):
         return verdict, None
     count, floor = len(figures), min(kept)
-    lasting = judge_growth([value - floor for value in kept], tolerance, device)
+    lasting_figures = [value - floor for value in kept]
+    lasting = judge_growth(lasting_figures, tolerance, device)
     if lasting.grows:
         if count < SURE_STEPS and _held_flat(figures, verdict, tolerance):
             return GrowthVerdict(False, verdict.growth_bytes, 0.0, ""), (
@@ -176,10 +181,14 @@ def decide(figures: Sequence[int], kept: Sequence[int] | None, tolerance: int, d
                 "measured steps cannot tell state that appeared once (an optimizer's, gradients made again after being set "
                 f"to None) from growth; {_MORE_STEPS}"
             )
-        # at the rate of what the steps kept, and the total that rate makes
-        total = round(lasting.per_step_bytes * count)
-        message = growth_message(lasting.per_step_bytes, count, total, tolerance, device)
-        return GrowthVerdict(True, figures[-1], lasting.per_step_bytes, message, None, total), None
+        # At the rate of what the steps kept, and the total that rate makes: its floor is no
+        # baseline, so where it did not grow late, the rate is how fast its floor rose (what the
+        # last step holds above it includes a tooth of whatever the steps replace, gradients
+        # set to None every other step).
+        rate = lasting.per_step_bytes if grew_late(lasting_figures, tolerance) else floor_rise(lasting_figures)
+        total = round(rate * count)
+        message = growth_message(rate, count, total, tolerance, device)
+        return GrowthVerdict(True, figures[-1], rate, message, None, total), None
     if not verdict.grows:
         if count < SURE_STEPS and any(after - before > tolerance for before, after in zip(kept, kept[1:])):
             return verdict, (
@@ -433,6 +442,8 @@ class _Loop:
         self.history: list[int] = []
         self.kept_graph = KeptGraph(0, [])
         self.kept: list[int] = []
+        self.made: list[list[StorageRef]] = []
+        """CPU: after each measured step, the storages it made and left alive then."""
         """CPU: after each measured step, its figure less the storages that step made and left alive."""
         self.previous_clock = 0
 
@@ -499,7 +510,9 @@ class _Loop:
         self.measured.append(self._measure())
         self._count_history()
         if self.on_cpu:
-            own = sum(ref.nbytes for ref in self.tracker.created("cpu", since=self.previous_clock))
+            made = self.tracker.created("cpu", since=self.previous_clock)
+            self.made.append(made)
+            own = sum(ref.nbytes for ref in made)
             self.kept.append(self.measured[-1] - self.baseline_bytes - own)
             self.previous_clock = self.tracker.clock
         if self.slack and self._last_slack is not None:
@@ -539,18 +552,46 @@ class _Loop:
     def warmup_figures(self) -> list[int]:
         return [w - self.baseline_bytes for w in self.warming]
 
+    def replacements(self, lasting: list[StorageRef]) -> list[StorageRef]:
+        """The storages in ``lasting`` that are only the latest of their kind (CPU): storages of
+        their size that earlier measured steps made have all been freed since, and at least one
+        was. A gradient set to None and made again every other step, or accumulated over a few
+        steps, outlives the step that made it and is then replaced: it takes a place, it does
+        not add one. What a loop keeps adding is not among them: its earlier ones are alive."""
+        step_of = {id(ref): index for index, made in enumerate(self.made) for ref in made}
+        first_alive: dict[int, int] = {}
+        first_freed: dict[int, int] = {}
+        for index, made in enumerate(self.made):
+            for ref in made:
+                firsts = first_alive if ref() is not None else first_freed
+                firsts.setdefault(ref.nbytes, index)
+        return [
+            ref
+            for ref in lasting
+            if (made_at := step_of.get(id(ref))) is not None and first_freed.get(ref.nbytes, made_at) < made_at and first_alive.get(ref.nbytes) == made_at
+        ]
+
     def explain(self, per_step: float, *, storages: bool = True, history: bool = False) -> Leak:
         """The tensors made after warm-up that outlived a step (alive after the next-to-last step
         and at the end), with their holders, where ``storages`` grew; the last step's own
-        temporaries are not among them. With ``history``, also the tensors that keep the autograd
-        history that grew, with theirs."""
+        temporaries are not among them, nor (on CPU) storages that outlived their step only as
+        the latest of their kind (see :meth:`replacements`), unless nothing else did. With
+        ``history``, also the tensors that keep the autograd history that grew, with theirs."""
         tracker, device = self.tracker, self.meter.name
         self.stop_recording()  # (a loop that grew in its last steps is still recording)
         if not self.on_cpu and storages:
             tracker.catch_up()
         lasting = tracker.created(device, since=self.baseline_clock, before=self.penultimate_clock + 1) if storages else []
         notes = []
-        refs = lasting
+        replacing = self.replacements(lasting)
+        replaced = {id(ref) for ref in replacing}
+        refs = [ref for ref in lasting if id(ref) not in replaced] or lasting
+        if len(refs) < len(lasting):
+            notes.append(
+                f"not listed: {len(replacing)} storages ({format_size(sum(ref.nbytes for ref in replacing))}) that outlived "
+                "their step only as the latest of their kind: each took the place of storages of its size that earlier "
+                "measured steps made and freed since (gradients set to None and made again every other step)"
+            )
         if storages and not lasting:
             # No storage outlived a step: memory grows through one replaced by a bigger one each
             # step. That one is larger than a step's growth; the last step's temporaries are not.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -95,3 +97,100 @@ def test_decide(figures: list[int], kept: list[int], expected: str) -> None:
 
 def test_sure_steps_are_where_a_steady_rise_becomes_certain() -> None:
     assert trend_score(range(SURE_STEPS)) >= TREND_CERTAIN > trend_score(range(SURE_STEPS - 1))
+
+
+MASK_PER_LENGTH = """
+import torch
+from torch import nn
+
+def test_masks(vramleak):
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, nhead=2, dim_feedforward=32, dropout=0.0, batch_first=True)
+    masks = {}
+    for step in vramleak.steps(10, warmup=2):
+        length = 8 + step  # a new length at each step
+        tokens = torch.randn(4, length, 16)  # 2.5 KiB to 4.3 KiB, alive until the next step
+        if length not in masks:
+            masks[length] = nn.Transformer.generate_square_subsequent_mask(length)
+        layer(tokens, src_mask=masks[length]).sum().backward()
+"""
+
+
+def test_a_mask_cached_per_new_length_is_reported_at_the_rate_of_the_masks(pytester: pytest.Pytester) -> None:
+    # The measured steps make masks of 10x10 to 17x17 floats (400 B to 1.1 KiB); the tokens a
+    # step holds until the next are not kept. What the steps kept grows by the masks alone.
+    pytester.makepyfile(test_it=MASK_PER_LENGTH)
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(failed=1)
+    rate = re.search(r"memory grew ([\d.]+) (B|KiB) per step over 8 measured steps", result.stdout.str())
+    assert rate is not None, result.stdout.str()
+    per_step = float(rate[1]) * (1024 if rate[2] == "KiB" else 1)
+    assert 10 * 10 * 4 <= per_step <= 17 * 17 * 4, rate[0]
+    result.stdout.fnmatch_lines(["float32[[]16, 16[]] on cpu: 1 tensor, 1.0 KiB", "    held by test_masks:* local 'masks'[[]16[]]"])
+    result.stdout.no_fnmatch_line("*local 'tokens'*")
+
+
+GRADIENTS_EVERY_OTHER_STEP = """
+import torch
+from torch import nn
+
+def test_accumulation(vramleak):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(16, 32), torch.randint(10, (16,))
+    losses = []
+    for step in vramleak.steps(10, warmup=2):
+        if step % 2 == 0:  # gradients accumulated over two steps, set to None before the first
+            optimizer.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(model(x), y) / 2
+        loss.backward()
+        if step % 2 == 1:
+            optimizer.step()
+        losses.append(loss.detach())  # the leak: 4 B a step
+"""
+
+
+def test_gradients_replaced_every_other_step_are_not_listed_as_what_leaks(pytester: pytest.Pytester) -> None:
+    # The gradients made at step 8 are alive after step 9 (they are accumulated there), as those
+    # of steps 2, 4 and 6 were after theirs: each replaces the one before, none adds.
+    pytester.makepyfile(test_it=GRADIENTS_EVERY_OTHER_STEP)
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "memory grew 4 B per step over 8 measured steps (32 B in total) on cpu, tolerance 0 B",
+            "tensors created after warm-up that outlived their step:",
+            "not listed: 4 storages (10.8 KiB) that outlived their step only as the latest of their kind*",
+            "float32[[][]] on cpu: 7 tensors, 28 B",
+            "    held by test_accumulation:* local 'losses'[[]2[]]",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*gradient on cpu*")
+    result.stdout.no_fnmatch_line("*].grad*")
+
+
+def test_a_leak_whose_tensors_are_the_size_of_the_batch_it_frees_is_still_listed() -> None:
+    # Each step keeps a copy of its batch, and the batch of the step before (the same size) is
+    # freed: the copies are not the latest of their kind, the earlier ones are alive.
+    kept: list[torch.Tensor] = []
+    last: dict[str, torch.Tensor] = {}
+
+    def step(i: int) -> None:
+        last["batch"] = torch.randn(64)
+        kept.append(last["batch"].clone())
+
+    result = StepWatcher("cpu", warmup=2).check(step, steps=10)
+    kept.clear()
+    assert result.grows and result.leak is not None
+    (group,) = result.leak.groups
+    assert (group.shape, group.count) == ((64,), 7) and not result.leak.notes, result.describe()
+
+
+def test_a_leak_beneath_a_sawtooth_is_reported_at_its_own_rate() -> None:
+    # 64 B a step, and 40 B every fourth step, beneath 640 B a step cleared every fourth step:
+    # 74 B a step, whichever tooth the last step is on.
+    figures, kept, _ = DECISIONS["leak_beneath_a_sawtooth_grows"]
+    verdict, undecided = steps_module.decide(figures, kept, 0, "cpu")
+    assert undecided is None and verdict.per_step_bytes == 74
+    assert verdict.message == "memory grew 74 B per step over 8 measured steps (592 B in total) on cpu, tolerance 0 B"
