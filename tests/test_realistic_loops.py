@@ -1,6 +1,7 @@
 """More loops for the step check, in leaking and clean twins: GANs, VAEs, contrastive memory banks,
 WGAN-GP, MAML, REINFORCE, KV-cache decoding, SWA, pruning, distillation, metric objects, hooks,
-variable-length batches, data-dependent routing, gradients set to None and periodic clearing.
+variable-length batches, data-dependent routing, gradients set to None, periodic clearing and
+1 MiB feature maps.
 
 Most are noisy: the batch, episode or sequence a step used is kept until the next step rebinds it
 (as a loop written inline keeps it), and its size varies with the data, so the figure after each
@@ -766,6 +767,46 @@ def experts_with_capacity_on_batches_of_4_to_48_rows(run: Run) -> Step:
 def experts_keeping_the_busiest_experts_rows(run: Run) -> Step:
     """Top-1 routing over 4 experts, keeping the busiest expert's rows (64 B to 3 KiB a step) for a study."""
     return routed(run, keep_overflow=True)
+
+
+# Large feature maps.
+
+
+def feature_maps(run: Run, keep_maps: bool) -> Step:
+    init(run)
+    encoder = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1))
+    head = nn.Linear(8, CLASSES)
+    optimizer = torch.optim.SGD([*encoder.parameters(), *head.parameters()], lr=0.01)
+    data = seeded(run, 26)
+    images = [torch.randn(8, 3, 64, 64, generator=data) for _ in range(2)]
+    labels = [torch.randint(CLASSES, (8,), generator=data) for _ in range(2)]
+    kept: list[torch.Tensor] = []
+    activation_means: list[float] = []
+
+    def step(i: int) -> None:
+        maps = encoder(images[i % 2])  # 8 x 8 x 64 x 64 floats: 1 MiB
+        loss = F.cross_entropy(head(maps.mean(dim=(2, 3))), labels[i % 2])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if keep_maps:
+            kept.append(maps.detach())
+        else:
+            activation_means.append(maps.detach().mean().item())
+
+    return step
+
+
+@loop(leaks=False)
+def cnn_feature_maps_summarised_as_floats(run: Run) -> Step:
+    """A CNN's 1 MiB feature maps summarised each step as a Python float for a dashboard."""
+    return feature_maps(run, keep_maps=False)
+
+
+@loop(leaks=True)
+def cnn_feature_maps_kept_for_a_visualisation(run: Run) -> Step:
+    """A CNN whose 1 MiB feature maps are kept every step for a visualisation at the end of the run."""
+    return feature_maps(run, keep_maps=True)
 
 
 def test_catalogue_is_balanced() -> None:
