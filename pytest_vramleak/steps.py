@@ -82,7 +82,7 @@ class StepResult:
         """The failure text of a loop that grew, or a line on one that settled or was not judged."""
         if self.reason:
             return self.reason
-        if self.undecided:
+        if self.undecided and not self.grows:
             return self.undecided
         if self.fragmentation is not None:
             growth = self.fragmentation
@@ -113,6 +113,8 @@ class StepResult:
             if self.leak is not None:
                 heading = "tensors created after warm-up that outlived their step:" if self.verdict.grows else "what keeps that history:"
                 lines += [heading, self.leak.render()]
+            if self.undecided:  # the history grew; what the storages did is not decided
+                lines.append(self.undecided)
             return "\n".join(lines)
         settled = self.settled_after
         if settled is not None:

@@ -9,7 +9,9 @@ import torch
 
 import pytest_vramleak.steps as steps_module
 from pytest_vramleak import StepWatcher
-from pytest_vramleak.verdict import SURE_STEPS, TREND_CERTAIN, trend_score
+from pytest_vramleak.steps import StepResult
+from pytest_vramleak.tracker import NODE_BYTES
+from pytest_vramleak.verdict import SURE_STEPS, TREND_CERTAIN, GrowthVerdict, trend_score
 
 
 def test_explain_false_gives_the_same_verdict_without_looking_for_holders(monkeypatch) -> None:
@@ -194,3 +196,11 @@ def test_a_leak_beneath_a_sawtooth_is_reported_at_its_own_rate() -> None:
     verdict, undecided = steps_module.decide(figures, kept, 0, "cpu")
     assert undecided is None and verdict.per_step_bytes == 74
     assert verdict.message == "memory grew 74 B per step over 8 measured steps (592 B in total) on cpu, tolerance 0 B"
+
+
+def test_history_that_grows_is_said_where_the_storages_are_undecided() -> None:
+    history = GrowthVerdict(True, 8 * NODE_BYTES, 2.0 * NODE_BYTES, "")
+    result = StepResult("cpu", 2, [0, 0, 64, 0], GrowthVerdict(False, 0, 0.0, ""), history=[0, 2, 4, 6], history_verdict=history, undecided="undecided: why")
+    assert result.grows
+    lines = result.describe().splitlines()
+    assert lines[0].startswith("the autograd history kept across steps grew 2 nodes per step") and lines[-1] == "undecided: why"
