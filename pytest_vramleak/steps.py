@@ -156,8 +156,8 @@ def decide(figures: Sequence[int], kept: Sequence[int] | None, tolerance: int, d
     a tensor by a bigger one (``torch.cat`` onto itself), which rises at nearly every step, or
     the steps' own tensors vary in size. A rise as steady as
     :data:`~pytest_vramleak.verdict.TREND_CERTAIN` asks is growth. A weaker one is not, where
-    the steps are enough for a rise at every step to reach it (:data:`~pytest_vramleak.verdict.SURE_STEPS`);
-    over fewer steps, it is undecided.
+    the steps are enough for a rise at every step to reach it
+    (:data:`~pytest_vramleak.verdict.SURE_STEPS`); over fewer steps, it is undecided.
 
     Over fewer than :data:`~pytest_vramleak.verdict.SURE_STEPS` measured steps, growth every
     third step rises once or twice, and a loop that rose once and settled, or that keeps a
@@ -166,8 +166,10 @@ def decide(figures: Sequence[int], kept: Sequence[int] | None, tolerance: int, d
     to the next). And growth is undecided where the figures rose and then held flat while
     ``kept`` grew: ``kept`` sees what a step keeps one step late, and state that appeared once
     (an optimizer's) or gradients made again after being set to None count as kept in the step
-    after the figures stopped rising. Where ``kept`` is not known (an allocator counts the memory), the rule
-    applies to ``figures``.
+    after the figures stopped rising. From :data:`~pytest_vramleak.verdict.SURE_STEPS` steps on,
+    every loop is decided.
+
+    Where ``kept`` is not known (an allocator counts the memory), the rule applies to ``figures``.
     """
     verdict = judge_growth(figures, tolerance, device)
     if kept is None or len(kept) != len(figures):
@@ -444,9 +446,9 @@ class _Loop:
         self.history: list[int] = []
         self.kept_graph = KeptGraph(0, [])
         self.kept: list[int] = []
+        """CPU: after each measured step, its figure less the storages that step made and left alive."""
         self.made: list[list[StorageRef]] = []
         """CPU: after each measured step, the storages it made and left alive then."""
-        """CPU: after each measured step, its figure less the storages that step made and left alive."""
         self.previous_clock = 0
 
     def open(self) -> None:
