@@ -14,8 +14,8 @@ from .referrers import NamedRoot
 from .sites import SiteRecorder
 from .sizes import format_size
 from .snapshot import STEP_FUNCTION, Leak, describe, describe_history, meter_for
-from .tracker import NODE_BYTES, KeptGraph, Mark, Tracker, graph_clock
-from .verdict import LATE_GROWTH_STEPS, TREND_CERTAIN, GrowthVerdict, growth_message, judge_growth, rose_each, trend_score
+from .tracker import NODE_BYTES, KeptGraph, Mark, StorageRef, Tracker, graph_clock
+from .verdict import LATE_GROWTH_STEPS, SURE_STEPS, TREND_CERTAIN, GrowthVerdict, floor_rise, grew_late, growth_message, judge_growth, rose_each, trend_score
 
 
 RECORDED_STEPS = 2
@@ -82,7 +82,7 @@ class StepResult:
         """The failure text of a loop that grew, or a line on one that settled or was not judged."""
         if self.reason:
             return self.reason
-        if self.undecided:
+        if self.undecided and not self.grows:
             return self.undecided
         if self.fragmentation is not None:
             growth = self.fragmentation
@@ -103,12 +103,18 @@ class StepResult:
                     "after each measured step, above the warm-up baseline: " + ", ".join(format_size(s) for s in self.steps),
                 ]
                 if self.kept is not None and self.kept != self.steps:
-                    lines.append("of which made by earlier measured steps and still alive: " + ", ".join(format_size(s) for s in self.kept))
+                    lowest = min(self.kept)  # its level is net of what the first step freed: see decide()
+                    lines.append(
+                        "of which made by earlier measured steps and still alive, net of what they freed, from the lowest: "
+                        + ", ".join(format_size(kept - lowest) for kept in self.kept)
+                    )
             if self.history_grows:
                 lines += [self._history_message() + ("" if self.verdict.grows else early), "autograd nodes kept from earlier steps after each measured step: " + ", ".join(f"{n:,}" for n in self.history)]
             if self.leak is not None:
                 heading = "tensors created after warm-up that outlived their step:" if self.verdict.grows else "what keeps that history:"
                 lines += [heading, self.leak.render()]
+            if self.undecided:  # the history grew; what the storages did is not decided
+                lines.append(self.undecided)
             return "\n".join(lines)
         settled = self.settled_after
         if settled is not None:
@@ -137,32 +143,85 @@ def decide(figures: Sequence[int], kept: Sequence[int] | None, tolerance: int, d
     """The growth verdict on a loop's figures, and why it is undecided where it is.
 
     On CPU ``kept`` (see :attr:`StepResult.kept`) leaves out what each step made and still
-    holds, whose size varies with its batch: memory grows where ``kept`` grows by the rule of
-    :func:`~pytest_vramleak.verdict.judge_growth`, at ``kept``'s rate. ``kept`` sees what a step
-    keeps one step late: where each of the last :data:`~pytest_vramleak.verdict.LATE_GROWTH_STEPS`
-    figures rose and each of the last but one of ``kept`` did, that is growth that started late.
-    Where ``figures`` grow and ``kept`` did not rise, no tensor outlived the step after the one
-    that made it: either each step replaces a tensor by a bigger one (``torch.cat`` onto itself),
-    which rises at nearly every step, or the steps' own tensors vary in size. A rise as steady as :data:`~pytest_vramleak.verdict.TREND_CERTAIN`
-    asks is growth; a weaker one is undecided. Where ``kept`` is not known (an allocator counts
-    the memory), the rule applies to ``figures``.
+    holds, whose size varies with its batch. Its level says nothing (the first measured step
+    frees what warm-up made, gradients and a batch, and replaces it with its own, which ``kept``
+    leaves out), only its changes do: it is judged from its lowest figure. Memory grows where
+    ``kept`` grows by the rule of :func:`~pytest_vramleak.verdict.judge_growth`, at ``kept``'s
+    rate.
+
+    ``kept`` sees what a step keeps one step late: where each of the last
+    :data:`~pytest_vramleak.verdict.LATE_GROWTH_STEPS` figures rose and each of the last but one
+    of ``kept`` did, that is growth that started late. Where ``figures`` grow and ``kept`` did
+    not rise, no tensor outlived the step after the one that made it: either each step replaces
+    a tensor by a bigger one (``torch.cat`` onto itself), which rises at nearly every step, or
+    the steps' own tensors vary in size. A rise as steady as
+    :data:`~pytest_vramleak.verdict.TREND_CERTAIN` asks is growth. A weaker one is not, where
+    the steps are enough for a rise at every step to reach it
+    (:data:`~pytest_vramleak.verdict.SURE_STEPS`); over fewer steps, it is undecided.
+
+    Over fewer than :data:`~pytest_vramleak.verdict.SURE_STEPS` measured steps, growth every
+    third step rises once or twice, and a loop that rose once and settled, or that keeps a
+    tensor every third step, show the same figures: there memory that did not grow is undecided
+    where a tensor a measured step made outlived the step after it (``kept`` rose from one step
+    to the next). And growth is undecided where the figures rose and then held flat while
+    ``kept`` grew: ``kept`` sees what a step keeps one step late, and state that appeared once
+    (an optimizer's) or gradients made again after being set to None count as kept in the step
+    after the figures stopped rising. From :data:`~pytest_vramleak.verdict.SURE_STEPS` steps on,
+    every loop is decided.
+
+    Where ``kept`` is not known (an allocator counts the memory), the rule applies to ``figures``.
     """
     verdict = judge_growth(figures, tolerance, device)
     if kept is None or len(kept) != len(figures):
         return verdict, None
-    lasting = judge_growth(kept, tolerance, device)
-    if lasting.grows:  # at the rate of what the steps kept, and the total that rate makes
-        total = round(lasting.per_step_bytes * len(figures))
-        message = growth_message(lasting.per_step_bytes, len(figures), total, tolerance, device)
-        return GrowthVerdict(True, figures[-1], lasting.per_step_bytes, message, None, total), None
-    if not verdict.grows or (rose_each(figures, LATE_GROWTH_STEPS) and rose_each(kept, LATE_GROWTH_STEPS - 1)) or trend_score(figures) >= TREND_CERTAIN:
+    count, floor = len(figures), min(kept)
+    lasting_figures = [value - floor for value in kept]
+    lasting = judge_growth(lasting_figures, tolerance, device)
+    if lasting.grows:
+        if count < SURE_STEPS and _held_flat(figures, verdict, tolerance):
+            return GrowthVerdict(False, verdict.growth_bytes, 0.0, ""), (
+                f"undecided: memory rose {format_size(verdict.kept_bytes)} over {count} measured steps on {device} and "
+                f"then held flat, while tensors that measured steps made outlived the step after them: fewer than {SURE_STEPS} "
+                "measured steps cannot tell state that appeared once (an optimizer's, gradients made again after being set "
+                f"to None) from growth; {_MORE_STEPS}"
+            )
+        # At the rate of what the steps kept, and the total that rate makes: its floor is no
+        # baseline, so where it did not grow late, the rate is how fast its floor rose (what the
+        # last step holds above it includes a tooth of whatever the steps replace, gradients
+        # set to None every other step).
+        rate = lasting.per_step_bytes if grew_late(lasting_figures, tolerance) else floor_rise(lasting_figures)
+        total = round(rate * count)
+        message = growth_message(rate, count, total, tolerance, device)
+        return GrowthVerdict(True, figures[-1], rate, message, None, total), None
+    if not verdict.grows:
+        if count < SURE_STEPS and any(after - before > tolerance for before, after in zip(kept, kept[1:])):
+            return verdict, (
+                f"undecided: memory did not grow over {count} measured steps on {device}, but tensors that measured steps "
+                f"made outlived the step after them: fewer than {SURE_STEPS} measured steps cannot tell memory that "
+                f"settled or varies from growth every few steps; {_MORE_STEPS}"
+            )
         return verdict, None
+    if (rose_each(figures, LATE_GROWTH_STEPS) and rose_each(kept, LATE_GROWTH_STEPS - 1)) or trend_score(figures) >= TREND_CERTAIN:
+        return verdict, None
+    if count >= SURE_STEPS:  # a rise at every step would have been steady enough: the steps' own tensors vary
+        return GrowthVerdict(False, verdict.growth_bytes, 0.0, ""), None
     return GrowthVerdict(False, verdict.growth_bytes, 0.0, ""), (
-        f"undecided: memory rose {format_size(verdict.kept_bytes)} over {len(figures)} measured steps on {device}, but no "
+        f"undecided: memory rose {format_size(verdict.kept_bytes)} over {count} measured steps on {device}, but no "
         "tensor a measured step made outlived the step after it, and the rise is not steady enough to tell a tensor "
-        "replaced by a bigger one each step from the steps' own tensors varying in size; allow more steps with "
-        "steps(n, warmup=k, max_steps=m)"
+        f"replaced by a bigger one each step from the steps' own tensors varying in size; {_MORE_STEPS}"
     )
+
+
+_MORE_STEPS = "allow more steps with steps(n, warmup=k, max_steps=m)"
+
+
+def _held_flat(figures: Sequence[int], verdict: GrowthVerdict, tolerance: int) -> bool:
+    """Whether the figures settled (see :class:`~pytest_vramleak.verdict.GrowthVerdict`) and
+    stayed within ``tolerance`` of one another from their last new high on."""
+    if verdict.settled_at is None:
+        return False
+    since = figures[verdict.settled_at - 1 :]
+    return max(since) - min(since) <= tolerance
 
 
 def _whole(value: Any) -> int | None:
@@ -195,6 +254,11 @@ class StepWatcher:
     """Called with each loop's result as the loop ends, also one left early."""
     named_roots: Callable[[], Sequence[NamedRoot]] | None = None
     """Values to name as their owner calls them when they hold a leak (a test's fixtures)."""
+    explain: bool = True
+    """Where memory grew, name the tensors that outlived their step and what holds them
+    (``StepResult.leak``): a search of the heap, a good part of a second in a large process.
+    With ``False`` the check gives its verdict alone (``leak`` stays None) and records no
+    allocation sites: the verdict does not depend on the explanation."""
     results: list[StepResult] = field(default_factory=list)
 
     def check_arguments(self, n: int, warmup: int | None, max_steps: int | None = None) -> tuple[int, int, int]:
@@ -234,7 +298,7 @@ class StepWatcher:
             root = NamedRoot(f"{STEP_FUNCTION}{getattr(step, '__qualname__', type(step).__name__)} given to check()", step, "step")
             others = self.named_roots
             named = (lambda: [*others(), root]) if others is not None else (lambda: [root])
-        loop = _Loop(meter, self.tracker or Tracker(meter.name), self.record_sites, named)
+        loop = _Loop(meter, self.tracker or Tracker(meter.name), self.record_sites and self.explain, named)
         loop.open()
         ran = 0
         try:
@@ -276,7 +340,8 @@ class StepWatcher:
         history = loop.history[: len(figures)]
         history_verdict = judge_growth([nodes * NODE_BYTES for nodes in history], self.tolerance, device) if len(history) >= 2 else None
         history_grows = history_verdict is not None and history_verdict.grows
-        leak = loop.explain(verdict.per_step_bytes, storages=verdict.grows, history=history_grows) if verdict.grows or history_grows else None
+        explained = self.explain and (verdict.grows or history_grows)
+        leak = loop.explain(verdict.per_step_bytes, storages=verdict.grows, history=history_grows) if explained else None
         result = StepResult(
             device, warmup, figures, verdict, leak, loop.warmup_figures(), planned, ran, history=history, history_verdict=history_verdict, kept=kept, undecided=undecided
         )
@@ -382,6 +447,8 @@ class _Loop:
         self.kept_graph = KeptGraph(0, [])
         self.kept: list[int] = []
         """CPU: after each measured step, its figure less the storages that step made and left alive."""
+        self.made: list[list[StorageRef]] = []
+        """CPU: after each measured step, the storages it made and left alive then."""
         self.previous_clock = 0
 
     def open(self) -> None:
@@ -447,7 +514,9 @@ class _Loop:
         self.measured.append(self._measure())
         self._count_history()
         if self.on_cpu:
-            own = sum(ref.nbytes for ref in self.tracker.created("cpu", since=self.previous_clock))
+            made = self.tracker.created("cpu", since=self.previous_clock)
+            self.made.append(made)
+            own = sum(ref.nbytes for ref in made)
             self.kept.append(self.measured[-1] - self.baseline_bytes - own)
             self.previous_clock = self.tracker.clock
         if self.slack and self._last_slack is not None:
@@ -487,18 +556,46 @@ class _Loop:
     def warmup_figures(self) -> list[int]:
         return [w - self.baseline_bytes for w in self.warming]
 
+    def replacements(self, lasting: list[StorageRef]) -> list[StorageRef]:
+        """The storages in ``lasting`` that are only the latest of their kind (CPU): storages of
+        their size that earlier measured steps made have all been freed since, and at least one
+        was. A gradient set to None and made again every other step, or accumulated over a few
+        steps, outlives the step that made it and is then replaced: it takes a place, it does
+        not add one. What a loop keeps adding is not among them: its earlier ones are alive."""
+        step_of = {id(ref): index for index, made in enumerate(self.made) for ref in made}
+        first_alive: dict[int, int] = {}
+        first_freed: dict[int, int] = {}
+        for index, made in enumerate(self.made):
+            for ref in made:
+                firsts = first_alive if ref() is not None else first_freed
+                firsts.setdefault(ref.nbytes, index)
+        return [
+            ref
+            for ref in lasting
+            if (made_at := step_of.get(id(ref))) is not None and first_freed.get(ref.nbytes, made_at) < made_at and first_alive.get(ref.nbytes) == made_at
+        ]
+
     def explain(self, per_step: float, *, storages: bool = True, history: bool = False) -> Leak:
         """The tensors made after warm-up that outlived a step (alive after the next-to-last step
         and at the end), with their holders, where ``storages`` grew; the last step's own
-        temporaries are not among them. With ``history``, also the tensors that keep the autograd
-        history that grew, with theirs."""
+        temporaries are not among them, nor (on CPU) storages that outlived their step only as
+        the latest of their kind (see :meth:`replacements`), unless nothing else did. With
+        ``history``, also the tensors that keep the autograd history that grew, with theirs."""
         tracker, device = self.tracker, self.meter.name
         self.stop_recording()  # (a loop that grew in its last steps is still recording)
         if not self.on_cpu and storages:
             tracker.catch_up()
         lasting = tracker.created(device, since=self.baseline_clock, before=self.penultimate_clock + 1) if storages else []
         notes = []
-        refs = lasting
+        replacing = self.replacements(lasting)
+        replaced = {id(ref) for ref in replacing}
+        refs = [ref for ref in lasting if id(ref) not in replaced] or lasting
+        if len(refs) < len(lasting):
+            notes.append(
+                f"not listed: {len(replacing)} storages ({format_size(sum(ref.nbytes for ref in replacing))}) that outlived "
+                "their step only as the latest of their kind: each took the place of storages of its size that earlier "
+                "measured steps made and freed since (gradients set to None and made again every other step)"
+            )
         if storages and not lasting:
             # No storage outlived a step: memory grows through one replaced by a bigger one each
             # step. That one is larger than a step's growth; the last step's temporaries are not.

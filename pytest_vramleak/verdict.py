@@ -92,8 +92,7 @@ def judge_growth(steps: Sequence[int], tolerance: int, device: str = "cpu") -> G
     # (and its top ended above the baseline by more than the tolerance: figures that vary below
     # the baseline, a loop whose batches differ in size, hold nothing the loop added)
     band_rose = min(later) - min(earlier) > tolerance and max(later) - max(earlier) > tolerance and max(later) > tolerance
-    tail = steps[-LATE_GROWTH_STEPS - 1 :]
-    late = rose_each(steps, LATE_GROWTH_STEPS) and tail[-1] - tail[0] > tolerance
+    late = grew_late(steps, tolerance)
     highs = _new_highs(steps)
     gaps = [later_high - earlier_high for earlier_high, later_high in zip(highs, highs[1:])]
     since_last_high = count - 1 - highs[-1] if highs else count
@@ -128,6 +127,13 @@ about one chance in 160 that figures varying at random rise this steadily (6 ste
 rose are 1 order in 720). The step check asks it only of a rise no kept tensor explains."""
 
 
+SURE_STEPS = 6
+"""Measured steps from which the step check decides every loop on CPU. Growth every third step
+rises twice in 6 steps, once in each half that :func:`judge_growth` compares, and a tensor
+replaced by a bigger one at every step reaches :data:`TREND_CERTAIN` (2.6); over fewer steps
+neither holds, and a verdict that depends on them is undecided."""
+
+
 def trend_score(figures: Sequence[int]) -> float:
     """The Mann-Kendall trend statistic of ``figures``: how many standard deviations the count of
     later-above-earlier pairs, less later-below-earlier pairs, lies above what figures in random
@@ -146,6 +152,21 @@ def growth_message(per_step: float, count: int, total: int, tolerance: int, devi
         f"memory grew {format_size(per_step)} per step over {count} measured steps "
         f"({format_size(total)} in total) on {device}, tolerance {format_size(tolerance)}"
     )
+
+
+def grew_late(steps: Sequence[int], tolerance: int) -> bool:
+    """Whether each of the last :data:`LATE_GROWTH_STEPS` figures grew, by more than ``tolerance`` in all."""
+    tail = steps[-LATE_GROWTH_STEPS - 1 :]
+    return rose_each(steps, LATE_GROWTH_STEPS) and tail[-1] - tail[0] > tolerance
+
+
+def floor_rise(steps: Sequence[int]) -> float:
+    """How fast the band's floor rose: the lowest figure of the later half of ``steps`` less that
+    of the earlier half, per step between the halves (as :func:`judge_growth` splits them). A
+    sawtooth under the growth does not change it, whichever of its teeth the last step is on."""
+    count = len(steps)
+    half = count // 2
+    return (min(steps[count - half :]) - min(steps[:half])) / (count - half)
 
 
 def rose_each(figures: Sequence[int], count: int) -> bool:

@@ -1,11 +1,11 @@
-"""Loops whose memory varies from step to step, each over 10 data seeds.
+"""Loops whose memory varies from step to step, each over 10 data seeds at the settings of :mod:`tests.loops`.
 
 A loop written inline keeps its last batch until the next step rebinds it, so the figure after
 each step moves with that batch's size (dynamic padding, data-dependent routing, variable batch
 sizes), and gradients set to None come and go with the experts a step used. The step check must
 never take that variation for growth, must still see a leak of 128 bytes a step beneath it, and
-where the measured steps cannot tell the two apart, say ``undecided``; with ``max_steps`` allowed,
-it runs on until it can.
+where the measured steps are too few to tell the two apart, say ``undecided``; with ``max_steps``
+allowed, it runs on until it can.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from pytest_vramleak import StepWatcher
+
+from .loops import SEEDS, SETTING_PARAMS, Setting, wrong_verdicts
 
 Step = Callable[[int], None]
 
@@ -119,41 +121,20 @@ LOOPS = [
     NoisyLoop("variable_batches_with_a_buffer_cleared_every_3_steps", lambda seed: variable_batches(seed, clear_every=3), False),
 ]
 
-SEEDS = range(10)
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def verdicts(entry: NoisyLoop, steps: int, warmup: int, max_steps: int | None = None) -> list[tuple[int, str, list[int]]]:
-    """(seed, verdict, figures) for each seed: ``grows``, ``clean`` or ``undecided``."""
-    found = []
-    for seed in SEEDS:
-        result = StepWatcher("cpu", warmup=warmup, record_sites=False).check(entry.build(seed), steps=steps, max_steps=max_steps)
-        verdict = "undecided" if result.undecided else "grows" if result.grows else "clean"
-        found.append((seed, verdict, result.steps))
-    return found
-
-
-@pytest.mark.parametrize(("steps", "warmup"), [(10, 2), (20, 5), (6, 2)], ids=["steps10-warmup2", "steps20-warmup5", "steps6-warmup2"])
+@pytest.mark.parametrize("setting", SETTING_PARAMS)
 @pytest.mark.parametrize("entry", LOOPS, ids=[entry.name for entry in LOOPS])
-def test_no_seed_gets_a_wrong_verdict(entry: NoisyLoop, steps: int, warmup: int) -> None:
-    expected = "grows" if entry.leaks else "clean"
-    wrong = [(seed, verdict, figures) for seed, verdict, figures in verdicts(entry, steps, warmup) if verdict not in (expected, "undecided")]
-    assert not wrong, f"{entry.name} at steps({steps}, warmup={warmup}): expected {expected}, got {wrong}"
-
-
-@pytest.mark.parametrize("entry", LOOPS, ids=[entry.name for entry in LOOPS])
-def test_with_max_steps_every_seed_is_decided_rightly(entry: NoisyLoop) -> None:
-    # (at the shortest setting, where most are undecided without it)
-    expected = "grows" if entry.leaks else "clean"
-    found = verdicts(entry, 6, 2, max_steps=24)
-    assert [verdict for _, verdict, _ in found] == [expected] * len(SEEDS), f"{entry.name}: {found}"
+def test_no_seed_gets_a_wrong_verdict(entry: NoisyLoop, setting: Setting) -> None:
+    wrong = wrong_verdicts(entry.build, entry.leaks, setting)
+    assert not wrong, f"{entry.name} at {setting}: expected {'grows' if entry.leaks else 'clean'}:\n" + "\n".join(wrong)
 
 
 def test_a_leak_under_noise_is_reported_at_its_own_rate() -> None:
     # 128 bytes a step, beneath batches that vary by kilobytes: the rate is what the steps kept.
     for seed in SEEDS:
-        result = StepWatcher("cpu", warmup=2, record_sites=False).check(variable_batches(seed, keep=128), steps=10)
+        result = StepWatcher("cpu", warmup=2, explain=False).check(variable_batches(seed, keep=128), steps=10)
         assert result.verdict is not None and result.verdict.per_step_bytes == 128, (seed, result.describe())
         assert result.verdict.message.startswith("memory grew 128 B per step over 8 measured steps"), result.verdict.message
 
