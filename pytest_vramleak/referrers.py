@@ -38,7 +38,9 @@ _MODULE_NAMESPACE: Any = vars(types.ModuleType)["__dict__"]
 def _own_frames() -> set[int]:
     """Ids of this package's frames on the stack, which hold the targets while searching."""
     ids: set[int] = set()
-    frame: types.FrameType | None = sys._getframe()
+    # From the caller on: this function's frame is gone once it returns, and its id may then be
+    # another frame's.
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_filename.startswith(_PACKAGE_DIR):
             ids.add(id(frame))
@@ -79,7 +81,10 @@ class NamedRoot:
 def _frames_not_ours(own: set[int]) -> list[types.FrameType]:
     """The frames on the stack, innermost first, less this package's own."""
     stack: list[types.FrameType] = []
-    frame: types.FrameType | None = sys._getframe()
+    # From the caller on: this function's own frame (not in ``own``, made after it) in the list it
+    # returns would make a cycle that keeps its caller's frame, and every object that frame's
+    # locals refer to, alive until the next collection.
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None:
         if id(frame) not in own:
             stack.append(frame)
