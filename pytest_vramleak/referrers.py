@@ -401,6 +401,14 @@ def _search_chains(
         frontier = tuple(h for h in next_level if origins[id(h)] & unrooted)
         del next_level
     limited = limited or bool(frontier and unrooted)
+    # This package's own lists and tables (the tensors it is naming, the autograd nodes it looks
+    # through) refer to what they list, and nothing in gc refers to them: its running frames do.
+    # They hold nothing of the user's.
+    records = _own_records()
+    frontier = tuple(obj for obj in frontier if id(obj) not in records)
+    ignore.add(id(frontier))
+    for ident in records.intersection(dead_ends):
+        del dead_ends[ident]
     for obj in frontier:
         dead_ends.setdefault(id(obj), obj)
 
@@ -459,6 +467,33 @@ def _search_chains(
     running_locals.clear()
     chains_by_target.clear()
     return chains, rooted, limited
+
+
+_RECORD_TYPES = frozenset({list, dict, tuple, set, frozenset, collections.deque})
+_CO_OPTIMIZED = 0x1
+
+
+def _own_records() -> set[int]:
+    """Ids of the containers that this package's running functions (other than this module's,
+    whose lists the search ignores by id) have as locals: the records its callers keep of what
+    they name. A running frame's locals are invisible to gc: they are read from the frame, and
+    the snapshot of them that this makes is emptied again, so that it keeps nothing alive."""
+    records: set[int] = set()
+    frame: types.FrameType | None = sys._getframe()
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename.startswith(_PACKAGE_DIR) and code.co_filename != __file__ and code.co_flags & _CO_OPTIMIZED:
+            try:
+                local_values = frame.f_locals
+            except Exception:
+                local_values = {}
+            values = dict.values(local_values) if type(local_values) is dict else ()
+            records.update(id(value) for value in values if type(value) in _RECORD_TYPES)
+            if type(local_values) is dict:
+                local_values.clear()
+            del local_values, values
+        frame = frame.f_back
+    return records
 
 
 def _is_root(obj: Any) -> bool:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from pytest_vramleak.referrers import BACKWARD_LEVELS, chain_text, find_chains, hook_holdings, module_hook_holding, name_holders, without_python_holders
+from pytest_vramleak.snapshot import HELD_FROM_CPP, describe_history
 
 HERE = __name__
 
@@ -88,6 +89,13 @@ def test_holders_listed_before_are_read_in_place_of_the_first_level() -> None:
     assert [chain_text(chain) for chain in listed] == plain_text == [f"{HERE}.KEPT['cache']"]
     assert known == []  # the search clears what it was given
     listed.clear()
+
+
+def test_the_plugins_own_list_of_what_it_names_is_not_named_as_a_holder() -> None:
+    # The list of (tensor, nodes) given to describe_history is referred to by the plugin's running
+    # frames only: nothing in gc holds it, as nothing in gc holds a list kept from C++.
+    groups = describe_history([(torch.ones(3, requires_grad=True) * 2, 5)], "cpu", node_bytes=100)
+    assert [group.held_by for group in groups] == [[HELD_FROM_CPP]]
 
 
 class Hostile(torch.nn.Linear):

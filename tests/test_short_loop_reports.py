@@ -1,4 +1,5 @@
-"""What a short training loop's failure costs and says: its holders named in a few passes over the heap."""
+"""What a short training loop's failure costs and says: holders named in a few passes over the heap,
+and no holder or diagnosis made of the plugin's own lists."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import json
 
 import pytest
 
+from pytest_vramleak.diagnosis import diagnose
+from pytest_vramleak.snapshot import TensorGroup
 
 COUNTING_CONFTEST = """
 import gc, json, sys
@@ -108,3 +111,79 @@ def test_a_leaking_loop_is_explained_in_a_few_passes_over_the_heap(pytester: pyt
     passes = json.loads((pytester.path / "passes.json").read_text())
     assert passes["collect"] == 0, passes  # every tensor has a root: garbage cannot be on its chain
     assert sum(passes.values()) <= MOST_PASSES, passes
+
+
+GRAD_FN_KEPT = "an autograd node (a grad_fn) was kept"
+OWN_LIST = "*held by <list held outside Python's gc>*"
+
+
+def test_a_loop_that_keeps_its_outputs_is_not_told_it_keeps_a_grad_fn(pytester: pytest.Pytester) -> None:
+    # The tensors the ReLU saved for backward have Python objects that nothing in Python holds:
+    # they were once named "held by <list held outside Python's gc>[19] -> autograd graph of
+    # ReluBackward0" (a list of the plugin's own) and blamed on a kept loss.grad_fn.
+    pytester.makepyfile(test_loop=LEAKING_LOOP)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["    held by test_leaks:* local 'step' -> closure var 'kept'[[]2[]]", "    diagnosis: autograd graph kept alive: *"])
+    result.stdout.no_fnmatch_line(OWN_LIST)
+    result.stdout.no_fnmatch_line(f"*{GRAD_FN_KEPT}*")
+
+
+def test_a_loop_that_keeps_no_grad_fn_is_not_told_it_does(pytester: pytest.Pytester) -> None:
+    # backward(create_graph=True) gives each gradient a graph of its own, kept from C++ (the
+    # parameter's .grad): the plugin's own lists of what it names hold none of it.
+    pytester.makepyfile(
+        test_second_order="""
+        import torch
+
+        def test_create_graph_each_step(vramleak):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+            inputs = torch.randn(8, 32)
+            for step in vramleak.steps(8, warmup=2):
+                loss = model(inputs).pow(2).sum()
+                loss.backward(create_graph=True)
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "-W", "ignore::UserWarning")
+    result.assert_outcomes(failed=1)
+    # what grew is still named: each gradient's history, and the graphs behind them
+    result.stdout.fnmatch_lines(["autograd history of a float32[[]32, 32[]] tensor on cpu: * nodes made by the test*"])
+    result.stdout.fnmatch_lines(["autograd graph of a float32[[]4, 32[]] tensor on cpu: * saved tensors*"])
+    result.stdout.no_fnmatch_line(OWN_LIST)
+    result.stdout.no_fnmatch_line(f"*{GRAD_FN_KEPT}*")
+
+
+def test_an_autograd_node_only_the_plugin_lists_is_no_kept_grad_fn(pytester: pytest.Pytester) -> None:
+    # A leaf kept after backward(create_graph=True): its gradient's graph saved a tensor that only
+    # autograd nodes hold, and no code of the test holds those nodes.
+    pytester.makepyfile(
+        test_leaf="""
+        import torch
+
+        KEPT = []
+
+        def test_leaf_kept_after_create_graph():
+            weight = torch.randn(64, 64, requires_grad=True)
+            (weight @ torch.randn(64, 8)).pow(2).sum().backward(create_graph=True)
+            KEPT.append(weight)
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak", "-W", "ignore::UserWarning")
+    result.stdout.fnmatch_lines(["*held by test_leaf.KEPT[[]*[]].grad", "autograd graph of a float32[[]64, 8[]] tensor on cpu: 1 saved tensors*"])
+    result.stdout.no_fnmatch_line(OWN_LIST)
+    result.stdout.no_fnmatch_line(f"*{GRAD_FN_KEPT}*")
+
+
+@pytest.mark.parametrize(
+    ("chain", "blamed"),
+    [
+        ("test_it.NODES[0] -> autograd graph of SumBackward0", True),
+        ("test_it:12 local 'nodes'[0] -> autograd graph of SumBackward0", True),
+        ("<list held outside Python's gc>[0] -> autograd graph of AddBackward0", False),
+        ("<SavedTensorHooks held outside Python's gc>.pack -> autograd graph of MulBackward0", False),
+    ],
+)
+def test_a_kept_grad_fn_is_blamed_only_where_the_code_holds_the_node(chain: str, blamed: bool) -> None:
+    group = TensorGroup("float32", (8, 64), "cpu", bytes=2048, count=1, held_by=[chain])
+    assert any(GRAD_FN_KEPT in line for line in diagnose(group)) is blamed
