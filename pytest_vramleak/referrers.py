@@ -25,7 +25,7 @@ from typing import Any
 import objgraph
 
 from .census import is_tensor_type, whole_heap
-from .sites import code_folders
+from .sites import code_folders, is_loaded_standard_library
 
 _PACKAGE_DIR = __file__.rsplit("/", 1)[0]
 _MODULE_NAMESPACES = ("_modules", "_parameters", "_buffers")
@@ -249,7 +249,7 @@ def _users_modules(modules: Sequence[Any]) -> list[Any]:
     users = []
     for module in modules:
         path = module.__dict__.get("__file__")
-        if (path is None and module.__name__ == "__main__") or (isinstance(path, str) and not path.startswith(libraries)):
+        if (path is None and module.__name__ == "__main__") or (isinstance(path, str) and not path.startswith(libraries) and not is_loaded_standard_library(path)):
             users.append(module)
     return users
 

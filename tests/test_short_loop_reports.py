@@ -1,9 +1,14 @@
 """What a short training loop's failure costs and says: holders named in a few passes over the heap,
-and no holder or diagnosis made of the plugin's own lists."""
+allocation sites that lead with the user's line, and no holder or diagnosis made of the plugin's own lists."""
 
 from __future__ import annotations
 
 import json
+import os
+import sys
+import types
+import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -111,6 +116,52 @@ def test_a_leaking_loop_is_explained_in_a_few_passes_over_the_heap(pytester: pyt
     passes = json.loads((pytester.path / "passes.json").read_text())
     assert passes["collect"] == 0, passes  # every tensor has a root: garbage cannot be on its chain
     assert sum(passes.values()) <= MOST_PASSES, passes
+
+
+def test_a_tensor_copy_deepcopy_made_is_placed_at_the_users_line(pytester: pytest.Pytester, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The standard library loaded from where sysconfig does not place it (a zip of it, as in
+    # embedded or bundled Pythons; here copy.py alone, outside the working folder): copy.py's
+    # frames are library frames all the same.
+    import copy
+
+    archive = tmp_path_factory.mktemp("python-zip") / "stdlib.zip"
+    with zipfile.ZipFile(archive, "w") as stream:
+        stream.write(copy.__file__, "copy.py")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(archive), os.environ.get("PYTHONPATH")])))
+    pytester.makepyfile(
+        test_copies="""
+        import copy
+        import torch
+
+        def test_copy_comes_from_the_zip():
+            assert copy.__file__.endswith("stdlib.zip" + __import__("os").sep + "copy.py"), copy.__file__
+
+        def test_snapshots(vramleak):
+            model = torch.nn.Linear(64, 64)
+            snapshots = []
+            for step in vramleak.steps(8, warmup=2):
+                snapshots.append(copy.deepcopy(model.weight))
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["    allocated at test_copies.py:* in test_snapshots()", "    held by test_snapshots:* local 'snapshots'[[]2[]]"])
+    result.stdout.no_fnmatch_line("*copy.py*")
+
+
+def test_a_stdlib_named_module_of_the_users_is_not_taken_for_the_standard_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_vramleak.sites import frame_kind_of_file
+
+    # a project's tests in a package named "test", imported from the working folder
+    package = tmp_path / "test"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "test_model.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "test", types.ModuleType("test"))
+    vars(sys.modules["test"])["__file__"] = str(package / "__init__.py")
+    vars(sys.modules["test"])["__path__"] = [str(package)]
+    assert frame_kind_of_file(str(package / "test_model.py")) == "user"
 
 
 GRAD_FN_KEPT = "an autograd node (a grad_fn) was kept"
