@@ -479,20 +479,26 @@ def _own_records() -> set[int]:
     they name. A running frame's locals are invisible to gc: they are read from the frame, and
     the snapshot of them that this makes is emptied again, so that it keeps nothing alive."""
     records: set[int] = set()
-    frame: types.FrameType | None = sys._getframe()
+    frames: list[types.FrameType] = []
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
         if code.co_filename.startswith(_PACKAGE_DIR) and code.co_filename != __file__ and code.co_flags & _CO_OPTIMIZED:
-            try:
-                local_values = frame.f_locals
-            except Exception:
-                local_values = {}
-            values = dict.values(local_values) if type(local_values) is dict else ()
-            records.update(id(value) for value in values if type(value) in _RECORD_TYPES)
-            if type(local_values) is dict:
-                local_values.clear()
-            del local_values, values
+            frames.append(frame)
         frame = frame.f_back
+    for frame in frames:
+        try:
+            # a snapshot (a dict, which is refreshed before any tracer reads it) or, from Python
+            # 3.13 on, a view of the frame itself
+            local_values = frame.f_locals
+            values = list(dict.values(local_values) if type(local_values) is dict else local_values.values())
+        except Exception:
+            continue
+        records.update(id(value) for value in values if type(value) in _RECORD_TYPES)
+        if type(local_values) is dict:
+            local_values.clear()
+        del local_values, values
+    frames.clear()
     return records
 
 
