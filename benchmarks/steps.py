@@ -137,7 +137,7 @@ def pytest_sessionfinish():
 
 
 SHORT = '''
-import json, time
+import json, os, platform, time
 import pytest, torch
 
 torch.set_num_threads(1)
@@ -170,6 +170,7 @@ def test_loop(round, steps, warmup, leaks, vramleak):
 
 
 def test_zz_write():
+    TIMES["machine"] = f"Python {{platform.python_version()}}, torch {{torch.__version__}}, {{os.cpu_count()}} cores"
     with open("short.json", "w") as stream:
         json.dump(TIMES, stream)
 '''
@@ -184,7 +185,7 @@ def short_loops(rounds: int) -> None:
         # the leaking loops fail their tests (and are caught inside them): only the times matter
         subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"], cwd=folder, capture_output=True, text=True)
         times = json.loads((folder / "short.json").read_text())
-    print(f"median of {rounds} rounds, one session, torch on one thread")
+    print(f"median of {rounds} rounds, one session, torch on one thread ({times['machine']})")
     for steps, warmup in ((6, 2), (10, 2), (20, 5)):
         bare, watched = (statistics.median(times[f"{steps},{warmup},False,{side}"]) for side in (False, True))
         leak_bare, leak_watched = (statistics.median(times[f"{steps},{warmup},True,{side}"]) for side in (False, True))

@@ -330,7 +330,9 @@ def _graph_tensors(root: Any, visited: set[int], keep: list[Any]) -> Iterator[An
                 yield value
 
 
-def walk(device: str | None = None, *, defer_owners: frozenset[int] | set[int] = frozenset()) -> Iterator[Found]:
+def walk(
+    device: str | None = None, *, defer_owners: frozenset[int] | set[int] = frozenset(), objects: list[Any] | None = None
+) -> Iterator[Found]:
     """Yield every live tensor storage on ``device`` (all devices if None), with a tensor that uses it.
 
     Tensors Python sees come first, then storage objects kept without a tensor, then gradients and
@@ -338,6 +340,9 @@ def walk(device: str | None = None, *, defer_owners: frozenset[int] | set[int] =
     credited to the first of them; tensors whose ids are in ``defer_owners`` are credited last. A
     storage may be yielded more than once (views, saved copies of a live tensor); callers dedupe
     by key. Found items hold strong references: drop them before the caller returns.
+    ``objects``: the objects to go through in place of the referrers of the tensor and storage
+    classes, where the caller has listed them (every tensor and storage object gc tracks, in
+    the order gc keeps them).
     """
     torch = _torch()
     storage_classes = set(storage_types())
@@ -355,7 +360,7 @@ def walk(device: str | None = None, *, defer_owners: frozenset[int] | set[int] =
         with torch._C.DisableTorchFunction():
             # Tensors and storage objects refer to their classes: finding them among the classes'
             # referrers runs in C, where a Python loop over every object of the heap would not.
-            for obj in gc.get_referrers(*tensor_classes, *storage_classes):
+            for obj in gc.get_referrers(*tensor_classes, *storage_classes) if objects is None else objects:
                 cls = type(obj)
                 if cls in storage_classes:
                     storage = storage_of_storage_object(obj)

@@ -50,7 +50,9 @@ def diagnose(group: Any) -> list[str]:
             "behind a tensor that still has its grad_fn (a loss or output stored with its graph); "
             "store loss.item() or tensor.detach() instead, or run the step under torch.no_grad()"
         )
-    if any(" -> autograd graph of " in chain for chain in chains) and not getattr(group, "grad_graph", False):
+    # A node reached from a holder the test's code has (not one held from C++ or outside gc, whose
+    # chain starts with "<"): what the code kept is the node.
+    if any(" -> autograd graph of " in chain and not chain.startswith("<") for chain in chains) and not getattr(group, "grad_graph", False):
         found.append(
             "an autograd node (a grad_fn) was kept, not a tensor: it keeps what its graph saved for backward and "
             "the leaves it accumulates into; keep loss.item() or a detached tensor instead of loss.grad_fn"

@@ -25,7 +25,7 @@ from typing import Any
 import objgraph
 
 from .census import is_tensor_type, whole_heap
-from .sites import code_folders
+from .sites import code_folders, is_loaded_standard_library
 
 _PACKAGE_DIR = __file__.rsplit("/", 1)[0]
 _MODULE_NAMESPACES = ("_modules", "_parameters", "_buffers")
@@ -38,7 +38,9 @@ _MODULE_NAMESPACE: Any = vars(types.ModuleType)["__dict__"]
 def _own_frames() -> set[int]:
     """Ids of this package's frames on the stack, which hold the targets while searching."""
     ids: set[int] = set()
-    frame: types.FrameType | None = sys._getframe()
+    # From the caller on: this function's frame is gone once it returns, and its id may then be
+    # another frame's.
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_filename.startswith(_PACKAGE_DIR):
             ids.add(id(frame))
@@ -79,7 +81,10 @@ class NamedRoot:
 def _frames_not_ours(own: set[int]) -> list[types.FrameType]:
     """The frames on the stack, innermost first, less this package's own."""
     stack: list[types.FrameType] = []
-    frame: types.FrameType | None = sys._getframe()
+    # From the caller on: this function's own frame (not in ``own``, made after it) in the list it
+    # returns would make a cycle that keeps its caller's frame, and every object that frame's
+    # locals refer to, alive until the next collection.
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None:
         if id(frame) not in own:
             stack.append(frame)
@@ -244,7 +249,7 @@ def _users_modules(modules: Sequence[Any]) -> list[Any]:
     users = []
     for module in modules:
         path = module.__dict__.get("__file__")
-        if (path is None and module.__name__ == "__main__") or (isinstance(path, str) and not path.startswith(libraries)):
+        if (path is None and module.__name__ == "__main__") or (isinstance(path, str) and not path.startswith(libraries) and not is_loaded_standard_library(path)):
             users.append(module)
     return users
 
@@ -265,17 +270,65 @@ def find_chains(
     frames: Sequence[types.FrameType] = (),
     named: Sequence[NamedRoot] = (),
     collect: bool = True,
+    known: tuple[set[int], list[Any]] | None = None,
 ) -> list[list[Any]]:
     """For each target, a shortest chain ``[root, ..., target]`` of objects holding it.
-
-    ``collect=False`` where the caller has just collected every generation.
 
     The search stops as soon as every target has a root, and only keeps expanding the holders
     of targets still without one. Where no root is found within ``max_depth`` levels the chain
     starts at the farthest holder reached, or is ``[target]`` alone when nothing in gc holds it.
     Objects of ``exclude_types`` (the caller's own records) never count as holders. The returned
     chains hold strong references: drop them once named.
+
+    Garbage (reference cycles not yet collected) never lies on a chain from a root: nothing
+    reachable refers to it. It can only stand at the start of a chain that found no root, where
+    the search stopped at its limits with garbage in its last level; so the heap is collected
+    (one pass over all of it) only where a target found no root, and searched again only where
+    the search met its limits. ``collect=False`` where the caller has just collected every
+    generation.
+
+    ``known``: the ids of some objects, and a list of every gc-tracked object that referred to any
+    of them when it was made (:func:`without_python_holders`' ``keep``, moments before, with no
+    code of the user's run since): where the targets are among those objects, the first level
+    reads that list instead of the heap. The search clears the list.
     """
+
+    def search(first: list[Any] | None) -> tuple[list[list[Any]], bool, bool]:
+        return _search_chains(targets, max_depth=max_depth, max_frontier=max_frontier, exclude_types=exclude_types, frames=frames, named=named, first=first)
+
+    first = known[1] if known is not None and all(id(target) in known[0] for target in targets) else None
+    try:
+        chains, rooted, limited = search(first)
+    finally:
+        if known is not None:
+            known[1].clear()  # (what it keeps alive may be garbage: gone before a collection)
+    if rooted or not collect:
+        return chains
+    if limited:
+        chains.clear()
+        gc.collect()
+        return search(None)[0]
+    # Nothing the search found can be garbage (the objects it ended at have no holder at all),
+    # but what a caller looks through next for the targets left (autograd nodes, every object)
+    # must not find garbage either.
+    gc.collect()
+    return chains
+
+
+def _search_chains(
+    targets: Sequence[Any],
+    *,
+    max_depth: int,
+    max_frontier: int,
+    exclude_types: tuple[type, ...],
+    frames: Sequence[types.FrameType],
+    named: Sequence[NamedRoot],
+    first: list[Any] | None,
+) -> tuple[list[list[Any]], bool, bool]:
+    """:func:`find_chains`' search over the heap as it is: the chains, whether each starts at a
+    root, and whether the backward search stopped at ``max_depth`` or left holders out of a level
+    longer than ``max_frontier``. ``first``: a list that holds every gc-tracked referrer of the
+    targets (and maybe more), read in place of the first level's pass over the heap."""
     own = _own_frames()
     stack = _frames_not_ours(own)
     on_stack = {id(f) for f in stack}
@@ -295,8 +348,7 @@ def find_chains(
     dead_ends: dict[int, Any] = {}
     frontier: tuple[Any, ...] = tuple(targets)
     depth = 0
-    if collect:
-        gc.collect()  # cycles freed now would otherwise show up as holders
+    limited = False
     while frontier and unrooted and depth < max_depth:
         depth += 1
         ignore.add(id(frontier))
@@ -310,7 +362,9 @@ def find_chains(
                 held_by[id(local)] = [obj]
                 has_holder.add(id(obj))
                 unrooted &= ~origins[id(obj)]
-        referrers = _referrers(frontier, frontier_ids)
+        if not unrooted:
+            break  # every target has a root now: a holder found at this level would make no shorter chain
+        referrers = first if depth == 1 and first is not None else _referrers(frontier, frontier_ids)
         ignore.add(id(referrers))
         for holder in referrers:
             if id(holder) in ignore or id(holder) in on_stack or type(holder) in exclude_types:
@@ -337,6 +391,8 @@ def find_chains(
                 unrooted &= ~leads_to
             elif len(next_level) < max_frontier:
                 next_level.append(holder)
+            else:
+                limited = True
         for obj in frontier:
             if id(obj) not in has_holder:
                 dead_ends[id(obj)] = obj
@@ -344,6 +400,15 @@ def find_chains(
         # Holders that lead only to targets already rooted need not be followed further.
         frontier = tuple(h for h in next_level if origins[id(h)] & unrooted)
         del next_level
+    limited = limited or bool(frontier and unrooted)
+    # This package's own lists and tables (the tensors it is naming, the autograd nodes it looks
+    # through) refer to what they list, and nothing in gc refers to them: its running frames do.
+    # They hold nothing of the user's.
+    records = _own_records()
+    frontier = tuple(obj for obj in frontier if id(obj) not in records)
+    ignore.add(id(frontier))
+    for ident in records.intersection(dead_ends):
+        del dead_ends[ident]
     for obj in frontier:
         dead_ends.setdefault(id(obj), obj)
 
@@ -395,12 +460,51 @@ def find_chains(
     # a real root beats a dead end: the farthest holder reached that nothing in Python holds
     chains_by_target.update(_walk_down(list(dead_ends.values()), held_by, wanted - chains_by_target.keys()))
     chains = [chains_by_target.get(id(target), [target]) for target in targets]
+    rooted = all(len(chain) > 1 and _is_root(chain[0]) for chain in chains)
     held_by.clear()
     roots.clear()
     dead_ends.clear()
     running_locals.clear()
     chains_by_target.clear()
-    return chains
+    return chains, rooted, limited
+
+
+_RECORD_TYPES = frozenset({list, dict, tuple, set, frozenset, collections.deque})
+_CO_OPTIMIZED = 0x1
+
+
+def _own_records() -> set[int]:
+    """Ids of the containers that this package's running functions (other than this module's,
+    whose lists the search ignores by id) have as locals: the records its callers keep of what
+    they name. A running frame's locals are invisible to gc: they are read from the frame, and
+    the snapshot of them that this makes is emptied again, so that it keeps nothing alive."""
+    records: set[int] = set()
+    frames: list[types.FrameType] = []
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename.startswith(_PACKAGE_DIR) and code.co_filename != __file__ and code.co_flags & _CO_OPTIMIZED:
+            frames.append(frame)
+        frame = frame.f_back
+    for frame in frames:
+        try:
+            # a snapshot (a dict, which is refreshed before any tracer reads it) or, from Python
+            # 3.13 on, a view of the frame itself
+            local_values = frame.f_locals
+            values = list(dict.values(local_values) if type(local_values) is dict else local_values.values())
+        except Exception:
+            continue
+        records.update(id(value) for value in values if type(value) in _RECORD_TYPES)
+        if type(local_values) is dict:
+            local_values.clear()
+        del local_values, values
+    frames.clear()
+    return records
+
+
+def _is_root(obj: Any) -> bool:
+    """A root the search starts chains at: a running frame's local, a named value, a module."""
+    return type(obj) in (FrameLocal, NamedRoot) or is_module_root(obj)
 
 
 def _walk_down(starts: list[Any], held_by: dict[int, list[Any]], wanted: set[int]) -> dict[int, list[Any]]:
@@ -682,14 +786,15 @@ def holder_paths(
     frames: Sequence[types.FrameType] = (),
     named: Sequence[NamedRoot] = (),
     collect: bool = True,
+    known: tuple[set[int], list[Any]] | None = None,
 ) -> list[list[tuple[str, str]] | None]:
     """Per target, the :func:`chain_parts` of the chain of references that keeps it alive.
 
     None for a target that nothing visible to gc refers to: it is held from C++ (an autograd
-    graph, a registry in an extension).
+    graph, a registry in an extension). ``known``: see :func:`find_chains`.
     """
     with whole_heap():
-        chains = find_chains(targets, max_depth=max_depth, exclude_types=exclude_types, frames=frames, named=named, collect=collect)
+        chains = find_chains(targets, max_depth=max_depth, exclude_types=exclude_types, frames=frames, named=named, collect=collect, known=known)
     try:
         return [(chain_parts(chain) if still_holds(chain) else [(CHANGED, "")]) if len(chain) > 1 else None for chain in chains]
     finally:
@@ -738,11 +843,15 @@ def name_holders(
     return [path_text(path) if path is not None else None for path in paths]
 
 
-def _python_holders(objects: Sequence[Any], wanted_ids: set[int], exclude_types: tuple[type, ...] = ()) -> tuple[set[int], list[Any]]:
+def _python_holders(
+    objects: Sequence[Any], wanted_ids: set[int], exclude_types: tuple[type, ...] = (), ignore: Sequence[Any] = ()
+) -> tuple[set[int], list[Any]]:
     """Who in Python holds any of ``objects``: the ids of those a running frame (not this
     package's) has as a local, and the gc-tracked objects that refer to any of them, less this
-    package's frames and the caller's own list. The caller clears the list it gets."""
+    package's frames, the caller's own list and the objects in ``ignore`` (the caller's other
+    records). The caller clears the list it gets."""
     own = _own_frames()
+    own.update(id(record) for record in ignore)
     wanted = tuple(objects)
     in_frames = {ident for ident in _running_locals(_frames_not_ours(own)) if ident in wanted_ids}
     with whole_heap():
@@ -754,12 +863,20 @@ def _python_holders(objects: Sequence[Any], wanted_ids: set[int], exclude_types:
     return in_frames, holders
 
 
-def without_python_holders(objects: Sequence[Any], *, exclude_types: tuple[type, ...] = ()) -> set[int]:
-    """Ids of the objects that nothing in Python refers to (no gc-tracked object, no running frame)."""
+def without_python_holders(
+    objects: Sequence[Any], *, exclude_types: tuple[type, ...] = (), keep: list[Any] | None = None, ignore: Sequence[Any] = ()
+) -> set[int]:
+    """Ids of the objects that nothing in Python refers to (no gc-tracked object, no running frame).
+
+    ``ignore``: the caller's own records that refer to some of them. With ``keep``, the
+    gc-tracked objects found referring to any of them are added to it: a search for their holders
+    (:func:`find_chains`' ``known``) then need not list them again."""
     wanted_ids = {id(o) for o in objects}
-    held, holders = _python_holders(objects, wanted_ids, exclude_types)
+    held, holders = _python_holders(objects, wanted_ids, exclude_types, ignore)
     for holder in holders:
         held.update(id(r) for r in gc.get_referents(holder) if id(r) in wanted_ids)
+    if keep is not None:
+        keep += holders
     holders.clear()
     return wanted_ids - held
 
@@ -798,36 +915,68 @@ def held_only_inside(objects: Sequence[Any], values: Sequence[Any]) -> bool:
 _HOOK_ATTRIBUTES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks")
 
 
-def module_hook_holding(target: Any) -> str | None:
-    """The module hook whose closure holds ``target``'s container (a list a forward hook appends
-    to), as ``forward hook of a Linear``, or None. Five walks of the heap: for a leak only."""
-    with whole_heap():
-        containers = [c for c in gc.get_referrers(target) if type(c) in (list, dict, collections.deque)]
-        for container in containers[:3]:
-            for cell in gc.get_referrers(container):
-                if type(cell) is not types.CellType:
+def module_types() -> list[type]:
+    """``torch.nn.Module`` and every subclass of it defined so far (none where torch.nn is not loaded)."""
+    nn = sys.modules.get("torch.nn")
+    if nn is None:
+        return []
+    found: list[type] = []
+    pending: list[type] = [nn.Module]
+    seen: set[int] = set()
+    while pending:
+        cls = pending.pop()
+        if id(cls) not in seen:
+            seen.add(id(cls))
+            found.append(cls)
+            pending.extend(type.__subclasses__(cls))
+    return found
+
+
+def hook_holdings(modules: Sequence[Any]) -> dict[int, str]:
+    """Ids of the objects that a container (a list, dict or deque) held by a module hook's
+    closure holds, each with the hook, as ``a forward hook of a Linear``: what a hook that
+    appends what it sees to a list keeps. Ids only: nothing is kept alive.
+
+    From each of ``modules`` (``nn.Module`` instances) down through its hook dicts, the cells of
+    each hook function's closure and the containers in them: all read through C-level attributes
+    and exact types, so no code of a module, a hook or a container runs."""
+    held: dict[int, str] = {}
+    for module in modules:
+        namespace = _instance_dict(module) or {}
+        for attribute in _HOOK_ATTRIBUTES:
+            hooks: Any = namespace.get(attribute)
+            if not issubclass(type(hooks), dict):
+                continue
+            kind = attribute.strip("_").removesuffix("_hooks").replace("_", " ")
+            for function in dict.values(hooks):
+                if type(function) is not types.FunctionType:
                     continue
-                for closure in gc.get_referrers(cell):
-                    if type(closure) is not tuple:
+                for cell in function.__closure__ or ():  # an exact function: its C attribute
+                    try:
+                        contents = cell.cell_contents
+                    except ValueError:  # an empty cell
                         continue
-                    for function in gc.get_referrers(closure):
-                        if type(function) is not types.FunctionType or function.__closure__ is not closure:
-                            continue
-                        for hooks in gc.get_referrers(function):
-                            if not issubclass(type(hooks), dict):
-                                continue
-                            # The module, or its __dict__ where Python keeps the attributes apart.
-                            holders = gc.get_referrers(hooks)
-                            holders += [m for d in holders if type(d) is dict for m in gc.get_referrers(d)]
-                            for module in holders:
-                                if not _is_nn_module(module):
-                                    continue
-                                namespace = _instance_dict(module) or {}
-                                for attribute in _HOOK_ATTRIBUTES:
-                                    if namespace.get(attribute) is hooks:
-                                        kind = attribute.strip("_").removesuffix("_hooks").replace("_", " ")
-                                        return f"a {kind} hook of a {type_name(module)}"
-    return None
+                    if type(contents) in (list, dict, collections.deque):
+                        for item in gc.get_referents(contents):
+                            held.setdefault(id(item), f"a {kind} hook of a {type_name(module)}")
+    return held
+
+
+def module_hook_holding(target: Any) -> str | None:
+    """The module hook whose closure holds a container that holds ``target`` (a list a forward
+    hook appends to), as ``a forward hook of a Linear``, or None. One listing of the heap."""
+    wanted = {id(cls) for cls in module_types()}
+    if not wanted:
+        return None
+    with whole_heap():
+        everything = gc.get_objects()
+        # picked by the id of their type in C: no class's __hash__ or __eq__ runs
+        modules = list(itertools.compress(everything, map(wanted.__contains__, map(id, map(type, everything)))))
+        del everything
+    try:
+        return hook_holdings(modules).get(id(target))
+    finally:
+        modules.clear()
 
 
 MAX_CYCLE_CANDIDATES = 64

@@ -22,6 +22,7 @@ import os
 import sys
 import sysconfig
 import tracemalloc
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -161,7 +162,57 @@ def frame_kind_of_file(filename: str) -> str:
         return "library"
     if filename.startswith(standard) and not filename.startswith(installed):
         return "library"  # copy.deepcopy, functools: a site names the user's line that called them
+    if is_loaded_standard_library(filename):
+        return "library"  # the same, loaded from where sysconfig does not say (a zip of the standard library)
     return "user"
+
+
+_STANDARD_NAMES = frozenset(getattr(sys, "stdlib_module_names", ())) - {"test", "__main__"}
+"""The standard library's top-level module names, less ``test``: a project's tests are often a
+package of that name, and the standard library's own tests are never what a test suite runs."""
+_MODULE_NAMESPACE: Any = vars(types.ModuleType)["__dict__"]
+
+
+@dataclass
+class _LoadedStandard:
+    modules: int = -1
+    """How many modules were loaded when the files below were read."""
+    files: frozenset[str] = frozenset()
+    folders: tuple[str, ...] = ()
+
+
+_loaded_standard = _LoadedStandard()
+
+
+def is_loaded_standard_library(filename: str) -> bool:
+    """Whether a file is a module of the standard library that is loaded, or in the folder of one
+    of its packages, wherever it was loaded from: a zip of the standard library, an install whose
+    place sysconfig does not give. A module of the user's that has a standard module's name (in
+    the working folder, or installed) is not."""
+    known = _loaded_standard
+    if known.modules != len(sys.modules):
+        known.modules = len(sys.modules)
+        known.files, known.folders = _standard_library_files()
+    return filename in known.files or filename.startswith(known.folders)
+
+
+def _standard_library_files() -> tuple[frozenset[str], tuple[str, ...]]:
+    _, _, _, installed = code_folders()
+    here = os.getcwd() + os.sep
+    files: set[str] = set()
+    folders: set[str] = set()
+    for name, module in list(sys.modules.items()):
+        if name.partition(".")[0] not in _STANDARD_NAMES or not issubclass(type(module), types.ModuleType):
+            continue
+        namespace = _MODULE_NAMESPACE.__get__(module)  # read without running any code of the module's
+        path = namespace.get("__file__") if type(namespace) is dict else None
+        if type(path) is not str or not os.path.isabs(path) or path.startswith(installed) or path.startswith(here):
+            continue
+        if namespace.get("__path__") is not None:
+            folders.add(os.path.dirname(path) + os.sep)
+        else:
+            files.add(path)
+    return frozenset(files), tuple(sorted(folders))
 
 
 def user_sites(frames: list[tuple[str, int, str]]) -> tuple[Site, ...]:

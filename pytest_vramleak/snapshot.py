@@ -28,11 +28,26 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .census import Found, StorageKey, _graph_tensors, is_tensor_type, live_tensors, storage_facts, storage_key, take_census, tensor_storages, walk, whole_heap
+from .census import (
+    Found,
+    StorageKey,
+    _graph_tensors,
+    _keys_of,
+    is_tensor_type,
+    storage_facts,
+    storage_key,
+    storage_of_storage_object,
+    storage_types,
+    take_census,
+    tensor_storages,
+    tensor_types,
+    walk,
+    whole_heap,
+)
 from .backward import graph_leaves
 from .devices import Meter, make_meter, resolve_device
 from .diagnosis import diagnose
-from .referrers import NamedRoot, cycle_holding, holder_paths, module_hook_holding, path_text, type_name, without_python_holders
+from .referrers import NamedRoot, cycle_holding, hook_holdings, holder_paths, module_types, path_text, type_name, without_python_holders
 from .report import render_groups, shape_text
 from .sizes import format_size
 from .sites import SiteSource, describe_stack
@@ -306,11 +321,13 @@ def describe_history(
     return groups
 
 
-def _locate(keys: Iterable[StorageKey], device: str, defer_owners: set[int] | None = None) -> dict[StorageKey, list[Found]]:
+def _locate(
+    keys: Iterable[StorageKey], device: str, defer_owners: set[int] | None = None, objects: list[Any] | None = None
+) -> dict[StorageKey, list[Found]]:
     wanted = set(keys)
     located: dict[StorageKey, list[Found]] = {}
     with whole_heap():
-        for found in walk(device, defer_owners=defer_owners or set()):
+        for found in walk(device, defer_owners=defer_owners or set(), objects=objects):
             if found.key in wanted:
                 located.setdefault(found.key, []).append(found)
     return located
@@ -517,18 +534,66 @@ def _paths_through_opaque_holders(
     return chains
 
 
-def _graph_owners() -> list[Any]:
-    """Tensors Python sees that have an autograd graph: the candidates for owning saved tensors."""
+def _list_heap() -> tuple[list[Any], list[Any]]:
+    """Every tensor and storage object gc tracks, in the order gc keeps them (what
+    :func:`census.walk` goes through), and every ``nn.Module``: one listing of the heap, its
+    objects picked by the id of their type in C (no class's ``__hash__`` or ``__eq__`` runs).
+    Clear both lists once done."""
+    storages = {id(cls) for cls in (*tensor_types(), *storage_types())}
+    modules = {id(cls) for cls in module_types()}
+    wanted = storages | modules
+    with whole_heap():
+        everything = gc.get_objects()
+        picked = list(itertools.compress(everything, map(wanted.__contains__, map(id, map(type, everything)))))
+        del everything
+    try:
+        listing = [obj for obj in picked if id(type(obj)) in storages]
+        return listing, [obj for obj in picked if id(type(obj)) in modules]
+    finally:
+        picked.clear()
+
+
+@dataclass
+class _Unheld:
+    """What :func:`_unheld_tensors` found: ids only."""
+
+    ids: set[int]
+    """The tensors asked about that nothing in Python refers to."""
+    owners: set[int]
+    """Of those, the ones with an autograd graph."""
+    asked: set[int]
+
+
+def _unheld_tensors(keys: Sequence[StorageKey], listing: list[Any], holders: list[Any]) -> _Unheld:
+    """Which tensors (and storage objects) gc sees that nothing in Python refers to, among the
+    tensors with an autograd graph (candidates for owning what graphs saved) and those over the
+    storages at ``keys``: one pass over the heap, whose holders go into ``holders`` for the search
+    of holders that follows. ``listing``: what :func:`census.tensors_and_storages` gave."""
     torch = _torch()
-    owners = []
-    with torch._C.DisableTorchFunctionSubclass():
-        for tensor in live_tensors():
-            try:
-                if tensor.grad_fn is not None:
-                    owners.append(tensor)
-            except Exception:
-                continue
-    return owners
+    wanted = set(keys)
+    tensor_classes = set(tensor_types())
+    storage_classes = set(storage_types())
+    asked: list[Any] = []
+    owners: set[int] = set()
+    try:
+        with torch._C.DisableTorchFunction():
+            for obj in listing:
+                cls = type(obj)
+                if cls in storage_classes:
+                    storage = storage_of_storage_object(obj)
+                    facts = storage_facts(storage) if storage is not None else None
+                    if facts is not None and (facts[0], facts[1]) in wanted:
+                        asked.append(obj)
+                elif cls in tensor_classes:
+                    graph = _has_graph(obj)
+                    if graph:
+                        owners.add(id(obj))
+                    if graph or any(key in wanted for key, _, _ in _keys_of(obj)):
+                        asked.append(obj)
+        unheld = without_python_holders(asked, exclude_types=(Found,), keep=holders, ignore=(listing,)) if asked else set()
+        return _Unheld(unheld, owners & unheld, {id(obj) for obj in asked})
+    finally:
+        asked.clear()
 
 
 def _group_key(found: Found) -> tuple[str, tuple[int, ...], str]:
@@ -623,14 +688,8 @@ def describe(
     A storage saved only by an autograd graph is added to the group of the tensor whose graph
     holds it (``graph_bytes``); a gradient is named through the tensor it belongs to.
     """
-    # A graph shared by several tensors is credited to one of them; a tensor that only the graph
-    # itself keeps alive (an intermediate result) is a poor owner to show, so it goes last.
-    with whole_heap():
-        owners = _graph_owners()
-    orphan_owners = without_python_holders(owners, exclude_types=(Found,)) if owners else set()
-    owners.clear()
     keys = list(dict.fromkeys(keys))  # the caller's order (oldest first) decides the order of the chains shown
-    located = _locate(keys, device, orphan_owners)
+    located: dict[StorageKey, list[Found]] = {}
     order = {key: index for index, key in enumerate(keys)}
     groups: dict[tuple[Any, ...], TensorGroup] = {}
     targets: list[Any] = []
@@ -638,11 +697,27 @@ def describe(
     owner_groups: dict[int, TensorGroup] = {}
     primaries: list[Found] = []
     counted: set[int] = set()
+    known: list[Any] = []
+    hooked: dict[int, str] = {}
     try:
-        gc_tensors = [f.tensor for finds in located.values() for f in finds if f.via in ("gc", "storage")]
-        orphans = without_python_holders(gc_tensors, exclude_types=(Found,)) if gc_tensors else set()
-        del gc_tensors
-        primaries = [_primary(finds, orphans) for finds in located.values()]
+        listing, modules = _list_heap()
+        try:
+            hooked = hook_holdings(modules)
+            modules.clear()
+            orphans = _unheld_tensors(keys, listing, known)
+            # A graph shared by several tensors is credited to one of them; a tensor that only the
+            # graph itself keeps alive (an intermediate result) is a poor owner to show, so it goes last.
+            located = _locate(keys, device, orphans.owners, listing)
+        finally:
+            listing.clear()
+            modules.clear()
+        known_ids = orphans.asked
+        # (storage objects kept without a tensor, and tensors of classes defined meanwhile)
+        unasked = [f.tensor for finds in located.values() for f in finds if f.via in ("gc", "storage") and id(f.tensor) not in known_ids]
+        if unasked:
+            orphans.ids |= without_python_holders(unasked, exclude_types=(Found,))
+        del unasked
+        primaries = [_primary(finds, orphans.ids) for finds in located.values()]
         primaries.sort(key=lambda f: (f.via == "graph", order[f.key]))  # owners' groups first
         for found in primaries:
             if found.via == "graph":
@@ -688,7 +763,7 @@ def describe(
                 targets.append(found.tensor if found.via in ("gc", "storage") else found.owner)
                 target_groups.append((group, ".grad" if found.via == "grad" else ""))
         if name and targets:
-            paths = holder_paths(targets, exclude_types=(Found,), frames=frames, named=named, collect=not collected)
+            paths = holder_paths(targets, exclude_types=(Found,), frames=frames, named=named, collect=not collected, known=(known_ids, known))
             if any(path is None for path in paths):
                 # Nothing in Python refers to these tensors: an autograd node Python holds may.
                 through_nodes = _paths_through_graph_nodes([t for t, p in zip(targets, paths) if p is None], frames, named)
@@ -713,16 +788,17 @@ def describe(
                 if name and not suffix and id(group) not in checked and group.kind == "tensor" and len(checked) < MAX_HOOK_CHECKS:
                     checked.add(id(group))
                     # Only a closure can tie a container to a hook; a running frame's local is
-                    # where such a container is usually seen (five walks of the heap otherwise).
+                    # where such a container is usually seen.
                     # (a step function given to check() is the closure itself: no hook to look for)
                     local = any((" local '" in chain or "closure var" in chain) and not chain.startswith(STEP_FUNCTION) for chain in group.held_by)
                     if local and not any(_HOOK_CHAIN.search(chain) for chain in group.held_by):
-                        group.hook = module_hook_holding(target) or ""
+                        group.hook = hooked.get(id(target), "")
     finally:
         located.clear()
         primaries.clear()
         targets.clear()
         owner_groups.clear()
+        known.clear()
     # Gradients with graphs of their own (backward(create_graph=True)) keep the graphs they were
     # made by, through a cycle with their parameters: the graphs nothing in Python holds are theirs.
     if any(group.grad_graph for group in groups.values()):

@@ -617,8 +617,9 @@ class _Loop:
                 named = self.named_roots() if self.named_roots is not None else ()
                 groups = describe(keys, device, sites=self.recorder, named=named) if keys else []
                 if roots:
-                    # a tensor named as keeping a graph's saved tensors is named once
-                    graph_holders = {chain for group in groups if group.kind == "graph" for chain in group.held_by}
+                    # a tensor named as keeping a graph's saved tensors is named once (a chain that
+                    # names no holder, as held from C++, tells no two tensors apart)
+                    graph_holders = {chain for group in groups if group.kind == "graph" for chain in group.held_by if not chain.startswith("<")}
                     kept = describe_history(roots, device, node_bytes=NODE_BYTES, named=named, collect=False)
                     groups += [group for group in kept if not set(group.held_by) <= graph_holders]
         finally:

@@ -1,0 +1,133 @@
+"""The holder search's economies: what it collects, what it lists once, what it does not count as a holder."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from pytest_vramleak.referrers import BACKWARD_LEVELS, chain_text, find_chains, hook_holdings, module_hook_holding, name_holders, without_python_holders
+from pytest_vramleak.snapshot import HELD_FROM_CPP, describe_history
+
+HERE = __name__
+
+
+class Node:
+    def __init__(self) -> None:
+        self.next: Any = None
+        self.payload: Any = None
+
+
+def garbage_ring(length: int, payload: Any) -> None:
+    """A reference cycle of ``length`` nodes, the last holding ``payload``, that nothing else holds."""
+    first = node = Node()
+    for _ in range(length - 1):
+        node.next = Node()
+        node = node.next
+    node.next = first
+    node.payload = payload
+
+
+@pytest.fixture
+def collections_counted() -> Iterator[list[int]]:
+    """The generations of the collections that run meanwhile (none runs on its own: gc is off)."""
+    seen: list[int] = []
+
+    def note(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            seen.append(info["generation"])
+
+    enabled = gc.isenabled()
+    gc.disable()
+    gc.callbacks.append(note)
+    try:
+        yield seen
+    finally:
+        gc.callbacks.remove(note)
+        if enabled:
+            gc.enable()
+
+
+KEPT = {"cache": torch.ones(4)}
+
+
+def test_a_target_with_a_root_is_named_without_collecting_the_heap(collections_counted: list[int]) -> None:
+    # garbage that also holds the target cannot lie on a chain from a root
+    garbage_ring(3, KEPT["cache"])
+    assert name_holders([KEPT["cache"]]) == [f"{HERE}.KEPT['cache']"]
+    assert collections_counted == []
+
+
+def test_garbage_past_the_backward_levels_is_collected_before_a_target_is_named(collections_counted: list[int]) -> None:
+    # Only garbage holds the tensor, in a ring longer than the search goes backwards: the search
+    # stops at its limit on garbage, collects, and searches again.
+    target = [torch.ones(4)]
+    garbage_ring(BACKWARD_LEVELS + 4, target[0])
+    assert find_chains(target) == [[target[0]]]
+    assert 2 in collections_counted
+
+
+def test_a_target_nothing_holds_is_searched_once_and_collected_once(collections_counted: list[int]) -> None:
+    target = [torch.ones(4)]
+    garbage_ring(3, target[0])
+    assert find_chains(target) == [[target[0]]]
+    assert collections_counted == [2]
+
+
+def test_holders_listed_before_are_read_in_place_of_the_first_level() -> None:
+    targets = [KEPT["cache"]]
+    plain = find_chains(targets, collect=False)
+    plain_text = [chain_text(chain) for chain in plain]
+    plain.clear()
+    known: list[Any] = []
+    without_python_holders(targets, keep=known)
+    assert known
+    listed = find_chains(targets, collect=False, known=({id(KEPT["cache"])}, known))
+    assert [chain_text(chain) for chain in listed] == plain_text == [f"{HERE}.KEPT['cache']"]
+    assert known == []  # the search clears what it was given
+    listed.clear()
+
+
+def test_the_plugins_own_list_of_what_it_names_is_not_named_as_a_holder() -> None:
+    # The list of (tensor, nodes) given to describe_history is referred to by the plugin's running
+    # frames only: nothing in gc holds it, as nothing in gc holds a list kept from C++.
+    groups = describe_history([(torch.ones(3, requires_grad=True) * 2, 5)], "cpu", node_bytes=100)
+    assert [group.held_by for group in groups] == [[HELD_FROM_CPP]]
+
+
+class Hostile(torch.nn.Linear):
+    """A module whose attribute reads fail the test once armed: naming its hooks reads none."""
+
+    armed = False
+
+    def __getattribute__(self, name: str) -> Any:
+        if type(self).armed:
+            raise AssertionError(f"{name} was read through the module")
+        return super().__getattribute__(name)
+
+
+def test_a_container_a_module_hook_appends_to_is_named_with_the_hook() -> None:
+    seen: list[torch.Tensor] = []
+    model = Hostile(4, 4)
+    model.register_forward_hook(lambda module, inputs, output: seen.append(output))
+    model(torch.ones(1, 4))
+    other = torch.ones(2)
+    Hostile.armed = True
+    try:
+        assert module_hook_holding(seen[0]) == "a forward hook of a Hostile"
+        assert module_hook_holding(other) is None
+        assert hook_holdings([model]) == {id(seen[0]): "a forward hook of a Hostile"}
+    finally:
+        Hostile.armed = False
+
+
+def test_the_frames_searched_are_the_callers_not_the_listing_functions_own() -> None:
+    # The listing function's own frame in the list it returns would be a cycle (its locals hold the
+    # list) keeping its caller's frame, and everything that frame's locals hold, until collected.
+    from pytest_vramleak.referrers import _frames_not_ours
+
+    names = [frame.f_code.co_name for frame in _frames_not_ours(set())]
+    assert names[0] == "test_the_frames_searched_are_the_callers_not_the_listing_functions_own"
