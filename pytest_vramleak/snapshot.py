@@ -184,7 +184,10 @@ class TensorGroup:
             return f"storage kept without a tensor on {self.device}: {self.count} {noun}, {format_size(self.bytes)}"
         what = " gradient" if self.kind == "grad" else ""
         noun = "tensor" if self.count == 1 else "tensors"
-        return f"{self.dtype}{shape}{what} on {self.device}: {self.count} {noun}, {format_size(self.bytes)}"
+        title = f"{self.dtype}{shape}{what} on {self.device}: {self.count} {noun}, {format_size(self.bytes)}"
+        if self.kind == "grad" and self.graph_tensors:  # (backward(create_graph=True)): what their graphs saved is theirs
+            title += f", and their autograd graph's {self.graph_tensors} saved tensors, {format_size(self.graph_bytes)}"
+        return title
 
     def to_json(self) -> dict[str, Any]:
         return {
