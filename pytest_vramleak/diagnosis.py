@@ -23,6 +23,13 @@ def diagnose(group: Any) -> list[str]:
     """One or two lines per pattern the group matches, cause first, then the fix."""
     chains: Sequence[str] = group.held_by
     found: list[str] = []
+    if group.kind == "history" and getattr(group, "grad_graph", False):
+        return [
+            f"autograd history kept in a gradient: backward(create_graph=True) gave it a graph of {group.nodes:,} nodes "
+            "the test made, and each backward adds its graph to the gradient's (a reference cycle with the parameter, "
+            "PyTorch's documentation warns of it): take the gradients with torch.autograd.grad(loss, params, "
+            "create_graph=True) instead, or set each parameter's .grad to None after use"
+        ]
     if group.kind == "history":
         return [
             f"autograd history kept: the tensor's grad_fn links {group.nodes:,} nodes the test made, each step's "

@@ -309,11 +309,26 @@ def describe_history(
     behind its ``grad_fn`` every node of every step that added to it."""
     groups: list[TensorGroup] = []
     tensors = [tensor for tensor, _ in roots]
+    owners: dict[int, Any] = {}
     try:
         paths = holder_paths(tensors, exclude_types=(Found,), frames=frames, named=named, collect=collect) if tensors else []
+        if any(path is None for path in paths):
+            # A gradient that keeps history (backward(create_graph=True) made it with a graph) is
+            # held as its parameter's .grad, an edge gc does not show: named through its owner.
+            owners = _gradient_owners([tensor for tensor, path in zip(tensors, paths) if path is None])
+            if owners:
+                owned = list(owners.values())
+                through = dict(zip(map(id, owned), holder_paths(owned, exclude_types=(Found,), frames=frames, named=named, collect=False)))
+                owned.clear()
+                for index, (tensor, path) in enumerate(zip(tensors, paths)):
+                    owner = owners.get(id(tensor))
+                    found = through.get(id(owner)) if path is None and owner is not None else None
+                    if found is not None:
+                        paths[index] = [*found, (".grad", "Tensor")]
         for (tensor, nodes), path in zip(roots, paths):
             dtype, shape, where = tensor_key(tensor)
             group = TensorGroup(dtype, shape, where, bytes=nodes * node_bytes, count=1, kind="history", cls=tensor_class(tensor), nodes=nodes)
+            group.grad_graph = id(tensor) in owners
             path = path if path is not None else [(HELD_FROM_CPP, "")]
             group.held_by.append(path_text(path))
             group.held_by_paths.append(path)
@@ -321,7 +336,34 @@ def describe_history(
             groups.append(group)
     finally:
         tensors.clear()
+        owners.clear()
     return groups
+
+
+def _gradient_owners(tensors: list[Any]) -> dict[int, Any]:
+    """The tensors whose gradient is one of ``tensors``, by the gradient's id: one pass over the
+    tensors gc tracks, reading each one's gradient through ``TensorBase``'s own getter."""
+    wanted = {id(tensor) for tensor in tensors}
+    owners: dict[int, Any] = {}
+    read = _torch()._C.TensorBase._grad.__get__
+    classes = tensor_types()
+    exact = set(classes)
+    found = gc.get_referrers(*classes)
+    try:
+        with _torch()._C.DisableTorchFunction():
+            for obj in found:
+                if type(obj) not in exact:
+                    continue
+                try:
+                    grad = read(obj)
+                except Exception:
+                    continue
+                if grad is not None and id(grad) in wanted:
+                    owners.setdefault(id(grad), obj)
+                del grad
+    finally:
+        found.clear()
+    return owners
 
 
 def _locate(

@@ -10,6 +10,7 @@ from typing import Any
 
 from .census import storage_key
 from .devices import CudaMeter, Meter
+from .diagnosis import diagnose
 from .referrers import NamedRoot
 from .sites import SiteRecorder
 from .sizes import format_size
@@ -622,6 +623,11 @@ class _Loop:
                     graph_holders = {chain for group in groups if group.kind == "graph" for chain in group.held_by if not chain.startswith("<")}
                     kept = describe_history(roots, device, node_bytes=NODE_BYTES, named=named, collect=False)
                     groups += [group for group in kept if not set(group.held_by) <= graph_holders]
+                    if any(group.grad_graph for group in kept):  # graphs no Python holds are the gradients' (create_graph)
+                        for group in groups:
+                            if group.kind == "graph" and group.held_by and all(chain.startswith("<") for chain in group.held_by):
+                                group.grad_graph = True
+                                group.diagnoses = diagnose(group)
         finally:
             roots.clear()
         end = self.baseline_bytes + (self.figures()[-1] if self.measured else 0)

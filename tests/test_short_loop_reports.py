@@ -181,21 +181,24 @@ def test_a_loop_that_keeps_its_outputs_is_not_told_it_keeps_a_grad_fn(pytester: 
     result.stdout.no_fnmatch_line(f"*{GRAD_FN_KEPT}*")
 
 
+CREATE_GRAPH_LOOP = """
+import torch
+
+def test_create_graph_each_step(vramleak):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+    inputs = torch.randn(8, 32)
+    for step in vramleak.steps(8, warmup=2):
+        loss = model(inputs).pow(2).sum()
+        loss.backward(create_graph=True)
+"""
+
+
 def test_a_loop_that_keeps_no_grad_fn_is_not_told_it_does(pytester: pytest.Pytester) -> None:
     # backward(create_graph=True) gives each gradient a graph of its own, kept from C++ (the
     # parameter's .grad): the plugin's own lists of what it names hold none of it.
     pytester.makepyfile(
-        test_second_order="""
-        import torch
-
-        def test_create_graph_each_step(vramleak):
-            torch.manual_seed(0)
-            model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
-            inputs = torch.randn(8, 32)
-            for step in vramleak.steps(8, warmup=2):
-                loss = model(inputs).pow(2).sum()
-                loss.backward(create_graph=True)
-        """
+        test_second_order=CREATE_GRAPH_LOOP
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "-W", "ignore::UserWarning")
     result.assert_outcomes(failed=1)
@@ -204,6 +207,23 @@ def test_a_loop_that_keeps_no_grad_fn_is_not_told_it_does(pytester: pytest.Pytes
     result.stdout.fnmatch_lines(["autograd graph of a float32[[]4, 32[]] tensor on cpu: * saved tensors*"])
     result.stdout.no_fnmatch_line(OWN_LIST)
     result.stdout.no_fnmatch_line(f"*{GRAD_FN_KEPT}*")
+
+
+def test_a_gradient_that_keeps_history_is_named_through_its_parameter(pytester: pytest.Pytester) -> None:
+    # Each backward(create_graph=True) adds its graph to the gradients' own: the history grows in
+    # the parameters' .grad, an edge gc does not show, and create_graph is the cause to name.
+    pytester.makepyfile(test_second_order=CREATE_GRAPH_LOOP)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "-W", "ignore::UserWarning")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "autograd history of a float32[[]32, 32[]] tensor on cpu: * nodes made by the test*",
+            "    held by test_create_graph_each_step:* local 'model'.0.weight.grad",
+            "    diagnosis: autograd history kept in a gradient: backward(create_graph=True) gave it a graph of *",
+        ]
+    )
+    result.stdout.fnmatch_lines(["autograd graph of a float32[[]4, 32[]] tensor on cpu: * saved tensors*", "*", "    diagnosis: backward(create_graph=True) gave these gradients*"])
+    result.stdout.no_fnmatch_line("*total += loss*")
 
 
 def test_an_autograd_node_only_the_plugin_lists_is_no_kept_grad_fn(pytester: pytest.Pytester) -> None:
