@@ -34,6 +34,7 @@ from .census import (
     _graph_tensors,
     _keys_of,
     is_tensor_type,
+    live_tensors,
     storage_facts,
     storage_key,
     storage_of_storage_object,
@@ -342,20 +343,17 @@ def describe_history(
 
 def _gradient_owners(tensors: list[Any]) -> dict[int, Any]:
     """The tensors whose gradient is one of ``tensors``, by the gradient's id: one pass over the
-    tensors gc tracks, reading each one's gradient through ``TensorBase``'s own getter."""
+    tensors gc tracks, frozen ones too (a parameter older than the test), reading the gradient of
+    each leaf or tensor that retains one (torch warns where another's is read)."""
     wanted = {id(tensor) for tensor in tensors}
     owners: dict[int, Any] = {}
-    read = _torch()._C.TensorBase._grad.__get__
-    classes = tensor_types()
-    exact = set(classes)
-    found = gc.get_referrers(*classes)
+    with whole_heap():
+        found = live_tensors()
     try:
         with _torch()._C.DisableTorchFunction():
             for obj in found:
-                if type(obj) not in exact:
-                    continue
                 try:
-                    grad = read(obj)
+                    grad = obj._grad if (obj.is_leaf or obj.retains_grad) else None
                 except Exception:
                     continue
                 if grad is not None and id(grad) in wanted:

@@ -263,3 +263,26 @@ def test_an_autograd_node_only_the_plugin_lists_is_no_kept_grad_fn(pytester: pyt
 def test_a_kept_grad_fn_is_blamed_only_where_the_code_holds_the_node(chain: str, blamed: bool) -> None:
     group = TensorGroup("float32", (8, 64), "cpu", bytes=2048, count=1, held_by=[chain])
     assert any(GRAD_FN_KEPT in line for line in diagnose(group)) is blamed
+
+
+def test_gradient_owners_are_found_frozen_and_without_a_warning() -> None:
+    import gc
+    import warnings
+
+    import torch
+
+    from pytest_vramleak.snapshot import _gradient_owners
+
+    weight = torch.nn.Parameter(torch.randn(4, 4))
+    (weight * 2).sum().backward()
+    not_a_leaf = weight * 3  # its gradient is not kept: torch warns where it is read
+    gc.freeze()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            owners = _gradient_owners([weight.grad])
+    finally:
+        gc.unfreeze()
+    assert owners == {id(weight.grad): weight}
+    owners.clear()
+    del not_a_leaf
