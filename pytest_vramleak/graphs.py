@@ -11,12 +11,11 @@ Nodes are C++ objects no allocator statistic counts; :data:`NODE_BYTES` gives th
 
 from __future__ import annotations
 
-import gc
 import sys
 import weakref
 from typing import Any, NamedTuple
 
-from .census import _torch, graph_nodes, tensor_types
+from .census import _torch, graph_nodes, live_tensors
 from .index import grad_fn_reader
 from .refs import Entry, TensorRef
 
@@ -136,18 +135,15 @@ def young_graph(threshold: int | None, before: int | None = None) -> KeptGraph:
     traversal of the young objects without indexing them (an allocator counts the memory)."""
     if threshold is None:
         return KeptGraph(0, [])
-    classes = tensor_types()
-    exact = set(classes)
-    found = gc.get_referrers(*classes)
+    found = live_tensors()
     entries = []
     try:
         for obj in found:
-            if type(obj) in exact:
-                try:
-                    ref = TensorRef(obj)
-                except TypeError:
-                    continue
-                entries.append(Entry(ref))
+            try:
+                ref = TensorRef(obj)
+            except TypeError:
+                continue
+            entries.append(Entry(ref))
     finally:
         found.clear()
     return kept_graph(entries, threshold, before)
