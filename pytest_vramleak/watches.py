@@ -159,14 +159,13 @@ class Watches:
             self._last_drift = (ended, ended - started)
         return found
 
-    def _live(self, lists: Any, kept: dict[int, Entry], **changed: bool) -> tuple[list[Any], list[int]]:
+    def _live(self, lists: Any, kept: dict[int, Entry]) -> tuple[list[Any], list[int]]:
         """The tensors of a comparison list and what was read of them; where some died since,
-        forget those and make the list again."""
+        forget those (their entries leave the list, which is then made again)."""
         refs, known = lists()
         tensors = list(map(operator.call, refs))
         if any(map(operator.is_, tensors, itertools.repeat(None))):
             self.index.forget_dead(kept)
-            self.index.kinds.lists_changed(**changed)
             refs, known = lists()
             tensors = list(map(operator.call, refs))
         return tensors, known
@@ -175,7 +174,7 @@ class Watches:
         """Compare the version counter of every older tensor that takes no gradient with what was
         read, at C speed; read again, in full, those that changed in place and have a graph now."""
         index = self.index
-        tensors, known = self._live(index.kinds.version_lists, index.kinds.plain, versions=True)
+        tensors, known = self._live(index.kinds.version_lists, index.kinds.plain)
         try:
             versions = list(map(version_reader(), tensors))
         except Exception:  # a tensor that will not say: read each in full
@@ -225,7 +224,7 @@ class Watches:
         index = self.index
         with _torch()._C.DisableTorchFunction():
             self._read_changed_gradients(index.kinds.capable_new)
-            tensors, known = self._live(index.kinds.gradient_lists, index.kinds.capable, gradients=True)
+            tensors, known = self._live(index.kinds.gradient_lists, index.kinds.capable)
             try:
                 grads = list(map(_GRAD, tensors))
             except Exception:  # a tensor that will not say: read each in full
