@@ -89,8 +89,6 @@ class LeakCheck:
         self.begin_graphs: int | None = None
         self.ledger = LedgerReadings(self.tracker) if self.on_cpu else None
         self.readings = None if self.on_cpu else AllocatorReadings(self.meter)
-        self._accelerator_clock = 0
-        """On an accelerator, the tracker's clock when the body started: what it makes is seen later."""
         self.left_behind = LeftBehind()
         self._watching_peak = False
         self._owns_tracker = tracker is None
@@ -117,7 +115,6 @@ class LeakCheck:
         if self.on_cpu:
             self.result.baseline_bytes = self.tracker.total("cpu")
         else:
-            self._accelerator_clock = self.begin_clock - 1
             assert self.readings is not None
             self.result.baseline_bytes = self.readings.begin()
         self.left_behind.begin()
@@ -151,7 +148,7 @@ class LeakCheck:
             if self.ledger is not None and self.ledger.baseline is not None:
                 self.result.cycle_bytes = self.ledger.cycle_bytes(self.result, strict=self.rules.strict_cycles, sites=self.sites)
                 if self.sites is not None:
-                        self.sites.capture(self.tracker.pairs(self.tracker.created("cpu", since=self.begin_clock - 1)))
+                    self.sites.capture(self.tracker.pairs(self.tracker.created("cpu", since=self.begin_clock - 1)))
             elif self.readings is not None and self.readings.at_start is not None:
                 self.result.cycle_bytes = self.readings.cycle_bytes()
         finally:
@@ -271,7 +268,7 @@ class LeakCheck:
     def leaked_storages(self, device: str) -> list[StorageRef]:
         """The storages that make the leak on ``device``: made since the check began and alive, or older and grown."""
         tracker = self.tracker
-        since = self.begin_clock - 1 if self.on_cpu else self._accelerator_clock
+        since = self.begin_clock - 1
         return tracker.created(device, since=since) + [ref for ref, _ in tracker.grown_older(device, since=since)]
 
     def _save_history(self) -> None:
