@@ -518,12 +518,12 @@ def _paths_through_opaque_holders(
     ndarray = getattr(numpy, "ndarray", None)
     future = getattr(torch._C, "Future", None)
     kinds = {_CAPSULE, ndarray} - {None}
-    found: dict[int, tuple[Any, str]] = {}
+    found = _Holdings()
 
     def holds(holder: Any, address: int | None, what: str) -> None:
         for start, end, target in spans:
-            if address is not None and start <= address < end and id(target) not in found:
-                found[id(target)] = (holder, what)
+            if address is not None and start <= address < end:
+                found.setdefault(id(target), []).append((holder, what))
 
     with whole_heap():
         everything = gc.get_objects()
@@ -566,15 +566,24 @@ def _paths_through_opaque_holders(
         del everything
     if not found:
         return {}
-    holders = list({id(holder): holder for holder, _ in found.values()}.values())
+    holders = list({id(holder): holder for candidates in found.values() for holder, _ in candidates}.values())
     holder_ids = [id(holder) for holder in holders]
-    paths = dict(zip(holder_ids, holder_paths(holders, exclude_types=(Found,), frames=frames, named=named)))
+    # (this search's own record of candidates, reached through the closure that fills it, is no holder)
+    paths = dict(zip(holder_ids, holder_paths(holders, exclude_types=(Found, _Holdings), frames=frames, named=named)))
+    holders.clear()
     chains = {}
-    for ident, (holder, what) in found.items():
-        path = paths.get(id(holder))
-        if path is not None:
-            chains[ident] = [*path, (what, "Tensor")]
+    for ident, candidates in found.items():
+        for holder, what in candidates:  # the first candidate Python holds
+            path = paths.get(id(holder))
+            if path is not None:
+                chains[ident] = [*path, (what, "Tensor")]
+                break
+    found.clear()
     return chains
+
+
+class _Holdings(dict):  # type: ignore[type-arg]
+    """Candidate holders by the id of the tensor they keep (:func:`_paths_through_opaque_holders`)."""
 
 
 def _list_heap() -> tuple[list[Any], list[Any]]:
