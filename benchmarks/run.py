@@ -43,7 +43,9 @@ def run(folder: Path, args: list[str]) -> tuple[float, float, float]:
     system) of pytest and every process it waited for."""
     start = time.perf_counter()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    environment = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    environment = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
+    )
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
         cwd=folder,
@@ -65,7 +67,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tests", type=int, default=234)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--only", default="", help="comma-separated configurations to time (plain always runs), e.g. '--vramleak,single run'")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated configurations to time (plain always runs), e.g. '--vramleak,single run'",
+    )
     options = parser.parse_args()
     configurations = {
         "plain": ["-p", "no:vramleak"],
@@ -86,7 +92,7 @@ def main() -> None:
         folder = Path(directory)
         count = write_suite(folder, options.tests)
         times: dict[str, list[tuple[float, float, float]]] = {name: [] for name in configurations}
-        for name, args in configurations.items():
+        for args in configurations.values():
             run(folder, args)  # warm the file cache and byte-code
         for _ in range(options.rounds):
             for name, args in configurations.items():

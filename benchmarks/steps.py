@@ -29,7 +29,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-MAKE_STEP = '''
+MAKE_STEP = """
 def make_step(kept=None, batch=128):
     torch.manual_seed(0)
     model = torch.nn.Sequential(
@@ -48,10 +48,10 @@ def make_step(kept=None, batch=128):
         return loss.item()
 
     return step
-'''
+"""
 """The training step both sessions time (an MLP with Adam), with a leak where ``kept`` is a list."""
 
-TESTS = '''
+TESTS = """
 import json, time
 import pytest, torch
 
@@ -93,9 +93,9 @@ def test_watched(round, vramleak):
 def test_zz_write():
     with open("times.json", "w") as stream:
         json.dump(TIMES, stream)
-'''
+"""
 
-FIRST = '''
+FIRST = """
 import json, time
 import torch
 
@@ -117,9 +117,9 @@ def test_first_loop({fixture}):
         marks.append(time.perf_counter())
     with open("first.json", "w") as stream:
         json.dump(marks[-1] - marks[0], stream)
-'''
+"""
 
-CONFTEST = '''
+CONFTEST = """
 import json
 
 SETUP = {{"bare": [], "watched": []}}
@@ -133,10 +133,10 @@ def pytest_runtest_logreport(report):
 def pytest_sessionfinish():
     with open("setup.json", "w") as stream:
         json.dump(SETUP, stream)
-'''
+"""
 
 
-SHORT = '''
+SHORT = """
 import json, os, platform, time
 import pytest, torch
 
@@ -173,7 +173,7 @@ def test_zz_write():
     TIMES["machine"] = f"Python {{platform.python_version()}}, torch {{torch.__version__}}, {{os.cpu_count()}} cores"
     with open("short.json", "w") as stream:
         json.dump(TIMES, stream)
-'''
+"""
 
 
 def short_loops(rounds: int) -> None:
@@ -183,7 +183,12 @@ def short_loops(rounds: int) -> None:
         (folder / "test_short.py").write_text(textwrap.dedent(SHORT.format(rounds=rounds, make_step=MAKE_STEP)))
         (folder / "pytest.ini").write_text("[pytest]\n")
         # the leaking loops fail their tests (and are caught inside them): only the times matter
-        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"], cwd=folder, capture_output=True, text=True)
+        subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+        )
         times = json.loads((folder / "short.json").read_text())
     print(f"median of {rounds} rounds, one session, torch on one thread ({times['machine']})")
     for steps, warmup in ((6, 2), (10, 2), (20, 5)):
@@ -197,7 +202,10 @@ def short_loops(rounds: int) -> None:
 
 def pytest_session(folder: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"], cwd=folder, capture_output=True, text=True
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
     )
     if done.returncode != 0:
         raise SystemExit(done.stdout[-3000:])
@@ -229,22 +237,33 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as directory:
         folder = Path(directory)
-        (folder / "test_steps.py").write_text(textwrap.dedent(TESTS.format(steps=options.steps, rounds=options.rounds, make_step=MAKE_STEP)))
+        (folder / "test_steps.py").write_text(
+            textwrap.dedent(TESTS.format(steps=options.steps, rounds=options.rounds, make_step=MAKE_STEP))
+        )
         (folder / "conftest.py").write_text(CONFTEST.format())
         (folder / "pytest.ini").write_text("[pytest]\n")
         pytest_session(folder)
         times = json.loads((folder / "times.json").read_text())
         setup = json.loads((folder / "setup.json").read_text())
     bare, watched = statistics.median(times["bare"]), statistics.median(times["watched"])
-    print("rounds, bare:", " ".join(f"{t:.3f}" for t in times["bare"]), "watched:", " ".join(f"{t:.3f}" for t in times["watched"]))
+    print(
+        "rounds, bare:",
+        " ".join(f"{t:.3f}" for t in times["bare"]),
+        "watched:",
+        " ".join(f"{t:.3f}" for t in times["watched"]),
+    )
     print(f"{options.steps} training steps of {1000 * bare / options.steps:.1f} ms, median of {options.rounds} rounds")
     print(f"bare loop {bare:.3f}s, under vramleak.steps {watched:.3f}s: {watched / bare:.2f}x")
     bare_setup = statistics.median(setup["bare"])
     first, usual = setup["watched"][0] - bare_setup, statistics.median(setup["watched"]) - bare_setup
-    print(f"set-up of a test using the fixture: +{1000 * first:.1f} ms after unchecked tests (indexing the live tensors), +{1000 * usual:.1f} ms after a checked one")
+    print(
+        f"set-up of a test using the fixture: +{1000 * first:.1f} ms after unchecked tests (indexing the live tensors), +{1000 * usual:.1f} ms after a checked one"
+    )
     first = first_loops(options.steps, options.rounds)
     bare, watched = statistics.median(first["bare"]), statistics.median(first["watched"])
-    print(f"first loop of a session (steps 2 to {options.steps}): bare {bare:.3f}s, under vramleak.steps {watched:.3f}s: {watched / bare:.2f}x")
+    print(
+        f"first loop of a session (steps 2 to {options.steps}): bare {bare:.3f}s, under vramleak.steps {watched:.3f}s: {watched / bare:.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-MODULE = '''
+MODULE = """
 import pytest
 import torch
 
@@ -87,7 +87,7 @@ def test_layer_norm_{seed}():
     x = torch.randn(4, 16)
     y = torch.nn.functional.layer_norm(x, (16,))
     assert torch.allclose(y.mean(-1), torch.zeros(4), atol=1e-5)
-'''
+"""
 
 TESTS_PER_MODULE = 13
 

@@ -294,7 +294,9 @@ def _saved_names(node: Any) -> tuple[str, ...]:
     return names
 
 
-def graph_nodes(roots: list[Any], visited: set[int], keep: list[Any], follow: Callable[[Any], bool] | None = None) -> Iterator[Any]:
+def graph_nodes(
+    roots: list[Any], visited: set[int], keep: list[Any], follow: Callable[[Any], bool] | None = None
+) -> Iterator[Any]:
     """Each autograd node under ``roots``, once overall (their ids go into ``visited``).
 
     ``keep`` holds every node visited so that ids stay unique while the walk lasts. With
@@ -331,7 +333,10 @@ def _graph_tensors(root: Any, visited: set[int], keep: list[Any]) -> Iterator[An
 
 
 def walk(
-    device: str | None = None, *, defer_owners: frozenset[int] | set[int] = frozenset(), objects: list[Any] | None = None
+    device: str | None = None,
+    *,
+    defer_owners: frozenset[int] | set[int] = frozenset(),
+    objects: list[Any] | None = None,
 ) -> Iterator[Found]:
     """Yield every live tensor storage on ``device`` (all devices if None), with a tensor that uses it.
 
@@ -380,7 +385,11 @@ def walk(
                 except Exception:
                     continue
                 if grad is not None:
-                    grads += [Found(key, n, grad, "grad", obj, storage) for key, n, storage in _keys_of(grad) if on_device(key)]
+                    grads += [
+                        Found(key, n, grad, "grad", obj, storage)
+                        for key, n, storage in _keys_of(grad)
+                        if on_device(key)
+                    ]
                 if grad_fn is not None:
                     graph_roots.append((obj, grad_fn))
             yield from grads

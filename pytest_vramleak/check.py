@@ -33,8 +33,8 @@ from .history import AllocatorHistory
 from .left_behind import LeftBehind
 from .outcome import Rules, discount, judge_check
 from .readings import AllocatorReadings, LedgerReadings
-from .result import CheckResult
 from .referrers import NamedRoot
+from .result import CheckResult
 from .sites import SiteRecorder, Sites, SiteSource
 from .snapshot import HELD_FROM_CPP, TensorGroup, describe, describe_history, merge_parts, meter_for
 from .tracker import NODE_BYTES, StorageRef, Tracker, graph_clock
@@ -53,7 +53,7 @@ class LeakCheck:
         *,
         meter: Meter | None = None,
         tracker: Tracker | None = None,
-        rules: Rules = Rules(),
+        rules: Rules | None = None,
         record_sites: bool = False,
         trace_folder: Path | None = None,
         name: str = "check",
@@ -66,7 +66,7 @@ class LeakCheck:
         self.meter = meter or meter_for(device)
         self.budget = budget or Budget()
         self.tracker = tracker or Tracker(self.meter.name)
-        self.rules = rules
+        self.rules = rules or Rules()
         self.name = name
         """What the check is of (a test id): names a saved allocator snapshot."""
         self.named_roots = named_roots
@@ -146,7 +146,9 @@ class LeakCheck:
         where the tensors still alive were made."""
         try:
             if self.ledger is not None and self.ledger.baseline is not None:
-                self.result.cycle_bytes = self.ledger.cycle_bytes(self.result, strict=self.rules.strict_cycles, sites=self.sites)
+                self.result.cycle_bytes = self.ledger.cycle_bytes(
+                    self.result, strict=self.rules.strict_cycles, sites=self.sites
+                )
                 if self.sites is not None:
                     self.sites.capture(self.tracker.pairs(self.tracker.created("cpu", since=self.begin_clock - 1)))
             elif self.readings is not None and self.readings.at_start is not None:
@@ -236,7 +238,9 @@ class LeakCheck:
         garbage = self.tracker.settle()[self.meter.name]
         self._settled = True
         if garbage:
-            self.result.details["older_garbage_freed_bytes"] = self.result.details.get("older_garbage_freed_bytes", 0) + garbage
+            self.result.details["older_garbage_freed_bytes"] = (
+                self.result.details.get("older_garbage_freed_bytes", 0) + garbage
+            )
 
     def _finish_accelerator(self, confirm: Callable[[], None] | None) -> None:
         readings, budget, result = self.readings, self.budget, self.result
@@ -295,7 +299,9 @@ class LeakCheck:
         result.named = True
         sites = self.site_source()
         devices = [result.device] + [
-            other.name for other, _ in (self.readings.others if self.readings is not None else []) if result.details.get(f"{other.name}_leaked_bytes", 0) > self.budget.leak
+            other.name
+            for other, _ in (self.readings.others if self.readings is not None else [])
+            if result.details.get(f"{other.name}_leaked_bytes", 0) > self.budget.leak
         ]
         if not self.on_cpu:
             self.tracker.catch_up()  # the allocator said how much; which storages, the index says
@@ -326,6 +332,7 @@ class LeakCheck:
             self._apply_rules()
             if self.result.outcome != "leaked":
                 self.result.groups = []
+
 
 def _import_torch() -> Any:
     import torch
@@ -361,7 +368,11 @@ def held_in_cpp_only(group: TensorGroup) -> bool:
     torch's own code make. Tensors the user's code made that torch keeps for it (a scripted
     module's attributes, kept each time it is scripted), or whose maker is not known, stay the
     test's."""
-    if group.kind not in ("tensor", "grad", "storage") or not group.held_by or not all(chain == HELD_FROM_CPP for chain in group.held_by):
+    if (
+        group.kind not in ("tensor", "grad", "storage")
+        or not group.held_by
+        or not all(chain == HELD_FROM_CPP for chain in group.held_by)
+    ):
         return False
     return group.kind == "storage" or group.made_inside_library is True
 
@@ -390,11 +401,13 @@ def name_leak(
     wanted = set(keys)
     roots = [(tensor, nodes) for tensor, nodes in ((ref(), nodes) for ref, nodes in graph_roots) if tensor is not None]
     # A kept tensor named among the leaked ones already says it keeps its graph (its saved tensors).
-    roots = [(tensor, nodes) for tensor, nodes in roots if not (storage_key(tensor) or ((None, 0), 0))[0] in wanted]
+    roots = [(tensor, nodes) for tensor, nodes in roots if (storage_key(tensor) or ((None, 0), 0))[0] not in wanted]
     try:
         with tracker.unfrozen():
             groups = describe(keys, device, sites=sites, named=named, collected=collected, part=part) if keys else []
-            history = describe_history(roots, device, node_bytes=NODE_BYTES, named=named, collect=False) if roots else []
+            history = (
+                describe_history(roots, device, node_bytes=NODE_BYTES, named=named, collect=False) if roots else []
+            )
     finally:
         roots.clear()
     threads = tuple(f"thread '{name}' " for name in threads_before)
@@ -402,7 +415,12 @@ def name_leak(
     if not count_cpp_held:
         keepers.append((CPP_HELD, held_in_cpp_only))
     if threads:
-        keepers.append((OLDER_THREADS, lambda group: bool(group.held_by) and all(chain.startswith(threads) for chain in group.held_by)))
+        keepers.append(
+            (
+                OLDER_THREADS,
+                lambda group: bool(group.held_by) and all(chain.startswith(threads) for chain in group.held_by),
+            )
+        )
     set_aside = []
     for holders, predicate in keepers:
         if part is None:
@@ -414,5 +432,9 @@ def name_leak(
             groups = [group for group in groups if group not in matched]
     # pytest's lists that gain an entry with every run: record_property values, recorded warnings
     labels = tuple(root.label for root in named if root.kind == "pytest" and type(root.value) is list)
-    kept_by_pytest = [group for group in groups if labels and group.held_by and all(chain.startswith(labels) for chain in group.held_by)]
+    kept_by_pytest = [
+        group
+        for group in groups
+        if labels and group.held_by and all(chain.startswith(labels) for chain in group.held_by)
+    ]
     return NamedLeak(groups, history, set_aside, kept_by_pytest)

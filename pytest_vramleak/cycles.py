@@ -10,6 +10,7 @@ user's own debugging saves stays theirs: nothing is read from it, and nothing of
 from __future__ import annotations
 
 import gc
+
 from .refs import StorageRef
 from .sites import SiteRecorder
 from .snapshot import TensorGroup, describe_cycle_garbage

@@ -26,7 +26,6 @@ from .census import take_census
 from .peaks import PeakBreakdown, breakdown
 from .sizes import format_size
 
-
 _CPU_OUT_OF_MEMORY = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
 
 
@@ -258,13 +257,16 @@ class Growth:
         return f"{driver}, the allocator's {format_size(self.allocated)}"
 
 
-def measure_growth(meter: Any, baseline_allocated: int, baseline_driver: int | None, allowed: int, *, attempts: int = 3) -> Growth:
+def measure_growth(
+    meter: Any, baseline_allocated: int, baseline_driver: int | None, allowed: int, *, attempts: int = 3
+) -> Growth:
     """Allocator growth since the baseline, re-measured up to ``attempts`` times while it is over
     ``allowed`` (as PyTorch's own check does: memory freed asynchronously can still arrive), then
     confirmed against the driver's figure."""
     measurements = 0
     allocated = 0
-    for measurements in range(1, attempts + 1):
+    while measurements < attempts:
+        measurements += 1
         meter.settle()
         allocated = meter.allocated_bytes() - baseline_allocated
         if allocated <= allowed:
@@ -394,7 +396,10 @@ class CpuMeter:
             import torch.profiler
 
             self._profile = torch.profiler.profile(
-                activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
+                activities=[torch.profiler.ProfilerActivity.CPU],
+                profile_memory=True,
+                record_shapes=True,
+                with_stack=True,
             )  # what torch's memory profiler needs to categorize
             with _quiet_stderr():
                 self._profile.start()

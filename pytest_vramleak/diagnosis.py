@@ -8,7 +8,9 @@ from typing import Any
 
 from .sizes import format_size
 
-_HOOK_DICTS = re.compile(r"\._(forward|forward_pre|backward|backward_pre|full_backward|full_backward_pre|state_dict)_hooks\[")
+_HOOK_DICTS = re.compile(
+    r"\._(forward|forward_pre|backward|backward_pre|full_backward|full_backward_pre|state_dict)_hooks\["
+)
 _TORCH_CACHES = ("torch._dynamo", "torch._inductor", "torch.fx", "torch._functorch")
 # torch.compile installs each compiled graph in the module of the code it compiled, as a global
 # named __compiled_fn_<n>_<id> (__resume_at_<n> for code after a graph break): a user's module
@@ -59,7 +61,9 @@ def diagnose(group: Any) -> list[str]:
         )
     # A node reached from a holder the test's code has (not one held from C++ or outside gc, whose
     # chain starts with "<"): what the code kept is the node.
-    if any(" -> autograd graph of " in chain and not chain.startswith("<") for chain in chains) and not getattr(group, "grad_graph", False):
+    if any(" -> autograd graph of " in chain and not chain.startswith("<") for chain in chains) and not getattr(
+        group, "grad_graph", False
+    ):
         found.append(
             "an autograd node (a grad_fn) was kept, not a tensor: it keeps what its graph saved for backward and "
             "the leaves it accumulates into; keep loss.item() or a detached tensor instead of loss.grad_fn"
@@ -73,7 +77,11 @@ def diagnose(group: Any) -> list[str]:
     if any(_HOOK_DICTS.search(chain) for chain in chains) or hook:
         found.append(
             (
-                ("a tensor's hook (register_hook) keeps what it is given" if _tensor_hook(group) else "a module hook keeps what it is given")
+                (
+                    "a tensor's hook (register_hook) keeps what it is given"
+                    if _tensor_hook(group)
+                    else "a module hook keeps what it is given"
+                )
                 + (f" ({hook} appends to what holds these tensors)" if hook else "")
             )
             + ": keep the handle register_*_hook() returns and call handle.remove() when done, or clear what the "
@@ -103,7 +111,10 @@ def diagnose(group: Any) -> list[str]:
         )
     if any(chain.startswith("fixture '") for chain in chains):
         fixture = next(chain for chain in chains if chain.startswith("fixture '")).split(")")[0] + ")"
-        if any(".grad" in chain or chain.endswith(".grad") for chain in chains if chain.startswith("fixture '")) or group.kind == "grad":
+        if (
+            any(".grad" in chain or chain.endswith(".grad") for chain in chains if chain.startswith("fixture '"))
+            or group.kind == "grad"
+        ):
             found.append(
                 f"backward() through the model {fixture} keeps for many tests made its gradients, which stay with the "
                 "model: call model.zero_grad(set_to_none=True) at the end of the test or in the fixture's teardown, "
@@ -115,7 +126,15 @@ def diagnose(group: Any) -> list[str]:
                 "clear it at the end of the test or in the fixture's teardown, or make the fixture function-scoped"
             )
     if any(_PYTEST_INSTANCE.match(chain) for chain in chains):
-        attribute = next((match.group(1) for chain in chains for match in [_PYTEST_INSTANCE.match(chain)] if match and match.group(1)), "")
+        attribute = next(
+            (
+                match.group(1)
+                for chain in chains
+                for match in [_PYTEST_INSTANCE.match(chain)]
+                if match and match.group(1)
+            ),
+            "",
+        )
         found.append(
             "pytest keeps each test's class instance until the session ends, and with it what the test set on self"
             + (f" (self.{attribute})" if attribute else "")
@@ -154,13 +173,21 @@ def diagnose(group: Any) -> list[str]:
             "for as long as it lives: call reset_mock() when done, patch it for the test alone, or pass it numbers or "
             "strings (t.item(), t.shape) instead of tensors"
         )
-    if any(kind == "WeakKeyDictionary" and index + 1 < len(path) and path[index + 1][0] == ".data" for path in paths for index, (_, kind) in enumerate(path)):
+    if any(
+        kind == "WeakKeyDictionary" and index + 1 < len(path) and path[index + 1][0] == ".data"
+        for path in paths
+        for index, (_, kind) in enumerate(path)
+    ):
         found.append(
             "a WeakKeyDictionary keeps each value while its key is alive, and this key is alive: a value that refers to "
             "its own key (directly or through what it holds) keeps its entry for ever: keep weakref.ref(key) in the value "
             "instead, or delete the entry when done"
         )
-    if chains and all(chain.startswith("<no Python reference") for chain in chains) and getattr(group, "made_inside_library", None) is False:
+    if (
+        chains
+        and all(chain.startswith("<no Python reference") for chain in chains)
+        and getattr(group, "made_inside_library", None) is False
+    ):
         found.append(
             "nothing in Python refers to these tensors the test made: PyTorch (or an extension) keeps them in C++ for "
             "something the test asked of it (torch.jit.script and torch.jit.trace keep a module's tensors with each "
@@ -183,7 +210,7 @@ def diagnose(group: Any) -> list[str]:
 def _tensor_hook(group: Any) -> bool:
     """Whether the hooks dict on the path is a tensor's (``tensor.register_hook``), not a module's."""
     for path in getattr(group, "held_by_paths", []):
-        for (_, kind), (text, _) in zip(path, path[1:]):
+        for (_, kind), (text, _) in zip(path, path[1:], strict=False):
             if text == "._backward_hooks" and kind in ("Tensor", "Parameter"):
                 return True
     return False

@@ -12,6 +12,7 @@ from .runs import named_roots
 from .state import BUDGET, CHECK, SETTINGS, TORCH_MISSING, TRACKER, Check, VramLeak, meter_for
 from .steps import StepNotRun, StepResult, StepWatcher, step_caller
 
+
 class VramLeakFixture:
     """Checks repeated steps for memory growth: ``for i in vramleak.steps(10): train_step()``.
 
@@ -34,7 +35,9 @@ class VramLeakFixture:
         """The step checks run so far in this test."""
         return self._watcher.results if self._watcher is not None else []
 
-    def steps(self, n: int, *, warmup: int | None = None, max_steps: int | None = None, step: Callable[..., Any] | None = None) -> Iterator[int]:
+    def steps(
+        self, n: int, *, warmup: int | None = None, max_steps: int | None = None, step: Callable[..., Any] | None = None
+    ) -> Iterator[int]:
         """Yield ``0 .. n-1``; after the last step, fail the test if memory kept growing. Where
         the ``n`` steps leave it undecided, up to ``max_steps`` steps run in all until it is decided."""
         try:
@@ -53,7 +56,9 @@ class VramLeakFixture:
         if result.grows:
             raise VramLeak(result.describe(), pytrace=False)
 
-    def check(self, step: Callable[..., Any], *, steps: int = 10, warmup: int | None = None, max_steps: int | None = None) -> StepResult:
+    def check(
+        self, step: Callable[..., Any], *, steps: int = 10, warmup: int | None = None, max_steps: int | None = None
+    ) -> StepResult:
         """Call ``step(i)`` (or ``step()``) ``steps`` times (up to ``max_steps`` where that leaves
         the verdict undecided) and fail the test if memory kept growing."""
         __tracebackhide__ = True  # a step that raises shows the user's frames, as pytest's own are hidden
@@ -82,9 +87,14 @@ def vramleak(request: pytest.FixtureRequest) -> VramLeakFixture:
         return VramLeakFixture(None)  # the steps run, unchecked, as the header says
     budget = request.node.stash.get(BUDGET, None)
     check = request.node.stash.get(CHECK, None)
-    meter = check.meter if check is not None and check.meter is not None else meter_for(request.node, budget.device if budget else None)
+    meter = (
+        check.meter
+        if check is not None and check.meter is not None
+        else meter_for(request.node, budget.device if budget else None)
+    )
     if check is None:
         check = request.node.stash[CHECK] = Check(None, meter)
+
     def on_result(result: StepResult) -> None:
         check.steps.append(result)
         check.step_leaked = check.step_leaked or result.grows

@@ -45,7 +45,9 @@ class HeapFreeze:
 
     def frozen_by_others(self) -> bool:
         """Whether the heap was found frozen by someone else, for the first time, as a test begins."""
-        if not self.froze and not self.foreign and gc.get_freeze_count() > 0:  # walks the frozen list: empty unless someone froze
+        if (
+            not self.froze and not self.foreign and gc.get_freeze_count() > 0
+        ):  # walks the frozen list: empty unless someone froze
             self.foreign = True
             return True
         return False

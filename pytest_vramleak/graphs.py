@@ -83,7 +83,10 @@ def _tracing_tensor_types() -> tuple[type, ...]:
     them: they hold no memory, and the autograd nodes they keep are the compiler's caches'. (Read
     each time, not cached: a torch that loads them later than the first check has them then.)"""
     found = []
-    for module_name, class_name in (("torch._subclasses.fake_tensor", "FakeTensor"), ("torch._subclasses.functional_tensor", "FunctionalTensor")):
+    for module_name, class_name in (
+        ("torch._subclasses.fake_tensor", "FakeTensor"),
+        ("torch._subclasses.functional_tensor", "FunctionalTensor"),
+    ):
         module = sys.modules.get(module_name)
         kind = getattr(module, class_name, None) if module is not None else None
         if isinstance(kind, type):

@@ -44,7 +44,12 @@ def _signed_figure(value: int | None) -> int:
 
 
 def step_chart(
-    warmup_steps: Sequence[int], steps: Sequence[int], *, title: str = "", unit: str = "step", above: str = "the warm-up baseline"
+    warmup_steps: Sequence[int],
+    steps: Sequence[int],
+    *,
+    title: str = "",
+    unit: str = "step",
+    above: str = "the warm-up baseline",
 ) -> str:
     """An SVG line chart of memory above ``above`` after each step (or run: ``unit``), warm-up shaded."""
     values = [*warmup_steps, *steps]
@@ -75,12 +80,20 @@ def step_chart(
         parts.append(f'<text class="warmup-label" x="{left + 6}" y="{top + 14}">warm-up</text>')
     ticks = sorted({low, 0, high})
     for tick in ticks:
-        parts.append(f'<line class="{"zero" if tick == 0 else "grid"}" x1="{left}" x2="{left + plot_width}" y1="{y(tick):.1f}" y2="{y(tick):.1f}"/>')
-        parts.append(f'<text class="tick" x="{left - 8}" y="{y(tick) + 4:.1f}" text-anchor="end">{_escape(size_text(tick))}</text>')
+        parts.append(
+            f'<line class="{"zero" if tick == 0 else "grid"}" x1="{left}" x2="{left + plot_width}" y1="{y(tick):.1f}" y2="{y(tick):.1f}"/>'
+        )
+        parts.append(
+            f'<text class="tick" x="{left - 8}" y="{y(tick) + 4:.1f}" text-anchor="end">{_escape(size_text(tick))}</text>'
+        )
     stride = max(1, (count + 11) // 12)
     for index in range(0, count, stride):
-        parts.append(f'<text class="tick" x="{x(index):.1f}" y="{top + plot_height + 18}" text-anchor="middle">{index + 1}</text>')
-    parts.append(f'<text class="axis" x="{left + plot_width / 2:.1f}" y="{height - 4}" text-anchor="middle">{unit}</text>')
+        parts.append(
+            f'<text class="tick" x="{x(index):.1f}" y="{top + plot_height + 18}" text-anchor="middle">{index + 1}</text>'
+        )
+    parts.append(
+        f'<text class="axis" x="{left + plot_width / 2:.1f}" y="{height - 4}" text-anchor="middle">{unit}</text>'
+    )
     points = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(values))
     parts.append(f'<polyline class="series" points="{points}"/>')
     for index, value in enumerate(values):
@@ -114,7 +127,9 @@ def peak_bars(breakdown: Mapping[str, Any], *, title: str = "") -> str:
     if not total:
         return ""
     width, height = 640, 28
-    parts = [f'<svg class="peak-bar" role="img" viewBox="0 0 {width} {height}" width="{width}" height="{height}" aria-label="{_escape(title or "memory at the peak by kind")}">']
+    parts = [
+        f'<svg class="peak-bar" role="img" viewBox="0 0 {width} {height}" width="{width}" height="{height}" aria-label="{_escape(title or "memory at the peak by kind")}">'
+    ]
     left = 0.0
     for name, size in categories:
         span = width * size / total
@@ -146,7 +161,7 @@ def peak_timeline(breakdown: Mapping[str, Any], *, title: str = "") -> str:
     layers = []
     for name, values in series:
         lower = list(stacked)
-        stacked = [base + max(0, value) for base, value in zip(stacked, values)]
+        stacked = [base + max(0, value) for base, value in zip(stacked, values, strict=False)]
         layers.append((name, lower, list(stacked)))
     high = max(stacked) or 1
     span = (times[-1] - times[0]) or 1
@@ -157,14 +172,22 @@ def peak_timeline(breakdown: Mapping[str, Any], *, title: str = "") -> str:
     def y(value: int) -> float:
         return top + plot_height * (1 - value / high)
 
-    parts = [f'<svg class="chart peak-timeline" role="img" viewBox="0 0 {width} {height}" width="{width}" height="{height}" aria-label="{_escape(title or "memory by kind over time")}">']
+    parts = [
+        f'<svg class="chart peak-timeline" role="img" viewBox="0 0 {width} {height}" width="{width}" height="{height}" aria-label="{_escape(title or "memory by kind over time")}">'
+    ]
     for name, lower, upper in layers:
         forward = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(upper))
         backward = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in reversed(list(enumerate(lower))))
-        parts.append(f'<polygon class="area" data-category="{_escape(name)}" points="{forward} {backward}" fill="{CATEGORY_COLORS.get(name, "#888")}"><title>{_escape(name)}</title></polygon>')
+        parts.append(
+            f'<polygon class="area" data-category="{_escape(name)}" points="{forward} {backward}" fill="{CATEGORY_COLORS.get(name, "#888")}"><title>{_escape(name)}</title></polygon>'
+        )
     for tick in (0, high):
-        parts.append(f'<text class="tick" x="{left - 8}" y="{y(tick) + 4:.1f}" text-anchor="end">{_escape(size_text(tick))}</text>')
-    parts.append(f'<text class="axis" x="{left + plot_width / 2:.1f}" y="{height - 4}" text-anchor="middle">time ({(times[-1] - times[0]) / 1000:.1f} ms)</text>')
+        parts.append(
+            f'<text class="tick" x="{left - 8}" y="{y(tick) + 4:.1f}" text-anchor="end">{_escape(size_text(tick))}</text>'
+        )
+    parts.append(
+        f'<text class="axis" x="{left + plot_width / 2:.1f}" y="{height - 4}" text-anchor="middle">time ({(times[-1] - times[0]) / 1000:.1f} ms)</text>'
+    )
     parts.append("</svg>")
     return "".join(parts)
 
@@ -203,7 +226,9 @@ def _tree(paths: Sequence[Sequence[Sequence[str]]], target: str) -> list[_Node]:
             node = index.get(prefix)
             if node is None:
                 last = depth == len(steps) - 1
-                node = index[prefix] = _Node(_node_label(text, kind, depth), text.removeprefix(" -> "), depth, "target" if last else kind)
+                node = index[prefix] = _Node(
+                    _node_label(text, kind, depth), text.removeprefix(" -> "), depth, "target" if last else kind
+                )
                 siblings.append(node)
             siblings = node.children
     return roots
@@ -266,7 +291,9 @@ def retention_graph(paths: Sequence[Sequence[Sequence[str]]], target: str, *, id
                 x1, y1 = x + node_widths[depth], middle(node)
                 x2, y2 = lefts[child.depth], middle(child)
                 bend = (x2 - x1) / 2
-                edges.append(f'<path class="edge" marker-end="url(#{arrow})" d="M{x1:.1f},{y1:.1f} C{x1 + bend:.1f},{y1:.1f} {x2 - bend:.1f},{y2:.1f} {x2:.1f},{y2:.1f}"/>')
+                edges.append(
+                    f'<path class="edge" marker-end="url(#{arrow})" d="M{x1:.1f},{y1:.1f} C{x1 + bend:.1f},{y1:.1f} {x2 - bend:.1f},{y2:.1f} {x2:.1f},{y2:.1f}"/>'
+                )
                 if child.edge:
                     edge = _clip(child.edge)
                     tooltip = f"<title>{_escape(child.edge)}</title>" if edge != child.edge else ""
@@ -302,7 +329,9 @@ def _figures(result: Mapping[str, Any]) -> str:
         allowed = f" (budget {size_text(budget['peak'])})" if budget.get("peak") is not None else ""
         figures.append(f"peak above baseline {size_text(result['peak_bytes'])}{allowed}")
     if result.get("growth_bytes") is not None:
-        figures.append(f"grew {size_text(result['growth_bytes'])} across the measured {'runs' if result.get('repetitions') else 'steps'}")
+        figures.append(
+            f"grew {size_text(result['growth_bytes'])} across the measured {'runs' if result.get('repetitions') else 'steps'}"
+        )
     if result.get("pattern"):
         figures.append(f"pattern: {result['pattern']}")
     if result.get("cycle_bytes"):
@@ -317,9 +346,17 @@ def _group_html(group: Mapping[str, Any], ident: str) -> str:
     if paths:
         parts.append(f'<div class="graph-box">{retention_graph(paths, _group_target(group), ident=ident)}</div>')
     if group.get("held_by"):
-        parts.append('<ul class="held">' + "".join(f"<li>held by <code>{_escape(h)}</code></li>" for h in group["held_by"]) + "</ul>")
+        parts.append(
+            '<ul class="held">'
+            + "".join(f"<li>held by <code>{_escape(h)}</code></li>" for h in group["held_by"])
+            + "</ul>"
+        )
     if group.get("allocated_at"):
-        parts.append('<ul class="sites">' + "".join(f"<li>allocated at <code>{_escape(s)}</code></li>" for s in group["allocated_at"]) + "</ul>")
+        parts.append(
+            '<ul class="sites">'
+            + "".join(f"<li>allocated at <code>{_escape(s)}</code></li>" for s in group["allocated_at"])
+            + "</ul>"
+        )
     if group.get("diagnoses"):
         parts.append('<ul class="diagnoses">' + "".join(f"<li>{_escape(d)}</li>" for d in group["diagnoses"]) + "</ul>")
     parts.append("</div>")
@@ -362,7 +399,13 @@ def _section(result: Mapping[str, Any], anchor: str) -> str:
     if result.get("repetitions"):
         warm = int(result.get("repetition_warmup") or 0)
         runs = result["repetitions"]
-        chart = step_chart(runs[:warm], runs[warm:], title="memory after each run of " + result["nodeid"], unit="run", above="the first run's baseline")
+        chart = step_chart(
+            runs[:warm],
+            runs[warm:],
+            title="memory after each run of " + result["nodeid"],
+            unit="run",
+            above="the first run's baseline",
+        )
         parts.append(
             f'<figure class="steps runs">{chart}<figcaption>memory left after each run of the test, above the first run\'s baseline; '
             f"{warm} warm-up runs shaded, {len(runs) - warm} measured"
@@ -373,13 +416,15 @@ def _section(result: Mapping[str, Any], anchor: str) -> str:
     if breakdown:
         parts.append(
             f'<figure class="peak">{peak_bars(breakdown, title="memory at the peak of " + result["nodeid"] + " by kind")}'
-            f'{peak_timeline(breakdown, title="memory by kind over the call of " + result["nodeid"])}'
+            f"{peak_timeline(breakdown, title='memory by kind over the call of ' + result['nodeid'])}"
             "<figcaption>memory above the start of the call by kind (torch's memory profiler): at the peak, and over time"
             + (f"; {_escape(breakdown['remedy'])}" if breakdown.get("remedy") else "")
             + "</figcaption></figure>"
         )
     if result.get("trace"):
-        parts.append(f'<p class="trace">allocator history saved to <code>{_escape(result["trace"])}</code> (open it at pytorch.org/memory_viz)</p>')
+        parts.append(
+            f'<p class="trace">allocator history saved to <code>{_escape(result["trace"])}</code> (open it at pytorch.org/memory_viz)</p>'
+        )
     for index, rank in enumerate(result.get("ranks") or []):
         who = f"rank {rank['rank']}" if rank.get("rank") is not None else "a process"
         leaked = rank.get("leaked_bytes")
@@ -388,7 +433,10 @@ def _section(result: Mapping[str, Any], anchor: str) -> str:
             + (f", leaked {_escape(size_text(leaked))} on {_escape(rank.get('device'))}" if leaked else "")
             + "</h3>"
         )
-        parts += [_group_html(group, f"{anchor}-rank{index}-{i}") for i, group in enumerate((rank.get("tensors") or [])[:MAX_GROUPS_DRAWN])]
+        parts += [
+            _group_html(group, f"{anchor}-rank{index}-{i}")
+            for i, group in enumerate((rank.get("tensors") or [])[:MAX_GROUPS_DRAWN])
+        ]
     groups = result.get("tensors") or []
     parts += [_group_html(group, f"{anchor}-{i}") for i, group in enumerate(groups[:MAX_GROUPS_DRAWN])]
     if len(groups) > MAX_GROUPS_DRAWN:
@@ -428,7 +476,11 @@ def _row(result: Mapping[str, Any], anchor: str | None) -> str:
         cells.append(f'<td class="number" data-value="{_signed_figure(value)}">{_escape(size_text(value))}</td>')
     cells.append(
         f'<td data-value="{OUTCOME_ORDER.get(outcome, 9)}"{reason}><span class="badge {outcome}">{_escape(_outcome_text(outcome))}</span>'
-        + (f' <span class="pattern">{_escape(result["pattern"].replace("_", " "))}</span>' if result.get("pattern") else "")
+        + (
+            f' <span class="pattern">{_escape(result["pattern"].replace("_", " "))}</span>'
+            if result.get("pattern")
+            else ""
+        )
         + "</td>"
     )
     return f'<tr class="{outcome}">' + "".join(cells) + "</tr>"
@@ -453,7 +505,10 @@ def render_html(
     leaked_total = sum(leaked_figure(r) for r in results if r["outcome"] == "leaked")
     anchors = {r["nodeid"]: f"test-{i}" for i, r in enumerate(results) if _has_details(r)}
     # Failures first, the largest leak first among them, as in the terminal summary.
-    ordered = sorted((r for r in results if r["nodeid"] in anchors), key=lambda r: (OUTCOME_ORDER.get(r["outcome"], 9), -leaked_figure(r), r["nodeid"]))
+    ordered = sorted(
+        (r for r in results if r["nodeid"] in anchors),
+        key=lambda r: (OUTCOME_ORDER.get(r["outcome"], 9), -leaked_figure(r), r["nodeid"]),
+    )
     headline = (
         f"{counts['leaked']} leaked, {counts['over_budget']} over budget of {len(checked)} checked tests"
         if counts["leaked"] or counts["over_budget"]
@@ -475,7 +530,10 @@ def render_html(
         f"<style>{_STYLE}</style></head><body>",
         f'<header><h1>vramleak report</h1><p class="headline">{_escape(headline)}</p><ul class="about">{about_items}</ul></header>',
         '<div class="cards">'
-        + "".join(f'<div class="card {css}"><b>{_escape(value)}</b><span>{_escape(label)}</span></div>' for label, value, css in cards)
+        + "".join(
+            f'<div class="card {css}"><b>{_escape(value)}</b><span>{_escape(label)}</span></div>'
+            for label, value, css in cards
+        )
         + "</div>",
         '<h2 class="part">Checked tests</h2>',
         '<p class="hint">Click a column to sort; a test with details links to them. '
@@ -487,7 +545,9 @@ def render_html(
         + "</tbody></table>",
     ]
     if fixtures:
-        parts.append('<h2 class="part">Fixtures still holding memory after their teardown</h2><table class="fixtures"><thead><tr>')
+        parts.append(
+            '<h2 class="part">Fixtures still holding memory after their teardown</h2><table class="fixtures"><thead><tr>'
+        )
         parts.append("<th>fixture</th><th>scope</th><th>where</th><th>bytes</th><th>held by</th></tr></thead><tbody>")
         parts += [
             f"<tr><td><code>{_escape(f['fixture'])}</code></td><td>{_escape(f['scope'])}</td>"
@@ -501,10 +561,14 @@ def render_html(
         parts.append("</tbody></table>")
     between = list(between_checks)
     if between:
-        parts.append('<h2 class="part">Older tensors grown in place or given gradients between checks (charged to no test)</h2>')
-        parts.append('<table class="fixtures"><thead><tr><th>during</th><th>device</th><th>bytes</th><th>held by</th></tr></thead><tbody>')
+        parts.append(
+            '<h2 class="part">Older tensors grown in place or given gradients between checks (charged to no test)</h2>'
+        )
+        parts.append(
+            '<table class="fixtures"><thead><tr><th>during</th><th>device</th><th>bytes</th><th>held by</th></tr></thead><tbody>'
+        )
         parts += [
-            f'<tr><td><code>{_escape(b["where"])}</code></td><td>{_escape(b["device"])}</td>'
+            f"<tr><td><code>{_escape(b['where'])}</code></td><td>{_escape(b['device'])}</td>"
             f'<td class="number">{_escape(size_text(b["bytes"]))}</td><td>'
             + "<br>".join(f"<code>{_escape(chain)}</code>" for chain in b.get("held_by", []))
             + "</td></tr>"
@@ -515,7 +579,12 @@ def render_html(
         parts.append('<h2 class="part">Details</h2>')
         parts += [_section(r, anchors[r["nodeid"]]) for r in ordered]
     # No "<" may reach the script element's text, or a test name could end it or open a comment.
-    data = json.dumps({"tests": list(results), "fixtures": fixtures}).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    data = (
+        json.dumps({"tests": list(results), "fixtures": fixtures})
+        .replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026")
+    )
     parts += [
         f'<script type="application/json" id="vramleak-data">{data}</script>',
         f"<script>{_SCRIPT}</script>",

@@ -28,7 +28,16 @@ import weakref
 from collections import Counter
 from typing import Any
 
-from .census import _graph_tensors, _torch, collections_paused, is_tensor_type, storage_facts, tensor_storages, tensor_types, untyped_storage_types
+from .census import (
+    _graph_tensors,
+    _torch,
+    collections_paused,
+    is_tensor_type,
+    storage_facts,
+    tensor_storages,
+    tensor_types,
+    untyped_storage_types,
+)
 from .ledger import Ledger
 from .refs import NO_GRAD, Entry, StorageRef, TensorRef
 
@@ -76,7 +85,10 @@ class Kinds:
         """The references of the leaves in ``capable`` and the ids of their gradients when last read."""
         if self._grad_lists is None:
             entries = list(self.capable.values())
-            self._grad_lists = list(map(_ENTRY_REF, entries)), list(map(id, map(operator.call, map(_ENTRY_GRAD, entries))))
+            self._grad_lists = (
+                list(map(_ENTRY_REF, entries)),
+                list(map(id, map(operator.call, map(_ENTRY_GRAD, entries)))),
+            )
         return self._grad_lists
 
     def version_lists(self) -> tuple[list[TensorRef], list[int]]:
@@ -415,5 +427,9 @@ class Index:
         return [
             ref
             for ref in self.storages.values()
-            if ref.born >= clock and (before is None or ref.born < before) and ref.device == device and not ref.adopted and ref() is not None
+            if ref.born >= clock
+            and (before is None or ref.born < before)
+            and ref.device == device
+            and not ref.adopted
+            and ref() is not None
         ]

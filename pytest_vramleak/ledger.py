@@ -136,15 +136,25 @@ class Ledger:
         return [
             ref
             for ref in self.young
-            if ref.born > since and (before is None or ref.born < before) and ref.device == device and not ref.adopted and ref() is not None
+            if ref.born > since
+            and (before is None or ref.born < before)
+            and ref.device == device
+            and not ref.adopted
+            and ref() is not None
         ]
 
     def freed_older(self, device: str, *, since: int) -> int:
         """Bytes of storages older than the test (not made since its setup began) that died or
         shrank after clock ``since``: what offsets a leak."""
-        freed = sum(ref.nbytes for clock, ref in self.freed if clock > since and ref.born < self.begin_clock and ref.device == device)
+        freed = sum(
+            ref.nbytes
+            for clock, ref in self.freed
+            if clock > since and ref.born < self.begin_clock and ref.device == device
+        )
         return freed + sum(
-            -delta for clock, ref, delta in self.grown if clock > since and delta < 0 and ref.born < self.begin_clock and ref.device == device
+            -delta
+            for clock, ref, delta in self.grown
+            if clock > since and delta < 0 and ref.born < self.begin_clock and ref.device == device
         )
 
     def grown_older(self, device: str, *, since: int) -> list[tuple[StorageRef, int]]:

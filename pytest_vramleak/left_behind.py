@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .processes import Children, ProcessGroups, describe_children, describe_groups
-from .rank_reports import RANKS_ENV, collect, describe as describe_ranks
+from .rank_reports import RANKS_ENV, collect
+from .rank_reports import describe as describe_ranks
 
 if TYPE_CHECKING:
     from .result import CheckResult
@@ -38,7 +39,9 @@ class LeftBehind:
         """Note what runs now; rank processes started from here on inherit where to report."""
         self.process_groups.begin()
         self.children.begin()
-        self._ranks_folder = Path(tempfile.gettempdir()) / f"vramleak-ranks-{os.getpid()}-{next(_CHECKS)}"  # made by the first rank
+        self._ranks_folder = (
+            Path(tempfile.gettempdir()) / f"vramleak-ranks-{os.getpid()}-{next(_CHECKS)}"
+        )  # made by the first rank
         self._ranks_env_before = os.environ.get(RANKS_ENV)
         os.environ[RANKS_ENV] = str(self._ranks_folder)
 

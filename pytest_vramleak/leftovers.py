@@ -33,7 +33,9 @@ def look_for_drift(config: pytest.Config, *, due: bool) -> None:
     try:
         found = tracker.drift()
     except Exception as error:  # said in the summary, never a crashed session
-        config.stash[OUTPUT_ERRORS].append(f"could not compare older tensors between checks: {type(error).__name__}: {error}")
+        config.stash[OUTPUT_ERRORS].append(
+            f"could not compare older tensors between checks: {type(error).__name__}: {error}"
+        )
         return
     if not found:
         return
@@ -47,7 +49,9 @@ def look_for_drift(config: pytest.Config, *, due: bool) -> None:
         except Exception as error:  # the finding stands without its holders
             finding["held_by"] = [f"not named: vramleak could not search the heap: {type(error).__name__}: {error}"]
         else:
-            finding["held_by"] = list(dict.fromkeys(chain for group in groups for chain in group.held_by))[:MAX_FIXTURE_CHAINS]
+            finding["held_by"] = list(dict.fromkeys(chain for group in groups for chain in group.held_by))[
+                :MAX_FIXTURE_CHAINS
+            ]
         config.stash.setdefault(DRIFT, []).append(finding)
 
 
@@ -84,13 +88,23 @@ def fixture_leftovers(config: pytest.Config) -> list[dict[str, Any]]:
         alive = memory.alive()
         if not alive:
             continue
-        leftover: dict[str, Any] = {"fixture": memory.name, "scope": memory.scope, "where": memory.where, "bytes": sum(size for _, size in alive)}
+        leftover: dict[str, Any] = {
+            "fixture": memory.name,
+            "scope": memory.scope,
+            "where": memory.where,
+            "bytes": sum(size for _, size in alive),
+        }
         try:
             groups = describe([key for key, _ in alive], memory.device)
         except Exception as error:  # the finding stands without its holders
-            leftover["held_by"], leftover["diagnoses"] = [f"not named: vramleak could not search the heap: {type(error).__name__}: {error}"], []
+            leftover["held_by"], leftover["diagnoses"] = (
+                [f"not named: vramleak could not search the heap: {type(error).__name__}: {error}"],
+                [],
+            )
         else:
-            leftover["held_by"] = list(dict.fromkeys(chain for group in groups for chain in group.held_by))[:MAX_FIXTURE_CHAINS]
+            leftover["held_by"] = list(dict.fromkeys(chain for group in groups for chain in group.held_by))[
+                :MAX_FIXTURE_CHAINS
+            ]
             leftover["diagnoses"] = list(dict.fromkeys(finding for group in groups for finding in group.diagnoses))
         leftovers.append(leftover)
     return leftovers

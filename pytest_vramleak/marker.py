@@ -11,6 +11,7 @@ from .sizes import SizeError, parse_size
 from .state import MARKER, REPEAT, SETTINGS
 from .verdict import Budget
 
+
 def parse_marker(item: pytest.Item, mark: pytest.Mark) -> Budget:
     where = f"{item.nodeid}: @pytest.mark.{MARKER}"
     # The closest marker wins (a method's over its class's, a class's over its module's), but two
@@ -24,14 +25,20 @@ def parse_marker(item: pytest.Item, mark: pytest.Mark) -> Budget:
                 on = f"class {node.nodeid} (its decorators and its base classes')"
             else:
                 on = f"{node.nodeid or 'the root folder'} (its pytestmark)"
-            raise pytest.UsageError(f"{where}: {marked.count(node)} budgets on {on}: keep one; a budget on a test overrides its class's or module's")
+            raise pytest.UsageError(
+                f"{where}: {marked.count(node)} budgets on {on}: keep one; a budget on a test overrides its class's or module's"
+            )
     if len(mark.args) > 1:
         raise pytest.UsageError(f"{where} takes one positional argument (peak), got {len(mark.args)}: {mark.args!r}")
     unknown = sorted(set(mark.kwargs) - {"peak", "leak", "device", "repeat", "reserved", "pinned"})
     if unknown:
-        raise pytest.UsageError(f"{where}: unknown keyword {unknown[0]!r}; use peak, leak, device, repeat, reserved or pinned")
+        raise pytest.UsageError(
+            f"{where}: unknown keyword {unknown[0]!r}; use peak, leak, device, repeat, reserved or pinned"
+        )
     if "repeat" in mark.kwargs and mark.kwargs["repeat"] is not None:
-        item.stash[REPEAT] = check_repeat(mark.kwargs["repeat"], item.config.stash[SETTINGS].warmup, f"{where}(repeat=...)")
+        item.stash[REPEAT] = check_repeat(
+            mark.kwargs["repeat"], item.config.stash[SETTINGS].warmup, f"{where}(repeat=...)"
+        )
     if mark.args and "peak" in mark.kwargs:
         raise pytest.UsageError(f"{where}: peak given both by position and by keyword")
     values = {
@@ -70,7 +77,13 @@ def check_repeat(value: Any, warmup: int, where: str) -> int:
 
 
 def vram_budget(
-    peak: Any = None, *, leak: Any = 0, device: str | None = None, repeat: int | None = None, reserved: Any = None, pinned: Any = None
+    peak: Any = None,
+    *,
+    leak: Any = 0,
+    device: str | None = None,
+    repeat: int | None = None,
+    reserved: Any = None,
+    pinned: Any = None,
 ) -> Any:
     """Put a test under a leak budget and a peak-memory budget: ``@vram_budget("2 GiB", leak="1 MiB")``.
 
@@ -82,5 +95,9 @@ def vram_budget(
     """
     if callable(peak):
         return getattr(pytest.mark, MARKER)(peak)
-    extra = {name: value for name, value in (("repeat", repeat), ("reserved", reserved), ("pinned", pinned)) if value is not None}
+    extra = {
+        name: value
+        for name, value in (("repeat", repeat), ("reserved", reserved), ("pinned", pinned))
+        if value is not None
+    }
     return getattr(pytest.mark, MARKER)(peak, leak=leak, device=device, **extra)

@@ -100,11 +100,17 @@ def merge(documents: Sequence[tuple[str, dict[str, Any]]]) -> tuple[dict[str, An
 def shard_names(paths: Sequence[Path]) -> list[str]:
     """Each report's shard name: its file name without ``.json``, with its folder where two share a name."""
     stems = [path.name.removesuffix(".json") for path in paths]
-    return [f"{path.parent.name}/{stem}" if stems.count(stem) > 1 else stem for path, stem in zip(paths, stems)]
+    return [
+        f"{path.parent.name}/{stem}" if stems.count(stem) > 1 else stem
+        for path, stem in zip(paths, stems, strict=False)
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pytest_vramleak merge", description="Merge pytest-vramleak JSON reports into one JSON and one HTML report.")
+    parser = argparse.ArgumentParser(
+        prog="python -m pytest_vramleak merge",
+        description="Merge pytest-vramleak JSON reports into one JSON and one HTML report.",
+    )
     parser.add_argument("reports", nargs="+", type=Path, help="JSON reports written by --vramleak-report")
     # Kept as typed (not Path): a trailing slash says a folder is meant, and is refused.
     parser.add_argument("--json", help="write the merged JSON report here")
@@ -114,7 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("say where to write the merged report: --json PATH, --html PATH, or both")
     try:
         check_outputs(options.json, options.html)
-        documents = [(name, read_report(path)) for name, path in zip(shard_names(options.reports), options.reports)]
+        documents = [
+            (name, read_report(path)) for name, path in zip(shard_names(options.reports), options.reports, strict=False)
+        ]
     except MergeError as error:
         print(f"pytest-vramleak merge: {error}", file=sys.stderr)
         return 2
@@ -123,9 +131,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pytest-vramleak merge: {message}", file=sys.stderr)
     try:
         if options.json is not None:
-            write_json(options.json, merged["tests"], fixtures=merged["fixtures"], between_checks=merged["between_checks"], about=merged["about"])
+            write_json(
+                options.json,
+                merged["tests"],
+                fixtures=merged["fixtures"],
+                between_checks=merged["between_checks"],
+                about=merged["about"],
+            )
         if options.html is not None:
-            page = render_html(merged["tests"], fixtures=merged["fixtures"], between_checks=merged["between_checks"], about=merged["about"])
+            page = render_html(
+                merged["tests"],
+                fixtures=merged["fixtures"],
+                between_checks=merged["between_checks"],
+                about=merged["about"],
+            )
             write_text_atomically(options.html, page)
     except OSError as error:  # a disk that filled up, a folder made read-only meanwhile
         print(f"pytest-vramleak merge: could not write the merged report: {error}", file=sys.stderr)

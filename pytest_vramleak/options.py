@@ -55,7 +55,12 @@ class Option:
 
 OPTIONS = (
     Option("vramleak", "check every test for leaked tensor memory, as if marked vram_budget()", "false", flag=True),
-    Option("vramleak_device", f"device to measure: {DEVICE_SPECS} (default auto: the current accelerator, else cpu)", "auto", metavar="DEVICE"),
+    Option(
+        "vramleak_device",
+        f"device to measure: {DEVICE_SPECS} (default auto: the current accelerator, else cpu)",
+        "auto",
+        metavar="DEVICE",
+    ),
     Option(
         "vramleak_leak",
         "leak budget of tests that --vramleak checks and that carry no vram_budget marker of their own, e.g. '64 B' (default 0)",
@@ -69,8 +74,18 @@ OPTIONS = (
         metavar="PATH",
         repeat=True,
     ),
-    Option("vramleak_warmup", f"unmeasured warm-up steps of the vramleak fixture (default {DEFAULT_WARMUP})", str(DEFAULT_WARMUP), metavar="N"),
-    Option("vramleak_tolerance", "growth across measured steps that is not yet a leak, e.g. '64 KiB' (default 0)", "0", metavar="SIZE"),
+    Option(
+        "vramleak_warmup",
+        f"unmeasured warm-up steps of the vramleak fixture (default {DEFAULT_WARMUP})",
+        str(DEFAULT_WARMUP),
+        metavar="N",
+    ),
+    Option(
+        "vramleak_tolerance",
+        "growth across measured steps that is not yet a leak, e.g. '64 KiB' (default 0)",
+        "0",
+        metavar="SIZE",
+    ),
     Option(
         "vramleak_repeat",
         "run each checked test N times (warm-up runs first) and classify what it left: grows, kept_once or settled (default 1: once)",
@@ -104,10 +119,25 @@ OPTIONS = (
         "auto",
         metavar="auto|on|off",
     ),
-    Option("vramleak_peaks", "measure the peak of every checked test on CPU too (accelerators measure it always)", "false", flag=True),
-    Option("vramleak_strict_cycles", "fail tests whose tensors lived on reference cycles until garbage collection", "false", flag=True),
+    Option(
+        "vramleak_peaks",
+        "measure the peak of every checked test on CPU too (accelerators measure it always)",
+        "false",
+        flag=True,
+    ),
+    Option(
+        "vramleak_strict_cycles",
+        "fail tests whose tensors lived on reference cycles until garbage collection",
+        "false",
+        flag=True,
+    ),
     Option("vramleak_pin_workers", "give each pytest-xdist worker its own GPU, by worker number", "false", flag=True),
-    Option("vramleak_trace", "record the CUDA allocator's history while checked tests run; save a snapshot per leaking test", "false", flag=True),
+    Option(
+        "vramleak_trace",
+        "record the CUDA allocator's history while checked tests run; save a snapshot per leaking test",
+        "false",
+        flag=True,
+    ),
     Option(
         "vramleak_markdown",
         "write a Markdown summary for a CI job page to this path (default: append to $GITHUB_STEP_SUMMARY when set)",
@@ -246,7 +276,9 @@ def _save_name(value: Any, source: str) -> str | None:
     if not name:
         return None
     if not _SAVE_NAME.fullmatch(name):
-        raise OptionError(f"{source}: a saved run's name is letters, digits, '_', '-' and '.' (kept in .vramleak/), got {value!r}")
+        raise OptionError(
+            f"{source}: a saved run's name is letters, digits, '_', '-' and '.' (kept in .vramleak/), got {value!r}"
+        )
     return name
 
 
@@ -286,7 +318,9 @@ def read_settings(get: Getter, rootpath: Path, environ: Mapping[str, str] | None
             f"at least 2 are needed: use {warmup + 2} or more, or a shorter --vramleak-warmup"
         )
     if confirm == 1:
-        raise OptionError(f"{get('vramleak_confirm')[1]}: at least 2 re-runs are needed to tell growth from memory kept once, got 1")
+        raise OptionError(
+            f"{get('vramleak_confirm')[1]}: at least 2 re-runs are needed to tell growth from memory kept once, got 1"
+        )
     fail_on_text, source = get("vramleak_fail_on")
     fail_on = str(fail_on_text or "").strip().lower() or None
     if fail_on is not None and fail_on not in FAIL_ON:
@@ -369,7 +403,9 @@ def read_saved_run(path: Path, name: str, source: str) -> dict[str, dict[str, An
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
     except OSError as error:
-        raise OptionError(f"{source}: cannot read the saved run {name!r} at {path}: {error.strerror or error}") from None
+        raise OptionError(
+            f"{source}: cannot read the saved run {name!r} at {path}: {error.strerror or error}"
+        ) from None
     except ValueError as error:
         raise OptionError(f"{source}: cannot read the saved run {name!r} at {path}: not JSON: {error}") from None
     if isinstance(document, dict) and document.get("version") not in (SAVED_RUN_VERSION, None):

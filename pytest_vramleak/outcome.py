@@ -40,7 +40,9 @@ class Rules:
     made allocates more, and collects sooner); the garbage is let go as the body ends."""
 
 
-def judge_check(result: CheckResult, budget: Budget, rules: Rules, *, on_cpu: bool, other_devices: list[str]) -> tuple[str, list[str]]:
+def judge_check(
+    result: CheckResult, budget: Budget, rules: Rules, *, on_cpu: bool, other_devices: list[str]
+) -> tuple[str, list[str]]:
     """The outcome (``passed``, ``leaked`` or ``over_budget``) of a check's memory figures, with
     one sentence per broken rule; sets the result's ``peak_over``, ``over_budget``,
     ``other_leaks``, ``cycles_failed`` and ``memory_leaked``. ``other_devices``: the process's
@@ -56,7 +58,9 @@ def judge_check(result: CheckResult, budget: Budget, rules: Rules, *, on_cpu: bo
         allowed = f"allowed {format_size(budget.leak)}"
         found = f"leaked {format_size(result.leaked_bytes + history)} on {result.device}, {allowed}"
         if result.leaked_bytes:
-            messages[0] = messages[0].replace(found, f"leaked {format_size(result.leaked_bytes)} on {result.device}, {allowed}, and kept {kept}", 1)
+            messages[0] = messages[0].replace(
+                found, f"leaked {format_size(result.leaked_bytes)} on {result.device}, {allowed}, and kept {kept}", 1
+            )
         else:
             messages[0] = messages[0].replace(found, f"kept {kept} on {result.device}, {allowed}", 1)
     if on_cpu and verdict.outcome == "leaked" and result.freed_older_bytes and result.leaked_bytes:
@@ -88,7 +92,9 @@ def judge_check(result: CheckResult, budget: Budget, rules: Rules, *, on_cpu: bo
         elif used > limit:
             result.over_budget = True
             outcome = outcome if outcome == "leaked" else "over_budget"
-            messages.append(f"{what} peaked at {format_size(used)} above its level at the start on {result.device}, allowed {format_size(limit)}")
+            messages.append(
+                f"{what} peaked at {format_size(used)} above its level at the start on {result.device}, allowed {format_size(limit)}"
+            )
     for other in other_devices:
         grew = result.details.get(f"{other}_leaked_bytes", 0)
         if grew > budget.leak:

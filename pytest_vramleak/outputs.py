@@ -16,14 +16,20 @@ from typing import Any
 import pytest
 
 from .html_report import is_html_path, render_html
+from .leftovers import DRIFT
 from .options import Settings, saved_run_path
 from .report import benchmark_entries, render_markdown, write_json, write_text_atomically
-from .leftovers import DRIFT
 from .state import NOT_WRITTEN, OUTPUT_ERRORS, RESULTS, SETTINGS
 from .summary import header_settings, latest
 
 
-def write_html(config: pytest.Config, path: str, results: list[dict[str, Any]], leftovers: list[dict[str, Any]], drift: list[dict[str, Any]]) -> None:
+def write_html(
+    config: pytest.Config,
+    path: str,
+    results: list[dict[str, Any]],
+    leftovers: list[dict[str, Any]],
+    drift: list[dict[str, Any]],
+) -> None:
     write_text_atomically(path, render_html(results, fixtures=leftovers, between_checks=drift, about=run_about(config)))
 
 
@@ -62,7 +68,9 @@ def write_outputs(session: pytest.Session, settings: Settings, leftovers: list[d
     drift: list[dict[str, Any]] = config.stash.get(DRIFT, [])
     outputs: list[tuple[str, Callable[[], None]]] = [("the Markdown summary", lambda: write_markdown(config, results))]
     if settings.save and session.exitstatus == pytest.ExitCode.INTERRUPTED:
-        config.stash[OUTPUT_ERRORS].append(f"the run was interrupted: the saved run {settings.save!r} was left as it was")
+        config.stash[OUTPUT_ERRORS].append(
+            f"the run was interrupted: the saved run {settings.save!r} was left as it was"
+        )
     elif settings.save:
         figures = {
             r["nodeid"]: {name: r[name] for name in ("device", "peak_bytes", "end_bytes", "leaked_bytes")}
@@ -70,17 +78,34 @@ def write_outputs(session: pytest.Session, settings: Settings, leftovers: list[d
             if r["outcome"] != "unchecked"
         }
         path = saved_run_path(config.rootpath, settings.save)
-        outputs.append((f"the saved run to {path}", lambda: write_text_atomically(path, json.dumps({"version": 1, "tests": figures}, indent=2) + "\n")))
+        outputs.append(
+            (
+                f"the saved run to {path}",
+                lambda: write_text_atomically(path, json.dumps({"version": 1, "tests": figures}, indent=2) + "\n"),
+            )
+        )
     for report in settings.report_paths:
         if is_html_path(report):
-            outputs.append((f"the HTML report to {report}", functools.partial(write_html, config, report, results, leftovers, drift)))
+            outputs.append(
+                (
+                    f"the HTML report to {report}",
+                    functools.partial(write_html, config, report, results, leftovers, drift),
+                )
+            )
         else:
             about = {**run_about(config), "host": socket.gethostname()}
-            write_report = functools.partial(write_json, report, results, fixtures=leftovers, between_checks=drift, about=about)
+            write_report = functools.partial(
+                write_json, report, results, fixtures=leftovers, between_checks=drift, about=about
+            )
             outputs.append((f"the JSON report to {report}", write_report))
     if settings.benchmark_json:
         benchmark = json.dumps(benchmark_entries(results), indent=2) + "\n"
-        outputs.append((f"the benchmark figures to {settings.benchmark_json}", functools.partial(write_text_atomically, settings.benchmark_json, benchmark)))
+        outputs.append(
+            (
+                f"the benchmark figures to {settings.benchmark_json}",
+                functools.partial(write_text_atomically, settings.benchmark_json, benchmark),
+            )
+        )
     recorder = config.pluginmanager.get_plugin("vramleak-recorder")
     if recorder is not None and not recorder.ran:
         # --collect-only, -k matching nothing, a collection error: the last real run's files stay.

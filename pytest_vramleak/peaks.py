@@ -24,7 +24,16 @@ from typing import Any
 from .sites import site_text
 from .sizes import format_size
 
-CATEGORIES = ("activations", "gradients", "optimizer state", "parameters", "inputs", "temporaries", "autograd detail", "uncategorized")
+CATEGORIES = (
+    "activations",
+    "gradients",
+    "optimizer state",
+    "parameters",
+    "inputs",
+    "temporaries",
+    "autograd detail",
+    "uncategorized",
+)
 
 REMEDIES = {
     "activations": (
@@ -72,7 +81,9 @@ class PeakBreakdown:
 
     def render(self) -> str:
         """One readable block: bytes and share per category, the largest tensors, the remedy."""
-        lines = [f"memory at the peak ({format_size(self.peak_bytes)} above the start), by kind (torch's memory profiler):"]
+        lines = [
+            f"memory at the peak ({format_size(self.peak_bytes)} above the start), by kind (torch's memory profiler):"
+        ]
         for name, size in self.categories.items():
             if size <= 0:
                 continue
@@ -89,10 +100,16 @@ class PeakBreakdown:
         return {
             "peak_bytes": self.peak_bytes,
             "categories": dict(self.categories),
-            "largest": {name: [{"bytes": nbytes, "what": what} for nbytes, what in items] for name, items in self.largest.items()},
+            "largest": {
+                name: [{"bytes": nbytes, "what": what} for nbytes, what in items]
+                for name, items in self.largest.items()
+            },
             "dominant": dominant,
             "remedy": REMEDIES[dominant] if dominant is not None else None,
-            "timeline": {"times_us": list(self.times_us), "categories": {name: list(values) for name, values in self.timeline.items()}},
+            "timeline": {
+                "times_us": list(self.times_us),
+                "categories": {name: list(values) for name, values in self.timeline.items()},
+            },
         }
 
 
@@ -185,7 +202,9 @@ def breakdown(kineto_results: Any, device: str = "cpu") -> PeakBreakdown | None:
         if kept[-1] is not points[-1]:
             kept.append(points[-1])
         result.times_us = [time - kept[0][0] for time, _ in kept]
-        result.timeline = {name: [values[name] for _, values in kept] for name in CATEGORIES if any(values[name] for _, values in kept)}
+        result.timeline = {
+            name: [values[name] for _, values in kept] for name in CATEGORIES if any(values[name] for _, values in kept)
+        }
     return result
 
 

@@ -38,7 +38,18 @@ from .options import OPTIONS, OptionError, Settings
 from .options import read_settings as read_options
 from .outputs import trace_folder, write_outputs
 from .release import ReleaseScheduler
-from .runs import PYTORCHS_OWN, RUNS, checked, drop_last_error, finish_result, judge_foreign_run, named_roots, plan, record_properties, run_protocol
+from .runs import (
+    PYTORCHS_OWN,
+    RUNS,
+    checked,
+    drop_last_error,
+    finish_result,
+    judge_foreign_run,
+    named_roots,
+    plan,
+    record_properties,
+    run_protocol,
+)
 from .snapshot import memory_contents
 from .state import (
     ACTIVE,
@@ -110,7 +121,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[TORCH_MISSING] = missing = _torch_missing()
     if missing is not None and settings.every_test:
         # A run asked to check every test must not pass having checked none.
-        raise pytest.UsageError(f"--vramleak checks tensor memory, and {missing}: install torch, or run without --vramleak")
+        raise pytest.UsageError(
+            f"--vramleak checks tensor memory, and {missing}: install torch, or run without --vramleak"
+        )
     if missing is None and settings.device not in ("auto", "cpu"):
         check_device_option(config, settings.device)
     config.stash[RESULTS] = []
@@ -225,7 +238,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             meter=check.meter,
             tracker=tracker,
             # (the run that records where tensors are made names the cycles the first run failed on)
-            rules=rules if first else Rules(count_cpp_held=runs.rule.strict, watch_peak=False, strict_cycles=settings.strict_cycles and runs.naming_run, keep_cycle_garbage=True),
+            rules=rules
+            if first
+            else Rules(
+                count_cpp_held=runs.rule.strict,
+                watch_peak=False,
+                strict_cycles=settings.strict_cycles and runs.naming_run,
+                keep_cycle_garbage=True,
+            ),
             record_sites=settings.sites == "on" and first,
             trace_folder=trace_folder(item.config) if trace and first else None,
             name=item.nodeid,
@@ -263,12 +283,19 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     check = item.stash.get(CHECK, None)
     if check is None:
         return report
-    if report.when == "call" and call.excinfo is not None and check.meter is not None and is_out_of_memory(call.excinfo.value):
+    if (
+        report.when == "call"
+        and call.excinfo is not None
+        and check.meter is not None
+        and is_out_of_memory(call.excinfo.value)
+    ):
         tracker = item.config.stash[TRACKER]
         try:
             with tracker.unfrozen():
@@ -278,20 +305,34 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
                 contents += "\n" + breakdown.render()
             report.sections.append(("vramleak: what filled the memory", contents))
         except Exception as error:  # never let the forensics replace the test's own failure
-            report.sections.append(("vramleak: what filled the memory", f"could not be read: {type(error).__name__}: {error}"))
+            report.sections.append(
+                ("vramleak: what filled the memory", f"could not be read: {type(error).__name__}: {error}")
+            )
     if report.when == "call":
         check.call_passed = report.passed
     runs = item.stash.get(RUNS, None)
     if report.when in ("setup", "call") and check.unchecked_reason is None:
         if check.step_leaked:
             check.unchecked_reason = "memory grew across the steps of the vramleak fixture"
-        elif report.failed and report.when == "call" and check.budget is not None and runs is not None and not runs.foreign:
+        elif (
+            report.failed
+            and report.when == "call"
+            and check.budget is not None
+            and runs is not None
+            and not runs.foreign
+        ):
             check.call_failed = True  # its own failure stands; what it leaked is shown beside it
         elif report.failed:
             check.unchecked_reason = f"the test failed in {report.when}"
         elif report.skipped:
             check.unchecked_reason = "the test was skipped" if not hasattr(report, "wasxfail") else "the test xfailed"
-    if report.when == "teardown" and report.failed and check.unchecked_reason is None and check.error is None and not isinstance(call.excinfo and call.excinfo.value, VramLeak):
+    if (
+        report.when == "teardown"
+        and report.failed
+        and check.unchecked_reason is None
+        and check.error is None
+        and not isinstance(call.excinfo and call.excinfo.value, VramLeak)
+    ):
         check.unchecked_reason = "teardown failed"
     if report.when == "teardown" and runs is not None and runs.foreign:
         result = runs.result or finish_result(item, runs, None)
@@ -326,7 +367,9 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
             check.engine.finish(confirm=functools.partial(drop_fixture_values, item))
         except Exception as error:
             check.error = f"{type(error).__name__}: {error}"
-            raise VramLeak(f"vramleak could not check this test: {type(error).__name__}: {error}", pytrace=False) from None
+            raise VramLeak(
+                f"vramleak could not check this test: {type(error).__name__}: {error}", pytrace=False
+            ) from None
         runs = item.stash.get(RUNS, None)
         if runs is not None and runs.foreign:
             judge_foreign_run(item, runs, check)
@@ -388,7 +431,9 @@ class _Recorder:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest) -> Generator[None, Any, Any]:
+def pytest_fixture_setup(
+    fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
+) -> Generator[None, Any, Any]:
     """Note what a wider-scoped fixture makes while a checked test sets up: it is indexed now (a
     check on an accelerator reads nothing otherwise), and, with --vramleak, reported if still
     alive after the fixture's teardown."""
@@ -412,7 +457,9 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.Fix
     if config.stash[SETTINGS].every_test:
         if created:
             where = fixturedef.baseid or "conftest"
-            config.stash[FIXTURES].append(FixtureMemory(fixturedef.argname, fixturedef.scope, where, check.meter.name, created))
+            config.stash[FIXTURES].append(
+                FixtureMemory(fixturedef.argname, fixturedef.scope, where, check.meter.name, created)
+            )
     return value
 
 
@@ -463,7 +510,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         )
     not_written = config.stash.get(NOT_WRITTEN, [])
     if not_written:
-        terminalreporter.write_line(f"vramleak: no test ran, so no report was written ({', '.join(not_written)} left as they were)")
+        terminalreporter.write_line(
+            f"vramleak: no test ran, so no report was written ({', '.join(not_written)} left as they were)"
+        )
 
 
 LEFTOVERS = pytest.StashKey[list[dict[str, Any]]]()
@@ -489,4 +538,3 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         workeroutput["vramleak_drift"] = [{**finding, "worker": worker} for finding in config.stash.get(DRIFT, [])]
         return
     write_outputs(session, settings, config.stash[LEFTOVERS])
-

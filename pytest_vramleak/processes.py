@@ -23,6 +23,7 @@ from typing import Any
 from .sites import site_text, user_sites
 from .sizes import format_size
 
+
 def _c10d() -> Any | None:
     """``torch.distributed.distributed_c10d`` where a test has imported it and it works, else None."""
     module = sys.modules.get("torch.distributed.distributed_c10d")
@@ -201,14 +202,15 @@ class Children:
         else:
             import multiprocessing
 
-            self.before.update({process.pid: "" for process in multiprocessing.active_children() if process.pid is not None})
+            self.before.update(
+                {process.pid: "" for process in multiprocessing.active_children() if process.pid is not None}
+            )
 
     def left(self, *, grace: float = 1.0) -> list[Child]:
         """Children started since :meth:`begin` that still run; those still running are given up to
         ``grace`` seconds to finish (a worker told to stop may still be on its way out)."""
-        import time
-
         import multiprocessing
+        import time
 
         deadline = time.monotonic() + grace
         while True:
@@ -239,7 +241,9 @@ class Children:
         return [
             pid
             for pid, started in sorted(running.items())
-            if not (pid in self.before and self.before[pid] == started) and pid not in helpers and not _torch_helper(pid)
+            if not (pid in self.before and self.before[pid] == started)
+            and pid not in helpers
+            and not _torch_helper(pid)
         ]
 
 

@@ -33,7 +33,11 @@ def _interactive(call: pytest.CallInfo[None], report: pytest.TestReport) -> bool
 def call_and_report(item: pytest.Item, when: Literal["setup", "call", "teardown"], **kwargs: Any) -> pytest.TestReport:
     """Run one phase through pytest's hooks and make its report, without logging it."""
     ihook = item.ihook
-    hooks = {"setup": ihook.pytest_runtest_setup, "call": ihook.pytest_runtest_call, "teardown": ihook.pytest_runtest_teardown}
+    hooks = {
+        "setup": ihook.pytest_runtest_setup,
+        "call": ihook.pytest_runtest_call,
+        "teardown": ihook.pytest_runtest_teardown,
+    }
     hook = hooks[when]
     reraise: tuple[type[BaseException], ...] = (pytest.exit.Exception,)
     if not item.config.getoption("usepdb", False):
@@ -144,7 +148,11 @@ class RandomState:
         torch = sys.modules.get("torch")
         self._torch = bytes(torch.get_rng_state().tolist()) if torch is not None else None
         cuda = getattr(torch, "cuda", None) if torch is not None else None
-        self._cuda = [bytes(state.tolist()) for state in cuda.get_rng_state_all()] if cuda is not None and cuda.is_initialized() else None
+        self._cuda = (
+            [bytes(state.tolist()) for state in cuda.get_rng_state_all()]
+            if cuda is not None and cuda.is_initialized()
+            else None
+        )
 
     def restore(self) -> None:
         random.setstate(self._python)

@@ -68,7 +68,9 @@ def describe(entries: list[dict[str, Any]]) -> tuple[str, str]:
     leaking = [entry for entry in entries if entry.get("outcome") != "passed"]
     if not leaking:
         return "", ""
-    names = ", ".join(f"rank {entry['rank']}" if entry.get("rank") is not None else f"pid {entry['pid']}" for entry in leaking)
+    names = ", ".join(
+        f"rank {entry['rank']}" if entry.get("rank") is not None else f"pid {entry['pid']}" for entry in leaking
+    )
     blocks = []
     for entry in leaking:
         who = f"rank {entry['rank']}" if entry.get("rank") is not None else f"process {entry['pid']}"

@@ -152,7 +152,10 @@ class AllocatorReadings:
         pinned = meter.pinned_bytes() if self._pinned_at_start is not None else None
         if pinned is not None and self._pinned_at_start is not None:
             result.details["pinned_host_leaked_bytes"] = pinned - self._pinned_at_start
-        for name, value in (("reserved_peak_bytes", meter.reserved_peak), ("pinned_host_peak_bytes", meter.pinned_peak)):
+        for name, value in (
+            ("reserved_peak_bytes", meter.reserved_peak),
+            ("pinned_host_peak_bytes", meter.pinned_peak),
+        ):
             if value is not None:
                 result.details[name] = value
 

@@ -216,7 +216,7 @@ def _search_forward(
     while level and remaining and visited < limit:
         following: list[Any] = []
         note = following.append
-        for node, children in zip(level, map(gc.get_referents, level)):
+        for node, children in zip(level, map(gc.get_referents, level), strict=False):
             if _is_ndarray(node):  # it keeps its base tensor without telling gc
                 children = _referents(node, by_storage)
             for child in children:
@@ -249,7 +249,9 @@ def _users_modules(modules: Sequence[Any]) -> list[Any]:
     users = []
     for module in modules:
         path = module.__dict__.get("__file__")
-        if (path is None and module.__name__ == "__main__") or (isinstance(path, str) and not path.startswith(libraries) and not is_loaded_standard_library(path)):
+        if (path is None and module.__name__ == "__main__") or (
+            isinstance(path, str) and not path.startswith(libraries) and not is_loaded_standard_library(path)
+        ):
             users.append(module)
     return users
 
@@ -294,7 +296,15 @@ def find_chains(
     """
 
     def search(first: list[Any] | None) -> tuple[list[list[Any]], bool, bool]:
-        return _search_chains(targets, max_depth=max_depth, max_frontier=max_frontier, exclude_types=exclude_types, frames=frames, named=named, first=first)
+        return _search_chains(
+            targets,
+            max_depth=max_depth,
+            max_frontier=max_frontier,
+            exclude_types=exclude_types,
+            frames=frames,
+            named=named,
+            first=first,
+        )
 
     first = known[1] if known is not None and all(id(target) in known[0] for target in targets) else None
     try:
@@ -315,7 +325,7 @@ def find_chains(
     return chains
 
 
-def _search_chains(
+def _search_chains(  # noqa: C901
     targets: Sequence[Any],
     *,
     max_depth: int,
@@ -423,10 +433,16 @@ def _search_chains(
         remaining = wanted - chains_by_target.keys()
         # where the backward search stopped: its last level, and the holders nothing in gc holds
         # (an object C code keeps, reached from a module through one gc does not track)
-        meeting = {id(holder): holder for holder in (*frontier, *dead_ends.values()) if id(holder) not in wanted and origins.get(id(holder), 0) & unrooted}
+        meeting = {
+            id(holder): holder
+            for holder in (*frontier, *dead_ends.values())
+            if id(holder) not in wanted and origins.get(id(holder), 0) & unrooted
+        }
         covers = {ident: origins.get(ident, 0) for ident in (*remaining, *meeting)}
         ignore.update((id(module_roots), id(starts), id(chains_by_target), id(wanted), id(meeting), id(covers)))
-        by_storage = {storage: target for target in targets if id(target) in remaining for storage in _storage_ids(target)}
+        by_storage = {
+            storage: target for target in targets if id(target) in remaining for storage in _storage_ids(target)
+        }
         forward: dict[int, list[Any]] = {}
         # The user's modules first (tests, conftest, the project's own source): torch.compile's
         # graphs and most caches hang from them, a few levels down, where a walk from every module
@@ -441,7 +457,16 @@ def _search_chains(
         # walk looks for the targets alone, a few levels deep.
         limit = FORWARD_LIMIT if meeting else FORWARD_LIMIT // 10
         for group, skip in ((users, ignore | others), (starts, ignore)):
-            forward = _search_forward(remaining | meeting.keys(), group, skip, exclude_types, by_storage, limit=limit, covers=covers, needed=unrooted)
+            forward = _search_forward(
+                remaining | meeting.keys(),
+                group,
+                skip,
+                exclude_types,
+                by_storage,
+                limit=limit,
+                covers=covers,
+                needed=unrooted,
+            )
             if _covered(forward, covers) & unrooted == unrooted:
                 break
         for ident, chain in forward.items():
@@ -613,7 +638,7 @@ def root_text(root: Any) -> str:
     return f"<{type(root).__qualname__} held outside Python's gc>"
 
 
-def edge_text(parent: Any, child: Any, mode: Any) -> tuple[str, Any]:
+def edge_text(parent: Any, child: Any, mode: Any) -> tuple[str, Any]:  # noqa: C901
     """How the reference ``parent -> child`` reads, and the mode for the next edge.
 
     ``mode`` carries what the previous edge knew about ``parent``: that a dict is an object's
@@ -654,7 +679,11 @@ def edge_text(parent: Any, child: Any, mode: Any) -> tuple[str, Any]:
             return "", "attr"
         return " -> module state", None  # what a C module keeps outside its namespace
     if kind is type or issubclass(kind, type):
-        return ("", "attr") if child is type.__dict__["__dict__"].__get__(parent) or type(child) is dict else (" -> class internals", None)
+        return (
+            ("", "attr")
+            if child is type.__dict__["__dict__"].__get__(parent) or type(child) is dict
+            else (" -> class internals", None)
+        )
     if kind is types.FunctionType:
         if child is parent.__closure__:
             return "", ("closure", parent)
@@ -748,7 +777,7 @@ def chain_parts(chain: Sequence[Any]) -> list[tuple[str, str]]:
     """
     parts = [(root_text(chain[0]), _root_kind(chain[0]))]
     mode: Any = None
-    for parent, child in zip(chain, chain[1:]):
+    for parent, child in zip(chain, chain[1:], strict=False):
         try:
             edge, mode = edge_text(parent, child, mode)
         except Exception:
@@ -794,9 +823,20 @@ def holder_paths(
     graph, a registry in an extension). ``known``: see :func:`find_chains`.
     """
     with whole_heap():
-        chains = find_chains(targets, max_depth=max_depth, exclude_types=exclude_types, frames=frames, named=named, collect=collect, known=known)
+        chains = find_chains(
+            targets,
+            max_depth=max_depth,
+            exclude_types=exclude_types,
+            frames=frames,
+            named=named,
+            collect=collect,
+            known=known,
+        )
     try:
-        return [(chain_parts(chain) if still_holds(chain) else [(CHANGED, "")]) if len(chain) > 1 else None for chain in chains]
+        return [
+            (chain_parts(chain) if still_holds(chain) else [(CHANGED, "")]) if len(chain) > 1 else None
+            for chain in chains
+        ]
     finally:
         chains.clear()
 
@@ -807,7 +847,7 @@ CHANGED = "<its holders changed while they were searched (another thread at work
 def still_holds(chain: Sequence[Any]) -> bool:
     """Whether each object of ``[root, ..., target]`` still refers to the next one: a chain found
     while another thread changed what it passes through is not shown as if it held."""
-    for parent, child in zip(chain, chain[1:]):
+    for parent, child in zip(chain, chain[1:], strict=False):
         if type(parent) in (FrameLocal, NamedRoot):
             if parent.value is not child:
                 return False
@@ -857,14 +897,22 @@ def _python_holders(
     with whole_heap():
         referrers = _referrers(wanted, wanted_ids)
     try:
-        holders = [h for h in referrers if id(h) not in own and type(h) not in exclude_types and h is not objects and h is not wanted]
+        holders = [
+            h
+            for h in referrers
+            if id(h) not in own and type(h) not in exclude_types and h is not objects and h is not wanted
+        ]
     finally:
         del referrers
     return in_frames, holders
 
 
 def without_python_holders(
-    objects: Sequence[Any], *, exclude_types: tuple[type, ...] = (), keep: list[Any] | None = None, ignore: Sequence[Any] = ()
+    objects: Sequence[Any],
+    *,
+    exclude_types: tuple[type, ...] = (),
+    keep: list[Any] | None = None,
+    ignore: Sequence[Any] = (),
 ) -> set[int]:
     """Ids of the objects that nothing in Python refers to (no gc-tracked object, no running frame).
 
@@ -912,7 +960,13 @@ def held_only_inside(objects: Sequence[Any], values: Sequence[Any]) -> bool:
         holders.clear()
 
 
-_HOOK_ATTRIBUTES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks")
+_HOOK_ATTRIBUTES = (
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+    "_state_dict_hooks",
+)
 
 
 def module_types() -> list[type]:

@@ -47,7 +47,8 @@ class ReleaseScheduler:
         over = [
             index
             for index in range(self.backend.device_count())
-            if self.backend.memory_reserved(index) > self.fraction * self.backend.get_device_properties(index).total_memory
+            if self.backend.memory_reserved(index)
+            > self.fraction * self.backend.get_device_properties(index).total_memory
         ]
         if not over:
             return 0

@@ -117,7 +117,9 @@ class Repetitions:
         """Memory after each measured run, above what the warm-up runs left."""
         return self._measured(self.series(adjust))
 
-    def classify(self, tolerance: int, leak_budget: int, device: str, adjust: Sequence[int] = ()) -> tuple[str | None, GrowthVerdict | None, bool]:
+    def classify(
+        self, tolerance: int, leak_budget: int, device: str, adjust: Sequence[int] = ()
+    ) -> tuple[str | None, GrowthVerdict | None, bool]:
         """The pattern (or None: nothing was left, or too few runs), the growth verdict it rests
         on, and whether it is the autograd history (not the storage) that grows."""
         if self.rerun_failed:
@@ -142,7 +144,15 @@ class Repetitions:
             return "kept_once", verdict, False
         return None, verdict, False
 
-    def describe(self, pattern: str | None, verdict: GrowthVerdict | None, device: str, *, history: bool = False, adjust: Sequence[int] = ()) -> str:
+    def describe(
+        self,
+        pattern: str | None,
+        verdict: GrowthVerdict | None,
+        device: str,
+        *,
+        history: bool = False,
+        adjust: Sequence[int] = (),
+    ) -> str:
         """A few lines on the runs: the pattern, what each left, and what to do."""
         series = self.series(adjust)
         runs = len(self.runs)
@@ -224,11 +234,21 @@ def decide(
         kept = first_kept  # the runs after the first are not used
     grows = pattern == "grows"
     peak_over = bool(getattr(first, "over_budget", False))
-    about = repetitions.describe(pattern, verdict, device, history=history, adjust=adjust) if len(repetitions.runs) > 1 or repetitions.rerun_failed else ""
-    growth = series[-1] - (series[repetitions.warmup - 1] if repetitions.warmup else 0) if grows and not history and series else None
+    about = (
+        repetitions.describe(pattern, verdict, device, history=history, adjust=adjust)
+        if len(repetitions.runs) > 1 or repetitions.rerun_failed
+        else ""
+    )
+    growth = (
+        series[-1] - (series[repetitions.warmup - 1] if repetitions.warmup else 0)
+        if grows and not history and series
+        else None
+    )
     left_behind = bool(getattr(first, "left_behind", None))  # process groups, children, ranks: always the test's
     if rule.strict:  # the first run as a test run once is judged; growth fails too
-        memory_fails = grows or (bool(first.memory_leaked) and (first_kept > budget or bool(getattr(first, "other_leaks", False))))
+        memory_fails = grows or (
+            bool(first.memory_leaked) and (first_kept > budget or bool(getattr(first, "other_leaks", False)))
+        )
     elif rule.fail_on == "growth":
         memory_fails = grows or bool(getattr(first, "other_leaks", False))
     else:  # significant: growth, or memory kept once that matters
@@ -261,6 +281,15 @@ def decide(
         messages.append(first.message)
     if (left_behind or peak_over) and first.message not in messages:
         messages.append(first.message)
-    if grows and rule.strict and repetitions.mode == "repeat" and first.outcome != "passed" and first.message and first.message not in messages:
+    if (
+        grows
+        and rule.strict
+        and repetitions.mode == "repeat"
+        and first.outcome != "passed"
+        and first.message
+        and first.message not in messages
+    ):
         about = f"{about}\nfirst run: {first.message}"
-    return Decision(outcome, pattern, "; ".join(message for message in messages if message), about, kept, history, growth)
+    return Decision(
+        outcome, pattern, "; ".join(message for message in messages if message), about, kept, history, growth
+    )

@@ -157,7 +157,9 @@ def benchmark_entries(results: Iterable[Mapping[str, Any]]) -> list[dict[str, An
 def render_markdown(results: Sequence[dict[str, Any]]) -> str:
     """A summary for a CI job page: a headline, the tests that leaked or went over budget, and holders."""
     checked = [r for r in results if r["outcome"] != "unchecked"]
-    failing = sorted((r for r in checked if r["outcome"] in ("leaked", "over_budget")), key=lambda r: -(r.get("leaked_bytes") or 0))
+    failing = sorted(
+        (r for r in checked if r["outcome"] in ("leaked", "over_budget")), key=lambda r: -(r.get("leaked_bytes") or 0)
+    )
     if not failing:
         return f"## vramleak: all {len(checked)} checked tests kept within their budgets\n"
 
@@ -176,7 +178,9 @@ def render_markdown(results: Sequence[dict[str, Any]]) -> str:
         lines += ["", "<details><summary>What holds the leaked tensors</summary>", ""]
         for nodeid, group in holders:
             held = group["held_by"][0] if group["held_by"] else "no chain found"
-            lines.append(f"- {_code(nodeid)}: {group['dtype']}{shape_text(group['shape'])}, {format_size(group['bytes'])}, held by {_code(held)}")
+            lines.append(
+                f"- {_code(nodeid)}: {group['dtype']}{shape_text(group['shape'])}, {format_size(group['bytes'])}, held by {_code(held)}"
+            )
         lines += ["", "</details>"]
     return "\n".join(lines) + "\n"
 

@@ -88,7 +88,11 @@ class CheckResult:
         terms = []
         net = self.net_bytes if self.net_bytes is not None else self.leaked_bytes
         if net:
-            terms.append(f"the test kept {format_size(net)}" if net > 0 else f"the test freed {format_size(-net)} of older memory")
+            terms.append(
+                f"the test kept {format_size(net)}"
+                if net > 0
+                else f"the test freed {format_size(-net)} of older memory"
+            )
         if self.fixture_bytes:
             terms.append(f"fixtures of a wider scope set up meanwhile hold {format_size(self.fixture_bytes)}")
         garbage = self.details.get("older_garbage_freed_bytes", 0)

@@ -23,9 +23,23 @@ from .report import TestResult, render_groups
 from .sites import FRAMES_FOR_CPP_HELD, FRAMES_TRACED, SiteRecorder, Sites, SiteSource, StorageSites
 from .sizes import format_size
 from .snapshot import held_in_cpp_groups, merge_parts
-from .state import BUDGET, CHECK, FIXTURE_DEFS, MARKED, REPEAT, SETTINGS, SKIPPED, TORCH_MISSING, TRACKER, Check, VramLeak, pasteable
+from .state import (
+    BUDGET,
+    CHECK,
+    FIXTURE_DEFS,
+    MARKED,
+    REPEAT,
+    SETTINGS,
+    SKIPPED,
+    TORCH_MISSING,
+    TRACKER,
+    Check,
+    VramLeak,
+    pasteable,
+)
 from .tracker import NODE_BYTES, StorageRef, Tracker
 from .verdict import Budget
+
 
 def _is_doctest(item: pytest.Item) -> bool:
     """doctest clears a doctest's globals after it runs: run again, it fails with NameError."""
@@ -136,7 +150,14 @@ def _ending(item: pytest.Item) -> bool:
 
 def _usable(check: Check | None) -> bool:
     """Whether a run's check measured the whole test."""
-    return check is not None and check.engine is not None and check.started and check.error is None and check.unchecked_reason is None and check.engine.result.leaked_bytes is not None
+    return (
+        check is not None
+        and check.engine is not None
+        and check.started
+        and check.error is None
+        and check.unchecked_reason is None
+        and check.engine.result.leaked_bytes is not None
+    )
 
 
 def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns) -> list[pytest.TestReport]:
@@ -159,7 +180,13 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
         assert first is not None and first.engine is not None
         runs.first_begin = first.engine.begin_clock
         repetitions.runs.append(_run_record(first))
-        if repetitions.mode == "confirm" and runs.may_rerun and first.engine.suspected and not first.call_failed and not _ending(item):
+        if (
+            repetitions.mode == "confirm"
+            and runs.may_rerun
+            and first.engine.suspected
+            and not first.call_failed
+            and not _ending(item)
+        ):
             runs.as_in = _kept_as_in_an_earlier_case(item, runs)
             runs.in_parameters = runs.as_in is None and _kept_in_its_parameters(item, runs, sum(spent.values()))
             repetitions.planned = 1 if runs.as_in or runs.in_parameters else 1 + runs.confirm
@@ -169,14 +196,21 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
     while repetitions.wants_more and not _ending(item):
         # Planned runs (repeat=N): the last records where tensors are made. Re-runs that confirm
         # a leak do not: a test that fails runs once more for that (below).
-        recording = repetitions.mode == "repeat" and repetitions.started + 1 == repetitions.planned and _checked_records_sites(item)
+        recording = (
+            repetitions.mode == "repeat"
+            and repetitions.started + 1 == repetitions.planned
+            and _checked_records_sites(item)
+        )
         reports = _recording_run(item, runs, run) if recording else run()
         last_reports = reports
         check = item.stash.get(CHECK, None)
         stopped = why_stopped(reports) or (None if _usable(check) else "was not checked")
         if stopped:
             line = failure_line(reports)
-            repetitions.stopped = f"run {repetitions.started} of {repetitions.planned} {stopped.removeprefix('the test ')}" + (f" ({line})" if line else "")
+            repetitions.stopped = (
+                f"run {repetitions.started} of {repetitions.planned} {stopped.removeprefix('the test ')}"
+                + (f" ({line})" if line else "")
+            )
             repetitions.rerun_failed = True
             drop_last_error()
             break
@@ -191,13 +225,15 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
         _credit_cycles_first(item, runs, verdict)
     if verdict is not None and runs.in_parameters:
         verdict.decision = replace(verdict.decision, pattern="kept_once")
-        names = ", ".join(getattr(item, "callspec").params)
+        names = ", ".join(item.callspec.params)  # type: ignore[attr-defined]
         verdict.notes.append(
             f"kept only in its parametrize values ({names}), which pytest keeps for the session and no other run of this case "
             f"adds to: kept once, not run again (its run took {sum(spent.values()):.1f} s)"
         )
     # --vramleak-fail-on=growth lists what tests keep once, with its holders: named too.
-    listed = verdict is not None and runs.rule.fail_on == "growth" and verdict.decision.pattern in ("kept_once", "settled")
+    listed = (
+        verdict is not None and runs.rule.fail_on == "growth" and verdict.decision.pattern in ("kept_once", "settled")
+    )
     if verdict is not None and (verdict.failing or listed):
         # A test that leaks runs once more, recording where its tensors are made (its imports are
         # done by then); then what its runs keep is named once, with that, and what PyTorch itself
@@ -207,7 +243,9 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
             reports = _recording_run(item, runs, run)
             stopped = why_stopped(reports) or (None if _usable(item.stash.get(CHECK, None)) else "was not checked")
             if stopped:
-                verdict.notes.append(f"where the tensors were made is not known: the run that records it {stopped.removeprefix('the test ')}")
+                verdict.notes.append(
+                    f"where the tensors were made is not known: the run that records it {stopped.removeprefix('the test ')}"
+                )
                 drop_last_error()
             else:
                 last_reports = reports
@@ -281,7 +319,9 @@ def _set_aside_as_in(runs: TestRuns, verdict: Verdict) -> None:
     verdict.adjust = [kept]
     engine = verdict.first.engine
     assert engine is not None
-    verdict.decision = decide(runs.repetitions, engine.result, runs.rule, device="cpu", adjust=verdict.adjust, node_bytes=NODE_BYTES)
+    verdict.decision = decide(
+        runs.repetitions, engine.result, runs.rule, device="cpu", adjust=verdict.adjust, node_bytes=NODE_BYTES
+    )
     verdict.notes.append(
         f"{format_size(kept)} held by PyTorch itself in C++, as the runs of {runs.as_in} showed for the same storages "
         "(nothing in Python refers to them; this case was not run again; --vramleak-fail-on=any counts it): not counted"
@@ -293,7 +333,10 @@ def _kept_once_already(repetitions: Repetitions) -> bool:
     no autograd node): memory kept once, whatever the runs left would follow. (A test that grows
     only every third run or less often then reads as kept once.)"""
     runs = repetitions.runs
-    return len(runs) >= 3 and all(run.leaked_bytes <= 0 and run.history_nodes <= before.history_nodes for before, run in zip(runs[1:], runs[2:]))
+    return len(runs) >= 3 and all(
+        run.leaked_bytes <= 0 and run.history_nodes <= before.history_nodes
+        for before, run in zip(runs[1:], runs[2:], strict=False)
+    )
 
 
 def _run_record(check: Check, runs: TestRuns | None = None) -> Run:
@@ -306,7 +349,9 @@ def _run_record(check: Check, runs: TestRuns | None = None) -> Run:
     if runs is not None and first is not None and first is not check.engine and first.begin_graphs is not None:
         if engine.device == "cpu":  # what tensors alive now keep of every run's graphs: a run may free an earlier one's
             tracker = check.engine.tracker
-            nodes = tracker.kept_graph(threshold=first.begin_graphs, entries=tracker.entries_since_run(runs.first_begin)).nodes
+            nodes = tracker.kept_graph(
+                threshold=first.begin_graphs, entries=tracker.entries_since_run(runs.first_begin)
+            ).nodes
         elif runs.repetitions.runs:  # (accelerators: each run's own, added up)
             nodes += runs.repetitions.runs[-1].history_nodes
     return Run(engine.leaked_bytes or 0, engine.outcome, nodes, check.engine.begin_clock)
@@ -361,12 +406,19 @@ def _wants_sites(item: pytest.Item, runs: TestRuns, verdict: Verdict) -> bool:
     PyTorch made itself)."""
     repetitions = runs.repetitions
     cycles = verdict.first.engine is not None and verdict.first.engine.result.cycles_failed
-    if runs.sites is not None or repetitions.mode != "confirm" or (len(repetitions.runs) < 2 and not cycles) or repetitions.rerun_failed:
+    if (
+        runs.sites is not None
+        or repetitions.mode != "confirm"
+        or (len(repetitions.runs) < 2 and not cycles)
+        or repetitions.rerun_failed
+    ):
         return False
     return verdict.decision.outcome == "leaked" and not _ending(item) and _checked_records_sites(item)
 
 
-def _recording_run(item: pytest.Item, runs: TestRuns, run: Callable[[], list[pytest.TestReport]]) -> list[pytest.TestReport]:
+def _recording_run(
+    item: pytest.Item, runs: TestRuns, run: Callable[[], list[pytest.TestReport]]
+) -> list[pytest.TestReport]:
     """The last run of a test run again records where its tensors are made (its imports are done
     by then): what it leaves is named with that, should the test fail."""
     recorder, storages = SiteRecorder(), StorageSites()
@@ -385,7 +437,9 @@ def _recording_run(item: pytest.Item, runs: TestRuns, run: Callable[[], list[pyt
         storages.stop()
         alive = tracker.alive_since("cpu", runs.first_begin)
         # tensors, and storage objects kept without one: who made each, while tracing still knows
-        recorder.capture(tracker.pairs(alive) + [(storage, storage) for storage in (ref() for ref in alive) if storage is not None])
+        recorder.capture(
+            tracker.pairs(alive) + [(storage, storage) for storage in (ref() for ref in alive) if storage is not None]
+        )
         recorder.stop()
         runs.naming_run = False
 
@@ -403,7 +457,11 @@ def _pytorchs_own(tracker: Tracker, runs: TestRuns, refs: list[StorageRef]) -> l
         if owners is None:
             return None
         made = [sites.made_inside_library(tensor) for tensor in tensors]
-        if not any(made) or any(ref.born >= since and made_here is not True for ref, made_here in zip(owners, made)) or False in made:
+        if (
+            not any(made)
+            or any(ref.born >= since and made_here is not True for ref, made_here in zip(owners, made, strict=False))
+            or False in made
+        ):
             return None
         return held_in_cpp_groups(tensors, owners)
     except Exception:  # naming as usual is never wrong, only slower
@@ -445,7 +503,9 @@ def _name_runs(item: pytest.Item, runs: TestRuns, verdict: Verdict, *, listing: 
     first = verdict.first
     assert first.engine is not None
     engine = first.engine.result
-    leaked = verdict.decision.outcome == "leaked" and (engine.memory_leaked or verdict.decision.pattern is not None or engine.history_bytes)
+    leaked = verdict.decision.outcome == "leaked" and (
+        engine.memory_leaked or verdict.decision.pattern is not None or engine.history_bytes
+    )
     if not (leaked or listing):
         return
     if len(runs.checks) == 1:
@@ -475,14 +535,23 @@ def _name_runs(item: pytest.Item, runs: TestRuns, verdict: Verdict, *, listing: 
     # What only PyTorch keeps, made by torch's own code (tracing constants), is set aside without
     # the collection and the walks of the heap that naming takes.
     pytorchs = None
-    if runs.held_in_cpp and not runs.rule.strict and not roots and second is None and not verdict.decision.grows_history:
+    if (
+        runs.held_in_cpp
+        and not runs.rule.strict
+        and not roots
+        and second is None
+        and not verdict.decision.grows_history
+    ):
         pytorchs = _pytorchs_own(tracker, runs, tracker.alive_since(device, runs.first_begin))
     clocks = [run.begin_clock for run in runs.repetitions.runs]
     credit = list(runs.credit) if runs.credit is not None else [0] * len(clocks)
     if pytorchs is None:
         tracker.settle()
-        credit = [a + b for a, b in zip(credit, _settled_credit(tracker, runs, device))]
-    sources: list[SiteSource] = [*(runs.sites.sources if runs.sites is not None else ()), *([first.engine.sites] if first.engine.sites else [])]
+        credit = [a + b for a, b in zip(credit, _settled_credit(tracker, runs, device), strict=False)]
+    sources: list[SiteSource] = [
+        *(runs.sites.sources if runs.sites is not None else ()),
+        *([first.engine.sites] if first.engine.sites else []),
+    ]
     name = functools.partial(
         name_leak,
         tracker,
@@ -527,7 +596,9 @@ def _name_runs(item: pytest.Item, runs: TestRuns, verdict: Verdict, *, listing: 
         # kept once by a test run once: the runs after the first do not add it up to growth.
         take_out(named.kept_by_pytest, first_run_too=False)
         verdict.adjust = adjust
-        verdict.decision = decide(runs.repetitions, engine, runs.rule, device=device, adjust=adjust, node_bytes=NODE_BYTES)
+        verdict.decision = decide(
+            runs.repetitions, engine, runs.rule, device=device, adjust=adjust, node_bytes=NODE_BYTES
+        )
     key = _function_key(item)
     if pytorchs is not None and not verdict.failing and key is not None and runs.first_kept:
         item.config.stash[PYTORCHS_OWN].setdefault(key, (pasteable(item.config, item.nodeid), runs.first_kept))
@@ -535,12 +606,22 @@ def _name_runs(item: pytest.Item, runs: TestRuns, verdict: Verdict, *, listing: 
     decision, repetitions = verdict.decision, runs.repetitions
     if decision.pattern == "grows" and not decision.grows_history and verdict.failing:
         series = repetitions.series(verdict.adjust)
-        leaving = [index for index in range(repetitions.warmup, len(series)) if series[index] > (series[index - 1] if index else 0)]
+        leaving = [
+            index
+            for index in range(repetitions.warmup, len(series))
+            if series[index] > (series[index - 1] if index else 0)
+        ]
         shown: list[Any] = []
         if runs.extra_begin is not None:  # the run that recorded sites, where it grew too: its tensors have them
-            shown, which = [group for group in named.groups if group.part == len(clocks)], "the run that recorded where tensors are made"
+            shown, which = (
+                [group for group in named.groups if group.part == len(clocks)],
+                "the run that recorded where tensors are made",
+            )
         if not shown and leaving:
-            shown, which = [group for group in named.groups if group.part == leaving[-1]], f"run {leaving[-1] + 1} of {len(repetitions.runs)}"
+            shown, which = (
+                [group for group in named.groups if group.part == leaving[-1]],
+                f"run {leaving[-1] + 1} of {len(repetitions.runs)}",
+            )
         if shown:  # (where a run's tensors were all set aside, what all runs keep stands)
             verdict.groups, verdict.shown = merge_parts(shown) + named.history, which
 
@@ -553,7 +634,12 @@ def _settled_credit(tracker: Tracker, runs: TestRuns, device: str) -> list[int]:
     credit = [0] * len(clocks)
     for born, nbytes, where in tracker.settled:
         made = max((index for index, clock in enumerate(clocks) if clock <= born), default=None)
-        if where == device and made is not None and made + 1 < len(clocks) and not (runs.extra_begin is not None and born >= runs.extra_begin):
+        if (
+            where == device
+            and made is not None
+            and made + 1 < len(clocks)
+            and not (runs.extra_begin is not None and born >= runs.extra_begin)
+        ):
             credit[made + 1] += nbytes
     return credit
 
@@ -578,7 +664,9 @@ def _credit_cycles_first(item: pytest.Item, runs: TestRuns, verdict: Verdict) ->
     runs.credit = _settled_credit(tracker, runs, "cpu")
     if any(runs.credit):
         verdict.adjust = list(runs.credit)
-        verdict.decision = decide(runs.repetitions, engine, runs.rule, device="cpu", adjust=verdict.adjust, node_bytes=NODE_BYTES)
+        verdict.decision = decide(
+            runs.repetitions, engine, runs.rule, device="cpu", adjust=verdict.adjust, node_bytes=NODE_BYTES
+        )
 
 
 def _run_index(starts: list[int], born: dict[StorageKey, int], key: StorageKey) -> int | None:
@@ -593,7 +681,12 @@ def finish_result(item: pytest.Item, runs: TestRuns, verdict: Verdict | None) ->
     if first is None:
         return TestResult(item.nodeid, None, "unchecked", reason="not set up")
     budget = first.budget or Budget(leak=None)  # type: ignore[arg-type]
-    result = TestResult(nodeid=item.nodeid, device=first.meter.name if first.meter else None, outcome="unchecked", budget={"peak": budget.peak, "leak": budget.leak})
+    result = TestResult(
+        nodeid=item.nodeid,
+        device=first.meter.name if first.meter else None,
+        outcome="unchecked",
+        budget={"peak": budget.peak, "leak": budget.leak},
+    )
     engine = first.engine.result if first.engine is not None and first.started else None
     if engine is not None:
         result.baseline_bytes = engine.baseline_bytes
@@ -626,10 +719,17 @@ def finish_result(item: pytest.Item, runs: TestRuns, verdict: Verdict | None) ->
         elif runs.in_parameters:
             result.pattern = decision.pattern
         if repetitions.rerun_failed and repetitions.stopped:
-            result.notes.append(f"the runs after the first were not used: {repetitions.stopped}; judged on the first run")
+            result.notes.append(
+                f"the runs after the first were not used: {repetitions.stopped}; judged on the first run"
+            )
     else:
         check = first
-        result.reason = check.error and f"vramleak internal error: {check.error}" or check.unchecked_reason or next((step.reason for step in check.steps if step.reason), None)
+        result.reason = (
+            check.error
+            and f"vramleak internal error: {check.error}"
+            or check.unchecked_reason
+            or next((step.reason for step in check.steps if step.reason), None)
+        )
         if repetitions.stopped and repetitions.started > 1 and result.reason:
             result.reason += f" (run {repetitions.started} of {repetitions.planned})"
     if runs.why_once:
@@ -647,7 +747,12 @@ def _step_figures(check: Check, result: TestResult) -> None:
     last = next((step for step in reversed(check.steps) if step.grows), check.steps[-1])
     if check.step_leaked:
         result.outcome = "leaked"
-    elif result.outcome == "unchecked" and check.budget is None and any(step.verdict is not None and not step.undecided for step in check.steps) and check.unchecked_reason is None:
+    elif (
+        result.outcome == "unchecked"
+        and check.budget is None
+        and any(step.verdict is not None and not step.undecided for step in check.steps)
+        and check.unchecked_reason is None
+    ):
         result.outcome = "passed"  # checked through the fixture alone
     result.steps = list(last.steps)
     result.warmup_steps = list(last.warmup_steps)
@@ -687,10 +792,14 @@ def _failure_text(runs: TestRuns, verdict: Verdict) -> str:
     lines += first.left_behind
     if first.cycles_failed:
         lines += ["tensors freed only by the cycle collector:", render_groups(_cycle_groups(runs, first))]
-    growth_first = decision.pattern == "grows" and not decision.grows_history and not decision.message.startswith("leaked ")
+    growth_first = (
+        decision.pattern == "grows" and not decision.grows_history and not decision.message.startswith("leaked ")
+    )
     if decision.about and growth_first:  # the runs, then what the last of them that grew left
         lines.append(decision.about)
-    leaked = decision.outcome == "leaked" and (decision.pattern is not None or first.memory_leaked or first.history_bytes > 0)
+    leaked = decision.outcome == "leaked" and (
+        decision.pattern is not None or first.memory_leaked or first.history_bytes > 0
+    )
     if leaked and verdict.named and (verdict.groups or not first.cycles_failed):
         groups = verdict.groups
         if growth_first:
@@ -725,7 +834,12 @@ def judge_foreign_run(item: pytest.Item, runs: TestRuns, check: Check) -> None:
 
 
 def _final_reports(
-    item: pytest.Item, runs: TestRuns, reports: list[pytest.TestReport], result: TestResult, verdict: Verdict | None, spent: dict[str, float]
+    item: pytest.Item,
+    runs: TestRuns,
+    reports: list[pytest.TestReport],
+    result: TestResult,
+    verdict: Verdict | None,
+    spent: dict[str, float],
 ) -> list[pytest.TestReport]:
     """The first run's reports, with every run's durations, the verdict in the call's report where
     the test leaked, and the record on the teardown's."""
@@ -769,7 +883,11 @@ def named_roots(item: pytest.Item) -> list[NamedRoot]:
         named.append(NamedRoot(f"parametrize value {name} of {item.name}", value, "parametrize"))
     instance = getattr(item, "instance", None)
     if instance is not None:
-        named.append(NamedRoot(f"self (the {type(instance).__name__} instance pytest keeps until the session ends)", instance, "pytest"))
+        named.append(
+            NamedRoot(
+                f"self (the {type(instance).__name__} instance pytest keeps until the session ends)", instance, "pytest"
+            )
+        )
     if getattr(item, "user_properties", None):
         named.append(NamedRoot(f"record_property values of {item.name}", item.user_properties, "pytest"))
     # Warnings pytest catches while the test runs, then keeps for the session in its hook's history.

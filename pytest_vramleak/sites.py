@@ -110,7 +110,11 @@ def enclosing_function(filename: str, line: int, outer: int = 0) -> str:
     except OSError:
         return ""
     # spans are sorted by start: the last match is the innermost
-    names = [function for first, last, function in _functions_by_line(filename, (status.st_mtime_ns, status.st_size)) if first <= line <= last]
+    names = [
+        function
+        for first, last, function in _functions_by_line(filename, (status.st_mtime_ns, status.st_size))
+        if first <= line <= last
+    ]
     return names[-1 - outer] if outer < len(names) else ""
 
 
@@ -270,7 +274,16 @@ class Sites:
     def view_site_of(self, tensor: Any, storage: Any) -> tuple[Site, ...] | None:
         """Where the tensor object kept was made, where that is not where its storage was
         allocated (``inputs[0].detach()`` in a hook keeps the batch the test made)."""
-        storage_stack = next((stack for source in self.sources if type(source) is StorageSites for stack in [source.site_of(tensor, storage)] if stack), None)
+        storage_stack = next(
+            (
+                stack
+                for source in self.sources
+                if type(source) is StorageSites
+                for stack in [source.site_of(tensor, storage)]
+                if stack
+            ),
+            None,
+        )
         if not storage_stack:
             return None
         for source in self.sources:

@@ -42,13 +42,17 @@ def parse_size(value: object) -> int:
         if value < 0:
             raise SizeError(f"size must not be negative, got {_shown(value)}")
         if value > MAX_SIZE:
-            raise SizeError(f"too large: {_shown(value)}, more than the largest size a budget can hold, {MAX_SIZE} bytes (8 EiB - 1)")
+            raise SizeError(
+                f"too large: {_shown(value)}, more than the largest size a budget can hold, {MAX_SIZE} bytes (8 EiB - 1)"
+            )
         return value
     if value.strip().startswith("-"):
         raise SizeError(f"size must not be negative, got {_shown(value)}")
     match = _SIZE.match(value)
     if match is None:
-        raise SizeError(f"cannot read {_shown(value)} as a size; write bytes or a number with a unit, e.g. '64 KiB' or '1.5GB'")
+        raise SizeError(
+            f"cannot read {_shown(value)} as a size; write bytes or a number with a unit, e.g. '64 KiB' or '1.5GB'"
+        )
     unit = match["unit"].lower()
     if unit not in _UNITS:
         known = ", ".join(u for u in ("B", "kB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB"))
@@ -61,7 +65,9 @@ def parse_size(value: object) -> int:
         context.Emax = context.prec
         size = (decimal.Decimal(number) * _UNITS[unit]).to_integral_value(rounding=decimal.ROUND_FLOOR)
     if size > MAX_SIZE:
-        raise SizeError(f"too large: {_shown(value)}, more than the largest size a budget can hold, {MAX_SIZE} bytes (8 EiB - 1)")
+        raise SizeError(
+            f"too large: {_shown(value)}, more than the largest size a budget can hold, {MAX_SIZE} bytes (8 EiB - 1)"
+        )
     return int(size)
 
 

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .backward import graph_leaves
 from .census import (
     Found,
     StorageKey,
@@ -45,13 +46,21 @@ from .census import (
     walk,
     whole_heap,
 )
-from .backward import graph_leaves
 from .devices import Meter, make_meter, resolve_device
 from .diagnosis import diagnose
-from .referrers import NamedRoot, cycle_holding, hook_holdings, holder_paths, module_types, path_text, type_name, without_python_holders
+from .referrers import (
+    NamedRoot,
+    cycle_holding,
+    holder_paths,
+    hook_holdings,
+    module_types,
+    path_text,
+    type_name,
+    without_python_holders,
+)
 from .report import render_groups, shape_text
-from .sizes import format_size
 from .sites import SiteSource, describe_stack
+from .sizes import format_size
 
 MAX_CHAINS_PER_GROUP = 3
 MAX_HOOK_CHECKS = 3
@@ -119,7 +128,9 @@ class Snapshot:
             else:
                 grown += max(0, nbytes - earlier.storages[key])
         freed = sum(
-            nbytes for key, nbytes in earlier.storages.items() if key not in earlier.young and not earlier.holds_same(key, self)
+            nbytes
+            for key, nbytes in earlier.storages.items()
+            if key not in earlier.young and not earlier.holds_same(key, self)
         )
         return max(0, grown - freed)
 
@@ -186,7 +197,9 @@ class TensorGroup:
         what = " gradient" if self.kind == "grad" else ""
         noun = "tensor" if self.count == 1 else "tensors"
         title = f"{self.dtype}{shape}{what} on {self.device}: {self.count} {noun}, {format_size(self.bytes)}"
-        if self.kind == "grad" and self.graph_tensors:  # (backward(create_graph=True)): what their graphs saved is theirs
+        if (
+            self.kind == "grad" and self.graph_tensors
+        ):  # (backward(create_graph=True)): what their graphs saved is theirs
             title += f", and their autograd graph's {self.graph_tensors} saved tensors, {format_size(self.graph_bytes)}"
         return title
 
@@ -268,7 +281,9 @@ def diff(
         after = take_snapshot(meter=meter)
     new_keys = after.new_since(before)
     groups = describe(new_keys, after.device, name=name, sites=sites) if new_keys else []
-    return Leak(after.device, before.allocated_bytes, after.allocated_bytes, after.leaked_since(before), groups, after.details)
+    return Leak(
+        after.device, before.allocated_bytes, after.allocated_bytes, after.leaked_since(before), groups, after.details
+    )
 
 
 LARGEST_SHOWN = 5
@@ -287,7 +302,9 @@ def memory_contents(meter: Meter, error: BaseException | None = None) -> str:
         traceback = traceback.tb_next
     census = take_census(meter.name)
     largest = sorted(census.storages, key=census.storages.__getitem__, reverse=True)[:LARGEST_SHOWN]
-    figures = [f"tensor storages alive on {meter.name}: {format_size(census.total_bytes)} in {len(census.storages)} storages"]
+    figures = [
+        f"tensor storages alive on {meter.name}: {format_size(census.total_bytes)} in {len(census.storages)} storages"
+    ]
     if meter.name != "cpu":
         figures.append(f"allocated by the caching allocator: {format_size(meter.allocated_bytes())}")
         figures += [f"{name.replace('_', ' ')}: {format_size(value)}" for name, value in meter.details().items()]
@@ -312,23 +329,42 @@ def describe_history(
     tensors = [tensor for tensor, _ in roots]
     owners: dict[int, Any] = {}
     try:
-        paths = holder_paths(tensors, exclude_types=(Found,), frames=frames, named=named, collect=collect) if tensors else []
+        paths = (
+            holder_paths(tensors, exclude_types=(Found,), frames=frames, named=named, collect=collect)
+            if tensors
+            else []
+        )
         if any(path is None for path in paths):
             # A gradient that keeps history (backward(create_graph=True) made it with a graph) is
             # held as its parameter's .grad, an edge gc does not show: named through its owner.
-            owners = _gradient_owners([tensor for tensor, path in zip(tensors, paths) if path is None])
+            owners = _gradient_owners([tensor for tensor, path in zip(tensors, paths, strict=False) if path is None])
             if owners:
                 owned = list(owners.values())
-                through = dict(zip(map(id, owned), holder_paths(owned, exclude_types=(Found,), frames=frames, named=named, collect=False)))
+                through = dict(
+                    zip(
+                        map(id, owned),
+                        holder_paths(owned, exclude_types=(Found,), frames=frames, named=named, collect=False),
+                        strict=False,
+                    )
+                )
                 owned.clear()
-                for index, (tensor, path) in enumerate(zip(tensors, paths)):
+                for index, (tensor, path) in enumerate(zip(tensors, paths, strict=False)):
                     owner = owners.get(id(tensor))
                     found = through.get(id(owner)) if path is None and owner is not None else None
                     if found is not None:
                         paths[index] = [*found, (".grad", "Tensor")]
-        for (tensor, nodes), path in zip(roots, paths):
+        for (tensor, nodes), path in zip(roots, paths, strict=False):
             dtype, shape, where = tensor_key(tensor)
-            group = TensorGroup(dtype, shape, where, bytes=nodes * node_bytes, count=1, kind="history", cls=tensor_class(tensor), nodes=nodes)
+            group = TensorGroup(
+                dtype,
+                shape,
+                where,
+                bytes=nodes * node_bytes,
+                count=1,
+                kind="history",
+                cls=tensor_class(tensor),
+                nodes=nodes,
+            )
             group.grad_graph = id(tensor) in owners
             path = path if path is not None else [(HELD_FROM_CPP, "")]
             group.held_by.append(path_text(path))
@@ -412,7 +448,11 @@ def _paths_through_graph_nodes(
         # that are autograd nodes.
         everything = gc.get_objects()
         node_types = {cls for cls in set(map(type, everything)) if _is_graph_node_type(cls)}
-        nodes = list(itertools.compress(everything, map(node_types.__contains__, map(type, everything)))) if node_types else []
+        nodes = (
+            list(itertools.compress(everything, map(node_types.__contains__, map(type, everything))))
+            if node_types
+            else []
+        )
         del everything
     try:
         visited: set[int] = set()
@@ -428,7 +468,13 @@ def _paths_through_graph_nodes(
         if not found:
             return {}
         holders = list({id(node): node for node, _ in found.values()}.values())
-        node_paths = dict(zip((id(node) for node in holders), holder_paths(holders, exclude_types=(Found,), frames=frames, named=named)))
+        node_paths = dict(
+            zip(
+                (id(node) for node in holders),
+                holder_paths(holders, exclude_types=(Found,), frames=frames, named=named),
+                strict=False,
+            )
+        )
         paths = {}
         for ident, (node, kind) in found.items():
             path = node_paths.get(id(node))
@@ -534,7 +580,11 @@ def _paths_through_opaque_holders(
         for _ in range(4):
             referents = gc.get_referents(*level)
             picked += itertools.compress(referents, map(kinds.__contains__, map(type, referents)))
-            level = [obj for obj in itertools.compress(referents, map(_CONTAINERS.__contains__, map(type, referents))) if not gc.is_tracked(obj)]
+            level = [
+                obj
+                for obj in itertools.compress(referents, map(_CONTAINERS.__contains__, map(type, referents)))
+                if not gc.is_tracked(obj)
+            ]
             del referents
             if not level:
                 break
@@ -542,7 +592,9 @@ def _paths_through_opaque_holders(
         for obj in picked:
             try:
                 if type(obj) is ndarray:
-                    holds(obj, ndarray.__array_interface__.__get__(obj)["data"][0], " (a numpy array sharing its memory)")
+                    holds(
+                        obj, ndarray.__array_interface__.__get__(obj)["data"][0], " (a numpy array sharing its memory)"
+                    )
                 else:
                     holds(obj, _capsule_data(obj), " (a DLPack capsule of it)")
             except Exception:
@@ -569,7 +621,13 @@ def _paths_through_opaque_holders(
     holders = list({id(holder): holder for candidates in found.values() for holder, _ in candidates}.values())
     holder_ids = [id(holder) for holder in holders]
     # (this search's own record of candidates, reached through the closure that fills it, is no holder)
-    paths = dict(zip(holder_ids, holder_paths(holders, exclude_types=(Found, _Holdings), frames=frames, named=named)))
+    paths = dict(
+        zip(
+            holder_ids,
+            holder_paths(holders, exclude_types=(Found, _Holdings), frames=frames, named=named),
+            strict=False,
+        )
+    )
     holders.clear()
     chains = {}
     for ident, candidates in found.items():
@@ -642,7 +700,9 @@ def _unheld_tensors(keys: Sequence[StorageKey], listing: list[Any], holders: lis
                         owners.add(id(obj))
                     if graph or any(key in wanted for key, _, _ in _keys_of(obj)):
                         asked.append(obj)
-        unheld = without_python_holders(asked, exclude_types=(Found,), keep=holders, ignore=(listing,)) if asked else set()
+        unheld = (
+            without_python_holders(asked, exclude_types=(Found,), keep=holders, ignore=(listing,)) if asked else set()
+        )
         return _Unheld(unheld, owners & unheld, {id(obj) for obj in asked})
     finally:
         asked.clear()
@@ -765,7 +825,12 @@ def describe(
             modules.clear()
         known_ids = orphans.asked
         # (storage objects kept without a tensor, and tensors of classes defined meanwhile)
-        unasked = [f.tensor for finds in located.values() for f in finds if f.via in ("gc", "storage") and id(f.tensor) not in known_ids]
+        unasked = [
+            f.tensor
+            for finds in located.values()
+            for f in finds
+            if f.via in ("gc", "storage") and id(f.tensor) not in known_ids
+        ]
         if unasked:
             orphans.ids |= without_python_holders(unasked, exclude_types=(Found,))
         del unasked
@@ -778,7 +843,10 @@ def describe(
                     dtype, shape, where = tensor_key(found.owner)
                     cls = tensor_class(found.owner)
                     share = part(found.key) if part is not None else None
-                    group = groups.setdefault((dtype, shape, where, "graph", cls, share), TensorGroup(dtype, shape, where, kind="graph", cls=cls, part=share))
+                    group = groups.setdefault(
+                        (dtype, shape, where, "graph", cls, share),
+                        TensorGroup(dtype, shape, where, kind="graph", cls=cls, part=share),
+                    )
                     owner_groups[id(found.owner)] = group
                     group.count += 1
                     targets.append(found.owner)
@@ -794,7 +862,10 @@ def describe(
             kind = "tensor" if found.via == "gc" else found.via
             cls = tensor_class(found.tensor) if found.via != "storage" else ""
             share = part(found.key) if part is not None else None
-            group = groups.setdefault((dtype, shape, where, kind, cls, share), TensorGroup(dtype, shape, where, kind=kind, cls=cls, part=share))
+            group = groups.setdefault(
+                (dtype, shape, where, kind, cls, share),
+                TensorGroup(dtype, shape, where, kind=kind, cls=cls, part=share),
+            )
             group.bytes += found.nbytes
             group.keys.append(found.key)
             if id(found.tensor) in counted:  # a sparse or nested tensor: several storages, one tensor
@@ -815,19 +886,36 @@ def describe(
                 targets.append(found.tensor if found.via in ("gc", "storage") else found.owner)
                 target_groups.append((group, ".grad" if found.via == "grad" else ""))
         if name and targets:
-            paths = holder_paths(targets, exclude_types=(Found,), frames=frames, named=named, collect=not collected, known=(known_ids, known))
+            paths = holder_paths(
+                targets,
+                exclude_types=(Found,),
+                frames=frames,
+                named=named,
+                collect=not collected,
+                known=(known_ids, known),
+            )
             if any(path is None for path in paths):
                 # Nothing in Python refers to these tensors: an autograd node Python holds may.
-                through_nodes = _paths_through_graph_nodes([t for t, p in zip(targets, paths) if p is None], frames, named)
-                paths = [path if path is not None else through_nodes.get(id(target)) for target, path in zip(targets, paths)]
+                through_nodes = _paths_through_graph_nodes(
+                    [t for t, p in zip(targets, paths, strict=False) if p is None], frames, named
+                )
+                paths = [
+                    path if path is not None else through_nodes.get(id(target))
+                    for target, path in zip(targets, paths, strict=False)
+                ]
             if any(path is None for path in paths):
                 # ... or an object that keeps its memory from C++: a DLPack capsule, a Future.
                 try:
-                    opaque = _paths_through_opaque_holders([t for t, p in zip(targets, paths) if p is None], frames, named)
+                    opaque = _paths_through_opaque_holders(
+                        [t for t, p in zip(targets, paths, strict=False) if p is None], frames, named
+                    )
                 except Exception:  # what cannot be read stays "held from C++"
                     opaque = {}
-                paths = [path if path is not None else opaque.get(id(target)) for target, path in zip(targets, paths)]
-            for (group, suffix), path in zip(target_groups, paths):
+                paths = [
+                    path if path is not None else opaque.get(id(target))
+                    for target, path in zip(targets, paths, strict=False)
+                ]
+            for (group, suffix), path in zip(target_groups, paths, strict=False):
                 path = ([*path, (suffix, "Tensor")] if suffix else path) if path is not None else [(HELD_FROM_CPP, "")]
                 line = path_text(path)
                 if line not in group.held_by:
@@ -836,13 +924,22 @@ def describe(
             # A hook that appends what it sees to a list the test also holds: the shortest chain
             # is the test's local, but the hook is the cause.
             checked: set[int] = set()
-            for target, (group, suffix) in zip(targets, target_groups):
-                if name and not suffix and id(group) not in checked and group.kind == "tensor" and len(checked) < MAX_HOOK_CHECKS:
+            for target, (group, suffix) in zip(targets, target_groups, strict=False):
+                if (
+                    name
+                    and not suffix
+                    and id(group) not in checked
+                    and group.kind == "tensor"
+                    and len(checked) < MAX_HOOK_CHECKS
+                ):
                     checked.add(id(group))
                     # Only a closure can tie a container to a hook; a running frame's local is
                     # where such a container is usually seen.
                     # (a step function given to check() is the closure itself: no hook to look for)
-                    local = any((" local '" in chain or "closure var" in chain) and not chain.startswith(STEP_FUNCTION) for chain in group.held_by)
+                    local = any(
+                        (" local '" in chain or "closure var" in chain) and not chain.startswith(STEP_FUNCTION)
+                        for chain in group.held_by
+                    )
                     if local and not any(_HOOK_CHAIN.search(chain) for chain in group.held_by):
                         group.hook = hooked.get(id(target), "")
     finally:
@@ -889,10 +986,13 @@ def held_in_cpp_groups(tensors: Sequence[Any], refs: Sequence[Any]) -> list[Tens
     if _paths_through_graph_nodes(list(tensors), (), ()):
         return None
     groups: dict[tuple[Any, ...], TensorGroup] = {}
-    for tensor, ref in zip(tensors, refs):
+    for tensor, ref in zip(tensors, refs, strict=False):
         dtype, shape, where = tensor_key(tensor)
         cls = tensor_class(tensor)
-        group = groups.setdefault((dtype, shape, where, cls), TensorGroup(dtype, shape, where, cls=cls, held_by=[HELD_FROM_CPP], held_by_paths=[[(HELD_FROM_CPP, "")]]))
+        group = groups.setdefault(
+            (dtype, shape, where, cls),
+            TensorGroup(dtype, shape, where, cls=cls, held_by=[HELD_FROM_CPP], held_by_paths=[[(HELD_FROM_CPP, "")]]),
+        )
         key = (ref.device, ref.pointer)
         if key not in group.keys:
             group.keys.append(key)
@@ -911,7 +1011,14 @@ def merge_parts(groups: Sequence[TensorGroup]) -> list[TensorGroup]:
         key = (group.dtype, group.shape, group.device, group.kind, group.cls)
         whole = merged.get(key)
         if whole is None:
-            whole = merged[key] = TensorGroup(group.dtype, group.shape, group.device, kind=group.kind, cls=group.cls, made_inside_library=group.made_inside_library)
+            whole = merged[key] = TensorGroup(
+                group.dtype,
+                group.shape,
+                group.device,
+                kind=group.kind,
+                cls=group.cls,
+                made_inside_library=group.made_inside_library,
+            )
         elif group.made_inside_library is not None:
             whole.made_inside_library = group.made_inside_library and whole.made_inside_library is not False
         whole.parts.append(group)
@@ -922,7 +1029,7 @@ def merge_parts(groups: Sequence[TensorGroup]) -> list[TensorGroup]:
         whole.keys += group.keys
         whole.hook = whole.hook or group.hook
         whole.grad_graph = whole.grad_graph or group.grad_graph
-        for chain, path in zip(group.held_by, group.held_by_paths):
+        for chain, path in zip(group.held_by, group.held_by_paths, strict=False):
             if chain not in whole.held_by and len(whole.held_by) < MAX_CHAINS_PER_GROUP:
                 whole.held_by.append(chain)
                 whole.held_by_paths.append(path)
@@ -941,7 +1048,9 @@ CYCLE_DIAGNOSIS = (
 )
 
 
-def describe_cycle_garbage(garbage: Sequence[Any], keys: set[StorageKey] | None, *, sites: SiteSource | None = None) -> list[TensorGroup]:
+def describe_cycle_garbage(
+    garbage: Sequence[Any], keys: set[StorageKey] | None, *, sites: SiteSource | None = None
+) -> list[TensorGroup]:
     """The tensors among a collection's garbage (``gc.DEBUG_SAVEALL``) whose storages are ``keys``
     (None: all), grouped, each with the reference cycle that kept it: what the cycle collector
     alone freed."""
@@ -963,7 +1072,9 @@ def describe_cycle_garbage(garbage: Sequence[Any], keys: set[StorageKey] | None,
             path, loop = holding
             held = path_text(path)
             held += f", on the reference cycle {loop} (back to the same {path[0][0]})"
-        group = groups.setdefault((dtype, shape, where, tensor_class(obj), held), TensorGroup(dtype, shape, where, cls=tensor_class(obj)))
+        group = groups.setdefault(
+            (dtype, shape, where, tensor_class(obj), held), TensorGroup(dtype, shape, where, cls=tensor_class(obj))
+        )
         group.bytes += nbytes
         group.count += 1
         group.keys.append(key)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 
@@ -53,13 +53,13 @@ RESULTS = pytest.StashKey[list[dict[str, Any]]]()
 CHECK = pytest.StashKey[Check]()
 BUDGET = pytest.StashKey[Budget | None]()
 TRACKER = pytest.StashKey[Tracker]()
-ACTIVE = pytest.StashKey[Optional[Check]]()
+ACTIVE = pytest.StashKey[Check | None]()
 """The check of the test being set up, run or torn down."""
 REPEAT = pytest.StashKey[int]()
 """Runs of a test whose marker says ``repeat=``."""
 MARKED = pytest.StashKey[bool]()
 """Set on a test whose own ``vram_budget`` marker gives its budget (judged strictly by default)."""
-TORCH_MISSING = pytest.StashKey[Optional[str]]()
+TORCH_MISSING = pytest.StashKey[str | None]()
 """Why torch cannot be imported here (None where it can): marked tests then run unchecked."""
 SKIPPED = pytest.StashKey[bool]()
 """Set on a test skipped because torch or its device is missing: no check is set up for it."""
@@ -130,7 +130,15 @@ def check_device_option(config: pytest.Config, spec: str) -> None:
         resolve_device(spec, torch)
     except DeviceUnavailable as error:
         _, source = option_and_source(config, "vramleak_device")
-        seen = ", ".join(["cpu"] + [f"{kind} ({backend.device_count()} device(s))" for kind in ("cuda", "xpu") for backend in [getattr(torch, kind, None)] if backend is not None and backend.is_available()])
+        seen = ", ".join(
+            ["cpu"]
+            + [
+                f"{kind} ({backend.device_count()} device(s))"
+                for kind in ("cuda", "xpu")
+                for backend in [getattr(torch, kind, None)]
+                if backend is not None and backend.is_available()
+            ]
+        )
         raise pytest.UsageError(f"{source}={spec}: {error}; torch {torch.__version__} sees: {seen}") from None
 
 

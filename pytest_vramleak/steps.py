@@ -16,8 +16,18 @@ from .sites import SiteRecorder
 from .sizes import format_size
 from .snapshot import STEP_FUNCTION, Leak, describe, describe_history, meter_for
 from .tracker import NODE_BYTES, KeptGraph, Mark, StorageRef, Tracker, graph_clock
-from .verdict import LATE_GROWTH_STEPS, SURE_STEPS, TREND_CERTAIN, GrowthVerdict, floor_rise, grew_late, growth_message, judge_growth, rose_each, trend_score
-
+from .verdict import (
+    LATE_GROWTH_STEPS,
+    SURE_STEPS,
+    TREND_CERTAIN,
+    GrowthVerdict,
+    floor_rise,
+    grew_late,
+    growth_message,
+    judge_growth,
+    rose_each,
+    trend_score,
+)
 
 RECORDED_STEPS = 2
 """Measured steps whose allocation sites are recorded, from the first that grows; the rest of a
@@ -96,12 +106,17 @@ class StepResult:
             )
         if self.grows:
             assert self.verdict is not None
-            early = f" (the loop was left early: {len(self.steps)} of {self.planned - self.warmup} steps measured)" if self.stopped_early else ""
+            early = (
+                f" (the loop was left early: {len(self.steps)} of {self.planned - self.warmup} steps measured)"
+                if self.stopped_early
+                else ""
+            )
             lines = []
             if self.verdict.grows:
                 lines += [
                     self.verdict.message + early,
-                    "after each measured step, above the warm-up baseline: " + ", ".join(format_size(s) for s in self.steps),
+                    "after each measured step, above the warm-up baseline: "
+                    + ", ".join(format_size(s) for s in self.steps),
                 ]
                 if self.kept is not None and self.kept != self.steps:
                     lowest = min(self.kept)  # its level is net of what the first step freed: see decide()
@@ -110,9 +125,17 @@ class StepResult:
                         + ", ".join(format_size(kept - lowest) for kept in self.kept)
                     )
             if self.history_grows:
-                lines += [self._history_message() + ("" if self.verdict.grows else early), "autograd nodes kept from earlier steps after each measured step: " + ", ".join(f"{n:,}" for n in self.history)]
+                lines += [
+                    self._history_message() + ("" if self.verdict.grows else early),
+                    "autograd nodes kept from earlier steps after each measured step: "
+                    + ", ".join(f"{n:,}" for n in self.history),
+                ]
             if self.leak is not None:
-                heading = "tensors created after warm-up that outlived their step:" if self.verdict.grows else "what keeps that history:"
+                heading = (
+                    "tensors created after warm-up that outlived their step:"
+                    if self.verdict.grows
+                    else "what keeps that history:"
+                )
                 lines += [heading, self.leak.render()]
             if self.undecided:  # the history grew; what the storages did is not decided
                 lines.append(self.undecided)
@@ -140,7 +163,9 @@ class StepResult:
         )
 
 
-def decide(figures: Sequence[int], kept: Sequence[int] | None, tolerance: int, device: str) -> tuple[GrowthVerdict, str | None]:
+def decide(
+    figures: Sequence[int], kept: Sequence[int] | None, tolerance: int, device: str
+) -> tuple[GrowthVerdict, str | None]:
     """The growth verdict on a loop's figures, and why it is undecided where it is.
 
     On CPU ``kept`` (see :attr:`StepResult.kept`) leaves out what each step made and still
@@ -195,14 +220,18 @@ def decide(figures: Sequence[int], kept: Sequence[int] | None, tolerance: int, d
         message = growth_message(rate, count, total, tolerance, device)
         return GrowthVerdict(True, figures[-1], rate, message, None, total), None
     if not verdict.grows:
-        if count < SURE_STEPS and any(after - before > tolerance for before, after in zip(kept, kept[1:])):
+        if count < SURE_STEPS and any(
+            after - before > tolerance for before, after in zip(kept, kept[1:], strict=False)
+        ):
             return verdict, (
                 f"undecided: memory did not grow over {count} measured steps on {device}, but tensors that measured steps "
                 f"made outlived the step after them: fewer than {SURE_STEPS} measured steps cannot tell memory that "
                 f"settled or varies from growth every few steps; {_MORE_STEPS}"
             )
         return verdict, None
-    if (rose_each(figures, LATE_GROWTH_STEPS) and rose_each(kept, LATE_GROWTH_STEPS - 1)) or trend_score(figures) >= TREND_CERTAIN:
+    if (rose_each(figures, LATE_GROWTH_STEPS) and rose_each(kept, LATE_GROWTH_STEPS - 1)) or trend_score(
+        figures
+    ) >= TREND_CERTAIN:
         return verdict, None
     if count >= SURE_STEPS:  # a rise at every step would have been steady enough: the steps' own tensors vary
         return GrowthVerdict(False, verdict.growth_bytes, 0.0, ""), None
@@ -274,15 +303,21 @@ class StepWatcher:
             raise ValueError(f"steps(n, warmup=k) takes whole numbers, got n={n!r}, warmup={warmup!r}")
         n, warmup = whole[0], whole[1]
         if n - warmup < 2:
-            raise ValueError(f"steps({n}, warmup={warmup}) leaves {max(0, n - warmup)} measured step(s); at least 2 are needed")
+            raise ValueError(
+                f"steps({n}, warmup={warmup}) leaves {max(0, n - warmup)} measured step(s); at least 2 are needed"
+            )
         if max_steps is None:
             return n, warmup, n
         most = _whole(max_steps)
         if most is None or most < n:
-            raise ValueError(f"steps(n, max_steps=m) takes a whole number m of at least n={n}, got max_steps={max_steps!r}")
+            raise ValueError(
+                f"steps(n, max_steps=m) takes a whole number m of at least n={n}, got max_steps={max_steps!r}"
+            )
         return n, warmup, most
 
-    def steps(self, n: int, *, warmup: int | None = None, max_steps: int | None = None, step: Callable[..., Any] | None = None) -> Iterator[int]:
+    def steps(
+        self, n: int, *, warmup: int | None = None, max_steps: int | None = None, step: Callable[..., Any] | None = None
+    ) -> Iterator[int]:
         """Yield ``0 .. n-1``; after the loop, ``self.results[-1]`` holds the verdict.
 
         The first ``warmup`` iterations are not measured; at least two must remain. Where the
@@ -296,7 +331,9 @@ class StepWatcher:
         meter = self.meter or meter_for(self.device)
         named = self.named_roots
         if step is not None:
-            root = NamedRoot(f"{STEP_FUNCTION}{getattr(step, '__qualname__', type(step).__name__)} given to check()", step, "step")
+            root = NamedRoot(
+                f"{STEP_FUNCTION}{getattr(step, '__qualname__', type(step).__name__)} given to check()", step, "step"
+            )
             others = self.named_roots
             named = (lambda: [*others(), root]) if others is not None else (lambda: [root])
         loop = _Loop(meter, self.tracker or Tracker(meter.name), self.record_sites and self.explain, named)
@@ -316,7 +353,10 @@ class StepWatcher:
                 else:
                     loop.measure_step()
                 index += 1
-                if index == look < max_steps and decide(loop.figures(), loop.kept_figures(), self.tolerance, meter.name)[1]:
+                if (
+                    index == look < max_steps
+                    and decide(loop.figures(), loop.kept_figures(), self.tolerance, meter.name)[1]
+                ):
                     # undecided: run as many steps again (up to max_steps) and look once more;
                     # looking after every step would give noise a chance at each look
                     look = min(2 * look, max_steps)
@@ -339,12 +379,29 @@ class StepWatcher:
         if undecided and ran > planned:
             undecided += f" (undecided after all {ran} steps max_steps allowed)"
         history = loop.history[: len(figures)]
-        history_verdict = judge_growth([nodes * NODE_BYTES for nodes in history], self.tolerance, device) if len(history) >= 2 else None
+        history_verdict = (
+            judge_growth([nodes * NODE_BYTES for nodes in history], self.tolerance, device)
+            if len(history) >= 2
+            else None
+        )
         history_grows = history_verdict is not None and history_verdict.grows
         explained = self.explain and (verdict.grows or history_grows)
-        leak = loop.explain(verdict.per_step_bytes, storages=verdict.grows, history=history_grows) if explained else None
+        leak = (
+            loop.explain(verdict.per_step_bytes, storages=verdict.grows, history=history_grows) if explained else None
+        )
         result = StepResult(
-            device, warmup, figures, verdict, leak, loop.warmup_figures(), planned, ran, history=history, history_verdict=history_verdict, kept=kept, undecided=undecided
+            device,
+            warmup,
+            figures,
+            verdict,
+            leak,
+            loop.warmup_figures(),
+            planned,
+            ran,
+            history=history,
+            history_verdict=history_verdict,
+            kept=kept,
+            undecided=undecided,
         )
         slack = loop.slack_figures()
         if not verdict.grows and len(slack) >= 2:
@@ -353,7 +410,9 @@ class StepWatcher:
                 result.fragmentation = fragmenting
         return result
 
-    def check(self, step: Callable[..., Any], *, steps: int = 10, warmup: int | None = None, max_steps: int | None = None) -> StepResult:
+    def check(
+        self, step: Callable[..., Any], *, steps: int = 10, warmup: int | None = None, max_steps: int | None = None
+    ) -> StepResult:
         """Call ``step(i)`` (or ``step()``) for ``i`` in ``0 .. steps-1`` (up to ``max_steps - 1``
         where undecided) and return the result of the check."""
         __tracebackhide__ = True
@@ -385,7 +444,9 @@ def step_caller(step: Callable[..., Any]) -> Callable[[int], None]:
             try:
                 signature.bind()
             except TypeError:
-                raise StepNotRun(f"check() calls step(i) or step(), and {getattr(step, '__qualname__', repr(step))}{signature} takes neither") from None
+                raise StepNotRun(
+                    f"check() calls step(i) or step(), and {getattr(step, '__qualname__', repr(step))}{signature} takes neither"
+                ) from None
             takes_index = False
 
     def call(index: int) -> None:
@@ -417,7 +478,11 @@ class _Loop:
     """
 
     def __init__(
-        self, meter: Meter, tracker: Tracker, record_sites: bool, named_roots: Callable[[], Sequence[NamedRoot]] | None = None
+        self,
+        meter: Meter,
+        tracker: Tracker,
+        record_sites: bool,
+        named_roots: Callable[[], Sequence[NamedRoot]] | None = None,
     ) -> None:
         self.named_roots = named_roots
         self.meter = meter
@@ -573,7 +638,9 @@ class _Loop:
         return [
             ref
             for ref in lasting
-            if (made_at := step_of.get(id(ref))) is not None and first_freed.get(ref.nbytes, made_at) < made_at and first_alive.get(ref.nbytes) == made_at
+            if (made_at := step_of.get(id(ref))) is not None
+            and first_freed.get(ref.nbytes, made_at) < made_at
+            and first_alive.get(ref.nbytes) == made_at
         ]
 
     def explain(self, per_step: float, *, storages: bool = True, history: bool = False) -> Leak:
@@ -586,7 +653,9 @@ class _Loop:
         self.stop_recording()  # (a loop that grew in its last steps is still recording)
         if not self.on_cpu and storages:
             tracker.catch_up()
-        lasting = tracker.created(device, since=self.baseline_clock, before=self.penultimate_clock + 1) if storages else []
+        lasting = (
+            tracker.created(device, since=self.baseline_clock, before=self.penultimate_clock + 1) if storages else []
+        )
         notes = []
         replacing = self.replacements(lasting)
         replaced = {id(ref) for ref in replacing}
@@ -610,9 +679,17 @@ class _Loop:
         refs += [ref for ref, _ in tracker.grown_older(device, since=self.baseline_clock)]
         keys = [(ref.device, ref.pointer) for ref in refs if ref() is not None]
         wanted = set(keys)
-        roots = [(tensor, nodes) for tensor, nodes in ((ref(), nodes) for ref, nodes in self.kept_graph.roots) if tensor is not None] if history else []
+        roots = (
+            [
+                (tensor, nodes)
+                for tensor, nodes in ((ref(), nodes) for ref, nodes in self.kept_graph.roots)
+                if tensor is not None
+            ]
+            if history
+            else []
+        )
         # a kept tensor named among the grown ones already says it keeps its graph
-        roots = [(tensor, nodes) for tensor, nodes in roots if not (storage_key(tensor) or ((None, 0), 0))[0] in wanted]
+        roots = [(tensor, nodes) for tensor, nodes in roots if (storage_key(tensor) or ((None, 0), 0))[0] not in wanted]
         try:
             with tracker.unfrozen():  # naming holders needs the whole heap
                 named = self.named_roots() if self.named_roots is not None else ()
@@ -620,12 +697,24 @@ class _Loop:
                 if roots:
                     # a tensor named as keeping a graph's saved tensors is named once (a chain that
                     # names no holder, as held from C++, tells no two tensors apart)
-                    graph_holders = {chain for group in groups if group.kind == "graph" for chain in group.held_by if not chain.startswith("<")}
+                    graph_holders = {
+                        chain
+                        for group in groups
+                        if group.kind == "graph"
+                        for chain in group.held_by
+                        if not chain.startswith("<")
+                    }
                     kept = describe_history(roots, device, node_bytes=NODE_BYTES, named=named, collect=False)
                     groups += [group for group in kept if not set(group.held_by) <= graph_holders]
-                    if any(group.grad_graph for group in kept):  # graphs no Python holds are the gradients' (create_graph)
+                    if any(
+                        group.grad_graph for group in kept
+                    ):  # graphs no Python holds are the gradients' (create_graph)
                         for group in groups:
-                            if group.kind == "graph" and group.held_by and all(chain.startswith("<") for chain in group.held_by):
+                            if (
+                                group.kind == "graph"
+                                and group.held_by
+                                and all(chain.startswith("<") for chain in group.held_by)
+                            ):
                                 group.grad_graph = True
                                 group.diagnoses = diagnose(group)
         finally:

@@ -67,12 +67,17 @@ def summary_lines(
         if result.get("settled_after_step") is not None:
             lines += [f"{shown_id(result['nodeid'])}: {note}" for note in result.get("notes", []) if "settled" in note]
         # a step check that could not tell growth from noise passes the test unjudged: say so
-        undecided = [note for note in [result.get("reason") or "", *result.get("notes", [])] if note.startswith("undecided: ")]
+        undecided = [
+            note for note in [result.get("reason") or "", *result.get("notes", [])] if note.startswith("undecided: ")
+        ]
         lines += [f"{shown_id(result['nodeid'])}: {note}" for note in undecided]
     # Memory a reference cycle kept until collection is worth a line when it is large; with -v, always.
     least = 1 if verbosity > 0 else CYCLE_NOTE_BYTES
     # (a test failing --vramleak-strict-cycles says it in its failure)
-    cycles = sorted((r for r in results if (r.get("cycle_bytes") or 0) >= least and r.get("outcome") == "passed"), key=lambda r: -r["cycle_bytes"])
+    cycles = sorted(
+        (r for r in results if (r.get("cycle_bytes") or 0) >= least and r.get("outcome") == "passed"),
+        key=lambda r: -r["cycle_bytes"],
+    )
     for result in cycles[:5]:
         lines.append(
             f"{shown_id(result['nodeid'])}: {format_size(result['cycle_bytes'])} lived in reference cycles until garbage "
@@ -87,18 +92,30 @@ def offenders(results: Sequence[dict[str, Any]], verbosity: int, shown_id: Calla
     """The tests that leaked most, and with ``-v`` the highest peaks: five of each, all with ``-vv``."""
     shown = None if verbosity > 1 else 5
     lines = []
-    leaks = sorted((r for r in results if r["outcome"] == "leaked" and leaked_figure(r)), key=lambda r: -leaked_figure(r))
+    leaks = sorted(
+        (r for r in results if r["outcome"] == "leaked" and leaked_figure(r)), key=lambda r: -leaked_figure(r)
+    )
     if leaks:
         lines.append("largest leaks:")
-        lines += [f"  {format_size(leaked_figure(r)):>10}  {shown_id(r['nodeid'])} ({_leak_kind(r)})" for r in leaks[:shown]]
+        lines += [
+            f"  {format_size(leaked_figure(r)):>10}  {shown_id(r['nodeid'])} ({_leak_kind(r)})" for r in leaks[:shown]
+        ]
     # (what the other runs' figures set aside as PyTorch's or pytest's leaves some with nothing to show)
-    kept = [r for r in results if r["outcome"] != "leaked" and r.get("pattern") in ("kept_once", "settled") and (r.get("leaked_bytes") or _history_nodes(r))]
+    kept = [
+        r
+        for r in results
+        if r["outcome"] != "leaked"
+        and r.get("pattern") in ("kept_once", "settled")
+        and (r.get("leaked_bytes") or _history_nodes(r))
+    ]
     if kept:
         lines.append(f"memory kept once, not growing (passed: {_why_kept_passes(results)}):")
         for r in sorted(kept, key=lambda r: -(r.get("leaked_bytes") or 0))[:shown]:
             nodes = _history_nodes(r)
             history = f", autograd history of {nodes} nodes" if nodes else ""
-            lines.append(f"  {format_size(r.get('leaked_bytes') or 0):>10}  {shown_id(r['nodeid'])} ({_leak_kind(r)}{history})")
+            lines.append(
+                f"  {format_size(r.get('leaked_bytes') or 0):>10}  {shown_id(r['nodeid'])} ({_leak_kind(r)}{history})"
+            )
             holders = [chain for group in r.get("tensors", []) for chain in group.get("held_by", [])]
             lines += [f"              held by {chain}" for chain in holders[:MAX_CHAINS]]
         if len(kept) > (shown or len(kept)):
@@ -106,7 +123,9 @@ def offenders(results: Sequence[dict[str, Any]], verbosity: int, shown_id: Calla
     peaks = sorted((r for r in results if r.get("peak_bytes")), key=lambda r: -r["peak_bytes"])
     if peaks and verbosity > 0:
         lines.append("highest peaks above baseline:")
-        lines += [f"  {format_size(r['peak_bytes']):>10}  {shown_id(r['nodeid'])} ({r['device']})" for r in peaks[:shown]]
+        lines += [
+            f"  {format_size(r['peak_bytes']):>10}  {shown_id(r['nodeid'])} ({r['device']})" for r in peaks[:shown]
+        ]
     return lines
 
 
@@ -115,7 +134,9 @@ def _history_nodes(result: dict[str, Any]) -> int:
 
 
 def _why_kept_passes(results: Sequence[dict[str, Any]]) -> str:
-    rules = {r.get("rule") for r in results if r.get("pattern") in ("kept_once", "settled") and r["outcome"] != "leaked"}
+    rules = {
+        r.get("rule") for r in results if r.get("pattern") in ("kept_once", "settled") and r["outcome"] != "leaked"
+    }
     if rules == {"growth"}:
         return "--vramleak-fail-on=growth"
     return "below --vramleak-kept-floor" if rules <= {"significant"} else "their rule"
@@ -168,10 +189,16 @@ def idle_options(config: pytest.Config) -> list[str]:
     given = [
         "--" + option.ini.replace("_", "-") if config.getoption(option.ini) is not None else f"ini option {option.ini}"
         for option in OPTIONS
-        if option.ini in CHECK_ONLY and (config.getoption(option.ini) is not None or str(config.getini(option.ini)) != option.default)
+        if option.ini in CHECK_ONLY
+        and (config.getoption(option.ini) is not None or str(config.getini(option.ini)) != option.default)
     ]
     recorder = config.pluginmanager.get_plugin("vramleak-recorder")
-    if not given or recorder is None or not recorder.ran or any(result["outcome"] != "unchecked" for result in config.stash.get(RESULTS, [])):
+    if (
+        not given
+        or recorder is None
+        or not recorder.ran
+        or any(result["outcome"] != "unchecked" for result in config.stash.get(RESULTS, []))
+    ):
         return []
     return given
 

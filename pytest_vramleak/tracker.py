@@ -53,11 +53,21 @@ from .census import _torch, whole_heap
 from .freezing import HeapFreeze
 from .graphs import NODE_BYTES, KeptGraph, graph_clock, kept_graph, young_graph
 from .index import Index
-from .refs import Entry, StorageRef
 from .ledger import Ledger
+from .refs import Entry, StorageRef
 from .watches import COMPARED_PER_CHECK, Watches
 
-__all__ = ["COMPARED_PER_CHECK", "NODE_BYTES", "REFREEZE_AFTER_SECONDS", "Entry", "KeptGraph", "Mark", "StorageRef", "Tracker", "graph_clock"]
+__all__ = [
+    "COMPARED_PER_CHECK",
+    "NODE_BYTES",
+    "REFREEZE_AFTER_SECONDS",
+    "Entry",
+    "KeptGraph",
+    "Mark",
+    "StorageRef",
+    "Tracker",
+    "graph_clock",
+]
 
 REFREEZE_AFTER_SECONDS = 0.002
 """An observation that spent longer than this collecting and scanning young objects (a step
@@ -168,7 +178,9 @@ class Tracker:
 
     # -- observing ------------------------------------------------------------------------------
 
-    def observe(self, *, collect: bool = True, since: Mark | None = None, watch: bool = True, generations: int = 2) -> Mark:
+    def observe(
+        self, *, collect: bool = True, since: Mark | None = None, watch: bool = True, generations: int = 2
+    ) -> Mark:
         """Collect young garbage, note what died, read what is young, and return the moment.
 
         With ``since`` (an earlier observation of the same test) and ``watch``, also look at
@@ -350,7 +362,9 @@ class Tracker:
         """``(tensor, storage)`` for each live indexed tensor that used one of these storages when last read."""
         return self.index.pairs(refs)
 
-    def kept_graph(self, *, threshold: int | None = None, entries: list[Entry] | None = None, before: int | None = None) -> KeptGraph:
+    def kept_graph(
+        self, *, threshold: int | None = None, entries: list[Entry] | None = None, before: int | None = None
+    ) -> KeptGraph:
         """The autograd nodes made since ``threshold`` (the test's start by default), and before
         ``before`` where given, that tensors alive now keep: through the tensors read since the
         test began and the older ones it changed in place. Call after an observation."""

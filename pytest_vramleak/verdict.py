@@ -38,7 +38,9 @@ def judge_budget(budget: Budget, device: str, leaked_bytes: int, peak_bytes: int
         problems.append(f"leaked {format_size(leaked_bytes)} on {device}, allowed {format_size(budget.leak)}")
     if budget.peak is not None and peak_bytes is not None and peak_bytes > budget.peak:
         outcome = "leaked" if outcome == "leaked" else "over_budget"
-        problems.append(f"peaked at {format_size(peak_bytes)} above baseline on {device}, allowed {format_size(budget.peak)}")
+        problems.append(
+            f"peaked at {format_size(peak_bytes)} above baseline on {device}, allowed {format_size(budget.peak)}"
+        )
     return BudgetVerdict(outcome, "; ".join(problems))
 
 
@@ -91,10 +93,12 @@ def judge_growth(steps: Sequence[int], tolerance: int, device: str = "cpu") -> G
     earlier, later = steps[:half], steps[count - half :]
     # (and its top ended above the baseline by more than the tolerance: figures that vary below
     # the baseline, a loop whose batches differ in size, hold nothing the loop added)
-    band_rose = min(later) - min(earlier) > tolerance and max(later) - max(earlier) > tolerance and max(later) > tolerance
+    band_rose = (
+        min(later) - min(earlier) > tolerance and max(later) - max(earlier) > tolerance and max(later) > tolerance
+    )
     late = grew_late(steps, tolerance)
     highs = _new_highs(steps)
-    gaps = [later_high - earlier_high for earlier_high, later_high in zip(highs, highs[1:])]
+    gaps = [later_high - earlier_high for earlier_high, later_high in zip(highs, highs[1:], strict=False)]
     since_last_high = count - 1 - highs[-1] if highs else count
     paused = bool(highs) and since_last_high > 0 and since_last_high >= max(gaps, default=1)
     growth = steps[-1]
@@ -114,7 +118,9 @@ def judge_growth(steps: Sequence[int], tolerance: int, device: str = "cpu") -> G
             total = (min(later) - min(earlier)) * count // (count - half)
         if not late:
             per_step = total / count
-        return GrowthVerdict(True, growth, per_step, growth_message(per_step, count, total, tolerance, device), None, total)
+        return GrowthVerdict(
+            True, growth, per_step, growth_message(per_step, count, total, tolerance, device), None, total
+        )
     # Not growing; settled where it rose to a new high and has held at least some of it since.
     kept = min(steps[highs[-1] :]) if highs else 0
     settled = highs[-1] + 1 if highs and since_last_high > 0 and kept > tolerance else None
@@ -142,7 +148,9 @@ def trend_score(figures: Sequence[int]) -> float:
     count = len(figures)
     if count < 3:
         return 0.0
-    score = sum((later > earlier) - (later < earlier) for i, earlier in enumerate(figures) for later in figures[i + 1 :])
+    score = sum(
+        (later > earlier) - (later < earlier) for i, earlier in enumerate(figures) for later in figures[i + 1 :]
+    )
     spread = (count * (count - 1) * (2 * count + 5) / 18) ** 0.5
     return (score - 1) / spread if score > 0 else (score + 1) / spread if score < 0 else 0.0
 
@@ -172,7 +180,7 @@ def floor_rise(steps: Sequence[int]) -> float:
 def rose_each(figures: Sequence[int], count: int) -> bool:
     """Whether each of the last ``count`` figures is above the one before it."""
     tail = figures[-count - 1 :]
-    return len(tail) == count + 1 and all(after > before for before, after in zip(tail, tail[1:]))
+    return len(tail) == count + 1 and all(after > before for before, after in zip(tail, tail[1:], strict=False))
 
 
 def _new_highs(steps: Sequence[int]) -> list[int]:

@@ -119,7 +119,12 @@ class Watches:
             self._read_changed_gradients(self.index.kinds.retainers)
         every = not self.defer
         if built_graphs:
-            if every or len(self.index.kinds.capable) <= COMPARED_PER_CHECK or self.backward.failed or not self.backward.watching:
+            if (
+                every
+                or len(self.index.kinds.capable) <= COMPARED_PER_CHECK
+                or self.backward.failed
+                or not self.backward.watching
+            ):
                 self.compare_gradients()  # small enough, or a backward pass may have gone unwatched
             else:
                 self.deferred = True  # a backward that did not go through torch.autograd: see drift()
@@ -182,7 +187,7 @@ class Watches:
         if versions != known:
             grad_fn = grad_fn_reader()
             with _torch()._C.DisableTorchFunction():
-                for tensor, now, before in zip(tensors, versions, known):
+                for tensor, now, before in zip(tensors, versions, known, strict=False):
                     if now == before:
                         continue
                     entry = index.entries.get(id(tensor))
@@ -205,10 +210,13 @@ class Watches:
             sizes = list(map(_nbytes(), storages))
         except TypeError:  # a storage died meanwhile (on another thread): go one by one
             storages = [ref() for ref in refs]
-            sizes = [ref.nbytes if storage is None else storage.nbytes() for ref, storage in zip(refs, storages)]
+            sizes = [
+                ref.nbytes if storage is None else storage.nbytes()
+                for ref, storage in zip(refs, storages, strict=False)
+            ]
         if sizes != list(map(_KNOWN_SIZE, refs)):
             with _torch()._C.DisableTorchFunction():
-                for ref, storage, size in zip(refs, storages, sizes):
+                for ref, storage, size in zip(refs, storages, sizes, strict=False):
                     if storage is not None and size != ref.nbytes:
                         self.index.register(storage, None)
         storages.clear()
@@ -232,7 +240,7 @@ class Watches:
             ids = list(map(id, grads))
             grads.clear()
             if ids != known:
-                for tensor, now, before in zip(tensors, ids, known):
+                for tensor, now, before in zip(tensors, ids, known, strict=False):
                     if now != before:
                         index.read_tensor(tensor, set(), [])
                 index.kinds.lists_changed(gradients=True)

@@ -81,7 +81,9 @@ def one_run(order: str, variant: str, folder: Path, run: int, show: bool) -> str
     except mp.ProcessRaisedException as error:
         return "raised: " + str(error).strip().splitlines()[-1]
     if show:
-        return "ok: " + "; ".join(f"rank {entry['rank']} {entry['outcome']} {entry['message']!r}" for entry in collect(ranks))
+        return "ok: " + "; ".join(
+            f"rank {entry['rank']} {entry['outcome']} {entry['message']!r}" for entry in collect(ranks)
+        )
     return "ok"
 
 

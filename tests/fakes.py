@@ -75,7 +75,9 @@ class FakeCuda:
         self.reserved = dict(self.allocated)
 
     def memory_stats(self, index: int = 0) -> dict[str, int]:
-        return {"inactive_split_bytes.all.current": max(0, self.reserved.get(index, 0) - self.allocated.get(index, 0)) // 2}
+        return {
+            "inactive_split_bytes.all.current": max(0, self.reserved.get(index, 0) - self.allocated.get(index, 0)) // 2
+        }
 
     def allocate(self, index: int, nbytes: int) -> None:
         self.allocated[index] = self.allocated.get(index, 0) + nbytes

@@ -56,7 +56,10 @@ SETTINGS = [
     Setting(6, 2, 6 * MAX_STEPS_FACTOR, False),
 ]
 SETTING_PARAMS = [
-    pytest.param(setting, id=f"steps{setting.steps}-warmup{setting.warmup}" + (f"-max{setting.max_steps}" if setting.max_steps else ""))
+    pytest.param(
+        setting,
+        id=f"steps{setting.steps}-warmup{setting.warmup}" + (f"-max{setting.max_steps}" if setting.max_steps else ""),
+    )
     for setting in SETTINGS
 ]
 

@@ -41,12 +41,20 @@ def test_the_faqs_accumulated_loss_fails_as_growing_history(pytester: pytest.Pyt
 
 
 @pytest.mark.parametrize("start", ["0", "torch.zeros(())"], ids=["starts-at-0", "starts-as-a-tensor"])
-def test_the_faqs_accumulated_loss_grows_over_a_repeated_test(pytester: pytest.Pytester, run_checked, start: str) -> None:
+def test_the_faqs_accumulated_loss_grows_over_a_repeated_test(
+    pytester: pytest.Pytester, run_checked, start: str
+) -> None:
     pytester.makepyfile(test_it=TRAINER.format(start=start, kept="loss"))
     result, report = run_checked("-p", "no:randomly", "--vramleak", "--vramleak-repeat=5")
     entry = report["test_trains_a_few_steps"]
     assert (entry["outcome"], entry["pattern"]) == ("leaked", "grows"), result.stdout.str()
-    result.stdout.fnmatch_lines(["autograd history grew 25 nodes per run of the test over 3 measured runs on cpu*", "*held by test_it.TRAINER.total_loss", "*autograd nodes kept: 25, 50, 75, 100, 125"])
+    result.stdout.fnmatch_lines(
+        [
+            "autograd history grew 25 nodes per run of the test over 3 measured runs on cpu*",
+            "*held by test_it.TRAINER.total_loss",
+            "*autograd nodes kept: 25, 50, 75, 100, 125",
+        ]
+    )
 
 
 @pytest.mark.parametrize("kept", ["loss.detach()", "loss.item()"])
@@ -57,7 +65,9 @@ def test_the_faqs_remedies_pass(pytester: pytest.Pytester, run_checked, start: s
     assert report["test_trains_a_few_steps"]["outcome"] == "passed", result.stdout.str()
 
 
-def test_an_output_kept_with_its_graph_and_replaced_each_run_is_kept_once(pytester: pytest.Pytester, run_checked) -> None:
+def test_an_output_kept_with_its_graph_and_replaced_each_run_is_kept_once(
+    pytester: pytest.Pytester, run_checked
+) -> None:
     # Each run's output replaces the one an earlier run kept, and that one's graph goes with it:
     # the graph kept is one run's, however many runs there were.
     pytester.makepyfile(
@@ -72,7 +82,12 @@ def test_an_output_kept_with_its_graph_and_replaced_each_run_is_kept_once(pytest
     result, report = run_checked("-p", "no:randomly", "--vramleak")
     entry = report["test_keeps_its_latest_output"]
     assert (entry["outcome"], entry["pattern"]) == ("passed", "kept_once"), result.stdout.str()
-    result.stdout.fnmatch_lines(["memory kept once, not growing*", "*test_it.py::test_keeps_its_latest_output (cpu, kept once, autograd history of 3 nodes)"])
+    result.stdout.fnmatch_lines(
+        [
+            "memory kept once, not growing*",
+            "*test_it.py::test_keeps_its_latest_output (cpu, kept once, autograd history of 3 nodes)",
+        ]
+    )
 
 
 STEP_LOOP = """
@@ -97,7 +112,9 @@ def test_steps(vramleak):
 
 
 @pytest.mark.parametrize("start", ["0", "torch.zeros(())"], ids=["starts-at-0", "starts-as-a-tensor"])
-def test_the_faqs_accumulated_loss_fails_a_step_check_as_growing_history(pytester: pytest.Pytester, run_checked, start: str) -> None:
+def test_the_faqs_accumulated_loss_fails_a_step_check_as_growing_history(
+    pytester: pytest.Pytester, run_checked, start: str
+) -> None:
     # No storage grows (the 4-byte total is replaced, or added to in place): only the autograd
     # nodes each step links behind it do.
     pytester.makepyfile(test_it=STEP_LOOP.format(start=start, kept="loss"))
@@ -140,16 +157,22 @@ def test_steps(vramleak):
 """
 
 
-def test_functional_sgd_that_never_detaches_its_parameters_fails_a_step_check(pytester: pytest.Pytester, run_checked) -> None:
+def test_functional_sgd_that_never_detaches_its_parameters_fails_a_step_check(
+    pytester: pytest.Pytester, run_checked
+) -> None:
     # Each new weight's grad_fn links to the one before; its storage replaces the old one's.
     pytester.makepyfile(test_it=FUNCTIONAL_SGD.format(update="weight - 0.1 * grad"))
     result, report = run_checked("-p", "no:randomly")
     entry = report["test_steps"]
     assert entry["outcome"] == "leaked" and entry["step_history_nodes"] == list(range(8)), result.stdout.str()
-    result.stdout.fnmatch_lines(["the autograd history kept across steps grew 1 node per step*", "    held by test_steps:* local 'weight'"])
+    result.stdout.fnmatch_lines(
+        ["the autograd history kept across steps grew 1 node per step*", "    held by test_steps:* local 'weight'"]
+    )
 
 
-def test_functional_sgd_that_detaches_its_parameters_passes_a_step_check(pytester: pytest.Pytester, run_checked) -> None:
+def test_functional_sgd_that_detaches_its_parameters_passes_a_step_check(
+    pytester: pytest.Pytester, run_checked
+) -> None:
     pytester.makepyfile(test_it=FUNCTIONAL_SGD.format(update="(weight - 0.1 * grad).detach().requires_grad_()"))
     result, report = run_checked("-p", "no:randomly")
     assert report["test_steps"]["outcome"] == "passed", result.stdout.str()
@@ -179,17 +202,26 @@ def test_gradient_accumulation_over_a_few_steps_passes_a_step_check(pytester: py
     result, report = run_checked("-p", "no:randomly")
     entry = report["test_steps"]
     assert entry["outcome"] == "passed", result.stdout.str()
-    assert max(entry["step_history_nodes"]) > 0 and entry["step_history_nodes"][-1] <= max(entry["step_history_nodes"][:3]), entry
+    assert max(entry["step_history_nodes"]) > 0 and entry["step_history_nodes"][-1] <= max(
+        entry["step_history_nodes"][:3]
+    ), entry
 
 
-def test_a_step_check_on_an_accelerator_counts_the_history_its_steps_keep(pytester: pytest.Pytester, fake_cuda_plugin) -> None:
+def test_a_step_check_on_an_accelerator_counts_the_history_its_steps_keep(
+    pytester: pytest.Pytester, fake_cuda_plugin
+) -> None:
     # Where an allocator counts the memory the tracker indexes nothing: the tensors made during
     # the measured steps are found among the young objects.
     fake_cuda_plugin()
-    pytester.makepyfile(test_it=FUNCTIONAL_SGD.format(update="weight - 0.1 * grad").replace("def test_steps", "def test_leaks"))
+    pytester.makepyfile(
+        test_it=FUNCTIONAL_SGD.format(update="weight - 0.1 * grad").replace("def test_steps", "def test_leaks")
+    )
     pytester.makepyfile(test_fixed=FUNCTIONAL_SGD.format(update="(weight - 0.1 * grad).detach().requires_grad_()"))
     result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
-        ["the autograd history kept across steps grew 1 node per step over 8 measured steps*", "autograd nodes kept from earlier steps after each measured step: 0, 1, 2, 3, 4, 5, 6, 7"]
+        [
+            "the autograd history kept across steps grew 1 node per step over 8 measured steps*",
+            "autograd nodes kept from earlier steps after each measured step: 0, 1, 2, 3, 4, 5, 6, 7",
+        ]
     )

@@ -122,11 +122,23 @@ def test_loop(vramleak):
     # In a process of its own, so that what these tests leak on purpose stays there.
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-q"]
     if request.param == "one run":
-        result = subprocess.run([*command, f"--vramleak-report={folder / 'r.html'}", "test_suite.py"], cwd=folder, capture_output=True, text=True, timeout=300)
+        result = subprocess.run(
+            [*command, f"--vramleak-report={folder / 'r.html'}", "test_suite.py"],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert result.returncode == pytest.ExitCode.TESTS_FAILED, result.stdout + result.stderr
         return folder / "r.html"
     for shard, selection in (("shard-1", "cache or quiet"), ("shard-2", "hook or loop")):
-        result = subprocess.run([*command, f"--vramleak-report={folder / shard}.json", "-k", selection, "test_suite.py"], cwd=folder, capture_output=True, text=True, timeout=300)
+        result = subprocess.run(
+            [*command, f"--vramleak-report={folder / shard}.json", "-k", selection, "test_suite.py"],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert result.returncode == pytest.ExitCode.TESTS_FAILED, result.stdout + result.stderr
     merge = [sys.executable, "-m", "pytest_vramleak", "merge", "shard-1.json", "shard-2.json", "--html", "r.html"]
     result = subprocess.run(merge, cwd=folder, capture_output=True, text=True, timeout=300)
@@ -187,7 +199,13 @@ def test_retention_graph_renders_nodes_edges_and_labels_that_fit(browser: Any, r
     )
     by_test = {entry["test"].rsplit("::", 1)[-1]: entry["graphs"] for entry in graphs}
     (cache,) = by_test["test_cache"]
-    assert sorted(node["label"] for node in cache["nodes"]) == ["Tensor", "Tensor", "Tensor", "dict", "module test_suite"]
+    assert sorted(node["label"] for node in cache["nodes"]) == [
+        "Tensor",
+        "Tensor",
+        "Tensor",
+        "dict",
+        "module test_suite",
+    ]
     assert sorted(cache["labels"]) == [".CACHE", "['user-a']", "['user-b']", "['user-c']"]
     assert len(cache["edges"]) == 4 and min(cache["edges"]) > 20
     for graph in (g for graphs in by_test.values() for g in graphs):
@@ -203,7 +221,9 @@ def test_table_sorts_by_a_column_both_ways(browser: Any, report_page: Path) -> N
     browser.get(report_page.as_uri())
 
     def order() -> list[str]:
-        return [row.text.split()[0].rsplit("::", 1)[-1] for row in browser.find_elements(By.CSS_SELECTOR, "#tests tbody tr")]
+        return [
+            row.text.split()[0].rsplit("::", 1)[-1] for row in browser.find_elements(By.CSS_SELECTOR, "#tests tbody tr")
+        ]
 
     assert order() == ["test_cache", "test_hook", "test_loop", "test_quiet"]
     leaked = browser.find_element(By.XPATH, "//table[@id='tests']//th[button[text()='leaked']]")
@@ -244,7 +264,17 @@ def test_grows():
     KEPT.append(torch.ones(256))
 """
     )
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--vramleak", "--vramleak-repeat=6", f"--vramleak-report={tmp_path / 'r.html'}"]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--vramleak",
+        "--vramleak-repeat=6",
+        f"--vramleak-report={tmp_path / 'r.html'}",
+    ]
     result = subprocess.run([*command, "test_suite.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == pytest.ExitCode.TESTS_FAILED, result.stdout + result.stderr
     browser.get((tmp_path / "r.html").as_uri())
@@ -282,7 +312,16 @@ def test_adam_step():
     torch.optim.Adam(model.parameters()).step()
 """
     )
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", f"--vramleak-report={tmp_path / 'r.html'}", f"--vramleak-report={tmp_path / 'r.json'}"]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        f"--vramleak-report={tmp_path / 'r.html'}",
+        f"--vramleak-report={tmp_path / 'r.json'}",
+    ]
     result = subprocess.run([*command, "test_suite.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == pytest.ExitCode.TESTS_FAILED, result.stdout + result.stderr
     categories = json.loads((tmp_path / "r.json").read_text())["tests"][0]["peak_breakdown"]["categories"]

@@ -9,7 +9,9 @@ import pytest
 MIB = 1024 * 1024
 
 
-def test_a_reserved_budget_fails_a_test_that_reserves_more(pytester: pytest.Pytester, fake_cuda_plugin, run_checked) -> None:
+def test_a_reserved_budget_fails_a_test_that_reserves_more(
+    pytester: pytest.Pytester, fake_cuda_plugin, run_checked
+) -> None:
     fake_cuda_plugin()
     pytester.makepyfile(
         test_it="""
@@ -27,13 +29,19 @@ def test_a_reserved_budget_fails_a_test_that_reserves_more(pytester: pytest.Pyte
     )
     result, report = run_checked("-p", "no:randomly")
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["memory reserved by the caching allocator peaked at 64.0 MiB above its level at the start on cuda:0, allowed 16.0 MiB"])
+    result.stdout.fnmatch_lines(
+        [
+            "memory reserved by the caching allocator peaked at 64.0 MiB above its level at the start on cuda:0, allowed 16.0 MiB"
+        ]
+    )
     assert report["test_reserves_a_big_segment"]["outcome"] == "over_budget"
     assert report["test_reserves_a_big_segment"]["details"]["reserved_peak_bytes"] == 64 * MIB
     assert report["test_reserves_a_small_one"]["outcome"] == "passed"
 
 
-def test_reserved_memory_that_grows_while_allocated_memory_does_not_is_fragmentation(pytester: pytest.Pytester, fake_cuda_plugin) -> None:
+def test_reserved_memory_that_grows_while_allocated_memory_does_not_is_fragmentation(
+    pytester: pytest.Pytester, fake_cuda_plugin
+) -> None:
     fake_cuda_plugin()
     pytester.makepyfile(
         test_it="""
@@ -90,7 +98,9 @@ def test_pinned_host_memory_is_counted_and_budgeted(pytester: pytest.Pytester, f
         "test_pins_too_much_at_once": "over_budget",
     }
     result.stdout.fnmatch_lines(["leaked 8.0 MiB of pinned host memory (torch.cuda.host_memory_stats), allowed 0 B*"])
-    result.stdout.fnmatch_lines(["pinned host memory peaked at 8.0 MiB above its level at the start on cuda:0, allowed 1.0 MiB"])
+    result.stdout.fnmatch_lines(
+        ["pinned host memory peaked at 8.0 MiB above its level at the start on cuda:0, allowed 1.0 MiB"]
+    )
     assert report["test_keeps_a_pinned_buffer"]["details"]["pinned_host_leaked_bytes"] == 8 * MIB
     assert cuda.pinned[0] == 8 * MIB
 

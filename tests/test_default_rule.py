@@ -47,7 +47,9 @@ def test_clean():
 """
 
 
-def test_only_growth_and_memory_kept_once_from_the_floor_fail_by_default(pytester: pytest.Pytester, run_checked) -> None:
+def test_only_growth_and_memory_kept_once_from_the_floor_fail_by_default(
+    pytester: pytest.Pytester, run_checked
+) -> None:
     pytester.makepyfile(test_it=KEPT_AND_GROWING)
     result, report = run_checked("-p", "no:randomly", "--vramleak")
     result.assert_outcomes(passed=2, failed=2)
@@ -82,7 +84,10 @@ def test_only_growth_and_memory_kept_once_from_the_floor_fail_by_default(pyteste
         ]
     )
     result.stdout.fnmatch_lines(
-        ["memory kept once, not growing (passed: below --vramleak-kept-floor):", "*8 B  test_it.py::test_caches_a_result[[]metric0[]] (cpu, kept once)"]
+        [
+            "memory kept once, not growing (passed: below --vramleak-kept-floor):",
+            "*8 B  test_it.py::test_caches_a_result[[]metric0[]] (cpu, kept once)",
+        ]
     )
     # A floor of 4 MiB lets the table pass; growth fails at any size.
     result, report = run_checked("-p", "no:randomly", "--vramleak", "--vramleak-kept-floor=4MiB")
@@ -168,7 +173,12 @@ def test_a_run_again_never_becomes_the_users_failure(pytester: pytest.Pytester, 
     # Judged on its first run: 1 KiB kept, below the floor; the line says why the runs were not used.
     entry = report["test_counts_its_calls"]
     assert (entry["outcome"], entry["pattern"]) == ("passed", None)
-    assert any(note.startswith("the runs after the first were not used: run 2 of 4 failed in call (AssertionError: called 2 times") for note in entry["notes"])
+    assert any(
+        note.startswith(
+            "the runs after the first were not used: run 2 of 4 failed in call (AssertionError: called 2 times"
+        )
+        for note in entry["notes"]
+    )
     # Under a budget the first run's leak fails, as for a test run once, with the same line.
     entry = report["test_counts_its_calls_under_a_budget"]
     assert entry["outcome"] == "leaked"
@@ -201,7 +211,9 @@ def test_doctests_are_not_run_again(pytester: pytest.Pytester) -> None:
     )
     path = pytester.path / "r.json"
     for extra in ([], ["--vramleak-repeat=4"]):
-        result = pytester.runpytest("-p", "no:cacheprovider", "--doctest-modules", "--vramleak", f"--vramleak-report={path}", *extra)
+        result = pytester.runpytest(
+            "-p", "no:cacheprovider", "--doctest-modules", "--vramleak", f"--vramleak-report={path}", *extra
+        )
         result.stdout.no_fnmatch_line("*NameError*")
         result.assert_outcomes(passed=1)
         (entry,) = json.loads(path.read_text())["tests"]
@@ -231,7 +243,9 @@ def test_a_leaking_test_is_counted_once(pytester: pytest.Pytester) -> None:
     again.stdout.fnmatch_lines(["run-last-failure: rerun previous 1 failure*"])
 
 
-def test_a_module_fixture_torn_down_after_the_last_test_does_not_hide_its_leak(pytester: pytest.Pytester, run_checked) -> None:
+def test_a_module_fixture_torn_down_after_the_last_test_does_not_hide_its_leak(
+    pytester: pytest.Pytester, run_checked
+) -> None:
     pytester.makepyfile(
         test_it="""
         import pytest, torch
@@ -283,12 +297,16 @@ def test_memory_only_pytorch_keeps_is_named_as_pytorchs_and_set_aside(pytester: 
     entry = report["test_traces[traced]"]
     assert entry["outcome"] == "passed", result.stdout.str()
     assert entry["repetitions"] == [0, 0, 0, 0]  # less what was set aside: 16 B a run
-    assert entry["notes"] == ["80 B held by PyTorch itself in C++: nothing in Python refers to it, so nothing the test can free (--vramleak-fail-on=any counts it): not counted"]
+    assert entry["notes"] == [
+        "80 B held by PyTorch itself in C++: nothing in Python refers to it, so nothing the test can free (--vramleak-fail-on=any counts it): not counted"
+    ]
     result, report = run_checked("-p", "no:randomly", "--vramleak", "--vramleak-fail-on=any", "-W", "ignore")
     assert report["test_traces[traced]"]["outcome"] == "leaked"
 
 
-def test_a_parametrized_case_keeping_what_an_earlier_case_showed_is_pytorchs_is_not_run_again(pytester: pytest.Pytester, run_checked) -> None:
+def test_a_parametrized_case_keeping_what_an_earlier_case_showed_is_pytorchs_is_not_run_again(
+    pytester: pytest.Pytester, run_checked
+) -> None:
     pytester.makepyfile(test_it=TRACES_A_LOSS.format(cases=["traced", "kept", "traced again"]))
     result, report = run_checked("-p", "no:randomly", "--vramleak", "-W", "ignore")
     assert report["test_traces[traced]"]["repetitions"] == [0, 0, 0, 0]
@@ -307,7 +325,9 @@ def test_a_parametrized_case_keeping_what_an_earlier_case_showed_is_pytorchs_is_
 def test_ids_in_the_summary_paste_back_from_where_pytest_ran(pytester: pytest.Pytester) -> None:
     pytester.makeini("[pytest]\n")  # the rootdir: the folder above the tests
     tests = pytester.mkdir("tests")
-    (tests / "test_it.py").write_text("import torch\nKEPT = []\n\ndef test_leaks():\n    KEPT.append(torch.ones(256))\n")
+    (tests / "test_it.py").write_text(
+        "import torch\nKEPT = []\n\ndef test_leaks():\n    KEPT.append(torch.ones(256))\n"
+    )
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(tests)
         result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak", "test_it.py")
@@ -324,7 +344,9 @@ def test_ids_in_the_summary_paste_back_from_where_pytest_ran(pytester: pytest.Py
         ("out[:1].expand(8, 64)", "expand"),
     ],
 )
-def test_the_storages_allocation_comes_before_where_the_kept_view_was_made(pytester: pytest.Pytester, keep: str, view: str) -> None:
+def test_the_storages_allocation_comes_before_where_the_kept_view_was_made(
+    pytester: pytest.Pytester, keep: str, view: str
+) -> None:
     pytester.makepyfile(
         test_it=f"""
         import torch
@@ -429,12 +451,16 @@ def test_passes():
 
 
 @pytest.mark.parametrize("refreeze", [False, True], ids=["as-timed", "every-observation-refreezes"])
-def test_a_test_that_fails_on_its_own_and_leaks_is_one_failure_with_both_reasons(pytester: pytest.Pytester, refreeze: bool) -> None:
+def test_a_test_that_fails_on_its_own_and_leaks_is_one_failure_with_both_reasons(
+    pytester: pytest.Pytester, refreeze: bool
+) -> None:
     pytester.makepyfile(test_it=FAILING_TESTS)
     if refreeze:  # a slow observation during the call freezes the heap, the failing frames with it
         pytester.makeconftest("import pytest_vramleak.tracker\npytest_vramleak.tracker.REFREEZE_AFTER_SECONDS = 0\n")
     # (in a subprocess: an in-process run's hook recorder keeps every failure's traceback)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak", "-rA", "--junitxml=junit.xml", "--vramleak-report=r.json")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--vramleak", "-rA", "--junitxml=junit.xml", "--vramleak-report=r.json"
+    )
     result.assert_outcomes(failed=2, passed=1)
     result.stdout.fnmatch_lines(
         [
@@ -451,7 +477,9 @@ def test_a_test_that_fails_on_its_own_and_leaks_is_one_failure_with_both_reasons
     output = result.stdout.str()
     # the failing test's own frames (kept by pytest in sys.last_traceback) are not a leak
     assert output.count("vramleak: the test also leaked") == 1, output
-    result.stdout.fnmatch_lines(["FAILED test_it.py::test_fails_and_leaks - AssertionError: its own failure", "*2 failed, 1 passed*"])
+    result.stdout.fnmatch_lines(
+        ["FAILED test_it.py::test_fails_and_leaks - AssertionError: its own failure", "*2 failed, 1 passed*"]
+    )
     suite = ElementTree.parse(pytester.path / "junit.xml").getroot().find("testsuite")
     assert suite is not None and (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("3", "2", "0")
     tests = read_report(pytester.path / "r.json")
@@ -482,9 +510,13 @@ def test_runs_again_leave_the_random_numbers_the_next_tests_draw_as_they_were(py
         """
     )
     pytester.makeconftest("import random, numpy, torch\ntorch.manual_seed(0)\nrandom.seed(0)\nnumpy.random.seed(0)\n")
-    pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:vramleak", "-p", "no:randomly").assert_outcomes(passed=2)
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:vramleak", "-p", "no:randomly").assert_outcomes(
+        passed=2
+    )
     plain = json.loads((pytester.path / "drawn.json").read_text())
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak", "-p", "no:randomly", "--vramleak-report=r.json")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--vramleak", "-p", "no:randomly", "--vramleak-report=r.json"
+    )
     result.assert_outcomes(failed=1, passed=1)
     report = read_report(pytester.path / "r.json")
     assert len(report["test_keeps_memory_and_draws"]["repetitions"]) == 4  # it ran again
@@ -529,15 +561,24 @@ def test_a_slow_test_keeping_memory_only_in_its_parametrize_values_is_not_run_ag
     result, report = run_checked("-p", "no:randomly", "--vramleak")
     result.assert_outcomes(passed=2)
     entry = report["test_fit[callbacks0]"]
-    assert (entry["outcome"], entry["leaked_bytes"], entry["pattern"], entry["repetitions"]) == ("passed", 32, "kept_once", None)
+    assert (entry["outcome"], entry["leaked_bytes"], entry["pattern"], entry["repetitions"]) == (
+        "passed",
+        32,
+        "kept_once",
+        None,
+    )
     assert entry["notes"][0].startswith(
         "kept only in its parametrize values (callbacks), which pytest keeps for the session and no other run of this case adds to: "
         "kept once, not run again (its run took "
     )
-    result.stdout.fnmatch_lines(["memory kept once, not growing*", "*32 B  test_it.py::test_fit[[]callbacks0[]] (cpu, kept once)"])
+    result.stdout.fnmatch_lines(
+        ["memory kept once, not growing*", "*32 B  test_it.py::test_fit[[]callbacks0[]] (cpu, kept once)"]
+    )
 
 
-def test_memory_a_parametrize_value_holds_that_a_module_holds_too_runs_again(pytester: pytest.Pytester, run_checked, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_memory_a_parametrize_value_holds_that_a_module_holds_too_runs_again(
+    pytester: pytest.Pytester, run_checked, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import pytest_vramleak.runs as runs
 
     monkeypatch.setattr(runs, "SLOW_RUN_SECONDS", 0.0)
@@ -548,7 +589,9 @@ def test_memory_a_parametrize_value_holds_that_a_module_holds_too_runs_again(pyt
     assert report["test_runs"]["outcome"] == "passed"  # 3 more runs, and 1 recording sites
 
 
-def test_a_test_its_marks_skip_is_not_measured(pytester: pytest.Pytester, run_checked, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_test_its_marks_skip_is_not_measured(
+    pytester: pytest.Pytester, run_checked, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # pytest skips it as its setup starts, before its fixtures: no check begins (a tracker's
     # begin collects young garbage and freezes the heap), and its record is as before.
     from pytest_vramleak.check import LeakCheck
@@ -580,4 +623,8 @@ def test_a_test_its_marks_skip_is_not_measured(pytester: pytest.Pytester, run_ch
     result.assert_outcomes(passed=1, skipped=3)
     assert begun == ["test_it.py::test_skipped_by_a_condition", "test_it.py::test_runs"]
     for name in ("test_skipped", "test_skipped_if", "test_skipped_by_a_condition"):
-        assert (report[name]["outcome"], report[name]["reason"], report[name]["device"]) == ("unchecked", "the test was skipped", "cpu")
+        assert (report[name]["outcome"], report[name]["reason"], report[name]["device"]) == (
+            "unchecked",
+            "the test was skipped",
+            "cpu",
+        )

@@ -4,7 +4,15 @@ import pytest
 import torch
 
 from pytest_vramleak import Budget, judge_budget
-from pytest_vramleak.devices import CpuMeter, CudaMeter, DeviceUnavailable, explain_reserved, make_meter, measure_growth, resolve_device
+from pytest_vramleak.devices import (
+    CpuMeter,
+    CudaMeter,
+    DeviceUnavailable,
+    explain_reserved,
+    make_meter,
+    measure_growth,
+    resolve_device,
+)
 
 from .fakes import FakeCuda, FakeTorch
 
@@ -179,7 +187,10 @@ def test_driver_only_growth_is_not_the_tests_leak() -> None:
     growth = measure_growth(meter, baseline, driver, allowed=0)
     assert growth.allocated == 0 and growth.measurements == 1
     assert judge_budget(Budget(), "cuda:0", growth.allocated, None).outcome == "passed"
-    assert growth.note(0) == "driver-level usage grew 64.0 MiB while the allocator's did not (kernels or libraries loaded into the context): not the test's leak"
+    assert (
+        growth.note(0)
+        == "driver-level usage grew 64.0 MiB while the allocator's did not (kernels or libraries loaded into the context): not the test's leak"
+    )
 
 
 def test_false_positive_cleared_by_measuring_again() -> None:
@@ -264,7 +275,9 @@ def test_plugin_checks_a_cuda_device_through_the_fake(pytester: pytest.Pytester,
         ("master", 4, "", False, None, ""),
     ],
 )
-def test_pin_worker(worker: str, devices: int, visible: str, initialized: bool, expected: str | None, environ_after: str) -> None:
+def test_pin_worker(
+    worker: str, devices: int, visible: str, initialized: bool, expected: str | None, environ_after: str
+) -> None:
     from pytest_vramleak.devices import pin_worker
 
     cuda = FakeCuda(devices=devices, initialized=initialized)
@@ -297,7 +310,9 @@ def test_plugin_measures_every_cuda_device(pytester: pytest.Pytester, fake_cuda_
     result.stdout.fnmatch_lines(["leaked 2.0 MiB on cuda:1, allowed 0 B"])
 
 
-def test_an_accelerator_check_without_growth_reads_no_tensor(pytester: pytest.Pytester, fake_cuda_plugin, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_accelerator_check_without_growth_reads_no_tensor(
+    pytester: pytest.Pytester, fake_cuda_plugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The allocator's counters are the cheap signal: a tensor is read only to name a leak."""
     from pytest_vramleak.index import Index
 

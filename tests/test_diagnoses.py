@@ -64,7 +64,19 @@ def diagnoses(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
     # One run in a process of its own for every case: what the tests leak on purpose stays there.
     folder = tmp_path_factory.mktemp("diagnoses")
     (folder / "test_it.py").write_text(textwrap.dedent(SUITE))
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak", "--vramleak-fail-on=any", "--vramleak-confirm=0", "--vramleak-report=r.json"]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        "--vramleak",
+        "--vramleak-fail-on=any",
+        "--vramleak-confirm=0",
+        "--vramleak-report=r.json",
+    ]
     result = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300)
     assert result.returncode == pytest.ExitCode.TESTS_FAILED, result.stdout + result.stderr
     tests = json.loads((folder / "r.json").read_text())["tests"]
@@ -82,7 +94,9 @@ def diagnoses(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
         ("test_plain_dict", None, [MOCK, WEAK, APPENDED, STATE]),
     ],
 )
-def test_a_diagnosis_follows_from_the_path(diagnoses: dict[str, list[str]], test: str, expected: str | None, absent: list[str]) -> None:
+def test_a_diagnosis_follows_from_the_path(
+    diagnoses: dict[str, list[str]], test: str, expected: str | None, absent: list[str]
+) -> None:
     found = " | ".join(diagnoses[test])
     if expected is not None:
         assert expected in found
@@ -117,7 +131,9 @@ def test_a_gradient_with_a_graph_of_its_own_is_named_as_create_graphs_cycle(pyte
             FIXED.zero_grad(set_to_none=True)
         """
     )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak", "-W", "ignore::UserWarning", "--vramleak-report=r.json")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--vramleak", "-W", "ignore::UserWarning", "--vramleak-report=r.json"
+    )
     tests = read_report(pytester.path / "r.json")
     leak = tests["test_second_order_through_backward"]
     assert leak["outcome"] == "leaked", result.stdout.str()
@@ -130,7 +146,9 @@ def test_a_gradient_with_a_graph_of_its_own_is_named_as_create_graphs_cycle(pyte
     assert not any("instead of loss.grad_fn" in f for findings in diagnosed.values() for f in findings)
     # first-order gradients kept on a module's model are kept once, and not this cycle
     assert tests["test_first_order"]["outcome"] == "passed"
-    assert not any(f.startswith(CREATE_GRAPH) for tensor in tests["test_first_order"]["tensors"] for f in tensor["diagnoses"])
+    assert not any(
+        f.startswith(CREATE_GRAPH) for tensor in tests["test_first_order"]["tensors"] for f in tensor["diagnoses"]
+    )
     assert tests["test_second_order_through_autograd_grad"]["outcome"] == "passed"
 
 
@@ -149,7 +167,11 @@ PYTEST_SELF = "self (the TestModel instance pytest keeps until the session ends)
 # Each diagnosis: the words it starts with, a group whose path it fits, and one whose path looks
 # alike (a name that reads the same, a near type) that it must not be given.
 EVERY_DIAGNOSIS = {
-    "history": ("autograd history kept", _group("test_it.TRAINER.total_loss", kind="history", nodes=40), _group("test_it.TRAINER.total_loss_history[0]")),
+    "history": (
+        "autograd history kept",
+        _group("test_it.TRAINER.total_loss", kind="history", nodes=40),
+        _group("test_it.TRAINER.total_loss_history[0]"),
+    ),
     "graph carried by a loop": (
         "autograd graph kept alive: 1.0 KiB in 4 saved tensors behind a tensor a running loop",
         _group("test_it:9 local 'hidden'", kind="graph", graph_bytes=1024, graph_tensors=4),
@@ -179,11 +201,27 @@ EVERY_DIAGNOSIS = {
         "a tensor's hook (register_hook) keeps what it is given",
         _group(
             "test_it.PARAM._backward_hooks[4] -> closure var 'big'",
-            paths=[[("test_it", "module"), (".PARAM", "Parameter"), ("._backward_hooks", "OrderedDict"), ("[4]", "function"), (" -> closure var 'big'", "Tensor")]],
+            paths=[
+                [
+                    ("test_it", "module"),
+                    (".PARAM", "Parameter"),
+                    ("._backward_hooks", "OrderedDict"),
+                    ("[4]", "function"),
+                    (" -> closure var 'big'", "Tensor"),
+                ]
+            ],
         ),
         _group(
             "test_it.MODEL._backward_hooks[4] -> closure var 'big'",
-            paths=[[("test_it", "module"), (".MODEL", "Linear"), ("._backward_hooks", "OrderedDict"), ("[4]", "function"), (" -> closure var 'big'", "Tensor")]],
+            paths=[
+                [
+                    ("test_it", "module"),
+                    (".MODEL", "Linear"),
+                    ("._backward_hooks", "OrderedDict"),
+                    ("[4]", "function"),
+                    (" -> closure var 'big'", "Tensor"),
+                ]
+            ],
         ),
     ),
     "closure": (
@@ -218,12 +256,18 @@ EVERY_DIAGNOSIS = {
     ),
     "a parametrized list appended to": (
         "the test (or code it called) added entries to a list or dict that pytest keeps as a parametrize value",
-        _group("parametrize value callbacks of test_fit[2]", paths=[[("parametrize value callbacks of test_fit", "parametrize"), ("[2]", "Tensor")]]),
+        _group(
+            "parametrize value callbacks of test_fit[2]",
+            paths=[[("parametrize value callbacks of test_fit", "parametrize"), ("[2]", "Tensor")]],
+        ),
         _group("test_it.CALLBACKS[2]", paths=[[("test_it.CALLBACKS", "module"), ("[2]", "Tensor")]]),
     ),
     "state on a parametrized object": (
         "an object pytest keeps as a parametrize value for the whole session kept what the test computed on it (a cached",
-        _group("parametrize value holder of test_fit.state", paths=[[("parametrize value holder of test_fit", "parametrize"), (".state", "Tensor")]]),
+        _group(
+            "parametrize value holder of test_fit.state",
+            paths=[[("parametrize value holder of test_fit", "parametrize"), (".state", "Tensor")]],
+        ),
         _group("test_it.HOLDER.state", paths=[[("test_it.HOLDER", "module"), (".state", "Tensor")]]),
     ),
     "unittest.mock": (
@@ -233,12 +277,22 @@ EVERY_DIAGNOSIS = {
     ),
     "WeakKeyDictionary": (
         "a WeakKeyDictionary keeps each value while its key is alive",
-        _group("test_it.CACHE.data[...][1]", paths=[[("test_it.CACHE", "WeakKeyDictionary"), (".data", "dict"), ("[...]", "tuple"), ("[1]", "Tensor")]]),
-        _group("test_it.CACHE.data[...]", paths=[[("test_it.CACHE", "WeakValueDictionary"), (".data", "dict"), ("[...]", "Tensor")]]),
+        _group(
+            "test_it.CACHE.data[...][1]",
+            paths=[[("test_it.CACHE", "WeakKeyDictionary"), (".data", "dict"), ("[...]", "tuple"), ("[1]", "Tensor")]],
+        ),
+        _group(
+            "test_it.CACHE.data[...]",
+            paths=[[("test_it.CACHE", "WeakValueDictionary"), (".data", "dict"), ("[...]", "Tensor")]],
+        ),
     ),
     "held from C++, made by the test": (
         "nothing in Python refers to these tensors the test made",
-        _group(HELD_FROM_CPP_TEXT := "<no Python reference: held from C++, e.g. by a hook or cache inside torch or an extension>", made_inside_library=False),
+        _group(
+            HELD_FROM_CPP_TEXT
+            := "<no Python reference: held from C++, e.g. by a hook or cache inside torch or an extension>",
+            made_inside_library=False,
+        ),
         _group(HELD_FROM_CPP_TEXT, made_inside_library=None),
     ),
     "module-level container": (

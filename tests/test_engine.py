@@ -110,8 +110,6 @@ HELD_IN_CPP_MODULE: list[object] = []
 def test_memory_only_cpp_holds_is_told_without_naming_and_anything_python_reaches_is_not() -> None:
     import gc
 
-    import numpy
-
     from pytest_vramleak.snapshot import HELD_FROM_CPP, held_in_cpp_groups
 
     # a tensor whose Python object only C++ keeps: saved by an autograd graph, its name dropped
@@ -123,7 +121,9 @@ def test_memory_only_cpp_holds_is_told_without_naming_and_anything_python_reache
     del saved
     # (passed in a list of its own: a local of this running test would be a holder)
     groups = held_in_cpp_groups([o for o in gc.get_objects() if id(o) == saved_id], refs)
-    assert groups is not None and [(g.dtype, g.shape, g.bytes, g.held_by) for g in groups] == [("float32", (16,), 64, [HELD_FROM_CPP])]
+    assert groups is not None and [(g.dtype, g.shape, g.bytes, g.held_by) for g in groups] == [
+        ("float32", (16,), 64, [HELD_FROM_CPP])
+    ]
     del y
     # a list holds it: named as usual
     listed = torch.ones(8)

@@ -14,7 +14,9 @@ EXAMPLES = Path(__file__).parent.parent / "examples"
 
 def test_every_leak_in_the_examples_says_where_it_was_made_with_no_option(pytester: pytest.Pytester) -> None:
     shutil.copytree(EXAMPLES, pytester.path / "examples")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak-report=r.json", "examples")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak-report=r.json", "examples"
+    )
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     tests = json.loads((pytester.path / "r.json").read_text())["tests"]
     failing = {t["nodeid"].rpartition("::")[2]: t for t in tests if t["outcome"] != "passed"}
@@ -29,11 +31,25 @@ def test_every_leak_in_the_examples_says_where_it_was_made_with_no_option(pytest
     for name, test in failing.items():
         assert test["tensors"], name
         for group in test["tensors"]:
-            assert any(site.startswith("examples/") for site in group["allocated_at"]), (name, group["title"], group["allocated_at"])
-    result.stdout.fnmatch_lines(["*allocated at examples/test_caches.py:* in embed_user(), called from examples/test_caches.py:* in test_embedding_cache_without_eviction()"])
+            assert any(site.startswith("examples/") for site in group["allocated_at"]), (
+                name,
+                group["title"],
+                group["allocated_at"],
+            )
+    result.stdout.fnmatch_lines(
+        [
+            "*allocated at examples/test_caches.py:* in embed_user(), called from examples/test_caches.py:* in test_embedding_cache_without_eviction()"
+        ]
+    )
     result.stdout.no_fnmatch_line("*not recorded*")
     # the tensors listed are one run's, and the heading says which: the figures above are the first run's
-    result.stdout.fnmatch_lines(["leaked 864.0 KiB on cpu, allowed 0 B", "*", "leaked tensors, as one run leaves them (the run that recorded where tensors are made):"])
+    result.stdout.fnmatch_lines(
+        [
+            "leaked 864.0 KiB on cpu, allowed 0 B",
+            "*",
+            "leaked tensors, as one run leaves them (the run that recorded where tensors are made):",
+        ]
+    )
 
 
 def test_the_script_example_checks_a_training_loop_outside_pytest(pytester: pytest.Pytester) -> None:

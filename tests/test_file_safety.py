@@ -27,7 +27,6 @@ def test_leaks():
 """
 
 
-
 def _ignores_permissions() -> bool:
     """Whether this process may write a read-only file (root, unless its capabilities were dropped)."""
     with tempfile.TemporaryDirectory() as folder:
@@ -87,7 +86,9 @@ def test_a_dangling_symlink_named_as_an_output_gets_its_file_made_where_it_point
 
 
 @pytest.mark.parametrize(("option", "path", "begins"), OUTPUTS)
-def test_a_fifo_named_as_an_output_is_refused_at_start_and_stays_a_fifo(pytester: pytest.Pytester, option: str, path: str, begins: str) -> None:
+def test_a_fifo_named_as_an_output_is_refused_at_start_and_stays_a_fifo(
+    pytester: pytest.Pytester, option: str, path: str, begins: str
+) -> None:
     fifo = pytester.path / path
     fifo.parent.mkdir(exist_ok=True)
     os.mkfifo(fifo)
@@ -100,7 +101,9 @@ def test_a_fifo_named_as_an_output_is_refused_at_start_and_stays_a_fifo(pytester
 
 
 @pytest.mark.parametrize(("option", "path", "begins"), OUTPUTS)
-def test_a_folder_named_as_an_output_is_refused_at_start(pytester: pytest.Pytester, option: str, path: str, begins: str) -> None:
+def test_a_folder_named_as_an_output_is_refused_at_start(
+    pytester: pytest.Pytester, option: str, path: str, begins: str
+) -> None:
     (pytester.path / path).mkdir(parents=True)
     result = run(pytester, option)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -111,9 +114,21 @@ def test_a_folder_named_as_an_output_is_refused_at_start(pytester: pytest.Pytest
 @pytest.mark.parametrize(
     ("make", "problem"),
     [
-        pytest.param(lambda path: (os.mkfifo(path.parent / "fifo"), path.symlink_to(path.parent / "fifo")), "it links to */fifo, which is a FIFO, not a regular file", id="link to a fifo"),
-        pytest.param(lambda path: ((path.parent / "dir").mkdir(), path.symlink_to(path.parent / "dir")), "it links to */dir, which is a folder", id="link to a folder"),
-        pytest.param(lambda path: ((path.parent / "b").symlink_to(path), path.symlink_to(path.parent / "b")), "it is a loop of symbolic links", id="link loop"),
+        pytest.param(
+            lambda path: (os.mkfifo(path.parent / "fifo"), path.symlink_to(path.parent / "fifo")),
+            "it links to */fifo, which is a FIFO, not a regular file",
+            id="link to a fifo",
+        ),
+        pytest.param(
+            lambda path: ((path.parent / "dir").mkdir(), path.symlink_to(path.parent / "dir")),
+            "it links to */dir, which is a folder",
+            id="link to a folder",
+        ),
+        pytest.param(
+            lambda path: ((path.parent / "b").symlink_to(path), path.symlink_to(path.parent / "b")),
+            "it is a loop of symbolic links",
+            id="link loop",
+        ),
         pytest.param(lambda path: None, "it ends with a slash, so it names a folder", id="trailing slash"),
     ],
 )
@@ -140,7 +155,11 @@ def test_an_output_that_becomes_a_fifo_during_the_run_is_left_alone_and_said(pyt
     result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak-report=r.json", "--vramleak-report=r.html")
     result.assert_outcomes(passed=1)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stdout.fnmatch_lines(["vramleak: could not write the JSON report to r.json: OutputPathError: r.json: it is a FIFO, not a regular file"])
+    result.stdout.fnmatch_lines(
+        [
+            "vramleak: could not write the JSON report to r.json: OutputPathError: r.json: it is a FIFO, not a regular file"
+        ]
+    )
     assert stat.S_ISFIFO((pytester.path / "r.json").lstat().st_mode)
     assert (pytester.path / "r.html").read_text().startswith("<!DOCTYPE html>")  # the other output is still written
 
@@ -190,10 +209,14 @@ def test_a_report_in_a_read_only_folder_is_refused_at_start(pytester: pytest.Pyt
     finally:
         folder.chmod(0o755)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: --vramleak-report: cannot write a report to locked/r.json: the folder */locked is not writable"])
+    result.stderr.fnmatch_lines(
+        ["ERROR: --vramleak-report: cannot write a report to locked/r.json: the folder */locked is not writable"]
+    )
 
 
-def test_the_github_step_summary_is_appended_to_through_a_link(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_github_step_summary_is_appended_to_through_a_link(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     summary = pytester.path / "summary.md"
     summary.write_text("earlier step\n")
     (pytester.path / "link.md").symlink_to(summary)
@@ -218,7 +241,9 @@ def test_a_github_step_summary_that_cannot_be_appended_to_is_refused_at_start(
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     result = run(pytester)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"ERROR: $GITHUB_STEP_SUMMARY: cannot append the Markdown summary to {summary}: {problem}"])
+    result.stderr.fnmatch_lines(
+        [f"ERROR: $GITHUB_STEP_SUMMARY: cannot append the Markdown summary to {summary}: {problem}"]
+    )
     # A summary written to a path of its own is not appended to $GITHUB_STEP_SUMMARY: then it does not matter.
     run(pytester, "--vramleak-markdown=summary.md").assert_outcomes(failed=1)
 
@@ -253,7 +278,7 @@ def test_a_binary_stream_replaces_the_file_only_when_its_block_ends_well(tmp_pat
     target.write_bytes(b"old")
     with pytest.raises(ZeroDivisionError), replacing(target, binary=True) as stream:
         stream.write(b"half")
-        1 / 0
+        raise ZeroDivisionError
     assert target.read_bytes() == b"old"
     with replacing(target, binary=True) as stream:
         pickle.dump({"segments": []}, stream)
@@ -269,7 +294,13 @@ def test_appending_accepts_what_replacing_refuses_only_where_nothing_is_replaced
 
 
 def run_merge(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest_vramleak", "merge", *args], cwd=folder, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest_vramleak", "merge", *args],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture
@@ -281,15 +312,47 @@ def shard(pytester: pytest.Pytester) -> Path:
 @pytest.mark.parametrize(
     ("make", "args", "message"),
     [
-        pytest.param(os.mkdir, ("--json", "out"), "--json out: cannot write the merged report there: it is a folder", id="json folder"),
-        pytest.param(os.mkdir, ("--html", "out"), "--html out: cannot write the merged report there: it is a folder", id="html folder"),
-        pytest.param(os.mkfifo, ("--json", "out"), "--json out: cannot write the merged report there: it is a FIFO, not a regular file", id="json fifo"),
-        pytest.param(os.mkfifo, ("--html", "out"), "--html out: cannot write the merged report there: it is a FIFO, not a regular file", id="html fifo"),
-        pytest.param(None, ("--json", "out/"), "--json out/: cannot write the merged report there: it ends with a slash, so it names a folder", id="slash"),
-        pytest.param(None, ("--json", "same", "--html", "same"), "--json and --html name the same file, same: give each its own", id="same file"),
+        pytest.param(
+            os.mkdir,
+            ("--json", "out"),
+            "--json out: cannot write the merged report there: it is a folder",
+            id="json folder",
+        ),
+        pytest.param(
+            os.mkdir,
+            ("--html", "out"),
+            "--html out: cannot write the merged report there: it is a folder",
+            id="html folder",
+        ),
+        pytest.param(
+            os.mkfifo,
+            ("--json", "out"),
+            "--json out: cannot write the merged report there: it is a FIFO, not a regular file",
+            id="json fifo",
+        ),
+        pytest.param(
+            os.mkfifo,
+            ("--html", "out"),
+            "--html out: cannot write the merged report there: it is a FIFO, not a regular file",
+            id="html fifo",
+        ),
+        pytest.param(
+            None,
+            ("--json", "out/"),
+            "--json out/: cannot write the merged report there: it ends with a slash, so it names a folder",
+            id="slash",
+        ),
+        pytest.param(
+            None,
+            ("--json", "same", "--html", "same"),
+            "--json and --html name the same file, same: give each its own",
+            id="same file",
+        ),
     ],
 )
-def test_a_merge_output_that_cannot_be_written_is_one_line_and_nothing_is_written(shard: Path, make, args: tuple[str, ...], message: str) -> None:
+def test_a_merge_output_that_cannot_be_written_is_one_line_and_nothing_is_written(
+    shard: Path, make, args: tuple[str, ...], message: str
+) -> None:
     if make is not None:
         make(shard / "out")
     before = sorted(p.name for p in shard.iterdir())
@@ -312,4 +375,6 @@ def test_a_merge_output_named_by_a_symlink_stays_a_link(shard: Path) -> None:
     done = run_merge(shard, "shard.json", "--json", "all.json", "--html", "all.html")
     assert done.returncode == 0, done.stderr
     assert (shard / "all.html").is_symlink() and (shard / "kept.html").read_text().startswith("<!DOCTYPE html>")
-    assert (shard / "all.json").is_symlink() and json.loads((shard / "kept.json").read_text())["about"]["merged from"] == "shard"
+    assert (shard / "all.json").is_symlink() and json.loads((shard / "kept.json").read_text())["about"][
+        "merged from"
+    ] == "shard"

@@ -30,7 +30,14 @@ def test_it():
 """,
     )
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["leaked 4.0 MiB on cuda:0, allowed 0 B", "*reserved by the caching allocator*", "float32[[]1024, 1024] on cuda:0: 1 tensor, 4.0 MiB", "*held by test_it.CACHE['user-42']"])
+    result.stdout.fnmatch_lines(
+        [
+            "leaked 4.0 MiB on cuda:0, allowed 0 B",
+            "*reserved by the caching allocator*",
+            "float32[[]1024, 1024] on cuda:0: 1 tensor, 4.0 MiB",
+            "*held by test_it.CACHE['user-42']",
+        ]
+    )
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
@@ -48,7 +55,12 @@ def test_it():
     )
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
-        ["leaked 4.0 MiB on cuda:1, allowed 0 B", "leaked tensors on cuda:1:", "float32[[]1024, 1024] on cuda:1: 1 tensor, 4.0 MiB", "*held by test_it.CACHE['user-42']"]
+        [
+            "leaked 4.0 MiB on cuda:1, allowed 0 B",
+            "leaked tensors on cuda:1:",
+            "float32[[]1024, 1024] on cuda:1: 1 tensor, 4.0 MiB",
+            "*held by test_it.CACHE['user-42']",
+        ]
     )
     result.stdout.no_fnmatch_line("*float32[[]1024] on cuda:1*")
 
@@ -65,7 +77,9 @@ def test_it(vramleak):
 """,
     )
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["memory grew * per step over 6 measured steps * on cuda:0*", "*diagnosis: autograd graph kept alive*"])
+    result.stdout.fnmatch_lines(
+        ["memory grew * per step over 6 measured steps * on cuda:0*", "*diagnosis: autograd graph kept alive*"]
+    )
 
 
 def test_cuda_non_leaks_pass(pytester: pytest.Pytester) -> None:
@@ -159,7 +173,9 @@ def test_it():
         "--vramleak-report=out/r.json",
     )
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["allocator history saved to *test_it.py_test_it.pickle*", "    allocated at test_it.py:8 in test_it()"])
+    result.stdout.fnmatch_lines(
+        ["allocator history saved to *test_it.py_test_it.pickle*", "    allocated at test_it.py:8 in test_it()"]
+    )
     assert (pytester.path / "out" / "vramleak-traces" / "test_it.py_test_it.pickle").exists()
 
 
@@ -181,7 +197,12 @@ def test_every_cpu_leak_kind_is_caught_on_cuda_too(pytester: pytest.Pytester, ki
     site_line = next(n for n, line in enumerate((HEADER + text).splitlines(), 1) if line.endswith("# here"))
     result = run(pytester, text, "-rf")
     result.assert_outcomes(passed=1, failed=1)
-    expected = ["leaked * on cuda:0, allowed 0 B", "leaked tensors:", f"    allocated at test_it.py:{site_line} in *", f"*{literal(holder_line)}*"]
+    expected = [
+        "leaked * on cuda:0, allowed 0 B",
+        "leaked tensors:",
+        f"    allocated at test_it.py:{site_line} in *",
+        f"*{literal(holder_line)}*",
+    ]
     result.stdout.fnmatch_lines(expected)
     if diagnosis is not None:
         result.stdout.fnmatch_lines([f"    diagnosis: {literal(diagnosis)}"])
@@ -225,7 +246,9 @@ def test_frees_its_pinned_buffer():
     del buffer
 """,
     )
-    result.stdout.fnmatch_lines(["memory reserved by the caching allocator peaked at * above its level at the start on cuda:0, allowed 8.0 MiB"])
+    result.stdout.fnmatch_lines(
+        ["memory reserved by the caching allocator peaked at * above its level at the start on cuda:0, allowed 8.0 MiB"]
+    )
     result.stdout.fnmatch_lines(["leaked * of pinned host memory (torch.cuda.host_memory_stats), allowed 0 B*"])
     result.stdout.no_fnmatch_line("*test_frees_its_pinned_buffer - *")
 

@@ -37,14 +37,21 @@ def test_block_sites_keep_the_users_frames_of_live_blocks() -> None:
                             {"filename": "/work/tests/test_train.py", "line": 41, "name": "test_train"},
                         ],
                     },
-                    {"address": 8192, "state": "inactive", "frames": [{"filename": "/work/x.py", "line": 1, "name": "f"}]},
+                    {
+                        "address": 8192,
+                        "state": "inactive",
+                        "frames": [{"filename": "/work/x.py", "line": 1, "name": "f"}],
+                    },
                 ],
             },
             {"device": 1, "blocks": [{"address": 4096, "state": "active_allocated", "frames": []}]},
         ]
     }
     sites = BlockSites.from_snapshot(snapshot, device_index=0)
-    assert sites.site_of(None, Storage(4096)) == (("/work/data/featurize.py", 88, "embed"), ("/work/tests/test_train.py", 41, "test_train"))
+    assert sites.site_of(None, Storage(4096)) == (
+        ("/work/data/featurize.py", 88, "embed"),
+        ("/work/tests/test_train.py", 41, "test_train"),
+    )
     assert sites.site_of(None, Storage(8192)) is None
 
 
@@ -76,7 +83,9 @@ def test_trace_saves_a_snapshot_for_a_leaking_cuda_test(pytester: pytest.Pyteste
             pass
         """
     )
-    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak-trace", "--vramleak-report=out/r.json")
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak-trace", "--vramleak-report=out/r.json"
+    )
     result.assert_outcomes(passed=1, failed=1)
     snapshot = pytester.path / "out" / "vramleak-traces" / "test_it.py_test_leaks.pickle"
     result.stdout.fnmatch_lines([f"allocator history saved to {snapshot} (open it in https://pytorch.org/memory_viz)"])

@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_vramleak.referrers import BACKWARD_LEVELS, chain_text, find_chains, hook_holdings, module_hook_holding, name_holders, without_python_holders
+from pytest_vramleak.referrers import (
+    BACKWARD_LEVELS,
+    chain_text,
+    find_chains,
+    hook_holdings,
+    module_hook_holding,
+    name_holders,
+    without_python_holders,
+)
 from pytest_vramleak.snapshot import HELD_FROM_CPP, describe_history
 
 HERE = __name__

@@ -10,9 +10,7 @@ import pytest
 
 from pytest_vramleak.html_report import is_html_path, render_html, retention_graph, step_chart
 
-CACHE_PATHS = [
-    [["test_it", "module"], [".CACHE", "dict"], [f"['user-{n}']", "Tensor"]] for n in (1, 2, 3)
-]
+CACHE_PATHS = [[["test_it", "module"], [".CACHE", "dict"], [f"['user-{n}']", "Tensor"]] for n in (1, 2, 3)]
 
 
 class Elements(HTMLParser):
@@ -43,7 +41,9 @@ class Elements(HTMLParser):
         return [a for t, a in self.tags if t == tag and all(a.get(k.rstrip("_")) == v for k, v in attrs.items())]
 
 
-@pytest.mark.parametrize(("path", "html"), [("r.html", True), ("R.HTM", True), ("r.json", False), ("html", False), ("r.html.json", False)])
+@pytest.mark.parametrize(
+    ("path", "html"), [("r.html", True), ("R.HTM", True), ("r.json", False), ("html", False), ("r.html.json", False)]
+)
 def test_report_kind_follows_the_suffix(path: str, html: bool) -> None:
     assert is_html_path(path) is html
 
@@ -54,7 +54,9 @@ def test_step_chart_shades_the_warm_up_and_plots_every_step() -> None:
     assert [p["class"] for p in points] == ["point warm"] * 2 + ["point"] * 3
     (warmup,) = chart.all("rect", class_="warmup")
     xs = [float(p["cx"] or 0) for p in points]
-    assert xs == sorted(xs) and float(warmup["x"] or 0) + float(warmup["width"] or 0) == pytest.approx((xs[1] + xs[2]) / 2)
+    assert xs == sorted(xs) and float(warmup["x"] or 0) + float(warmup["width"] or 0) == pytest.approx(
+        (xs[1] + xs[2]) / 2
+    )
     ys = [float(p["cy"] or 0) for p in points]
     assert ys[0] > ys[1] > ys[2] > ys[3] > ys[4]  # SVG y grows downwards: memory rises step by step
     assert "step 5: 300 B above the warm-up baseline" in " ".join(chart.text["title"])
@@ -71,7 +73,17 @@ def test_retention_graph_merges_chains_that_share_a_beginning() -> None:
     nodes = [a["class"] for a in graph.all("g")]
     assert nodes.count("node root") == 1 and nodes.count("node target") == 3 and nodes.count("node") == 1
     assert len(graph.all("path", class_="edge")) == 4  # module -> dict, dict -> each of three tensors
-    labels = ["module test_it", "dict", "Tensor", "Tensor", "Tensor", ".CACHE", "['user-1']", "['user-2']", "['user-3']"]
+    labels = [
+        "module test_it",
+        "dict",
+        "Tensor",
+        "Tensor",
+        "Tensor",
+        ".CACHE",
+        "['user-1']",
+        "['user-2']",
+        "['user-3']",
+    ]
     assert sorted(graph.text["text"]) == sorted(labels)
 
 
@@ -89,12 +101,25 @@ def test_retention_graph_clips_long_labels_and_keeps_them_whole_in_a_tooltip() -
 
 
 def result(nodeid: str, outcome: str, **figures: object) -> dict[str, object]:
-    return {"nodeid": nodeid, "device": "cpu", "outcome": outcome, "budget": {"peak": None, "leak": 0}, "tensors": [], **figures}
+    return {
+        "nodeid": nodeid,
+        "device": "cpu",
+        "outcome": outcome,
+        "budget": {"peak": None, "leak": 0},
+        "tensors": [],
+        **figures,
+    }
 
 
 def test_page_escapes_everything_it_did_not_write_itself() -> None:
     hostile = "test_x.py::test_it[<script>alert(1)</script>]"
-    group = {"title": "<marquee>", "dtype": "float32", "shape": [1], "held_by": ["</script><script>alert(2)</script>"], "held_by_paths": [[["<blink>", "module"]]]}
+    group = {
+        "title": "<marquee>",
+        "dtype": "float32",
+        "shape": [1],
+        "held_by": ["</script><script>alert(2)</script>"],
+        "held_by_paths": [[["<blink>", "module"]]],
+    }
     page = render_html([result(hostile, "leaked", leaked_bytes=4, tensors=[group])])
     assert "<script>alert" not in page and "<marquee>" not in page and "<blink>" not in page
     scripts = re.findall(r"<script[^>]*>(.*?)</script>", page, flags=re.S)
@@ -105,7 +130,13 @@ def test_page_escapes_everything_it_did_not_write_itself() -> None:
 
 def test_page_table_has_a_sortable_row_per_test_and_links_to_details() -> None:
     results = [
-        result("t.py::test_leaks", "leaked", baseline_bytes=10, leaked_bytes=4096, tensors=[{"dtype": "float32", "shape": [2], "held_by_paths": CACHE_PATHS}]),
+        result(
+            "t.py::test_leaks",
+            "leaked",
+            baseline_bytes=10,
+            leaked_bytes=4096,
+            tensors=[{"dtype": "float32", "shape": [2], "held_by_paths": CACHE_PATHS}],
+        ),
         result("t.py::test_quiet", "passed", baseline_bytes=10, leaked_bytes=0),
         result("t.py::test_skipped", "unchecked", reason="the test was skipped"),
     ]
@@ -139,9 +170,13 @@ def test_run_writes_html_and_json_side_by_side(pytester: pytest.Pytester) -> Non
                 kept.append(torch.ones(256))
         """
     )
-    result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak-report=out/r.html", "--vramleak-report=out/r.json")
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "--vramleak-report=out/r.html", "--vramleak-report=out/r.json"
+    )
     result.assert_outcomes(failed=2)
-    result.stdout.fnmatch_lines(["vramleak: device cpu, checking tests marked vram_budget, *, step warm-up 2, report out/r.html, out/r.json"])
+    result.stdout.fnmatch_lines(
+        ["vramleak: device cpu, checking tests marked vram_budget, *, step warm-up 2, report out/r.html, out/r.json"]
+    )
     page = (pytester.path / "out" / "r.html").read_text()
     report = json.loads((pytester.path / "out" / "r.json").read_text())
     embedded = json.loads(re.search(r'id="vramleak-data">(.*?)</script>', page, flags=re.S).group(1))  # type: ignore[union-attr]
@@ -164,7 +199,14 @@ def test_ini_twin_takes_several_report_paths(pytester: pytest.Pytester) -> None:
 
 
 def test_fixture_leftovers_are_listed_with_their_holders() -> None:
-    fixture = {"fixture": "model", "scope": "module", "where": "t.py", "bytes": 263168, "held_by": ["t.REGISTRY[0].weight"], "diagnoses": ["bound it"]}
+    fixture = {
+        "fixture": "model",
+        "scope": "module",
+        "where": "t.py",
+        "bytes": 263168,
+        "held_by": ["t.REGISTRY[0].weight"],
+        "diagnoses": ["bound it"],
+    }
     page = Elements(render_html([result("t.py::test_it", "passed")], fixtures=[fixture]))
     (table,) = page.all("table", class_="fixtures")
     assert "t.REGISTRY[0].weight" in page.text["code"] and "257.0 KiB" in page.text["td"]
@@ -172,7 +214,10 @@ def test_fixture_leftovers_are_listed_with_their_holders() -> None:
 
 
 def test_a_test_with_many_leaked_groups_draws_the_largest_and_counts_the_rest() -> None:
-    groups = [{"dtype": "float32", "shape": [n], "bytes": 4 * n, "held_by_paths": [[["t", "module"], [f".T{n}", "Tensor"]]]} for n in range(30, 0, -1)]
+    groups = [
+        {"dtype": "float32", "shape": [n], "bytes": 4 * n, "held_by_paths": [[["t", "module"], [f".T{n}", "Tensor"]]]}
+        for n in range(30, 0, -1)
+    ]
     page = render_html([result("t.py::test_it", "leaked", leaked_bytes=1860, tensors=groups)])
     assert len(Elements(page).all("svg", class_="graph")) == 20
     assert "… and 10 more groups of tensors, 220 B" in page

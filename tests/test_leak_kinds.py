@@ -12,6 +12,7 @@ from pytest_vramleak import diff, take_snapshot
 
 from .conftest import read_report
 
+
 def literal(pattern: str) -> str:
     """``pattern`` for fnmatch_lines with its brackets matched literally; ``*`` stays a wildcard."""
     return pattern.replace("[", "[[]")
@@ -240,10 +241,20 @@ def test_leak_kind_fails_names_its_holder_site_and_cause(pytester: pytest.Pytest
     result = pytester.runpytest("-p", "no:cacheprovider", "-rf", "--vramleak-sites=on")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
-        ["leaked * on cpu, allowed 0 B*", "leaked tensors*:", f"    allocated at test_it.py:{site_line} in *", f"*{literal(holder_line)}*"]
+        [
+            "leaked * on cpu, allowed 0 B*",
+            "leaked tensors*:",
+            f"    allocated at test_it.py:{site_line} in *",
+            f"*{literal(holder_line)}*",
+        ]
     )
     if view_line is not None:  # the storage's allocation first, then where the kept view was made
-        result.stdout.fnmatch_lines([f"    allocated at test_it.py:{site_line} in *", f"        kept through a view made at test_it.py:{view_line} in *"])
+        result.stdout.fnmatch_lines(
+            [
+                f"    allocated at test_it.py:{site_line} in *",
+                f"        kept through a view made at test_it.py:{view_line} in *",
+            ]
+        )
     if diagnosis is not None:
         result.stdout.fnmatch_lines([f"    diagnosis: {literal(diagnosis)}"])
     result.stdout.fnmatch_lines(["LEAKED test_it.py::test_it - VramLeak: leaked * on cpu, allowed 0 B*"])
@@ -317,7 +328,9 @@ def test_compiled_graph_constants_are_named_as_pytorchs_cache() -> None:
     assert diff(before).leaked_bytes == 0
 
 
-def test_constants_of_an_inductor_graph_are_not_the_tests_leak(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_constants_of_an_inductor_graph_are_not_the_tests_leak(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Inductor keeps a compiled graph's constants as globals of its generated module, which
     # torch._dynamo.reset() does not free: a cache of PyTorch's all the same.
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(pytester.path / "inductor-cache"))
@@ -344,7 +357,15 @@ def test_constants_of_an_inductor_graph_are_not_the_tests_leak(pytester: pytest.
     # own: what inductor imports cannot be imported twice in one process.
     path = pytester.path / "vramleak.json"
     result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "-p", "no:randomly", f"--vramleak-report={path}", "-W", "error", "-W", "ignore::DeprecationWarning"
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        f"--vramleak-report={path}",
+        "-W",
+        "error",
+        "-W",
+        "ignore::DeprecationWarning",
     )
     report = read_report(path)
     assert report["test_compiled"]["outcome"] == "passed", result.stdout.str()
@@ -352,7 +373,9 @@ def test_constants_of_an_inductor_graph_are_not_the_tests_leak(pytester: pytest.
     assert any("held by caches PyTorch keeps itself" in note for note in report["test_compiled"]["notes"])
     leaked = report["test_compiled_and_leaks"]
     assert (leaked["outcome"], leaked["leaked_bytes"]) == ("leaked", 6 * 4)  # the output, not the constant
-    assert [[re.sub(r"\[\d+\]", "[i]", chain) for chain in group["held_by"]] for group in leaked["tensors"]] == [["test_it.KEPT[i]"]]
+    assert [[re.sub(r"\[\d+\]", "[i]", chain) for chain in group["held_by"]] for group in leaked["tensors"]] == [
+        ["test_it.KEPT[i]"]
+    ]
 
 
 def test_compiled_code_in_checked_tests_is_not_blamed_slowed_or_warned_about(pytester: pytest.Pytester) -> None:
@@ -413,7 +436,9 @@ def test_a_failed_tests_frames_are_freed_before_the_next_checked_test(pytester: 
     )
     # In a process of its own: an inline run's recorder would keep the failed test's report too.
     pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly").assert_outcomes(passed=1, failed=1)
-    pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "-p", "no:vramleak").assert_outcomes(failed=2)
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "-p", "no:vramleak").assert_outcomes(
+        failed=2
+    )
 
 
 @pytest.mark.parametrize("sites", ["auto", "on"])
@@ -458,7 +483,9 @@ def test_compiled_recurrent_networks_run_as_without_the_plugin(pytester: pytest.
         """
     )
     # In a process of its own: what compiling imports cannot be imported twice in one process.
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak", f"--vramleak-sites={sites}")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak", f"--vramleak-sites={sites}"
+    )
     result.assert_outcomes(passed=4)
     result.stdout.no_fnmatch_line("*pytest_vramleak*")
 
@@ -663,20 +690,28 @@ HELD_WITHOUT_A_TENSOR_IN_PYTHON_UNMARKED = {
 
 
 @pytest.mark.parametrize("kind", sorted(HELD_WITHOUT_A_TENSOR_IN_PYTHON_UNMARKED))
-def test_what_nothing_in_python_holds_is_named_and_placed_under_the_default_rule(pytester: pytest.Pytester, kind: str) -> None:
+def test_what_nothing_in_python_holds_is_named_and_placed_under_the_default_rule(
+    pytester: pytest.Pytester, kind: str
+) -> None:
     # Unmarked, under --vramleak: confirmed by running again, then once more recording where the
     # tensors are made (with fewer frames, and no notes of what functions return, where no Python
     # object refers to them).
     source, holder, _ = HELD_WITHOUT_A_TENSOR_IN_PYTHON_UNMARKED[kind]
-    pytester.makepyfile(test_it="import pytest, torch\n" + textwrap.dedent(source).replace("@pytest.mark.vram_budget\n", ""))
+    pytester.makepyfile(
+        test_it="import pytest, torch\n" + textwrap.dedent(source).replace("@pytest.mark.vram_budget\n", "")
+    )
     result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak", "-W", "ignore::DeprecationWarning")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["memory grew * per run of the test*", "    allocated at test_it.py:* in *", f"    {holder}"])
+    result.stdout.fnmatch_lines(
+        ["memory grew * per run of the test*", "    allocated at test_it.py:* in *", f"    {holder}"]
+    )
     result.stdout.no_fnmatch_line("*held from C++*")
     result.stdout.no_fnmatch_line("*held by PyTorch itself*")
 
 
-def test_a_registry_a_c_module_shares_is_named_by_its_python_owner_and_a_class_key_by_its_name(pytester: pytest.Pytester) -> None:
+def test_a_registry_a_c_module_shares_is_named_by_its_python_owner_and_a_class_key_by_its_name(
+    pytester: pytest.Pytester,
+) -> None:
     # copyreg.dispatch_table is also held by the _pickle C module's state, one level nearer
     pytester.makepyfile(
         test_it="""
@@ -713,7 +748,10 @@ def test_a_tensors_hook_is_named_through_its_hooks_dict(pytester: pytest.Pyteste
     result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak", "--vramleak-fail-on=any")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
-        ["    held by test_it.PARAM._backward_hooks[[]*[]] -> closure var 'big'", "    diagnosis: a tensor's hook (register_hook) keeps what it is given*handle.remove()*"]
+        [
+            "    held by test_it.PARAM._backward_hooks[[]*[]] -> closure var 'big'",
+            "    diagnosis: a tensor's hook (register_hook) keeps what it is given*handle.remove()*",
+        ]
     )
     result.stdout.no_fnmatch_line("*<Parameter>*")
 
@@ -759,6 +797,8 @@ def test_a_kept_mkldnn_model_is_named_through_its_torchscript_attributes(pyteste
     )
     result = pytester.runpytest("-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["float32[[]64, 64[]] on cpu: * 16.0 KiB", "    held by test_it.KEEP[[]'mkldnn_model'[]].weight"])
+    result.stdout.fnmatch_lines(
+        ["float32[[]64, 64[]] on cpu: * 16.0 KiB", "    held by test_it.KEEP[[]'mkldnn_model'[]].weight"]
+    )
     result.stdout.fnmatch_lines(["float32[[]64[]] on cpu: *", "    held by test_it.KEEP[[]'mkldnn_model'[]].bias"])
     result.stdout.no_fnmatch_line("*held from C++*")

@@ -229,7 +229,9 @@ def lstm_hidden_state_detached_each_step(run: Run) -> Step:
     lstm, head = nn.LSTM(FEATURES, 32, batch_first=True), nn.Linear(32, 1)
     optimizer = torch.optim.Adam([*lstm.parameters(), *head.parameters()], lr=1e-3)
     generator = seeded(run, 5)
-    chunks = [(torch.randn(4, 8, FEATURES, generator=generator), torch.randn(4, 8, 1, generator=generator)) for _ in range(4)]
+    chunks = [
+        (torch.randn(4, 8, FEATURES, generator=generator), torch.randn(4, 8, 1, generator=generator)) for _ in range(4)
+    ]
     hidden: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def step(i: int) -> None:
@@ -667,7 +669,9 @@ def small_leak_under_accumulation_sawtooth(run: Run) -> Step:
 def test_catalogues_hold_60_loops_or_more_half_of_them_leaking() -> None:
     from . import test_noisy_loops, test_realistic_loops
 
-    labels = {entry.name: entry.leaks for entry in [*CATALOGUE, *test_realistic_loops.CATALOGUE, *test_noisy_loops.LOOPS]}
+    labels = {
+        entry.name: entry.leaks for entry in [*CATALOGUE, *test_realistic_loops.CATALOGUE, *test_noisy_loops.LOOPS]
+    }
     assert len(labels) == len(CATALOGUE) + len(test_realistic_loops.CATALOGUE) + len(test_noisy_loops.LOOPS) >= 60
     assert sum(labels.values()) * 2 == len(labels), "half the loops should leak"
 
@@ -684,7 +688,12 @@ def test_no_seed_gets_a_wrong_verdict(entry: Loop, setting: Setting) -> None:
     check_catalogue_entry(entry, setting)
 
 
-EXPLAINED = ["forward_hook_appends_activations", "predictions_concatenated_every_step", "loss_history_as_detached_tensors", "eval_loss_summed_with_graph"]
+EXPLAINED = [
+    "forward_hook_appends_activations",
+    "predictions_concatenated_every_step",
+    "loss_history_as_detached_tensors",
+    "eval_loss_summed_with_graph",
+]
 
 
 @pytest.mark.parametrize("name", EXPLAINED)
@@ -695,6 +704,11 @@ def test_the_explanation_changes_no_verdict_and_names_what_holds_the_leak(name: 
     build = functools.partial(entry.build, Run(3, setting.steps, setting.most))
     plain = run_loop(build, setting, tracker)
     explained = run_loop(build, setting, tracker, explain=True)
-    assert (plain.steps, plain.kept, plain.history, plain.verdict) == (explained.steps, explained.kept, explained.history, explained.verdict)
+    assert (plain.steps, plain.kept, plain.history, plain.verdict) == (
+        explained.steps,
+        explained.kept,
+        explained.history,
+        explained.verdict,
+    )
     assert plain.grows and plain.leak is None and explained.leak is not None
     assert "held by" in explained.describe(), explained.describe()

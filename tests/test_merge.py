@@ -32,7 +32,13 @@ def test_also_clean():
 
 
 def run_merge(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest_vramleak", "merge", *args], cwd=folder, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest_vramleak", "merge", *args],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture
@@ -60,7 +66,9 @@ def test_merging_shards_gives_one_report_that_keeps_each_tests_shard(shards: Pat
 
 
 def test_merging_is_idempotent(shards: Path, pytester: pytest.Pytester) -> None:
-    pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--vramleak-report=xdist.json")  # pytest-xdist merged its workers
+    pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-n", "2", "--vramleak-report=xdist.json"
+    )  # pytest-xdist merged its workers
     assert len(json.loads((shards / "xdist.json").read_text())["tests"]) == 3
     assert run_merge(shards, "shard-1.json", "xdist.json", "--json", "all.json").returncode == 0
     assert run_merge(shards, "all.json", "all.json", "xdist.json", "--json", "again.json").returncode == 0
@@ -68,7 +76,9 @@ def test_merging_is_idempotent(shards: Path, pytester: pytest.Pytester) -> None:
     assert again["tests"] == first["tests"]
     assert run_merge(shards, "xdist.json", "xdist.json", "--json", "self.json").returncode == 0
     alone = json.loads((shards / "self.json").read_text())
-    assert [{k: v for k, v in t.items() if k != "shard"} for t in alone["tests"]] == json.loads((shards / "xdist.json").read_text())["tests"]
+    assert [{k: v for k, v in t.items() if k != "shard"} for t in alone["tests"]] == json.loads(
+        (shards / "xdist.json").read_text()
+    )["tests"]
 
 
 def test_a_test_in_two_reports_with_different_figures_is_said(shards: Path) -> None:
@@ -77,7 +87,10 @@ def test_a_test_in_two_reports_with_different_figures_is_said(shards: Path) -> N
     (shards / "rerun.json").write_text(json.dumps(other))
     done = run_merge(shards, "shard-1.json", "rerun.json", "--json", "all.json")
     assert done.returncode == 0
-    assert "test_it.py::test_leaks is in shard-1 and rerun with different figures (leaked and leaked): kept the one from rerun" in done.stderr
+    assert (
+        "test_it.py::test_leaks is in shard-1 and rerun with different figures (leaked and leaked): kept the one from rerun"
+        in done.stderr
+    )
     merged = json.loads((shards / "all.json").read_text())
     assert [t["leaked_bytes"] for t in merged["tests"]] == [2048]
 
@@ -109,7 +122,13 @@ BENCHMARK_SCHEMA = {
     "items": {
         "type": "object",
         "required": ["name", "unit", "value"],
-        "properties": {"name": {"type": "string"}, "unit": {"type": "string"}, "value": {"type": "number"}, "range": {"type": "string"}, "extra": {"type": "string"}},
+        "properties": {
+            "name": {"type": "string"},
+            "unit": {"type": "string"},
+            "value": {"type": "number"},
+            "range": {"type": "string"},
+            "extra": {"type": "string"},
+        },
         "additionalProperties": False,
     },
 }
@@ -117,11 +136,16 @@ BENCHMARK_SCHEMA = {
 
 def test_benchmark_json_has_the_format_benchmark_actions_chart(pytester: pytest.Pytester) -> None:
     import jsonschema
+
     pytester.makepyfile(test_it=SUITE)
     pytester.runpytest("-p", "no:cacheprovider", "--vramleak-benchmark-json=bench.json")
     entries = json.loads((pytester.path / "bench.json").read_text())
     jsonschema.validate(entries, BENCHMARK_SCHEMA)
     by_name = {entry["name"]: entry for entry in entries}
-    assert by_name["test_it.py::test_leaks leaked (cpu)"] == {"name": "test_it.py::test_leaks leaked (cpu)", "unit": "bytes", "value": 1024}
+    assert by_name["test_it.py::test_leaks leaked (cpu)"] == {
+        "name": "test_it.py::test_leaks leaked (cpu)",
+        "unit": "bytes",
+        "value": 1024,
+    }
     assert by_name["test_it.py::test_clean peak (cpu)"]["value"] >= 4000
     assert "test_it.py::test_leaks peak (cpu)" not in by_name  # no peak measured: no figure

@@ -118,7 +118,11 @@ LOOPS = [
     NoisyLoop("mixture_of_experts_logging_router_probabilities", lambda seed: mixture_of_experts(seed, True), True),
     NoisyLoop("variable_batches", variable_batches, False),
     NoisyLoop("variable_batches_keeping_128_bytes_a_step", lambda seed: variable_batches(seed, keep=128), True),
-    NoisyLoop("variable_batches_with_a_buffer_cleared_every_3_steps", lambda seed: variable_batches(seed, clear_every=3), False),
+    NoisyLoop(
+        "variable_batches_with_a_buffer_cleared_every_3_steps",
+        lambda seed: variable_batches(seed, clear_every=3),
+        False,
+    ),
 ]
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -136,7 +140,9 @@ def test_a_leak_under_noise_is_reported_at_its_own_rate() -> None:
     for seed in SEEDS:
         result = StepWatcher("cpu", warmup=2, explain=False).check(variable_batches(seed, keep=128), steps=10)
         assert result.verdict is not None and result.verdict.per_step_bytes == 128, (seed, result.describe())
-        assert result.verdict.message.startswith("memory grew 128 B per step over 8 measured steps"), result.verdict.message
+        assert result.verdict.message.startswith("memory grew 128 B per step over 8 measured steps"), (
+            result.verdict.message
+        )
 
 
 def test_undecided_says_why_and_max_steps_says_how_many_steps_it_took() -> None:
@@ -171,15 +177,23 @@ def test_padded_batches(vramleak):
 """
 
 
-def test_an_inline_loop_the_steps_cannot_decide_is_unchecked_with_the_reason(pytester: pytest.Pytester, run_checked) -> None:
+def test_an_inline_loop_the_steps_cannot_decide_is_unchecked_with_the_reason(
+    pytester: pytest.Pytester, run_checked
+) -> None:
     # The loop's batch, padded to its longest sequence, is alive after each step: the figures
     # rose over the 4 measured steps, and nothing a step made outlived the next one.
     pytester.makepyfile(test_it=INLINE.format(max_steps="", keep="pass"))
     result, report = run_checked("-p", "no:randomly")
     entry = report["test_padded_batches"]
-    assert (entry["outcome"], entry["reason"][:40]) == ("unchecked", "undecided: memory rose 64 B over 4 measu"), result.stdout.str()
+    assert (entry["outcome"], entry["reason"][:40]) == ("unchecked", "undecided: memory rose 64 B over 4 measu"), (
+        result.stdout.str()
+    )
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["test_it.py::test_padded_batches: undecided: memory rose 64 B over 4 measured steps on cpu*allow more steps with steps(n, warmup=k, max_steps=m)"])
+    result.stdout.fnmatch_lines(
+        [
+            "test_it.py::test_padded_batches: undecided: memory rose 64 B over 4 measured steps on cpu*allow more steps with steps(n, warmup=k, max_steps=m)"
+        ]
+    )
 
 
 def test_max_steps_lets_an_inline_loop_run_on_until_it_is_decided(pytester: pytest.Pytester, run_checked) -> None:
@@ -189,8 +203,15 @@ def test_max_steps_lets_an_inline_loop_run_on_until_it_is_decided(pytester: pyte
     assert entry["outcome"] == "passed" and len(entry["steps"]) > 4, entry
 
 
-def test_an_inline_loop_keeping_a_small_tensor_a_step_under_the_noise_fails(pytester: pytest.Pytester, run_checked) -> None:
+def test_an_inline_loop_keeping_a_small_tensor_a_step_under_the_noise_fails(
+    pytester: pytest.Pytester, run_checked
+) -> None:
     pytester.makepyfile(test_it=INLINE.format(max_steps="", keep="kept.append(loss.detach().reshape(1).repeat(32))"))
     result, report = run_checked("-p", "no:randomly")
     assert report["test_padded_batches"]["outcome"] == "leaked", result.stdout.str()
-    result.stdout.fnmatch_lines(["memory grew 128 B per step over 4 measured steps (512 B in total) on cpu*", "    held by test_padded_batches:* local 'kept'[[]*[]]"])
+    result.stdout.fnmatch_lines(
+        [
+            "memory grew 128 B per step over 4 measured steps (512 B in total) on cpu*",
+            "    held by test_padded_batches:* local 'kept'[[]*[]]",
+        ]
+    )

@@ -85,12 +85,28 @@ def _anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 
-PYTEST_GROUP = {"plugin", "runs", "state", "marker", "fixture", "leftovers", "summary", "outputs", "protocol", "release", "options"}
+PYTEST_GROUP = {
+    "plugin",
+    "runs",
+    "state",
+    "marker",
+    "fixture",
+    "leftovers",
+    "summary",
+    "outputs",
+    "protocol",
+    "release",
+    "options",
+}
 
 
 def test_the_engine_imports_nothing_of_the_pytest_layer() -> None:
     # A training script uses the engine (LeakCheck, StepWatcher, take_snapshot) without pytest's hooks.
-    wrong = {name: sorted(imported & PYTEST_GROUP) for name, imported in _imports().items() if name not in PYTEST_GROUP and not name.startswith("__") and imported & PYTEST_GROUP}
+    wrong = {
+        name: sorted(imported & PYTEST_GROUP)
+        for name, imported in _imports().items()
+        if name not in PYTEST_GROUP and not name.startswith("__") and imported & PYTEST_GROUP
+    }
     assert wrong == {}
 
 
@@ -98,8 +114,14 @@ def test_plugin_py_only_wires_hooks_in_under_500_lines() -> None:
     # Verdicts and text live in the modules it calls; what is left is pytest's hooks.
     source = (PACKAGE / "plugin.py").read_text()
     assert len(source.splitlines()) < 500
-    functions = [node.name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.FunctionDef) and not node.name.startswith("pytest_")]
-    assert not [name for name in functions if re.search(r"word|format|render|text|message|verdict|judge", name)], functions
+    functions = [
+        node.name
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("pytest_")
+    ]
+    assert not [name for name in functions if re.search(r"word|format|render|text|message|verdict|judge", name)], (
+        functions
+    )
 
 
 def test_no_class_is_over_300_lines() -> None:

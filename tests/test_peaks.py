@@ -88,7 +88,9 @@ def test_an_adam_step_shows_optimizer_state(pytester: pytest.Pytester, run_check
     result.stdout.fnmatch_lines(["  optimizer state *", "*made by aten::*, from test_it.py:8 in test_adam_step()"])
 
 
-def test_a_test_within_its_peak_budget_keeps_its_breakdown_in_the_report_only(pytester: pytest.Pytester, run_checked) -> None:
+def test_a_test_within_its_peak_budget_keeps_its_breakdown_in_the_report_only(
+    pytester: pytest.Pytester, run_checked
+) -> None:
     pytester.makepyfile(
         test_it="""
         import pytest
@@ -125,11 +127,18 @@ def test_running_out_of_memory_shows_the_breakdown(pytester: pytest.Pytester) ->
     result = pytester.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
-        ["*vramleak: what filled the memory*", "*", "memory at the peak (2.0 MiB above the start), by kind*", "*made by aten::ones, from test_it.py:6 in <listcomp>()"]
+        [
+            "*vramleak: what filled the memory*",
+            "*",
+            "memory at the peak (2.0 MiB above the start), by kind*",
+            "*made by aten::ones, from test_it.py:6 in <listcomp>()",
+        ]
     )
 
 
-def test_a_tests_own_profiler_under_a_peak_budget_runs_as_without_the_plugin(pytester: pytest.Pytester, run_checked) -> None:
+def test_a_tests_own_profiler_under_a_peak_budget_runs_as_without_the_plugin(
+    pytester: pytest.Pytester, run_checked
+) -> None:
     pytester.makepyfile(
         test_it="""
         import pytest
@@ -165,7 +174,9 @@ def test_peaks_option_measures_every_cpu_test(pytester: pytest.Pytester, run_che
     assert report["test_makes_a_megabyte"]["peak_breakdown"] is None  # breakdowns are for tests with a peak budget
 
 
-def test_a_step_loop_in_a_test_with_a_peak_budget_is_explained_with_its_timeline(pytester: pytest.Pytester, run_checked) -> None:
+def test_a_step_loop_in_a_test_with_a_peak_budget_is_explained_with_its_timeline(
+    pytester: pytest.Pytester, run_checked
+) -> None:
     pytester.makepyfile(
         test_it="""
         import pytest

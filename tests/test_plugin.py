@@ -7,8 +7,6 @@ import re
 
 import pytest
 
-from pytest_vramleak import format_size
-
 from .conftest import read_report
 
 
@@ -134,7 +132,10 @@ def test_leak_budget_and_peak_budget(pytester: pytest.Pytester, run_checked) -> 
     result, report = run_checked()
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(
-        ["peaked at 4.0 MiB above baseline on cpu, allowed 1.0 MiB", "OVER BUDGET test_it.py::test_over_peak - VramLeak: peaked at 4.0 MiB*"]
+        [
+            "peaked at 4.0 MiB above baseline on cpu, allowed 1.0 MiB",
+            "OVER BUDGET test_it.py::test_over_peak - VramLeak: peaked at 4.0 MiB*",
+        ]
     )
     assert report["test_within_leak_budget"]["outcome"] == "passed"
     assert report["test_within_leak_budget"]["leaked_bytes"] == 4096
@@ -220,13 +221,34 @@ def test_json_report_schema(pytester: pytest.Pytester) -> None:
 @pytest.mark.parametrize(
     ("marker", "message"),
     [
-        ("vram_budget(leak=-1)", "test_it.py::test_it: @pytest.mark.vram_budget(leak=-1): size must not be negative, got -1"),
-        ("vram_budget('12 parsecs')", "test_it.py::test_it: @pytest.mark.vram_budget(peak='12 parsecs'): unknown unit 'parsecs' in '12 parsecs'*"),
-        ("vram_budget(leak=1.5)", "test_it.py::test_it: @pytest.mark.vram_budget(leak=1.5): expected bytes as an int or a string*got float 1.5"),
-        ("vram_budget(leek=0)", "test_it.py::test_it: @pytest.mark.vram_budget: unknown keyword 'leek'; use peak, leak, device, repeat, reserved or pinned"),
-        ("vram_budget(1, 2)", "test_it.py::test_it: @pytest.mark.vram_budget takes one positional argument (peak), got 2: (1, 2)"),
-        ("vram_budget(1, peak=2)", "test_it.py::test_it: @pytest.mark.vram_budget: peak given both by position and by keyword"),
-        ("vram_budget(device='tpu')", "test_it.py::test_it: @pytest.mark.vram_budget(device='tpu'): unknown device 'tpu'*"),
+        (
+            "vram_budget(leak=-1)",
+            "test_it.py::test_it: @pytest.mark.vram_budget(leak=-1): size must not be negative, got -1",
+        ),
+        (
+            "vram_budget('12 parsecs')",
+            "test_it.py::test_it: @pytest.mark.vram_budget(peak='12 parsecs'): unknown unit 'parsecs' in '12 parsecs'*",
+        ),
+        (
+            "vram_budget(leak=1.5)",
+            "test_it.py::test_it: @pytest.mark.vram_budget(leak=1.5): expected bytes as an int or a string*got float 1.5",
+        ),
+        (
+            "vram_budget(leek=0)",
+            "test_it.py::test_it: @pytest.mark.vram_budget: unknown keyword 'leek'; use peak, leak, device, repeat, reserved or pinned",
+        ),
+        (
+            "vram_budget(1, 2)",
+            "test_it.py::test_it: @pytest.mark.vram_budget takes one positional argument (peak), got 2: (1, 2)",
+        ),
+        (
+            "vram_budget(1, peak=2)",
+            "test_it.py::test_it: @pytest.mark.vram_budget: peak given both by position and by keyword",
+        ),
+        (
+            "vram_budget(device='tpu')",
+            "test_it.py::test_it: @pytest.mark.vram_budget(device='tpu'): unknown device 'tpu'*",
+        ),
     ],
 )
 def test_bad_marker_is_a_usage_error(pytester: pytest.Pytester, marker: str, message: str) -> None:
@@ -240,10 +262,22 @@ def test_bad_marker_is_a_usage_error(pytester: pytest.Pytester, marker: str, mes
     ("args", "ini", "message"),
     [
         (["--vramleak-tolerance=lots"], "", "ERROR: --vramleak-tolerance: cannot read 'lots' as a size*"),
-        ([], "vramleak_tolerance = -5 KiB", "ERROR: ini option vramleak_tolerance: size must not be negative, got '-5 KiB'"),
+        (
+            [],
+            "vramleak_tolerance = -5 KiB",
+            "ERROR: ini option vramleak_tolerance: size must not be negative, got '-5 KiB'",
+        ),
         (["--vramleak-warmup=two"], "", "ERROR: --vramleak-warmup: expected a whole number of steps >= 0, got 'two'"),
-        ([], "vramleak_warmup = -1", "ERROR: ini option vramleak_warmup: expected a whole number of steps >= 0, got '-1'"),
-        (["--vramleak-device=gpu"], "", "ERROR: --vramleak-device: unknown device 'gpu'; expected auto|cpu|cuda|cuda:N|mps|xpu"),
+        (
+            [],
+            "vramleak_warmup = -1",
+            "ERROR: ini option vramleak_warmup: expected a whole number of steps >= 0, got '-1'",
+        ),
+        (
+            ["--vramleak-device=gpu"],
+            "",
+            "ERROR: --vramleak-device: unknown device 'gpu'; expected auto|cpu|cuda|cuda:N|mps|xpu",
+        ),
         ([], "vramleak_device = gpu", "ERROR: ini option vramleak_device: unknown device 'gpu'*"),
     ],
 )
@@ -258,12 +292,36 @@ def test_bad_option_names_its_source(pytester: pytest.Pytester, args: list[str],
 @pytest.mark.parametrize(
     ("option", "ini", "header"),
     [
-        ("--vramleak-device=cpu", "vramleak_device = cpu", "vramleak: device cpu, checking every test (--vramleak), *, step warm-up 2"),
-        ("--vramleak-warmup=5", "vramleak_warmup = 5", "vramleak: device cpu, checking every test (--vramleak), *, step warm-up 5"),
-        ("--vramleak-report=r.json", "vramleak_report = r.json", "vramleak: device cpu, checking every test (--vramleak), *, step warm-up 2, report r.json"),
-        ("--vramleak-confirm=5", "vramleak_confirm = 5", "vramleak: device cpu, checking every test (--vramleak), a leaking test runs 5 more times, *"),
-        ("--vramleak-kept-floor=4MiB", "vramleak_kept_floor = 4MiB", "vramleak: * failing growth or memory kept once from 4.0 MiB *"),
-        ("--vramleak-fail-on=growth", "vramleak_fail_on = growth", "vramleak: * a leaking test runs 3 more times, failing growth only, step warm-up 2"),
+        (
+            "--vramleak-device=cpu",
+            "vramleak_device = cpu",
+            "vramleak: device cpu, checking every test (--vramleak), *, step warm-up 2",
+        ),
+        (
+            "--vramleak-warmup=5",
+            "vramleak_warmup = 5",
+            "vramleak: device cpu, checking every test (--vramleak), *, step warm-up 5",
+        ),
+        (
+            "--vramleak-report=r.json",
+            "vramleak_report = r.json",
+            "vramleak: device cpu, checking every test (--vramleak), *, step warm-up 2, report r.json",
+        ),
+        (
+            "--vramleak-confirm=5",
+            "vramleak_confirm = 5",
+            "vramleak: device cpu, checking every test (--vramleak), a leaking test runs 5 more times, *",
+        ),
+        (
+            "--vramleak-kept-floor=4MiB",
+            "vramleak_kept_floor = 4MiB",
+            "vramleak: * failing growth or memory kept once from 4.0 MiB *",
+        ),
+        (
+            "--vramleak-fail-on=growth",
+            "vramleak_fail_on = growth",
+            "vramleak: * a leaking test runs 3 more times, failing growth only, step warm-up 2",
+        ),
     ],
 )
 def test_each_option_has_a_working_ini_twin(pytester: pytest.Pytester, option: str, ini: str, header: str) -> None:
@@ -303,7 +361,9 @@ def test_absent_device_skips_with_reason(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("-p", "no:cacheprovider", "-rs")
     result.assert_outcomes(skipped=1)
     # the device asked for, and the test's own place (not the plugin's)
-    result.stdout.fnmatch_lines(["SKIPPED [[]1] test_it.py:3: vramleak: device cuda:7 is not available in this process (no cuda device)"])
+    result.stdout.fnmatch_lines(
+        ["SKIPPED [[]1] test_it.py:3: vramleak: device cuda:7 is not available in this process (no cuda device)"]
+    )
 
 
 def test_runs_without_warnings_and_keeps_no_reference(pytester: pytest.Pytester) -> None:
@@ -331,7 +391,9 @@ def test_runs_without_warnings_and_keeps_no_reference(pytester: pytest.Pytester)
     result.stdout.no_fnmatch_line("*Warning*")
 
 
-def test_internal_error_becomes_a_message_on_the_test(pytester: pytest.Pytester, run_checked, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_internal_error_becomes_a_message_on_the_test(
+    pytester: pytest.Pytester, run_checked, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from pytest_vramleak.tracker import Tracker
 
     def broken(*args: object, **kwargs: object) -> None:
@@ -376,7 +438,9 @@ def test_without_torch_tests_run_unchecked_and_the_header_says_so(pytester: pyte
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs")
     result.assert_outcomes(passed=3)
-    result.stdout.fnmatch_lines(["vramleak: torch is not installed: tests marked vram_budget and the vramleak fixture run unchecked"])
+    result.stdout.fnmatch_lines(
+        ["vramleak: torch is not installed: tests marked vram_budget and the vramleak fixture run unchecked"]
+    )
     result.stdout.no_fnmatch_line("*plugin.py*")
 
 
@@ -386,7 +450,9 @@ def test_without_torch_vramleak_is_a_usage_error(pytester: pytest.Pytester) -> N
     pytester.makepyfile(test_it="def test_plain():\n    pass\n")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: --vramleak checks tensor memory, and torch is not installed: install torch, or run without --vramleak"])
+    result.stderr.fnmatch_lines(
+        ["ERROR: --vramleak checks tensor memory, and torch is not installed: install torch, or run without --vramleak"]
+    )
 
 
 def test_a_device_option_for_an_absent_device_stops_the_run(pytester: pytest.Pytester) -> None:
@@ -394,17 +460,30 @@ def test_a_device_option_for_an_absent_device_stops_the_run(pytester: pytest.Pyt
     pytester.makepyfile(test_it="def test_plain():\n    pass\n")
     result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak", "--vramleak-device=cuda")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: --vramleak-device=cuda: device cuda is not available in this process (no cuda device); torch * sees: cpu"])
+    result.stderr.fnmatch_lines(
+        [
+            "ERROR: --vramleak-device=cuda: device cuda is not available in this process (no cuda device); torch * sees: cpu"
+        ]
+    )
     pytester.makeini("[pytest]\nvramleak_device = cuda:1\n")
     result = pytester.runpytest("-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: ini option vramleak_device=cuda:1: device cuda:1 is not available*; torch * sees: cpu"])
+    result.stderr.fnmatch_lines(
+        ["ERROR: ini option vramleak_device=cuda:1: device cuda:1 is not available*; torch * sees: cpu"]
+    )
 
 
 def test_markers_and_fixture_are_documented(pytester: pytest.Pytester) -> None:
-    pytester.runpytest("--markers").stdout.fnmatch_lines(["@pytest.mark.vram_budget(peak=None, *, leak=0, device=None, repeat=None, reserved=None, pinned=None): *", "@pytest.mark.allow_vram_leak: *"])
+    pytester.runpytest("--markers").stdout.fnmatch_lines(
+        [
+            "@pytest.mark.vram_budget(peak=None, *, leak=0, device=None, repeat=None, reserved=None, pinned=None): *",
+            "@pytest.mark.allow_vram_leak: *",
+        ]
+    )
     pytester.makepyfile(test_it="def test_it():\n    pass\n")
-    pytester.runpytest("--fixtures").stdout.fnmatch_lines(["vramleak -- *", "    Check repeated training or inference steps*"])
+    pytester.runpytest("--fixtures").stdout.fnmatch_lines(
+        ["vramleak -- *", "    Check repeated training or inference steps*"]
+    )
 
 
 def test_plugin_can_be_disabled(pytester: pytest.Pytester) -> None:
@@ -458,7 +537,10 @@ def test_out_of_memory_shows_what_filled_the_memory(pytester: pytest.Pytester) -
 @pytest.mark.parametrize(
     ("error", "expected"),
     [
-        ("RuntimeError(\"[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes\")", True),
+        (
+            'RuntimeError("[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: can\'t allocate memory: you tried to allocate 1 bytes")',
+            True,
+        ),
         ("RuntimeError('shape mismatch')", False),
         ("MemoryError()", False),
     ],
@@ -597,7 +679,9 @@ def test_a_strict_cycles_failure_names_each_cycle_its_holder_and_where_the_tenso
             node.payload = torch.ones(1024, 256)
         """
     )
-    result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak", "--vramleak-strict-cycles", "--vramleak-report=r.json")
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "--vramleak", "--vramleak-strict-cycles", "--vramleak-report=r.json"
+    )
     result.assert_outcomes(failed=2, passed=1)
     result.stdout.fnmatch_lines(
         [
@@ -646,7 +730,12 @@ def test_figures_are_junit_xml_properties(pytester: pytest.Pytester) -> None:
     cases = {case.get("name"): case for case in ElementTree.parse(pytester.path / "junit.xml").iter("testcase")}
     properties = {p.get("name"): p.get("value") for p in cases["test_leaks"].iter("property")}
     # growth: what the measured runs added in all (the test ran 4 times: it grows)
-    assert properties == {"vramleak_outcome": "leaked", "vramleak_leaked_bytes": "4096", "vramleak_peak_bytes": "4096", "vramleak_growth_bytes": "12288"}
+    assert properties == {
+        "vramleak_outcome": "leaked",
+        "vramleak_leaked_bytes": "4096",
+        "vramleak_peak_bytes": "4096",
+        "vramleak_growth_bytes": "12288",
+    }
     assert list(cases["test_unchecked"].iter("property")) == []
 
 
@@ -666,7 +755,14 @@ def test_summary_lists_top_offenders_only_when_there_is_something_to_say(pyteste
         """
     )
     result = pytester.runpytest("-p", "no:cacheprovider")
-    result.stdout.fnmatch_lines(["*= vramleak summary =*", "largest leaks:", "     4.0 MiB  test_it.py::test_big_leak (cpu, grows)", "     4.0 KiB  test_it.py::test_small_leak (cpu, grows)"])
+    result.stdout.fnmatch_lines(
+        [
+            "*= vramleak summary =*",
+            "largest leaks:",
+            "     4.0 MiB  test_it.py::test_big_leak (cpu, grows)",
+            "     4.0 KiB  test_it.py::test_small_leak (cpu, grows)",
+        ]
+    )
     result.stdout.no_fnmatch_line("highest peaks*")
     result = pytester.runpytest("-p", "no:cacheprovider", "-v")
     result.stdout.fnmatch_lines(["highest peaks above baseline:", "     4.0 MiB  test_it.py::test_big_leak (cpu)"])
@@ -707,11 +803,15 @@ def test_markdown_summary_to_a_path(pytester: pytest.Pytester, monkeypatch: pyte
     )
 
 
-def test_markdown_summary_appends_to_the_github_step_summary(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_markdown_summary_appends_to_the_github_step_summary(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     summary = pytester.path / "step_summary.md"
     summary.write_text("earlier step\n")
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    pytester.makepyfile(test_it="import pytest, torch\n@pytest.mark.vram_budget\ndef test_clean():\n    torch.ones(3)\n")
+    pytester.makepyfile(
+        test_it="import pytest, torch\n@pytest.mark.vram_budget\ndef test_clean():\n    torch.ones(3)\n"
+    )
     pytester.runpytest("-p", "no:cacheprovider")
     assert summary.read_text() == "earlier step\n## vramleak: all 1 checked tests kept within their budgets\n"
     pytester.makeini("[pytest]\nvramleak_markdown = ini.md\n")
@@ -746,8 +846,12 @@ def test_save_then_compare_fails_peaks_grown_past_the_tolerance(pytester: pytest
     pytester.makepyfile(test_it=peak_suite(8))
     result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak-compare=main")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["peak on cpu grew from 4.0 MiB to 8.0 MiB, +4.0 MiB (+100%), allowed +10% and +64.0 KiB"])
-    pytester.runpytest("-p", "no:cacheprovider", "--vramleak-compare=main", "--vramleak-max-increase=150%").assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        ["peak on cpu grew from 4.0 MiB to 8.0 MiB, +4.0 MiB (+100%), allowed +10% and +64.0 KiB"]
+    )
+    pytester.runpytest(
+        "-p", "no:cacheprovider", "--vramleak-compare=main", "--vramleak-max-increase=150%"
+    ).assert_outcomes(passed=1)
     pytester.makeini("[pytest]\nvramleak_compare = main\nvramleak_max_increase = 5 MiB\n")
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
 
@@ -755,9 +859,15 @@ def test_save_then_compare_fails_peaks_grown_past_the_tolerance(pytester: pytest
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--vramleak-compare=nothing"], "ERROR: --vramleak-compare: cannot read the saved run 'nothing' at */.vramleak/nothing.json: *"),
+        (
+            ["--vramleak-compare=nothing"],
+            "ERROR: --vramleak-compare: cannot read the saved run 'nothing' at */.vramleak/nothing.json: *",
+        ),
         (["--vramleak-max-increase=lots"], "ERROR: --vramleak-max-increase: cannot read 'lots' as a size*"),
-        (["--vramleak-max-increase=1%, 2%, 3%"], "ERROR: --vramleak-max-increase: expected a percentage, a size or both*"),
+        (
+            ["--vramleak-max-increase=1%, 2%, 3%"],
+            "ERROR: --vramleak-max-increase: expected a percentage, a size or both*",
+        ),
     ],
 )
 def test_bad_compare_options_are_usage_errors(pytester: pytest.Pytester, args: list[str], message: str) -> None:
@@ -799,7 +909,9 @@ def test_a_mode_the_test_leaves_entered_stays_and_the_site_recorder_leaves(pytes
 
 
 @pytest.mark.parametrize("options", [(), ("--vramleak-save=base",)], ids=["peak budget", "save"])
-def test_a_test_that_runs_its_own_profiler_gets_no_peak(pytester: pytest.Pytester, run_checked, options: tuple[str, ...]) -> None:
+def test_a_test_that_runs_its_own_profiler_gets_no_peak(
+    pytester: pytest.Pytester, run_checked, options: tuple[str, ...]
+) -> None:
     pytester.makepyfile(
         test_it="""
         import pytest, torch
@@ -915,15 +1027,29 @@ def test_memory_left_to_the_cycle_collector_is_noted_when_it_matters(pytester: p
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--vramleak-max-increase=nan%",), "--vramleak-max-increase: the percentage must be a finite number, got 'nan%'"),
-        (("--vramleak-max-increase=inf%",), "--vramleak-max-increase: the percentage must be a finite number, got 'inf%'"),
-        (("--vramleak-device=cuda:\u00b2",), "--vramleak-device: unknown device 'cuda:\u00b2'; expected auto|cpu|cuda|cuda:N|mps|xpu"),
-        (("--vramleak-save=../../x",), "--vramleak-save: a saved run's name is letters, digits, '_', '-' and '.' (kept in .vramleak/), got '../../x'"),
+        (
+            ("--vramleak-max-increase=nan%",),
+            "--vramleak-max-increase: the percentage must be a finite number, got 'nan%'",
+        ),
+        (
+            ("--vramleak-max-increase=inf%",),
+            "--vramleak-max-increase: the percentage must be a finite number, got 'inf%'",
+        ),
+        (
+            ("--vramleak-device=cuda:\u00b2",),
+            "--vramleak-device: unknown device 'cuda:\u00b2'; expected auto|cpu|cuda|cuda:N|mps|xpu",
+        ),
+        (
+            ("--vramleak-save=../../x",),
+            "--vramleak-save: a saved run's name is letters, digits, '_', '-' and '.' (kept in .vramleak/), got '../../x'",
+        ),
         (("--vramleak-report=",), "--vramleak-report: the report's path is empty"),
         (("--vramleak-leak=lots",), "--vramleak-leak: cannot read 'lots' as a size*"),
     ],
 )
-def test_bad_values_are_usage_errors_naming_their_source(pytester: pytest.Pytester, args: tuple[str, ...], message: str) -> None:
+def test_bad_values_are_usage_errors_naming_their_source(
+    pytester: pytest.Pytester, args: tuple[str, ...], message: str
+) -> None:
     pytester.makepyfile(test_it="def test_it():\n    pass\n")
     result = pytester.runpytest("-p", "no:cacheprovider", *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -1027,7 +1153,9 @@ def test_a_tensor_subclass_is_named(pytester: pytest.Pytester, run_checked) -> N
         """
     )
     result, report = run_checked()
-    result.stdout.fnmatch_lines(["float32[[]8] Quantity on cpu: 1 tensor, 32 B", "*", "float32[[]4] Parameter on cpu: 1 tensor, 16 B"])
+    result.stdout.fnmatch_lines(
+        ["float32[[]8] Quantity on cpu: 1 tensor, 32 B", "*", "float32[[]4] Parameter on cpu: 1 tensor, 16 B"]
+    )
     assert sorted(group["class"] for group in report["test_it"]["tensors"]) == ["Parameter", "Quantity"]
 
 

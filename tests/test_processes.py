@@ -9,7 +9,9 @@ import pytest
 
 
 def outcomes(pytester: pytest.Pytester, *args: str) -> tuple[pytest.RunResult, dict[str, dict]]:
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak-report=r.json", *args)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak-report=r.json", *args
+    )
     tests = json.loads((pytester.path / "r.json").read_text())["tests"]
     return result, {t["nodeid"].rsplit("::", 1)[1]: t for t in tests}
 
@@ -42,7 +44,10 @@ def test_destroys_its_group(world):
 def test_a_group_left_alive_fails_and_a_destroyed_one_passes(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_it=GROUPS)
     result, report = outcomes(pytester)
-    assert {name: entry["outcome"] for name, entry in report.items()} == {"test_leaks_a_new_group": "leaked", "test_destroys_its_group": "passed"}
+    assert {name: entry["outcome"] for name, entry in report.items()} == {
+        "test_leaks_a_new_group": "leaked",
+        "test_destroys_its_group": "passed",
+    }
     result.stdout.fnmatch_lines(
         [
             "left 1 torch.distributed process group(s) alive",
@@ -73,8 +78,13 @@ def test_the_default_group_counts_too(pytester: pytest.Pytester, tmp_path) -> No
         """
     )
     result, report = outcomes(pytester)
-    assert {name: entry["outcome"] for name, entry in report.items()} == {"test_never_destroys_it": "leaked", "test_destroys_it": "passed"}
-    result.stdout.fnmatch_lines(["    the default process group (gloo, ranks [[]0[]]), created at test_it.py:6 in test_never_destroys_it()"])
+    assert {name: entry["outcome"] for name, entry in report.items()} == {
+        "test_never_destroys_it": "leaked",
+        "test_destroys_it": "passed",
+    }
+    result.stdout.fnmatch_lines(
+        ["    the default process group (gloo, ranks [[]0[]]), created at test_it.py:6 in test_never_destroys_it()"]
+    )
 
 
 def test_dataloader_workers_left_alive_are_reported_and_a_normal_dataloader_is_not(pytester: pytest.Pytester) -> None:
@@ -101,7 +111,10 @@ def test_dataloader_workers_left_alive_are_reported_and_a_normal_dataloader_is_n
         """
     )
     result, report = outcomes(pytester)
-    assert {name: entry["outcome"] for name, entry in report.items()} == {"test_keeps_a_persistent_iterator": "leaked", "test_normal_loader": "passed"}
+    assert {name: entry["outcome"] for name, entry in report.items()} == {
+        "test_keeps_a_persistent_iterator": "leaked",
+        "test_normal_loader": "passed",
+    }
     result.stdout.fnmatch_lines(
         [
             "left 1 child process(es) running that it started:",
@@ -141,4 +154,6 @@ def test_a_subprocess_left_running_is_reported_and_a_waited_one_is_not(pytester:
     result, report = outcomes(pytester)
     assert report["test_leaves_it_running"]["outcome"] == "leaked"
     assert report["test_waits_for_it"]["outcome"] == "passed"
-    result.stdout.fnmatch_lines(["    process pid * (sleep 30, * resident)", "    diagnosis: a process the test started still runs*"])
+    result.stdout.fnmatch_lines(
+        ["    process pid * (sleep 30, * resident)", "    diagnosis: a process the test started still runs*"]
+    )

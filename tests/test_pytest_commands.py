@@ -32,7 +32,9 @@ def test_help_lists_every_option_with_its_text(pytester: pytest.Pytester) -> Non
 
 
 def test_merge_help_exits_zero() -> None:
-    result = subprocess.run([sys.executable, "-m", "pytest_vramleak", "merge", "--help"], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest_vramleak", "merge", "--help"], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
     assert "usage: python -m pytest_vramleak merge" in result.stdout
 
@@ -49,7 +51,10 @@ def test_options_that_act_on_checked_tests_say_so_in_a_run_that_checks_none(pyte
         ]
     )
     # where a test is checked, or nothing was asked of checks, nothing is said
-    assert "had nothing to act on" not in pytester.runpytest("-p", "no:cacheprovider", "--vramleak", "--vramleak-sites=on").stdout.str()
+    assert (
+        "had nothing to act on"
+        not in pytester.runpytest("-p", "no:cacheprovider", "--vramleak", "--vramleak-sites=on").stdout.str()
+    )
     pytester.makeini("[pytest]\n")
     assert "had nothing to act on" not in pytester.runpytest("-p", "no:cacheprovider").stdout.str()
 
@@ -62,13 +67,21 @@ def test_the_references_options_table_is_the_plugins_options(pytester: pytest.Py
 
     readme = (Path(__file__).parent.parent / "docs" / "reference.md").read_text()
     # (a value's choices are written with escaped bars: `--vramleak-sites=auto\|on\|off`)
-    rows = re.findall(r"^\| `(--vramleak[a-z-]*)(?:=(?:[^|\\]|\\\|)*)?` \| `(vramleak\w*)[^|]*\| ([^|]*) \|", readme, flags=re.MULTILINE)
+    rows = re.findall(
+        r"^\| `(--vramleak[a-z-]*)(?:=(?:[^|\\]|\\\|)*)?` \| `(vramleak\w*)[^|]*\| ([^|]*) \|",
+        readme,
+        flags=re.MULTILINE,
+    )
     table = {cli: (ini, default.strip()) for cli, ini, default in rows}
     assert set(table) == {option.cli for option in OPTIONS}
     help_text = " ".join(pytester.runpytest_subprocess("--help").stdout.str().split())
     shown_defaults = {"false": "off", "": "none"}
     # defaults the plugin decides at run time, written as the reference says them
-    decided = {"vramleak_fail_on": "`significant` unmarked, `any` marked", "vramleak_markdown": "`$GITHUB_STEP_SUMMARY`", "vramleak_release_above": "off"}
+    decided = {
+        "vramleak_fail_on": "`significant` unmarked, `any` marked",
+        "vramleak_markdown": "`$GITHUB_STEP_SUMMARY`",
+        "vramleak_release_above": "off",
+    }
     wrong = []
     for option in OPTIONS:
         ini, default = table[option.cli]

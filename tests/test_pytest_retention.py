@@ -30,9 +30,14 @@ def test_log_records_pytest_drops_after_teardown_are_no_leak(pytester: pytest.Py
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", f"--vramleak-report={path}")
     result.assert_outcomes(passed=2)
     report = read_report(path)
-    assert {name: entry["outcome"] for name, entry in report.items()} == {"test_logs_a_tensor": "passed", "test_caplog_keeps_it": "passed"}
+    assert {name: entry["outcome"] for name, entry in report.items()} == {
+        "test_logs_a_tensor": "passed",
+        "test_caplog_keeps_it": "passed",
+    }
     assert report["test_logs_a_tensor"]["repetitions"] is None  # nothing kept: not run again
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", f"--vramleak-report={path}", "--vramleak-repeat=4")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:randomly", f"--vramleak-report={path}", "--vramleak-repeat=4"
+    )
     result.assert_outcomes(passed=2)
     assert read_report(path)["test_logs_a_tensor"]["repetitions"] == [0, 0, 0, 0]
 
@@ -68,9 +73,14 @@ def test_what_pytest_keeps_for_the_session_is_named_as_pytests(pytester: pytest.
         ]
     )
     result.stdout.fnmatch_lines(
-        ["*held by record_property values of test_records_a_property[[]*][[]1]", "*diagnosis: pytest keeps every record_property value*"]
+        [
+            "*held by record_property values of test_records_a_property[[]*][[]1]",
+            "*diagnosis: pytest keeps every record_property value*",
+        ]
     )
-    result.stdout.fnmatch_lines(["*held by the warnings pytest recorded*", "*diagnosis: pytest keeps every warning it recorded*"])
+    result.stdout.fnmatch_lines(
+        ["*held by the warnings pytest recorded*", "*diagnosis: pytest keeps every warning it recorded*"]
+    )
     result.stdout.no_fnmatch_line("*local 'item'*")
     result.stdout.no_fnmatch_line("*<lambda>*")
 

@@ -43,7 +43,9 @@ def test_no_rank_leaks(tmp_path):
 
 def test_a_leaking_rank_fails_the_test_that_spawned_it(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_it=RANKS)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak-report=r.json", "--vramleak-report=r.html")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak-report=r.json", "--vramleak-report=r.html"
+    )
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
         [
@@ -62,8 +64,14 @@ def test_a_leaking_rank_fails_the_test_that_spawned_it(pytester: pytest.Pytester
     result.stdout.no_fnmatch_line("*child process*")  # multiprocessing's resource tracker is not the test's
     tests = {t["nodeid"].rsplit("::", 1)[1]: t for t in json.loads((pytester.path / "r.json").read_text())["tests"]}
     assert tests["test_no_rank_leaks"]["outcome"] == "passed"
-    assert sorted((rank["rank"], rank["outcome"]) for rank in tests["test_rank_1_leaks"]["ranks"]) == [(0, "passed"), (1, "leaked")]
-    assert sorted((rank["rank"], rank["outcome"]) for rank in tests["test_no_rank_leaks"]["ranks"]) == [(0, "passed"), (1, "passed")]
+    assert sorted((rank["rank"], rank["outcome"]) for rank in tests["test_rank_1_leaks"]["ranks"]) == [
+        (0, "passed"),
+        (1, "leaked"),
+    ]
+    assert sorted((rank["rank"], rank["outcome"]) for rank in tests["test_no_rank_leaks"]["ranks"]) == [
+        (0, "passed"),
+        (1, "passed"),
+    ]
     leaking = next(rank for rank in tests["test_rank_1_leaks"]["ranks"] if rank["rank"] == 1)
     assert leaking["tensors"][0]["held_by"] == ["test_it.KEPT[0]"]
     page = (pytester.path / "r.html").read_text()
@@ -115,14 +123,25 @@ def test_ranks_are_checked_with_a_gloo_group_alive_as_the_block_ends(pytester: p
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak-report=r.json")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
-        ["rank 0, rank 1 leaked (watch_rank)", "*", "rank 0 (pid *) leaked 0 B on cpu:", "left 1 torch.distributed process group(s) alive"]
+        [
+            "rank 0, rank 1 leaked (watch_rank)",
+            "*",
+            "rank 0 (pid *) leaked 0 B on cpu:",
+            "left 1 torch.distributed process group(s) alive",
+        ]
     )
     for text in ("*SIGSEGV*", "*Fatal Python error*", "*ProcessExitedException*"):
         result.stdout.no_fnmatch_line(text)
         result.stderr.no_fnmatch_line(text)
     tests = {t["nodeid"].rsplit("::", 1)[1]: t for t in json.loads((pytester.path / "r.json").read_text())["tests"]}
-    assert sorted((rank["rank"], rank["outcome"]) for rank in tests["test_group_made_before_the_block"]["ranks"]) == [(0, "passed"), (1, "passed")]
-    inside = sorted((rank["rank"], rank["outcome"], rank["leaked_bytes"]) for rank in tests["test_group_made_inside_the_block"]["ranks"])
+    assert sorted((rank["rank"], rank["outcome"]) for rank in tests["test_group_made_before_the_block"]["ranks"]) == [
+        (0, "passed"),
+        (1, "passed"),
+    ]
+    inside = sorted(
+        (rank["rank"], rank["outcome"], rank["leaked_bytes"])
+        for rank in tests["test_group_made_inside_the_block"]["ranks"]
+    )
     assert inside == [(0, "leaked", 0), (1, "leaked", 0)]
 
 

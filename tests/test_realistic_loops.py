@@ -63,9 +63,9 @@ def gan(run: Run, keep_samples: bool) -> Step:
 
     def step(i: int) -> None:
         fake = generator(torch.randn(16, 8, generator=noise))
-        d_loss = F.binary_cross_entropy_with_logits(discriminator(real[i % 4]), ones) + F.binary_cross_entropy_with_logits(
-            discriminator(fake.detach()), zeros
-        )
+        d_loss = F.binary_cross_entropy_with_logits(
+            discriminator(real[i % 4]), ones
+        ) + F.binary_cross_entropy_with_logits(discriminator(fake.detach()), zeros)
         optimize_d.zero_grad()
         d_loss.backward()
         optimize_d.step()
@@ -97,7 +97,10 @@ def gan_samples_kept_with_graph_for_a_grid(run: Run) -> Step:
 class TinyVAE(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.encoder, self.decoder = nn.Linear(FEATURES, 2 * 4), nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, FEATURES))
+        self.encoder, self.decoder = (
+            nn.Linear(FEATURES, 2 * 4),
+            nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, FEATURES)),
+        )
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         mean, log_variance = self.encoder(x).chunk(2, dim=-1)
@@ -158,7 +161,7 @@ def contrastive(run: Run, concatenate: bool) -> Step:
         noisy = x + 0.1 * torch.randn(x.shape, generator=data)
         queries = F.normalize(query_encoder(x), dim=1)
         with torch.no_grad():
-            for key_weight, query_weight in zip(key_encoder.parameters(), query_encoder.parameters()):
+            for key_weight, query_weight in zip(key_encoder.parameters(), query_encoder.parameters(), strict=False):
                 key_weight.mul_(0.99).add_(query_weight, alpha=0.01)
             keys = F.normalize(key_encoder(noisy), dim=1)
         logits = torch.cat([(queries * keys).sum(1, keepdim=True), queries @ bank.t()], dim=1) / 0.07
@@ -251,8 +254,10 @@ def maml(run: Run, keep_adapted: bool) -> Step:
         support, query = torch.randn(10, 4, generator=tasks), torch.randn(10, 4, generator=tasks)
         weights = list(model.parameters())
         for _ in range(2):  # inner steps, kept differentiable for the outer update
-            gradients = torch.autograd.grad(F.mse_loss(forward(weights, support), support @ slope), weights, create_graph=True)
-            weights = [w - 0.01 * g for w, g in zip(weights, gradients)]
+            gradients = torch.autograd.grad(
+                F.mse_loss(forward(weights, support), support @ slope), weights, create_graph=True
+            )
+            weights = [w - 0.01 * g for w, g in zip(weights, gradients, strict=False)]
         meta_optimizer.zero_grad()
         F.mse_loss(forward(weights, query), query @ slope).backward()
         meta_optimizer.step()
@@ -449,7 +454,7 @@ def distillation(run: Run, cache_teacher: bool) -> Step:
         with torch.no_grad():
             teacher_logits = teacher(x)
         if cache_teacher:  # a cache keyed by sample id, for the epochs to come that never reuse them
-            cached.update(zip(ids, teacher_logits))
+            cached.update(zip(ids, teacher_logits, strict=False))
         loss = F.kl_div(F.log_softmax(student(x) / 2, -1), F.softmax(teacher_logits / 2, -1), reduction="batchmean")
         optimizer.zero_grad()
         loss.backward()
@@ -481,7 +486,9 @@ class ConfusionMatrix:
         self.reset()
 
     def update(self, predictions: torch.Tensor, targets: torch.Tensor) -> None:
-        self.counts += torch.bincount(targets * CLASSES + predictions, minlength=CLASSES * CLASSES).reshape(CLASSES, CLASSES)
+        self.counts += torch.bincount(targets * CLASSES + predictions, minlength=CLASSES * CLASSES).reshape(
+            CLASSES, CLASSES
+        )
 
     def reset(self) -> None:
         self.counts = torch.zeros(CLASSES, CLASSES, dtype=torch.long)
@@ -616,7 +623,10 @@ def padding_mask_cached_per_new_length(run: Run) -> Step:
 
 def early_exit(run: Run, keep_halting: bool) -> Step:
     init(run)
-    layers, exits = nn.ModuleList(nn.Linear(16, 16) for _ in range(4)), nn.ModuleList(nn.Linear(16, 2) for _ in range(4))
+    layers, exits = (
+        nn.ModuleList(nn.Linear(16, 16) for _ in range(4)),
+        nn.ModuleList(nn.Linear(16, 2) for _ in range(4)),
+    )
     optimizer = torch.optim.SGD([*layers.parameters(), *exits.parameters()], lr=0.05)
     data, sizes = seeded(run, 22), sampler(run, 23)
     last: dict[str, torch.Tensor] = {}
@@ -627,7 +637,7 @@ def early_exit(run: Run, keep_halting: bool) -> Step:
         y = torch.randint(2, (len(x),), generator=data)
         depth = sizes.randint(1, 4)  # stands in for "exit once confident enough"
         hidden, losses, confidences = x, [], []
-        for layer, exit_head in zip(layers[:depth], exits[:depth]):
+        for layer, exit_head in zip(layers[:depth], exits[:depth], strict=False):
             hidden = layer(hidden).relu()
             logits = exit_head(hidden)
             losses.append(F.cross_entropy(logits, y))
@@ -819,4 +829,3 @@ def test_catalogue_is_balanced() -> None:
 @pytest.mark.parametrize("entry", CATALOGUE, ids=CATALOGUE.ids())
 def test_no_seed_gets_a_wrong_verdict(entry: Loop, setting: Setting) -> None:
     check_catalogue_entry(entry, setting)
-

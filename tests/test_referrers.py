@@ -103,7 +103,10 @@ except ValueError as error:
 
 def test_exception_traceback_frame_local() -> None:
     line = STORED_ERROR.__traceback__.tb_next.tb_frame.f_lineno  # type: ignore[union-attr]
-    assert holder_of(lambda: STORED_ERROR.__traceback__.tb_next.tb_frame.f_locals["activations"]) == f"{HERE}.STORED_ERROR.__traceback__.tb_next.tb_frame (fail_with_local:{line}) local 'activations'"
+    assert (
+        holder_of(lambda: STORED_ERROR.__traceback__.tb_next.tb_frame.f_locals["activations"])
+        == f"{HERE}.STORED_ERROR.__traceback__.tb_next.tb_frame (fail_with_local:{line}) local 'activations'"
+    )
 
 
 def test_running_frame_local() -> None:
@@ -190,7 +193,15 @@ def test_object_nothing_refers_to() -> None:
 
 @pytest.mark.parametrize(
     ("key", "text"),
-    [("a", "'a'"), (3, "3"), (None, "None"), ((1, "b"), "(1, 'b')"), ((1,), "(1,)"), (b"x", "b'x'"), ("x" * 100, "'" + "x" * 55 + "...'")],
+    [
+        ("a", "'a'"),
+        (3, "3"),
+        (None, "None"),
+        ((1, "b"), "(1, 'b')"),
+        ((1,), "(1,)"),
+        (b"x", "b'x'"),
+        ("x" * 100, "'" + "x" * 55 + "...'"),
+    ],
 )
 def test_key_text(key: Any, text: str) -> None:
     assert key_text(key) == text

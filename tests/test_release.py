@@ -39,8 +39,24 @@ def test_never_touches_an_uninitialised_cuda() -> None:
     assert ReleaseScheduler(cuda, 0.5).between_tests() == 0
 
 
-@pytest.mark.parametrize(("args", "ini", "message"), [(["--vramleak-release-above=most"], "", "ERROR: --vramleak-release-above: expected a percentage such as '80%', got 'most'"), ([], "vramleak_release_above = 150%", "ERROR: ini option vramleak_release_above: expected a percentage above 0% and at most 100%, got '150%'")])
-def test_bad_release_threshold_is_a_usage_error(pytester: pytest.Pytester, args: list[str], ini: str, message: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "ini", "message"),
+    [
+        (
+            ["--vramleak-release-above=most"],
+            "",
+            "ERROR: --vramleak-release-above: expected a percentage such as '80%', got 'most'",
+        ),
+        (
+            [],
+            "vramleak_release_above = 150%",
+            "ERROR: ini option vramleak_release_above: expected a percentage above 0% and at most 100%, got '150%'",
+        ),
+    ],
+)
+def test_bad_release_threshold_is_a_usage_error(
+    pytester: pytest.Pytester, args: list[str], ini: str, message: str
+) -> None:
     pytester.makeini(f"[pytest]\n{ini}\n")
     pytester.makepyfile(test_it="def test_it():\n    pass\n")
     result = pytester.runpytest("-p", "no:cacheprovider", *args)
@@ -76,4 +92,6 @@ def test_scheduler_runs_between_tests_and_reports(pytester: pytest.Pytester, mon
     )
     result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak-release-above=80%")
     result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["*= vramleak summary =*", "released the CUDA caching allocator's cache 1 times between tests, 9.0 GiB in all*"])
+    result.stdout.fnmatch_lines(
+        ["*= vramleak summary =*", "released the CUDA caching allocator's cache 1 times between tests, 9.0 GiB in all*"]
+    )

@@ -102,8 +102,20 @@ def test_repeated_runs_classify_what_each_test_left(pytester: pytest.Pytester, r
             "    held by test_it.KEPT?9?",
         ]
     )
-    result.stdout.fnmatch_lines(["*_ test_lookup_table_built_lazily _*", "leaked 3.9 KiB on cpu, allowed 0 B", "*", "*", "*", "*", "pattern: kept_once: the first run left 3.9 KiB, and the next 9 runs left nothing more*"])
-    result.stdout.fnmatch_lines(["*pattern: settled: memory rose until measured run 1 and then held flat (2.0 KiB kept)*"])
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_lookup_table_built_lazily _*",
+            "leaked 3.9 KiB on cpu, allowed 0 B",
+            "*",
+            "*",
+            "*",
+            "*",
+            "pattern: kept_once: the first run left 3.9 KiB, and the next 9 runs left nothing more*",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        ["*pattern: settled: memory rose until measured run 1 and then held flat (2.0 KiB kept)*"]
+    )
     result.stdout.fnmatch_lines(["largest leaks:", "*test_it.py::test_lookup_table_built_lazily (cpu, kept once)*"])
     # A module-scoped model's gradients made by the first backward are kept, not the model itself.
     result.stdout.no_fnmatch_line("*fixture 'model'*still holds*")
@@ -112,7 +124,9 @@ def test_repeated_runs_classify_what_each_test_left(pytester: pytest.Pytester, r
 def test_fail_on_growth_passes_memory_kept_once_and_lists_it(pytester: pytest.Pytester, run_checked) -> None:
     pytester.makepyfile(test_it=SUITE)
     result, report = run_checked("--vramleak", "--vramleak-repeat=10", "--vramleak-fail-on=growth", "-p", "no:randomly")
-    expected = {name: (pattern, "leaked" if pattern == "grows" else "passed") for name, (pattern, _) in PATTERNS.items()}
+    expected = {
+        name: (pattern, "leaked" if pattern == "grows" else "passed") for name, (pattern, _) in PATTERNS.items()
+    }
     assert classes(report) == expected
     result.assert_outcomes(passed=5, failed=2)
     result.stdout.fnmatch_lines(
@@ -122,7 +136,12 @@ def test_fail_on_growth_passes_memory_kept_once_and_lists_it(pytester: pytest.Py
             "*held by test_it.TABLE?'table'?",
         ]
     )
-    result.stdout.fnmatch_lines(["*test_it.py::test_first_backward_on_shared_model (cpu, kept once)", "*held by fixture 'model' (module scope).weight.grad"])
+    result.stdout.fnmatch_lines(
+        [
+            "*test_it.py::test_first_backward_on_shared_model (cpu, kept once)",
+            "*held by fixture 'model' (module scope).weight.grad",
+        ]
+    )
 
 
 def test_confirm_reruns_only_tests_over_their_budget(pytester: pytest.Pytester, run_checked) -> None:
@@ -133,10 +152,17 @@ def test_confirm_reruns_only_tests_over_their_budget(pytester: pytest.Pytester, 
     assert report["test_appends_every_call"]["pattern"] == "grows"
     assert report["test_appends_every_call"]["repetitions"] == [1024, 2048, 3072, 4096]
     assert report["test_appends_every_call"]["repetition_warmup"] == 1
-    for name in ("test_first_backward_on_shared_model", "test_metric_caches_its_result[metric0]", "test_lookup_table_built_lazily"):
+    for name in (
+        "test_first_backward_on_shared_model",
+        "test_metric_caches_its_result[metric0]",
+        "test_lookup_table_built_lazily",
+    ):
         assert (report[name]["pattern"], report[name]["outcome"]) == ("kept_once", "passed")
     # The cache filled during the first two re-runs and held through the third.
-    assert (report["test_cache_fills_for_three_calls"]["pattern"], report["test_cache_fills_for_three_calls"]["outcome"]) == ("settled", "passed")
+    assert (
+        report["test_cache_fills_for_three_calls"]["pattern"],
+        report["test_cache_fills_for_three_calls"]["outcome"],
+    ) == ("settled", "passed")
     assert report["test_leaks_every_third_call"]["repetitions"] is None  # its first call left nothing
 
 
@@ -215,7 +241,10 @@ def test_a_failing_run_keeps_its_failure_and_stops(pytester: pytest.Pytester, ru
     result.stdout.no_fnmatch_line("*AssertionError: call 3*")
     entry = report["test_fails_on_third_call"]
     assert entry["outcome"] == "passed"
-    assert any(note.startswith("the runs after the first were not used: run 3 of 6 failed in call (AssertionError: call 3") for note in entry["notes"])
+    assert any(
+        note.startswith("the runs after the first were not used: run 3 of 6 failed in call (AssertionError: call 3")
+        for note in entry["notes"]
+    )
     assert entry["repetitions"] == [0, 0]
 
 
@@ -265,7 +294,14 @@ def test_every_test_appears_once_in_the_reports(pytester: pytest.Pytester) -> No
             KEPT.append(torch.ones(n))
         """
     )
-    result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak", "--vramleak-repeat=4", "--junitxml=junit.xml", "--vramleak-report=r.json")
+    result = pytester.runpytest(
+        "-p",
+        "no:cacheprovider",
+        "--vramleak",
+        "--vramleak-repeat=4",
+        "--junitxml=junit.xml",
+        "--vramleak-report=r.json",
+    )
     result.assert_outcomes(failed=2)
     junit = (pytester.path / "junit.xml").read_text()
     assert junit.count("<testcase ") == 2
@@ -277,7 +313,16 @@ def test_repeated_runs_give_the_same_classes_under_xdist(pytester: pytest.Pytest
     pytester.makepyfile(test_it=SUITE)
     found = {}
     for name, extra in (("plain", []), ("parallel", ["-n", "2"])):
-        pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak", "--vramleak-repeat=10", f"--vramleak-report={name}.json", *extra)
+        pytester.runpytest_subprocess(
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:randomly",
+            "--vramleak",
+            "--vramleak-repeat=10",
+            f"--vramleak-report={name}.json",
+            *extra,
+        )
         tests = json.loads((pytester.path / f"{name}.json").read_text())["tests"]
         found[name] = {t["nodeid"]: (t["pattern"], t["outcome"], t["repetitions"]) for t in tests}
     assert found["parallel"] == found["plain"]
@@ -305,12 +350,18 @@ def test_the_html_report_charts_memory_after_each_run(pytester: pytest.Pytester)
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--vramleak-repeat=3"], "--vramleak-repeat: 3 runs leave 1 measured after 2 warm-up runs; at least 2 are needed*"),
+        (
+            ["--vramleak-repeat=3"],
+            "--vramleak-repeat: 3 runs leave 1 measured after 2 warm-up runs; at least 2 are needed*",
+        ),
         (["--vramleak-repeat=0"], "--vramleak-repeat: expected a whole number of runs >= 1, got '0'"),
         (["--vramleak-confirm=1"], "--vramleak-confirm: at least 2 re-runs are needed*"),
         (["--vramleak-confirm=x"], "--vramleak-confirm: expected a whole number of re-runs >= 0, got 'x'"),
         (["--vramleak-fail-on=leaks"], "--vramleak-fail-on: expected significant, growth or any, got 'leaks'"),
-        (["--vramleak-fail-on=growth", "--vramleak-confirm=0"], "--vramleak-fail-on=growth tells growth from memory kept once by running a leaking test again*"),
+        (
+            ["--vramleak-fail-on=growth", "--vramleak-confirm=0"],
+            "--vramleak-fail-on=growth tells growth from memory kept once by running a leaking test again*",
+        ),
     ],
 )
 def test_bad_repeat_options_are_usage_errors(pytester: pytest.Pytester, args: list[str], message: str) -> None:
@@ -320,7 +371,13 @@ def test_bad_repeat_options_are_usage_errors(pytester: pytest.Pytester, args: li
     result.stderr.fnmatch_lines([f"*{message}"])
 
 
-@pytest.mark.parametrize(("value", "message"), [("'ten'", "expected a whole number of runs >= 1, got 'ten'"), ("3", "3 runs leave 1 measured after 2 warm-up runs*")])
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("'ten'", "expected a whole number of runs >= 1, got 'ten'"),
+        ("3", "3 runs leave 1 measured after 2 warm-up runs*"),
+    ],
+)
 def test_a_bad_marker_repeat_is_a_usage_error(pytester: pytest.Pytester, value: str, message: str) -> None:
     pytester.makepyfile(
         test_it=f"""

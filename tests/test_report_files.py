@@ -51,9 +51,15 @@ def test_a_finished_write_replaces_the_report_and_is_as_readable_as_other_files(
 
 @pytest.mark.parametrize(
     ("path", "problem"),
-    [("folder", "it is a folder"), ("afile/r.json", "*afile is a file, not a folder"), ("afile/deeper/r.html", "*afile is a file, not a folder")],
+    [
+        ("folder", "it is a folder"),
+        ("afile/r.json", "*afile is a file, not a folder"),
+        ("afile/deeper/r.html", "*afile is a file, not a folder"),
+    ],
 )
-def test_a_report_path_that_can_never_be_written_is_a_usage_error(pytester: pytest.Pytester, path: str, problem: str) -> None:
+def test_a_report_path_that_can_never_be_written_is_a_usage_error(
+    pytester: pytest.Pytester, path: str, problem: str
+) -> None:
     (pytester.path / "folder").mkdir()
     (pytester.path / "afile").write_text("")
     pytester.makepyfile(test_it="def test_it():\n    pass\n")
@@ -87,7 +93,9 @@ def test_a_report_that_cannot_be_written_at_the_end_is_said_and_fails_the_run(py
     [("--collect-only",), ("-k", "matches_no_test"), ("test_broken.py",)],
     ids=["collect-only", "nothing-selected", "collection-error"],
 )
-def test_a_run_that_runs_no_test_leaves_every_report_as_it_was(pytester: pytest.Pytester, args: tuple[str, ...]) -> None:
+def test_a_run_that_runs_no_test_leaves_every_report_as_it_was(
+    pytester: pytest.Pytester, args: tuple[str, ...]
+) -> None:
     pytester.makepyfile(test_it="def test_it():\n    pass\n", test_broken="import no_such_module_here\n")
     pytester.makeini("[pytest]\nvramleak_save = last\n")
     files = {name: f"the last real run's {name}\n" for name in ("r.json", "r.html", "bench.json", "summary.md")}
@@ -96,9 +104,18 @@ def test_a_run_that_runs_no_test_leaves_every_report_as_it_was(pytester: pytest.
     saved = pytester.path / ".vramleak" / "last.json"
     saved.parent.mkdir()
     saved.write_text("the last saved run\n")
-    outputs = ["--vramleak-report=r.json", "--vramleak-report=r.html", "--vramleak-benchmark-json=bench.json", "--vramleak-markdown=summary.md"]
+    outputs = [
+        "--vramleak-report=r.json",
+        "--vramleak-report=r.html",
+        "--vramleak-benchmark-json=bench.json",
+        "--vramleak-markdown=summary.md",
+    ]
     result = pytester.runpytest("--vramleak", *outputs, *args)
-    result.stdout.fnmatch_lines(["vramleak: no test ran, so no report was written (r.json, r.html, bench.json, summary.md, *last.json left as they were)"])
+    result.stdout.fnmatch_lines(
+        [
+            "vramleak: no test ran, so no report was written (r.json, r.html, bench.json, summary.md, *last.json left as they were)"
+        ]
+    )
     assert {name: (pytester.path / name).read_text() for name in files} == files
     assert saved.read_text() == "the last saved run\n"
     # a run that runs a test writes them

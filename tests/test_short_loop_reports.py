@@ -119,7 +119,9 @@ def test_a_leaking_loop_is_explained_in_a_few_passes_over_the_heap(pytester: pyt
     assert sum(passes.values()) <= MOST_PASSES, passes
 
 
-def test_a_tensor_copy_deepcopy_made_is_placed_at_the_users_line(pytester: pytest.Pytester, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_tensor_copy_deepcopy_made_is_placed_at_the_users_line(
+    pytester: pytest.Pytester, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The standard library loaded from where sysconfig does not place it (a zip of it, as in
     # embedded or bundled Pythons; here copy.py alone, outside the working folder): copy.py's
     # frames are library frames all the same.
@@ -146,11 +148,18 @@ def test_a_tensor_copy_deepcopy_made_is_placed_at_the_users_line(pytester: pytes
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly")
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(["    allocated at test_copies.py:* in test_snapshots()", "    held by test_snapshots:* local 'snapshots'[[]2[]]"])
+    result.stdout.fnmatch_lines(
+        [
+            "    allocated at test_copies.py:* in test_snapshots()",
+            "    held by test_snapshots:* local 'snapshots'[[]2[]]",
+        ]
+    )
     result.stdout.no_fnmatch_line("*copy.py*")
 
 
-def test_a_stdlib_named_module_of_the_users_is_not_taken_for_the_standard_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_stdlib_named_module_of_the_users_is_not_taken_for_the_standard_library(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from pytest_vramleak.sites import frame_kind_of_file
 
     # a project's tests in a package named "test", imported from the working folder
@@ -176,7 +185,12 @@ def test_a_loop_that_keeps_its_outputs_is_not_told_it_keeps_a_grad_fn(pytester: 
     pytester.makepyfile(test_loop=LEAKING_LOOP)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["    held by test_leaks:* local 'step' -> closure var 'kept'[[]2[]]", "    diagnosis: autograd graph kept alive: *"])
+    result.stdout.fnmatch_lines(
+        [
+            "    held by test_leaks:* local 'step' -> closure var 'kept'[[]2[]]",
+            "    diagnosis: autograd graph kept alive: *",
+        ]
+    )
     result.stdout.no_fnmatch_line(OWN_LIST)
     result.stdout.no_fnmatch_line(f"*{GRAD_FN_KEPT}*")
 
@@ -197,9 +211,7 @@ def test_create_graph_each_step(vramleak):
 def test_a_loop_that_keeps_no_grad_fn_is_not_told_it_does(pytester: pytest.Pytester) -> None:
     # backward(create_graph=True) gives each gradient a graph of its own, kept from C++ (the
     # parameter's .grad): the plugin's own lists of what it names hold none of it.
-    pytester.makepyfile(
-        test_second_order=CREATE_GRAPH_LOOP
-    )
+    pytester.makepyfile(test_second_order=CREATE_GRAPH_LOOP)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "-W", "ignore::UserWarning")
     result.assert_outcomes(failed=1)
     # what grew is still named: each gradient's history, and the graphs behind them
@@ -222,7 +234,13 @@ def test_a_gradient_that_keeps_history_is_named_through_its_parameter(pytester: 
             "    diagnosis: autograd history kept in a gradient: backward(create_graph=True) gave it a graph of *",
         ]
     )
-    result.stdout.fnmatch_lines(["autograd graph of a float32[[]4, 32[]] tensor on cpu: * saved tensors*", "*", "    diagnosis: backward(create_graph=True) gave these gradients*"])
+    result.stdout.fnmatch_lines(
+        [
+            "autograd graph of a float32[[]4, 32[]] tensor on cpu: * saved tensors*",
+            "*",
+            "    diagnosis: backward(create_graph=True) gave these gradients*",
+        ]
+    )
     result.stdout.no_fnmatch_line("*total += loss*")
 
 
@@ -241,12 +259,16 @@ def test_an_autograd_node_only_the_plugin_lists_is_no_kept_grad_fn(pytester: pyt
             KEPT.append(weight)
         """
     )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak", "-W", "ignore::UserWarning")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak", "-W", "ignore::UserWarning"
+    )
     result.stdout.fnmatch_lines(["*held by test_leaf.KEPT[[]*[]].grad"])
     # the tensor the graph saved is named, as a graph of its own or in its owner's group
     saved = "autograd graph of a float32[[]64, 8[]] tensor on cpu: 1 saved tensors*"
     credited = "float32[[]64, 64[]] gradient on cpu: 1 tensor, 16.0 KiB, and their autograd graph's * saved tensors, *"
-    assert any(fnmatch.fnmatch(line, pattern) for line in result.outlines for pattern in (saved, credited)), result.stdout.str()
+    assert any(fnmatch.fnmatch(line, pattern) for line in result.outlines for pattern in (saved, credited)), (
+        result.stdout.str()
+    )
     result.stdout.no_fnmatch_line(OWN_LIST)
     result.stdout.no_fnmatch_line(f"*{GRAD_FN_KEPT}*")
 

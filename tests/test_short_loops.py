@@ -67,10 +67,18 @@ DECISIONS = {
     ),
     # Features (4 KiB) kept every third step, at steps 2 and 5 of steps(6, warmup=2): as a
     # loop that settled at step 2 would be, plus a spike on the last step.
-    "every_third_step_over_four_steps_is_undecided": ([4096, 4096, 4096, 8192], [-11048, -6952, -6952, -6952], "undecided"),
+    "every_third_step_over_four_steps_is_undecided": (
+        [4096, 4096, 4096, 8192],
+        [-11048, -6952, -6952, -6952],
+        "undecided",
+    ),
     # AdamW's state made at step 3, gradients set to None there and made again at step 4:
     # memory then held, but ``kept`` sees the gradients one step late.
-    "optimizer_state_that_appeared_over_four_steps_is_undecided": ([0, 11064, 22112, 22112], [0, -11048, 11064, 22112], "undecided"),
+    "optimizer_state_that_appeared_over_four_steps_is_undecided": (
+        [0, 11064, 22112, 22112],
+        [0, -11048, 11064, 22112],
+        "undecided",
+    ),
     "the_same_over_eight_steps_is_clean": (
         [0, 11064, 22112, 22112, 22112, 22112, 22112, 22112],
         [0, -11048, 11064, 22112, 22112, 22112, 22112, 22112],
@@ -94,7 +102,9 @@ def test_decide(figures: list[int], kept: list[int], expected: str) -> None:
     assert got == expected, (verdict, undecided)
     assert not (undecided and verdict.grows)
     if undecided:
-        assert undecided.startswith("undecided: ") and undecided.endswith("allow more steps with steps(n, warmup=k, max_steps=m)")
+        assert undecided.startswith("undecided: ") and undecided.endswith(
+            "allow more steps with steps(n, warmup=k, max_steps=m)"
+        )
 
 
 def test_sure_steps_are_where_a_steady_rise_becomes_certain() -> None:
@@ -128,7 +138,9 @@ def test_a_mask_cached_per_new_length_is_reported_at_the_rate_of_the_masks(pytes
     assert rate is not None, result.stdout.str()
     per_step = float(rate[1]) * (1024 if rate[2] == "KiB" else 1)
     assert 10 * 10 * 4 <= per_step <= 17 * 17 * 4, rate[0]
-    result.stdout.fnmatch_lines(["float32[[]16, 16[]] on cpu: 1 tensor, 1.0 KiB", "    held by test_masks:* local 'masks'[[]16[]]"])
+    result.stdout.fnmatch_lines(
+        ["float32[[]16, 16[]] on cpu: 1 tensor, 1.0 KiB", "    held by test_masks:* local 'masks'[[]16[]]"]
+    )
     result.stdout.no_fnmatch_line("*local 'tokens'*")
 
 
@@ -200,7 +212,18 @@ def test_a_leak_beneath_a_sawtooth_is_reported_at_its_own_rate() -> None:
 
 def test_history_that_grows_is_said_where_the_storages_are_undecided() -> None:
     history = GrowthVerdict(True, 8 * NODE_BYTES, 2.0 * NODE_BYTES, "")
-    result = StepResult("cpu", 2, [0, 0, 64, 0], GrowthVerdict(False, 0, 0.0, ""), history=[0, 2, 4, 6], history_verdict=history, undecided="undecided: why")
+    result = StepResult(
+        "cpu",
+        2,
+        [0, 0, 64, 0],
+        GrowthVerdict(False, 0, 0.0, ""),
+        history=[0, 2, 4, 6],
+        history_verdict=history,
+        undecided="undecided: why",
+    )
     assert result.grows
     lines = result.describe().splitlines()
-    assert lines[0].startswith("the autograd history kept across steps grew 2 nodes per step") and lines[-1] == "undecided: why"
+    assert (
+        lines[0].startswith("the autograd history kept across steps grew 2 nodes per step")
+        and lines[-1] == "undecided: why"
+    )

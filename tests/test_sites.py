@@ -134,7 +134,6 @@ def test_a_thread_taking_the_gil_as_tracing_stops_does_not_crash(pytester: pytes
     result.stderr.no_fnmatch_line("*Fatal Python error*")
 
 
-
 def test_tracing_leaves_the_raw_allocator_as_it_was_and_hooks_the_object_allocator() -> None:
     import ctypes
 

@@ -103,7 +103,10 @@ LEAKS = {
             for step in vramleak.steps(8):
                 history.append(torch.ones(1024))
         """,
-        ["memory grew 4.0 KiB per step over 6 measured steps (24.0 KiB in total) on cpu, tolerance 0 B", "*test_it:* local 'history'[[]*]"],
+        [
+            "memory grew 4.0 KiB per step over 6 measured steps (24.0 KiB in total) on cpu, tolerance 0 B",
+            "*test_it:* local 'history'[[]*]",
+        ],
     ),
     "growth_every_other_step": (
         """
@@ -177,7 +180,10 @@ def test_step_figures_in_json(pytester: pytest.Pytester, run_checked) -> None:
         ("vramleak.steps(3, warmup=2)", "vramleak.steps(3, warmup=2) leaves 1 measured step(s); at least 2 are needed"),
         ("vramleak.steps(4, warmup=-1)", "vramleak.steps(n, warmup=k) takes whole numbers, got n=4, warmup=-1"),
         ("vramleak.steps(4.5)", "vramleak.steps(n, warmup=k) takes whole numbers, got n=4.5, warmup=2"),
-        ("vramleak.check(print, steps=1)", "vramleak.steps(1, warmup=2) leaves 0 measured step(s); at least 2 are needed"),
+        (
+            "vramleak.check(print, steps=1)",
+            "vramleak.steps(1, warmup=2) leaves 0 measured step(s); at least 2 are needed",
+        ),
         ("vramleak.steps(True)", "vramleak.steps(n, warmup=k) takes whole numbers, got n=True, warmup=2"),
     ],
 )
@@ -191,7 +197,9 @@ def test_bad_step_arguments_are_clear_errors(pytester: pytest.Pytester, call: st
     )
     result = pytester.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([message.replace("[", "[[]").replace("(", "[(]"), f"FAILED test_it.py::test_it - Failed: {message[:20]}*"])
+    result.stdout.fnmatch_lines(
+        [message.replace("[", "[[]").replace("(", "[(]"), f"FAILED test_it.py::test_it - Failed: {message[:20]}*"]
+    )
     result.stdout.no_fnmatch_line("*pytest_vramleak*")
 
 
@@ -266,7 +274,9 @@ def test_a_loop_left_early_is_judged_on_the_steps_it_measured(pytester: pytest.P
     pytester.makepyfile(test_it=TRAINING + textwrap.dedent(LEFT_EARLY[how]))
     result, report = run_checked()
     result.assert_outcomes(failed=1)  # the body passed; the growth fails the test, once
-    result.stdout.fnmatch_lines(["memory grew 1.0 KiB per step over 4 measured steps * (the loop was left early: 4 of 8 steps measured)"])
+    result.stdout.fnmatch_lines(
+        ["memory grew 1.0 KiB per step over 4 measured steps * (the loop was left early: 4 of 8 steps measured)"]
+    )
     assert report["test_it"]["outcome"] == "leaked"
     assert report["test_it"]["steps"] == [1024 * n for n in range(1, 5)]
 
@@ -285,14 +295,23 @@ def test_a_loop_left_before_two_steps_were_measured_is_unchecked(pytester: pytes
     result, report = run_checked()
     result.assert_outcomes(passed=1)
     assert report["test_it"]["outcome"] == "unchecked"
-    assert report["test_it"]["reason"] == "not checked: the loop was left early, with 0 of 8 steps measured (at least 2 are needed)"
+    assert (
+        report["test_it"]["reason"]
+        == "not checked: the loop was left early, with 0 of 8 steps measured (at least 2 are needed)"
+    )
 
 
 @pytest.mark.parametrize(
     ("step", "message"),
     [
-        ("generator_step", "vramleak.check() was given generator_step, which returns a generator or coroutine without running its body*"),
-        ("lambda i: generator_step(i)", "vramleak.check() was given test_it.<locals>.<lambda>, which returns a generator or coroutine*"),
+        (
+            "generator_step",
+            "vramleak.check() was given generator_step, which returns a generator or coroutine without running its body*",
+        ),
+        (
+            "lambda i: generator_step(i)",
+            "vramleak.check() was given test_it.<locals>.<lambda>, which returns a generator or coroutine*",
+        ),
         ("coroutine_step", "vramleak.check() was given coroutine_step, which returns a generator or coroutine*"),
         ("two_arguments", "vramleak.check() calls step(i) or step(), and two_arguments(a, b) takes neither"),
     ],
@@ -350,7 +369,9 @@ def test_a_bad_step_count_is_said_once(pytester: pytest.Pytester) -> None:
     )
     result = pytester.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["vramleak.steps(0, warmup=2) leaves 0 measured step(s); at least 2 are needed", "*short test summary*"])
+    result.stdout.fnmatch_lines(
+        ["vramleak.steps(0, warmup=2) leaves 0 measured step(s); at least 2 are needed", "*short test summary*"]
+    )
     failure_section = result.stdout.str().split("short test summary")[0]
     assert failure_section.count("leaves 0 measured step(s); at least 2 are needed") == 1
     result.stdout.no_fnmatch_line("*During handling of the above exception*")
@@ -420,7 +441,9 @@ def test_a_hidden_state_carried_with_its_graph_is_diagnosed(pytester: pytest.Pyt
     )
     result = pytester.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*diagnosis: autograd graph kept alive: * carries from step to step *hidden = hidden.detach()*"])
+    result.stdout.fnmatch_lines(
+        ["*diagnosis: autograd graph kept alive: * carries from step to step *hidden = hidden.detach()*"]
+    )
 
 
 def test_a_hook_that_appends_to_a_local_list_is_diagnosed(pytester: pytest.Pytester) -> None:
@@ -488,5 +511,7 @@ def test_a_step_that_raises_shows_the_users_frames_only(pytester: pytest.Pyteste
     )
     result = pytester.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*vramleak.check(train_step, steps=6)", "*raise ValueError(\"bad batch\")", "E *ValueError: bad batch"])
+    result.stdout.fnmatch_lines(
+        ["*vramleak.check(train_step, steps=6)", '*raise ValueError("bad batch")', "E *ValueError: bad batch"]
+    )
     result.stdout.no_fnmatch_line("*pytest_vramleak*")

@@ -513,7 +513,9 @@ def test_nested_tensors_are_checked_named_and_stepped(pytester: pytest.Pytester,
     result.stdout.no_fnmatch_line("*NestedTensorImpl doesn't support sizes*")
 
 
-def test_what_a_thread_running_since_before_the_test_holds_is_not_charged(pytester: pytest.Pytester, run_checked) -> None:
+def test_what_a_thread_running_since_before_the_test_holds_is_not_charged(
+    pytester: pytest.Pytester, run_checked
+) -> None:
     # A background thread of an earlier test makes and holds tensors while a later test runs.
     pytester.makepyfile(
         test_it="""
@@ -554,7 +556,9 @@ def test_what_a_thread_running_since_before_the_test_holds_is_not_charged(pytest
     )
     result, report = run_checked("-p", "no:randomly")
     assert report["test_clean"]["outcome"] == "passed", result.stdout.str()
-    assert "16.0 KiB held by threads that were running before the test began: not counted" in report["test_clean"]["notes"]
+    assert (
+        "16.0 KiB held by threads that were running before the test began: not counted" in report["test_clean"]["notes"]
+    )
     own = report["test_starts_its_own_thread_that_keeps_memory"]
     assert own["outcome"] == "leaked"
     (chain,) = own["tensors"][0]["held_by"]
@@ -619,7 +623,9 @@ MANY_LEAVES = """
 """
 
 
-def test_a_gradient_given_to_one_of_many_older_leaves_is_charged_to_the_test(pytester: pytest.Pytester, run_checked) -> None:
+def test_a_gradient_given_to_one_of_many_older_leaves_is_charged_to_the_test(
+    pytester: pytest.Pytester, run_checked
+) -> None:
     pytester.makepyfile(
         test_it=textwrap.dedent(MANY_LEAVES)
         + textwrap.dedent("""
@@ -705,7 +711,9 @@ def test_what_checks_leave_to_later_is_compared_between_tests(pytester: pytest.P
                 Variable._execution_engine.run_backward((loss,), (torch.ones(()),), False, False, (), True, True)
             """)
     )
-    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak-report=r.json", "--vramleak-report=r.html")
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak-report=r.json", "--vramleak-report=r.html"
+    )
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(
         [
@@ -724,7 +732,9 @@ def test_what_checks_leave_to_later_is_compared_between_tests(pytester: pytest.P
     assert "charged to no test" in (pytester.path / "r.html").read_text()
 
 
-def test_tests_skipped_or_failing_in_set_up_cost_no_new_index_and_charge_nothing_on(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tests_skipped_or_failing_in_set_up_cost_no_new_index_and_charge_nothing_on(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A test skipped by a marker (or whose fixture fails) ends before its check observes
     # anything: what it made is read then, at the cost of what it made, not by indexing the
     # whole heap again before the next test (0.2 s at 50,000 live tensors, for every such test).
@@ -761,6 +771,8 @@ def test_tests_skipped_or_failing_in_set_up_cost_no_new_index_and_charge_nothing
             torch.ones(8).sum()
         """
     )
-    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak", "--vramleak-fail-on=any", "--vramleak-confirm=0")
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak", "--vramleak-fail-on=any", "--vramleak-confirm=0"
+    )
     result.assert_outcomes(passed=6, skipped=3, errors=1)
     assert len(rebuilds) == 1  # the first check's

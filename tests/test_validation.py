@@ -59,13 +59,18 @@ def test_sizes_are_read_exactly_up_to_the_limit(value: object, expected: int) ->
         (FOUR_HUNDRED_DIGITS, SHOWN_400),
         (FOUR_HUNDRED_DIGITS + ".5 MiB", "'" + "9" * 31 + "... (406 characters)"),
         ("1" + "0" * 5000, "'1" + "0" * 30 + "... (5001 characters)"),
-        pytest.param(10**5000, "an int of 16610 bits", id="int 10**5000"),  # Python will not print an int of 5001 digits
+        pytest.param(
+            10**5000, "an int of 16610 bits", id="int 10**5000"
+        ),  # Python will not print an int of 5001 digits
     ],
 )
 def test_a_size_past_the_limit_is_refused_with_a_short_message(value: object, shown: str) -> None:
     with pytest.raises(SizeError) as raised:
         parse_size(value)
-    assert str(raised.value) == f"too large: {shown}, more than the largest size a budget can hold, 9223372036854775807 bytes (8 EiB - 1)"
+    assert (
+        str(raised.value)
+        == f"too large: {shown}, more than the largest size a budget can hold, 9223372036854775807 bytes (8 EiB - 1)"
+    )
 
 
 TOO_LARGE = f"too large: {SHOWN_400}, more than the largest size a budget can hold*"
@@ -82,7 +87,9 @@ TOO_LARGE = f"too large: {SHOWN_400}, more than the largest size a budget can ho
         ([f"--vramleak-leak={MAX_SIZE + 1}"], "", "--vramleak-leak: too large: '9223372036854775808', *"),
     ],
 )
-def test_an_option_size_too_large_is_a_usage_error(pytester: pytest.Pytester, args: list[str], ini: str, message: str) -> None:
+def test_an_option_size_too_large_is_a_usage_error(
+    pytester: pytest.Pytester, args: list[str], ini: str, message: str
+) -> None:
     if ini:
         pytester.makeini(f"[pytest]\n{ini}\n")
     pytester.makepyfile(test_it="def test_it():\n    pass\n")
@@ -109,16 +116,26 @@ def test_the_largest_size_is_a_budget_that_works(pytester: pytest.Pytester, run_
     ],
     ids=["400 digits", "int 10**400", "limit plus one"],
 )
-def test_a_marker_size_too_large_is_a_usage_error_naming_the_test(pytester: pytest.Pytester, keyword: str, value: str, shown: str) -> None:
-    pytester.makepyfile(test_it=f"import pytest\n@pytest.mark.vram_budget({keyword}={value})\ndef test_it():\n    pass\n")
+def test_a_marker_size_too_large_is_a_usage_error_naming_the_test(
+    pytester: pytest.Pytester, keyword: str, value: str, shown: str
+) -> None:
+    pytester.makepyfile(
+        test_it=f"import pytest\n@pytest.mark.vram_budget({keyword}={value})\ndef test_it():\n    pass\n"
+    )
     result = pytester.runpytest("-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines([f"ERROR: test_it.py::test_it: @pytest.mark.vram_budget({keyword}=*): too large: {shown.replace('[', '[[]')}, *"])
+    result.stderr.fnmatch_lines(
+        [
+            f"ERROR: test_it.py::test_it: @pytest.mark.vram_budget({keyword}=*): too large: {shown.replace('[', '[[]')}, *"
+        ]
+    )
     result.stdout.no_fnmatch_line("*INTERNALERROR*")
 
 
 def test_a_marker_at_the_limit_is_accepted(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_it=f"import pytest\n@pytest.mark.vram_budget({MAX_SIZE}, leak='{MAX_SIZE}')\ndef test_it():\n    pass\n")
+    pytester.makepyfile(
+        test_it=f"import pytest\n@pytest.mark.vram_budget({MAX_SIZE}, leak='{MAX_SIZE}')\ndef test_it():\n    pass\n"
+    )
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
 
 
@@ -129,20 +146,34 @@ def test_a_marker_at_the_limit_is_accepted(pytester: pytest.Pytester) -> None:
     ("saved", "message"),
     [
         ("[1, 2]", "the saved run 'main' at {path} is not a saved run: $ is a list, expected an object"),
-        ('{"version": 1, "tests": [1, 2]}', "the saved run 'main' at {path} is not a saved run: $.tests is a list, expected an object"),
-        ('{"version": 1, "tests": {"id": 5}}', "the saved run 'main' at {path} is not a saved run: $.tests.id is the number 5, expected an object"),
+        (
+            '{"version": 1, "tests": [1, 2]}',
+            "the saved run 'main' at {path} is not a saved run: $.tests is a list, expected an object",
+        ),
+        (
+            '{"version": 1, "tests": {"id": 5}}',
+            "the saved run 'main' at {path} is not a saved run: $.tests.id is the number 5, expected an object",
+        ),
         (
             '{"version": 1, "tests": {"test_it.py::test_it": {"device": "cpu", "peak_bytes": "4 MiB"}}}',
             "the saved run 'main' at {path} is not a saved run: "
             '$.tests["test_it.py::test_it"].peak_bytes is the string "4 MiB", expected a whole number or null',
         ),
         ('{"tests": {}}', "the saved run 'main' at {path} is not a saved run: $ has no 'version'"),
-        ('{"version": 99, "tests": {}}', "the saved run 'main' at {path} has format version 99; this pytest-vramleak reads version 1: save the run again"),
-        ("{", "cannot read the saved run 'main' at {path}: not JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+        (
+            '{"version": 99, "tests": {}}',
+            "the saved run 'main' at {path} has format version 99; this pytest-vramleak reads version 1: save the run again",
+        ),
+        (
+            "{",
+            "cannot read the saved run 'main' at {path}: not JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+        ),
     ],
     ids=["list", "tests a list", "entry a number", "peak a string", "no version", "version 99", "not json"],
 )
-def test_a_saved_run_that_does_not_follow_its_format_is_a_usage_error_at_start(pytester: pytest.Pytester, saved: str, message: str) -> None:
+def test_a_saved_run_that_does_not_follow_its_format_is_a_usage_error_at_start(
+    pytester: pytest.Pytester, saved: str, message: str
+) -> None:
     path = pytester.path / ".vramleak" / "main.json"
     path.parent.mkdir()
     path.write_text(saved)
@@ -154,7 +185,9 @@ def test_a_saved_run_that_does_not_follow_its_format_is_a_usage_error_at_start(p
 
 
 def test_a_saved_run_written_by_the_plugin_follows_its_format(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_it="import pytest, torch\n@pytest.mark.vram_budget\ndef test_it():\n    torch.ones(1024).sum()\n")
+    pytester.makepyfile(
+        test_it="import pytest, torch\n@pytest.mark.vram_budget\ndef test_it():\n    torch.ones(1024).sum()\n"
+    )
     pytester.runpytest("-p", "no:cacheprovider", "--vramleak-save=main").assert_outcomes(passed=1)
     saved = json.loads((pytester.path / ".vramleak" / "main.json").read_text())
     assert first_problem(saved, "saved-run") is None
@@ -237,7 +270,13 @@ def test_fails_in_set_up(broken):
 
 
 def run_merge(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest_vramleak", "merge", *args], cwd=folder, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest_vramleak", "merge", *args],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture
@@ -248,7 +287,19 @@ def everything_run(tmp_path: Path) -> Path:
     report merged."""
     (tmp_path / "test_everything.py").write_text(EVERYTHING)
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-n", "1", "--vramleak", "--vramleak-report=r.json"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:randomly",
+            "-n",
+            "1",
+            "--vramleak",
+            "--vramleak-report=r.json",
+        ],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -272,15 +323,45 @@ def test_the_report_schema_is_valid_json_schema_and_ships_in_the_package() -> No
 # A field of a real report made wrong, and the problem the schema names: (test, field, value, problem).
 BROKEN_FIELDS = [
     ("test_leaks", ("nodeid",), "DELETE", "$.tests[{i}] has no 'nodeid'"),
-    ("test_leaks", ("outcome",), "fine", '$.tests[{i}].outcome is the string "fine", expected one of "passed", "leaked", "over_budget", "unchecked"'),
-    ("test_leaks", ("leaked_bytes",), "1 KiB", '$.tests[{i}].leaked_bytes is the string "1 KiB", expected a whole number or null'),
-    ("test_leaks", ("tensors", 0, "held_by"), "KEPT", '$.tests[{i}].tensors[0].held_by is the string "KEPT", expected a list'),
-    ("test_leaks", ("tensors", 0, "held_by_paths", 0, 0), ["KEPT"], "$.tests[{i}].tensors[0].held_by_paths[0][0]: ['KEPT'] is too short"),
+    (
+        "test_leaks",
+        ("outcome",),
+        "fine",
+        '$.tests[{i}].outcome is the string "fine", expected one of "passed", "leaked", "over_budget", "unchecked"',
+    ),
+    (
+        "test_leaks",
+        ("leaked_bytes",),
+        "1 KiB",
+        '$.tests[{i}].leaked_bytes is the string "1 KiB", expected a whole number or null',
+    ),
+    (
+        "test_leaks",
+        ("tensors", 0, "held_by"),
+        "KEPT",
+        '$.tests[{i}].tensors[0].held_by is the string "KEPT", expected a list',
+    ),
+    (
+        "test_leaks",
+        ("tensors", 0, "held_by_paths", 0, 0),
+        ["KEPT"],
+        "$.tests[{i}].tensors[0].held_by_paths[0][0]: ['KEPT'] is too short",
+    ),
     ("test_leaks", ("budget", "leak"), [], "$.tests[{i}].budget.leak is a list, expected a whole number or null"),
     ("test_steps_grow", ("steps", 0), 1.5, "$.tests[{i}].steps[0] is the number 1.5, expected a whole number"),
     ("test_ranks", ("ranks", 0, "pid"), None, "$.tests[{i}].ranks[0].pid is null, expected a whole number"),
-    ("test_over_its_peak", ("peak_breakdown", "categories"), [], "$.tests[{i}].peak_breakdown.categories is a list, expected an object"),
-    ("test_repeated", ("pattern",), "leaks", '$.tests[{i}].pattern is the string "leaks", expected one of "grows", "kept_once", "settled", null'),
+    (
+        "test_over_its_peak",
+        ("peak_breakdown", "categories"),
+        [],
+        "$.tests[{i}].peak_breakdown.categories is a list, expected an object",
+    ),
+    (
+        "test_repeated",
+        ("pattern",),
+        "leaks",
+        '$.tests[{i}].pattern is the string "leaks", expected one of "grows", "kept_once", "settled", null',
+    ),
     ("test_cycle", ("notes",), "none", '$.tests[{i}].notes is the string "none", expected a list'),
 ]
 
@@ -324,17 +405,27 @@ def test_a_real_report_with_every_part_follows_the_schema(everything_run: Path) 
     ("report", "problem"),
     [
         ({"version": 1, "tests": [1, 2]}, "$.tests[0] is the number 1, expected an object"),
-        ({"version": 1, "tests": ["test_it.py::test_it"]}, '$.tests[0] is the string "test_it.py::test_it", expected an object'),
+        (
+            {"version": 1, "tests": ["test_it.py::test_it"]},
+            '$.tests[0] is the string "test_it.py::test_it", expected an object',
+        ),
         ({"version": 1, "tests": [{"outcome": "passed"}]}, "$.tests[0] has no 'nodeid'"),
-        ({"version": 1, "tests": [{"nodeid": 5, "outcome": "passed"}]}, "$.tests[0].nodeid is the number 5, expected a string"),
+        (
+            {"version": 1, "tests": [{"nodeid": 5, "outcome": "passed"}]},
+            "$.tests[0].nodeid is the number 5, expected a string",
+        ),
         ({"version": 1, "tests": [], "fixtures": {"model": 1}}, "$.fixtures is an object, expected a list"),
         ({"version": 1, "tests": [], "fixtures": [{"fixture": "model"}]}, "$.fixtures[0] has no 'scope'"),
         ({"version": 1, "tests": [], "between_checks": [None]}, "$.between_checks[0] is null, expected an object"),
         ({"version": 1, "tests": [], "about": {"host": 7}}, "$.about.host is the number 7, expected a string"),
     ],
 )
-def test_a_report_that_breaks_the_format_is_refused_by_merge_in_one_line(tmp_path: Path, report: dict[str, Any], problem: str) -> None:
-    (tmp_path / "good.json").write_text(json.dumps({"version": 1, "tests": [{"nodeid": "test_a.py::test_a", "outcome": "passed"}]}))
+def test_a_report_that_breaks_the_format_is_refused_by_merge_in_one_line(
+    tmp_path: Path, report: dict[str, Any], problem: str
+) -> None:
+    (tmp_path / "good.json").write_text(
+        json.dumps({"version": 1, "tests": [{"nodeid": "test_a.py::test_a", "outcome": "passed"}]})
+    )
     (tmp_path / "bad.json").write_text(json.dumps(report))
     done = run_merge(tmp_path, "good.json", "bad.json", "--json", "all.json", "--html", "all.html")
     assert done.returncode == 2
@@ -346,7 +437,10 @@ def test_a_report_with_only_the_required_fields_merges_into_both_outputs(tmp_pat
     """What the schema lets through, the merge can render: only ``nodeid`` and ``outcome`` are needed."""
     report = {
         "version": 1,
-        "tests": [{"nodeid": f"test_a.py::test_{outcome}", "outcome": outcome} for outcome in ("passed", "leaked", "over_budget", "unchecked")],
+        "tests": [
+            {"nodeid": f"test_a.py::test_{outcome}", "outcome": outcome}
+            for outcome in ("passed", "leaked", "over_budget", "unchecked")
+        ],
         "fixtures": [{"fixture": "model", "scope": "module", "where": "test_a.py", "bytes": 4096}],
         "between_checks": [{"where": "test_a.py::test_leaked", "device": "cpu", "bytes": 64}],
     }
@@ -423,7 +517,9 @@ def test_two_budgets_on_one_node_are_a_usage_error(pytester: pytest.Pytester, so
         ("leak=0", 'leak="1 MiB"', "passed"),
     ],
 )
-def test_a_budget_on_a_method_overrides_its_class_and_module(pytester: pytest.Pytester, run_checked, outer: str, inner: str, outcome: str) -> None:
+def test_a_budget_on_a_method_overrides_its_class_and_module(
+    pytester: pytest.Pytester, run_checked, outer: str, inner: str, outcome: str
+) -> None:
     pytester.makepyfile(
         test_it=f"""
 import pytest, torch

@@ -32,7 +32,10 @@ def test_leak_message_names_amount_device_and_budget() -> None:
 def test_leak_and_peak_together_report_both() -> None:
     verdict = judge_budget(Budget(peak=MIB), "cuda:0", 2 * MIB, 3 * MIB)
     assert verdict.outcome == "leaked"
-    assert verdict.message == "leaked 2.0 MiB on cuda:0, allowed 0 B; peaked at 3.0 MiB above baseline on cuda:0, allowed 1.0 MiB"
+    assert (
+        verdict.message
+        == "leaked 2.0 MiB on cuda:0, allowed 0 B; peaked at 3.0 MiB above baseline on cuda:0, allowed 1.0 MiB"
+    )
 
 
 K = 1000
@@ -88,7 +91,9 @@ def test_growth_figures() -> None:
     verdict = judge_growth([1024 * i for i in range(1, 9)], 0)
     assert verdict.growth_bytes == 8 * 1024
     assert verdict.per_step_bytes == 1024
-    assert verdict.message == "memory grew 1.0 KiB per step over 8 measured steps (8.0 KiB in total) on cpu, tolerance 0 B"
+    assert (
+        verdict.message == "memory grew 1.0 KiB per step over 8 measured steps (8.0 KiB in total) on cpu, tolerance 0 B"
+    )
 
 
 @pytest.mark.parametrize(
@@ -110,7 +115,11 @@ def test_growth_is_flagged_with_its_real_rate(name: str, steps: list[int], per_s
     ("name", "steps", "settled_at"),
     [
         ("a buffer full at the 6th step", [4864, 9728, 14592, 19456, 24320, 29184, 29184, 29184], 6),
-        ("optimizer state at the first real step, under accumulation", [0, 11064, 22112, 22112, 22112, 11064, 22112, 22112], 3),
+        (
+            "optimizer state at the first real step, under accumulation",
+            [0, 11064, 22112, 22112, 22112, 11064, 22112, 22112],
+            3,
+        ),
         ("a cache filled in the first steps", [K, 2 * K, 3 * K, 3 * K, 3 * K, 3 * K, 3 * K, 3 * K], 3),
     ],
 )

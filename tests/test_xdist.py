@@ -54,15 +54,22 @@ def test_fixture_leftovers_from_every_worker_reach_the_report(pytester: pytest.P
                 """
             }
         )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak", "--vramleak-report=r.json", "-n", "2")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--vramleak", "--vramleak-report=r.json", "-n", "2"
+    )
     result.assert_outcomes(passed=2)
     fixtures = json.loads((pytester.path / "r.json").read_text())["fixtures"]
-    assert sorted((f["fixture"], f["scope"], f["bytes"]) for f in fixtures) == [("table_a", "module", 4096), ("table_b", "module", 4096)]
+    assert sorted((f["fixture"], f["scope"], f["bytes"]) for f in fixtures) == [
+        ("table_a", "module", 4096),
+        ("table_b", "module", 4096),
+    ]
     assert all(f["worker"] in ("gw0", "gw1") for f in fixtures)
     result.stdout.fnmatch_lines(
-        ["*= vramleak summary =*", "fixture 'table_*' (module scope, test_*.py, worker gw?) still holds 4.0 KiB it allocated, after its teardown"]
+        [
+            "*= vramleak summary =*",
+            "fixture 'table_*' (module scope, test_*.py, worker gw?) still holds 4.0 KiB it allocated, after its teardown",
+        ]
     )
-
 
 
 def test_what_workers_found_between_checks_reaches_the_report(pytester: pytest.Pytester) -> None:
@@ -79,9 +86,18 @@ def test_what_workers_found_between_checks_reaches_the_report(pytester: pytest.P
                 """
             }
         )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak", "--vramleak-report=r.json", "-n", "2")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--vramleak", "--vramleak-report=r.json", "-n", "2"
+    )
     result.assert_outcomes(passed=2)
     found = json.loads((pytester.path / "r.json").read_text())["between_checks"]
-    assert sorted((f["where"], f["bytes"]) for f in found) == [("test_a.py::test_grows", 4092), ("test_b.py::test_grows", 4092)]
+    assert sorted((f["where"], f["bytes"]) for f in found) == [
+        ("test_a.py::test_grows", 4092),
+        ("test_b.py::test_grows", 4092),
+    ]
     assert all(f["worker"] in ("gw0", "gw1") for f in found)
-    result.stdout.fnmatch_lines(["*older tensors grew in place or were given gradients, 4.0 KiB on cpu, during test_?.py::test_grows (worker gw?) (this process holds over 2,000 *"])
+    result.stdout.fnmatch_lines(
+        [
+            "*older tensors grew in place or were given gradients, 4.0 KiB on cpu, during test_?.py::test_grows (worker gw?) (this process holds over 2,000 *"
+        ]
+    )

@@ -21,7 +21,9 @@ SCHEMAS = ("report", "saved-run")
 @functools.cache
 def load(name: str) -> dict[str, Any]:
     """The schema called ``name`` (one of :data:`SCHEMAS`)."""
-    schema: dict[str, Any] = json.loads(resources.files(__name__).joinpath(f"{name}.schema.json").read_text(encoding="utf-8"))
+    schema: dict[str, Any] = json.loads(
+        resources.files(__name__).joinpath(f"{name}.schema.json").read_text(encoding="utf-8")
+    )
     return schema
 
 
@@ -35,7 +37,9 @@ def first_problem(document: Any, name: str) -> str | None:
     from jsonschema import Draft202012Validator
 
     errors = Draft202012Validator(load(name)).iter_errors(document)
-    first = min(errors, key=lambda error: tuple((isinstance(key, str), key) for key in error.absolute_path), default=None)
+    first = min(
+        errors, key=lambda error: tuple((isinstance(key, str), key) for key in error.absolute_path), default=None
+    )
     return None if first is None else _describe(first)
 
 
