@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from .check import CheckResult, LeakCheck, Rules
+from .holders.snapshot import Leak, Snapshot, TensorGroup, diff, take_snapshot
+from .judging.sizes import SizeError, format_size, parse_size
+from .judging.verdict import Budget, GrowthVerdict, judge_budget, judge_growth
 from .ranks import watch_rank
-from .sizes import SizeError, format_size, parse_size
-from .snapshot import Leak, Snapshot, TensorGroup, diff, take_snapshot
 from .steps import StepResult, StepWatcher
-from .verdict import Budget, GrowthVerdict, judge_budget, judge_growth
 
 __all__ = [
     "Budget",
@@ -37,7 +37,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # The marker helper needs pytest; a training script importing the engine does not.
     if name == "vram_budget":
-        from .marker import vram_budget
+        from .plugin.marker import vram_budget
 
         return vram_budget
     raise AttributeError(f"module 'pytest_vramleak' has no attribute {name!r}")

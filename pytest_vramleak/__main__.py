@@ -1,10 +1,10 @@
-"""``python -m pytest_vramleak merge ...``: see :mod:`pytest_vramleak.merge`."""
+"""``python -m pytest_vramleak merge ...``: see :mod:`pytest_vramleak.reporting.merge`."""
 
 from __future__ import annotations
 
 import sys
 
-from .merge import main
+from .reporting.merge import main
 
 COMMANDS = {"merge": main}
 

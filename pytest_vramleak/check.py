@@ -15,7 +15,7 @@ context manager::
 How much each part costs. Where the device's allocator keeps counters (CUDA, XPU, MPS), the
 baseline and the measurement read them, and no tensor is read unless memory grew past the
 budget. On CPU each observation reads what the test made and what died (see
-:mod:`pytest_vramleak.tracker`); only a leak pays for naming its holders, a walk of the heap.
+:mod:`pytest_vramleak.tracking.tracker`); only a leak pays for naming its holders, a walk of the heap.
 """
 
 from __future__ import annotations
@@ -26,19 +26,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .census import StorageKey, storage_key
-from .devices import CpuMeter, CudaMeter, Meter, clear_torch_caches
-from .diagnosis import held_by_torch_cache
-from .history import AllocatorHistory
+from .holders.diagnosis import held_by_torch_cache
+from .holders.referrers import NamedRoot
+from .holders.snapshot import HELD_FROM_CPP, TensorGroup, describe, describe_history, merge_parts, meter_for
+from .judging.outcome import CheckFigures, Rules, judge_check
+from .judging.sizes import format_size
+from .judging.verdict import Budget
 from .left_behind import LeftBehind
-from .outcome import Rules, discount, judge_check
+from .meters.devices import CpuMeter, CudaMeter, Meter, clear_torch_caches
+from .meters.history import AllocatorHistory
 from .readings import AllocatorReadings, LedgerReadings
-from .referrers import NamedRoot
 from .result import CheckResult
-from .sites import SiteRecorder, Sites, SiteSource
-from .snapshot import HELD_FROM_CPP, TensorGroup, describe, describe_history, merge_parts, meter_for
-from .tracker import NODE_BYTES, StorageRef, Tracker, graph_clock
-from .verdict import Budget
+from .tracking.census import StorageKey, storage_key
+from .tracking.sites import SiteRecorder, Sites, SiteSource
+from .tracking.tracker import NODE_BYTES, StorageRef, Tracker, graph_clock
 
 __all__ = ["CPP_HELD", "CheckResult", "LeakCheck", "NamedLeak", "Rules", "name_leak"]
 
@@ -261,9 +262,25 @@ class LeakCheck:
     def _apply_rules(self) -> None:
         result = self.result
         others = [other.name for other, _ in self.readings.others] if self.readings is not None else []
-        outcome, messages = judge_check(result, self.budget, self.rules, on_cpu=self.on_cpu, other_devices=others)
-        if self.left_behind.judge(result, messages):
-            outcome = "leaked"
+        assert result.leaked_bytes is not None
+        figures = CheckFigures(
+            result.device,
+            result.leaked_bytes,
+            result.history_bytes,
+            result.graph.nodes if result.graph is not None else 0,
+            result.peak_bytes,
+            result.created_bytes,
+            result.freed_older_bytes,
+            result.cycle_bytes,
+            result.details,
+        )
+        judged = judge_check(figures, self.budget, self.rules, on_cpu=self.on_cpu, other_devices=others)
+        result.notes += [note for note in judged.notes if note not in result.notes]
+        result.peak_over, result.over_budget = judged.peak_over, judged.over_budget
+        result.other_leaks, result.cycles_failed = judged.other_leaks, judged.cycles_failed
+        result.memory_leaked = judged.memory_leaked
+        messages = list(judged.messages)
+        outcome = "leaked" if self.left_behind.judge(result, messages) else judged.outcome
         result.outcome = outcome
         result.message = "; ".join(messages)
 
@@ -327,11 +344,21 @@ class LeakCheck:
                 result.other_groups[device] = found.groups
 
     def _set_aside(self, set_aside: list[tuple[str, list[TensorGroup]]]) -> None:
-        """Take out of the leak what :func:`name_leak` found is not the check's, and decide again."""
-        if discount(self.result, set_aside):
-            self._apply_rules()
-            if self.result.outcome != "leaked":
-                self.result.groups = []
+        """Take out of the leak what :func:`name_leak` found is not the check's (with whose it is,
+        as naming found: PyTorch's caches, C++, older threads, a note each), and decide again."""
+        result = self.result
+        if not set_aside or result.leaked_bytes is None:
+            return
+        for holders, groups in set_aside:
+            discounted = sum(group.bytes for group in groups)
+            result.leaked_bytes = max(0, result.leaked_bytes - discounted)
+            if result.created_bytes is not None:
+                result.created_bytes = max(0, result.created_bytes - discounted)
+            result.set_aside.append((holders, groups))
+            result.notes.append(f"{format_size(discounted)} {holders}: not counted")
+        self._apply_rules()
+        if result.outcome != "leaked":
+            result.groups = []
 
 
 def _import_torch() -> Any:
@@ -395,7 +422,7 @@ def name_leak(
     own caches hold, what nothing in Python reaches (held by PyTorch in C++; unless
     ``count_cpp_held``), and what only threads running since before the check hold.
 
-    With ``part`` (see :func:`~pytest_vramleak.snapshot.describe`), the groups are those of each
+    With ``part`` (see :func:`~pytest_vramleak.holders.snapshot.describe`), the groups are those of each
     part, and what is set aside is decided on the parts joined."""
     keys = [(ref.device, ref.pointer) for ref in refs if ref() is not None]
     wanted = set(keys)

@@ -1,8 +1,8 @@
 """What a checked block leaves running besides memory: process groups, child processes, ranks' leaks.
 
 A check notes the ``torch.distributed`` process groups and the child processes alive as it begins
-(:mod:`pytest_vramleak.processes`), and tells rank processes started from then on where to report
-(:mod:`pytest_vramleak.ranks`, through :data:`~pytest_vramleak.rank_reports.RANKS_ENV`). As it
+(:mod:`pytest_vramleak.meters.processes`), and tells rank processes started from then on where to report
+(:mod:`pytest_vramleak.ranks`, through :data:`~pytest_vramleak.meters.rank_reports.RANKS_ENV`). As it
 decides, what is alive that was not before, and what the ranks reported, fail the check as left
 behind. A fixture of a wider scope set up during the check owns what it started (:meth:`LeftBehind.adopt`).
 """
@@ -16,9 +16,9 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .processes import Children, ProcessGroups, describe_children, describe_groups
-from .rank_reports import RANKS_ENV, collect
-from .rank_reports import describe as describe_ranks
+from .meters.processes import Children, ProcessGroups, describe_children, describe_groups
+from .meters.rank_reports import RANKS_ENV, collect
+from .meters.rank_reports import describe as describe_ranks
 
 if TYPE_CHECKING:
     from .result import CheckResult

@@ -25,9 +25,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .check import LeakCheck
-from .rank_reports import RANKS_ENV, entry, write
-from .sizes import parse_size
-from .verdict import Budget
+from .judging.sizes import parse_size
+from .judging.verdict import Budget
+from .meters.rank_reports import RANKS_ENV, entry, write
 
 __all__ = ["RANKS_ENV", "watch_rank"]
 

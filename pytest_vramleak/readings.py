@@ -1,17 +1,17 @@
 """What a check reads to measure: the tracker's ledger on CPU, the allocator's counters elsewhere.
 
 On CPU (:class:`LedgerReadings`) a check leaked what the tracker's ledger says
-(:mod:`pytest_vramleak.ledger`): storages made since set-up started and alive, plus older
+(:mod:`pytest_vramleak.tracking.ledger`): storages made since set-up started and alive, plus older
 storages' growth in place, less older storages freed. The baseline is an observation as the body
 starts, and memory only the cycle collector frees is what the body made that one more collection
-frees (:mod:`pytest_vramleak.cycles`).
+frees (:mod:`pytest_vramleak.holders.cycles`).
 
 Where the device's allocator keeps counters (CUDA, XPU, MPS), a check needs no tensor to measure:
 the growth of allocated bytes from set-up's start to after teardown is what the checked code
 left, less what fixtures of a wider scope made meanwhile (the caller adds those to the baseline).
 A growth past the budget is measured again a few times (memory freed asynchronously can still
 arrive, as PyTorch's own check allows) and set beside the driver's figure
-(:func:`~pytest_vramleak.devices.measure_growth`). Every other CUDA device of the process, pinned
+(:func:`~pytest_vramleak.meters.devices.measure_growth`). Every other CUDA device of the process, pinned
 host memory and the allocator's reserved peak are read alongside.
 """
 
@@ -20,14 +20,14 @@ from __future__ import annotations
 import gc
 from typing import TYPE_CHECKING
 
-from .cycles import cycle_garbage, let_go, save_garbage
-from .devices import CudaMeter, Growth, Meter, explain_reserved, measure_growth
-from .tracker import Mark, Tracker
+from .holders.cycles import cycle_garbage, let_go, save_garbage
+from .meters.devices import CudaMeter, Growth, Meter, explain_reserved, measure_growth
+from .tracking.tracker import Mark, Tracker
 
 if TYPE_CHECKING:
+    from .judging.verdict import Budget
     from .result import CheckResult
-    from .sites import SiteRecorder
-    from .verdict import Budget
+    from .tracking.sites import SiteRecorder
 
 
 class LedgerReadings:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .graphs import KeptGraph
-from .peaks import PeakBreakdown
-from .report import render_groups
-from .sizes import format_size
-from .snapshot import TensorGroup
+from .holders.snapshot import TensorGroup
+from .judging.sizes import format_size
+from .meters.peaks import PeakBreakdown
+from .reporting.report import render_groups
+from .tracking.graphs import KeptGraph
 
 
 @dataclass

@@ -8,15 +8,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .census import storage_key
-from .devices import CudaMeter, Meter
-from .diagnosis import diagnose
-from .referrers import NamedRoot
-from .sites import SiteRecorder
-from .sizes import format_size
-from .snapshot import STEP_FUNCTION, Leak, describe, describe_history, meter_for
-from .tracker import NODE_BYTES, KeptGraph, Mark, StorageRef, Tracker, graph_clock
-from .verdict import (
+from .holders.diagnosis import diagnose
+from .holders.referrers import NamedRoot
+from .holders.snapshot import STEP_FUNCTION, Leak, describe, describe_history, meter_for
+from .judging.sizes import format_size
+from .judging.verdict import (
     LATE_GROWTH_STEPS,
     SURE_STEPS,
     TREND_CERTAIN,
@@ -28,6 +24,10 @@ from .verdict import (
     rose_each,
     trend_score,
 )
+from .meters.devices import CudaMeter, Meter
+from .tracking.census import storage_key
+from .tracking.sites import SiteRecorder
+from .tracking.tracker import NODE_BYTES, KeptGraph, Mark, StorageRef, Tracker, graph_clock
 
 RECORDED_STEPS = 2
 """Measured steps whose allocation sites are recorded, from the first that grows; the rest of a
@@ -62,7 +62,7 @@ class StepResult:
     after that step keep: each step's graph kept past its step (empty where torch does not
     number its nodes)."""
     history_verdict: GrowthVerdict | None = None
-    """The growth rule applied to ``history`` (at :data:`~pytest_vramleak.tracker.NODE_BYTES` a node)."""
+    """The growth rule applied to ``history`` (at :data:`~pytest_vramleak.tracking.tracker.NODE_BYTES` a node)."""
     kept: list[int] | None = None
     """CPU: ``steps`` less the storages each step made and left alive (its batch, its outputs):
     what earlier steps kept, net of what they freed."""
@@ -172,27 +172,27 @@ def decide(
     holds, whose size varies with its batch. Its level says nothing (the first measured step
     frees what warm-up made, gradients and a batch, and replaces it with its own, which ``kept``
     leaves out), only its changes do: it is judged from its lowest figure. Memory grows where
-    ``kept`` grows by the rule of :func:`~pytest_vramleak.verdict.judge_growth`, at ``kept``'s
+    ``kept`` grows by the rule of :func:`~pytest_vramleak.judging.verdict.judge_growth`, at ``kept``'s
     rate.
 
     ``kept`` sees what a step keeps one step late: where each of the last
-    :data:`~pytest_vramleak.verdict.LATE_GROWTH_STEPS` figures rose and each of the last but one
+    :data:`~pytest_vramleak.judging.verdict.LATE_GROWTH_STEPS` figures rose and each of the last but one
     of ``kept`` did, that is growth that started late. Where ``figures`` grow and ``kept`` did
     not rise, no tensor outlived the step after the one that made it: either each step replaces
     a tensor by a bigger one (``torch.cat`` onto itself), which rises at nearly every step, or
     the steps' own tensors vary in size. A rise as steady as
-    :data:`~pytest_vramleak.verdict.TREND_CERTAIN` asks is growth. A weaker one is not, where
+    :data:`~pytest_vramleak.judging.verdict.TREND_CERTAIN` asks is growth. A weaker one is not, where
     the steps are enough for a rise at every step to reach it
-    (:data:`~pytest_vramleak.verdict.SURE_STEPS`); over fewer steps, it is undecided.
+    (:data:`~pytest_vramleak.judging.verdict.SURE_STEPS`); over fewer steps, it is undecided.
 
-    Over fewer than :data:`~pytest_vramleak.verdict.SURE_STEPS` measured steps, growth every
+    Over fewer than :data:`~pytest_vramleak.judging.verdict.SURE_STEPS` measured steps, growth every
     third step rises once or twice, and a loop that rose once and settled, or that keeps a
     tensor every third step, show the same figures: there memory that did not grow is undecided
     where a tensor a measured step made outlived the step after it (``kept`` rose from one step
     to the next). And growth is undecided where the figures rose and then held flat while
     ``kept`` grew: ``kept`` sees what a step keeps one step late, and state that appeared once
     (an optimizer's) or gradients made again after being set to None count as kept in the step
-    after the figures stopped rising. From :data:`~pytest_vramleak.verdict.SURE_STEPS` steps on,
+    after the figures stopped rising. From :data:`~pytest_vramleak.judging.verdict.SURE_STEPS` steps on,
     every loop is decided.
 
     Where ``kept`` is not known (an allocator counts the memory), the rule applies to ``figures``.
@@ -246,7 +246,7 @@ _MORE_STEPS = "allow more steps with steps(n, warmup=k, max_steps=m)"
 
 
 def _held_flat(figures: Sequence[int], verdict: GrowthVerdict, tolerance: int) -> bool:
-    """Whether the figures settled (see :class:`~pytest_vramleak.verdict.GrowthVerdict`) and
+    """Whether the figures settled (see :class:`~pytest_vramleak.judging.verdict.GrowthVerdict`) and
     stayed within ``tolerance`` of one another from their last new high on."""
     if verdict.settled_at is None:
         return False
@@ -279,7 +279,7 @@ class StepWatcher:
     tracker: Tracker | None = None
     """Tracks storages between steps; one is made for the loop when none is given."""
     record_sites: bool = True
-    """Record where the tensors of the first measured steps are made (see :mod:`pytest_vramleak.sites`)."""
+    """Record where the tensors of the first measured steps are made (see :mod:`pytest_vramleak.tracking.sites`)."""
     on_result: Callable[[StepResult], None] | None = None
     """Called with each loop's result as the loop ends, also one left early."""
     named_roots: Callable[[], Sequence[NamedRoot]] | None = None

@@ -26,7 +26,7 @@ PY
 # What --vramleak-trace costs: the allocator's history as the plugin records it, per allocation.
 python3 - <<'PY'
 import time, torch
-from pytest_vramleak.history import MAX_ENTRIES
+from pytest_vramleak.meters.history import MAX_ENTRIES
 
 def allocations(n=20000):
     torch.cuda.synchronize()

@@ -46,7 +46,7 @@ def worker(rank: int, world_size: int, store: str, order: str, variant: str) -> 
     import torch.distributed as dist
 
     import pytest_vramleak
-    from pytest_vramleak import sites
+    from pytest_vramleak.tracking import sites
 
     if variant == "bare":
         os.environ.pop("PYTEST_VRAMLEAK_RANKS", None)  # watch_rank() does nothing then

@@ -60,9 +60,9 @@ def fake_cuda_plugin(monkeypatch: pytest.MonkeyPatch):
     import sys
     import types
 
-    import pytest_vramleak.state as state
-    import pytest_vramleak.summary as summary
-    from pytest_vramleak.devices import CudaMeter
+    import pytest_vramleak.plugin.state as state
+    import pytest_vramleak.plugin.summary as summary
+    from pytest_vramleak.meters.devices import CudaMeter
 
     from .fakes import FakeCuda
 

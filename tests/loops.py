@@ -24,7 +24,7 @@ from torch.nn import functional as F
 
 from pytest_vramleak import StepWatcher
 from pytest_vramleak.steps import StepResult
-from pytest_vramleak.tracker import Tracker
+from pytest_vramleak.tracking.tracker import Tracker
 
 Step = Callable[[int], None]
 

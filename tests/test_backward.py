@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.autograd.graph
 
-from pytest_vramleak.backward import BackwardWatch, graph_leaves
+from pytest_vramleak.tracking.backward import BackwardWatch, graph_leaves
 
 
 def _entry_points() -> tuple[object, object]:
@@ -100,7 +100,7 @@ def test_a_replacement_made_over_the_watch_is_left_in_place() -> None:
 
 
 def test_a_walk_that_fails_leaves_backward_to_run_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    import pytest_vramleak.backward as backward
+    import pytest_vramleak.tracking.backward as backward
 
     def broken(roots, inputs):
         raise RuntimeError("unreadable graph")
@@ -117,8 +117,8 @@ def test_a_walk_that_fails_leaves_backward_to_run_and_says_so(monkeypatch: pytes
 
 
 def test_a_check_whose_watch_failed_compares_every_gradient(monkeypatch: pytest.MonkeyPatch) -> None:
-    import pytest_vramleak.backward as backward
-    from pytest_vramleak.tracker import COMPARED_PER_CHECK, Tracker
+    import pytest_vramleak.tracking.backward as backward
+    from pytest_vramleak.tracking.tracker import COMPARED_PER_CHECK, Tracker
 
     params = [torch.nn.Parameter(torch.zeros(1)) for _ in range(COMPARED_PER_CHECK + 1)]
     monkeypatch.setattr(backward, "graph_leaves", lambda roots, inputs: 1 / 0)

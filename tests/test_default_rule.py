@@ -456,7 +456,9 @@ def test_a_test_that_fails_on_its_own_and_leaks_is_one_failure_with_both_reasons
 ) -> None:
     pytester.makepyfile(test_it=FAILING_TESTS)
     if refreeze:  # a slow observation during the call freezes the heap, the failing frames with it
-        pytester.makeconftest("import pytest_vramleak.tracker\npytest_vramleak.tracker.REFREEZE_AFTER_SECONDS = 0\n")
+        pytester.makeconftest(
+            "import pytest_vramleak.tracking.tracker\npytest_vramleak.tracking.tracker.REFREEZE_AFTER_SECONDS = 0\n"
+        )
     # (in a subprocess: an in-process run's hook recorder keeps every failure's traceback)
     result = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "--vramleak", "-rA", "--junitxml=junit.xml", "--vramleak-report=r.json"
@@ -554,7 +556,7 @@ def test_a_slow_test_keeping_memory_only_in_its_parametrize_values_is_not_run_ag
 ) -> None:
     # pytest keeps a case's parametrize values for the session and runs the case once: what they
     # keep cannot grow, and a DDP fit of seconds need not run again to show it.
-    import pytest_vramleak.runs as runs
+    import pytest_vramleak.plugin.runs as runs
 
     monkeypatch.setattr(runs, "SLOW_RUN_SECONDS", 0.0)
     pytester.makepyfile(test_it=CALLBACKS.format(also="", runs=1))
@@ -579,7 +581,7 @@ def test_a_slow_test_keeping_memory_only_in_its_parametrize_values_is_not_run_ag
 def test_memory_a_parametrize_value_holds_that_a_module_holds_too_runs_again(
     pytester: pytest.Pytester, run_checked, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import pytest_vramleak.runs as runs
+    import pytest_vramleak.plugin.runs as runs
 
     monkeypatch.setattr(runs, "SLOW_RUN_SECONDS", 0.0)
     pytester.makepyfile(test_it=CALLBACKS.format(also="KEEP.append(callbacks[0].best)", runs=5))

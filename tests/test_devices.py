@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from pytest_vramleak import Budget, judge_budget
-from pytest_vramleak.devices import (
+from pytest_vramleak.meters.devices import (
     CpuMeter,
     CudaMeter,
     DeviceUnavailable,
@@ -278,7 +278,7 @@ def test_plugin_checks_a_cuda_device_through_the_fake(pytester: pytest.Pytester,
 def test_pin_worker(
     worker: str, devices: int, visible: str, initialized: bool, expected: str | None, environ_after: str
 ) -> None:
-    from pytest_vramleak.devices import pin_worker
+    from pytest_vramleak.meters.devices import pin_worker
 
     cuda = FakeCuda(devices=devices, initialized=initialized)
     chosen: list[int] = []
@@ -314,7 +314,7 @@ def test_an_accelerator_check_without_growth_reads_no_tensor(
     pytester: pytest.Pytester, fake_cuda_plugin, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The allocator's counters are the cheap signal: a tensor is read only to name a leak."""
-    from pytest_vramleak.index import Index
+    from pytest_vramleak.tracking.index import Index
 
     reads: list[str] = []
     original = Index.read_tensor

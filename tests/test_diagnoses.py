@@ -153,7 +153,7 @@ def test_a_gradient_with_a_graph_of_its_own_is_named_as_create_graphs_cycle(pyte
 
 
 def _group(*chains: str, paths: list[list[tuple[str, str]]] | None = None, **fields: object) -> object:
-    from pytest_vramleak.snapshot import TensorGroup
+    from pytest_vramleak.holders.snapshot import TensorGroup
 
     group = TensorGroup("float32", (64,), "cpu", bytes=256, count=int(fields.pop("count", 1)))  # type: ignore[arg-type]
     group.held_by = list(chains)
@@ -315,7 +315,7 @@ EVERY_DIAGNOSIS = {
 
 @pytest.mark.parametrize("name", sorted(EVERY_DIAGNOSIS))
 def test_every_diagnosis_is_given_on_its_path_and_not_on_a_path_alike(name: str) -> None:
-    from pytest_vramleak.diagnosis import diagnose
+    from pytest_vramleak.holders.diagnosis import diagnose
 
     words, fits, alike = EVERY_DIAGNOSIS[name]
     assert any(finding.startswith(words) for finding in diagnose(fits)), diagnose(fits)

@@ -110,7 +110,7 @@ HELD_IN_CPP_MODULE: list[object] = []
 def test_memory_only_cpp_holds_is_told_without_naming_and_anything_python_reaches_is_not() -> None:
     import gc
 
-    from pytest_vramleak.snapshot import HELD_FROM_CPP, held_in_cpp_groups
+    from pytest_vramleak.holders.snapshot import HELD_FROM_CPP, held_in_cpp_groups
 
     # a tensor whose Python object only C++ keeps: saved by an autograd graph, its name dropped
     x = torch.randn(16, requires_grad=True)

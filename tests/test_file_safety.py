@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_vramleak.report import OutputPathError, output_problem, replacing, write_text_atomically
+from pytest_vramleak.reporting.report import OutputPathError, output_problem, replacing, write_text_atomically
 
 SUITE = """
 import pytest, torch

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_vramleak.history import AllocatorHistory, BlockSites
+from pytest_vramleak.meters.history import AllocatorHistory, BlockSites
 
 from .fakes import FakeMemory
 

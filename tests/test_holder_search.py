@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_vramleak.referrers import (
+from pytest_vramleak.holders.referrers import (
     BACKWARD_LEVELS,
     chain_text,
     find_chains,
@@ -18,7 +18,7 @@ from pytest_vramleak.referrers import (
     name_holders,
     without_python_holders,
 )
-from pytest_vramleak.snapshot import HELD_FROM_CPP, describe_history
+from pytest_vramleak.holders.snapshot import HELD_FROM_CPP, describe_history
 
 HERE = __name__
 
@@ -135,7 +135,7 @@ def test_a_container_a_module_hook_appends_to_is_named_with_the_hook() -> None:
 def test_the_frames_searched_are_the_callers_not_the_listing_functions_own() -> None:
     # The listing function's own frame in the list it returns would be a cycle (its locals hold the
     # list) keeping its caller's frame, and everything that frame's locals hold, until collected.
-    from pytest_vramleak.referrers import _frames_not_ours
+    from pytest_vramleak.holders.referrers import _frames_not_ours
 
     names = [frame.f_code.co_name for frame in _frames_not_ours(set())]
     assert names[0] == "test_the_frames_searched_are_the_callers_not_the_listing_functions_own"

@@ -8,7 +8,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from pytest_vramleak.html_report import is_html_path, render_html, retention_graph, step_chart
+from pytest_vramleak.reporting.html_report import is_html_path, render_html, retention_graph, step_chart
 
 CACHE_PATHS = [[["test_it", "module"], [".CACHE", "dict"], [f"['user-{n}']", "Tensor"]] for n in (1, 2, 3)]
 

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from pytest_vramleak.tracker import Tracker
+from pytest_vramleak.tracking.tracker import Tracker
 
 from .loops import (
     BATCH,

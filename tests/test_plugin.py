@@ -394,7 +394,7 @@ def test_runs_without_warnings_and_keeps_no_reference(pytester: pytest.Pytester)
 def test_internal_error_becomes_a_message_on_the_test(
     pytester: pytest.Pytester, run_checked, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pytest_vramleak.tracker import Tracker
+    from pytest_vramleak.tracking.tracker import Tracker
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("census exploded")
@@ -546,7 +546,7 @@ def test_out_of_memory_shows_what_filled_the_memory(pytester: pytest.Pytester) -
     ],
 )
 def test_cpu_allocation_failure_counts_as_out_of_memory(error: str, expected: bool) -> None:
-    from pytest_vramleak.devices import is_out_of_memory
+    from pytest_vramleak.meters.devices import is_out_of_memory
 
     assert is_out_of_memory(eval(error)) is expected
 
@@ -647,9 +647,9 @@ def test_a_strict_cycles_failure_names_each_cycle_its_holder_and_where_the_tenso
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, refreeze: bool
 ) -> None:
     if refreeze:  # slow observations (the run recording sites traces every allocation) freeze the heap
-        import pytest_vramleak.tracker
+        import pytest_vramleak.tracking.tracker
 
-        monkeypatch.setattr(pytest_vramleak.tracker, "REFREEZE_AFTER_SECONDS", 0)
+        monkeypatch.setattr(pytest_vramleak.tracking.tracker, "REFREEZE_AFTER_SECONDS", 0)
     pytester.makepyfile(
         test_it="""
         import torch

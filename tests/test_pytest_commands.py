@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from pytest_vramleak.options import OPTIONS
+from pytest_vramleak.plugin.options import OPTIONS
 
 
 @pytest.mark.parametrize(

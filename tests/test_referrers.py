@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_vramleak.referrers import key_text, name_holders, without_python_holders
+from pytest_vramleak.holders.referrers import key_text, name_holders, without_python_holders
 
 HERE = __name__
 
@@ -208,7 +208,7 @@ def test_key_text(key: Any, text: str) -> None:
 
 
 def test_a_long_chain_is_shown_with_its_middle_left_out() -> None:
-    from pytest_vramleak.referrers import MAX_STEPS_SHOWN, path_text
+    from pytest_vramleak.holders.referrers import MAX_STEPS_SHOWN, path_text
 
     steps = [("test_it.HEAD", "module"), *[(".next", "Node")] * 5000, (".payload", "Tensor")]
     text = path_text(steps)

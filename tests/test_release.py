@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_vramleak.release import PercentError, ReleaseScheduler, parse_percent
+from pytest_vramleak.meters.release import PercentError, ReleaseScheduler, parse_percent
 
 from .fakes import FakeCuda
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_vramleak import report
-from pytest_vramleak.report import write_text_atomically
+from pytest_vramleak.reporting import report
+from pytest_vramleak.reporting.report import write_text_atomically
 
 
 class Interrupted(BaseException):

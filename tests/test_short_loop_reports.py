@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_vramleak.diagnosis import diagnose
-from pytest_vramleak.snapshot import TensorGroup
+from pytest_vramleak.holders.diagnosis import diagnose
+from pytest_vramleak.holders.snapshot import TensorGroup
 
 COUNTING_CONFTEST = """
 import gc, json, sys
@@ -160,7 +160,7 @@ def test_a_tensor_copy_deepcopy_made_is_placed_at_the_users_line(
 def test_a_stdlib_named_module_of_the_users_is_not_taken_for_the_standard_library(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pytest_vramleak.sites import frame_kind_of_file
+    from pytest_vramleak.tracking.sites import frame_kind_of_file
 
     # a project's tests in a package named "test", imported from the working folder
     package = tmp_path / "test"
@@ -293,7 +293,7 @@ def test_gradient_owners_are_found_frozen_and_without_a_warning() -> None:
 
     import torch
 
-    from pytest_vramleak.snapshot import _gradient_owners
+    from pytest_vramleak.holders.snapshot import _gradient_owners
 
     weight = torch.nn.Parameter(torch.randn(4, 4))
     (weight * 2).sum().backward()

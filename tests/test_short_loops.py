@@ -9,9 +9,9 @@ import torch
 
 import pytest_vramleak.steps as steps_module
 from pytest_vramleak import StepWatcher
+from pytest_vramleak.judging.verdict import SURE_STEPS, TREND_CERTAIN, GrowthVerdict, trend_score
 from pytest_vramleak.steps import StepResult
-from pytest_vramleak.tracker import NODE_BYTES
-from pytest_vramleak.verdict import SURE_STEPS, TREND_CERTAIN, GrowthVerdict, trend_score
+from pytest_vramleak.tracking.tracker import NODE_BYTES
 
 
 def test_explain_false_gives_the_same_verdict_without_looking_for_holders(monkeypatch) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_vramleak.sites import enclosing_function, site_text
+from pytest_vramleak.tracking.sites import enclosing_function, site_text
 
 SOURCE = textwrap.dedent(
     """\
@@ -137,7 +137,7 @@ def test_a_thread_taking_the_gil_as_tracing_stops_does_not_crash(pytester: pytes
 def test_tracing_leaves_the_raw_allocator_as_it_was_and_hooks_the_object_allocator() -> None:
     import ctypes
 
-    from pytest_vramleak.sites import SiteRecorder
+    from pytest_vramleak.tracking.sites import SiteRecorder
 
     class Allocator(ctypes.Structure):  # PyMemAllocatorEx
         _fields_ = [(name, ctypes.c_void_p) for name in ("ctx", "malloc", "calloc", "realloc", "free")]

@@ -423,7 +423,7 @@ def test_one_index_serves_every_device() -> None:
     per-storage accounting without a heap walk of their own."""
     import torch
 
-    from pytest_vramleak.tracker import Tracker
+    from pytest_vramleak.tracking.tracker import Tracker
 
     tracker = Tracker()
     tracker.begin()
@@ -567,7 +567,7 @@ def test_what_a_thread_running_since_before_the_test_holds_is_not_charged(
 
 
 def test_a_chain_that_changed_while_it_was_searched_is_not_shown_as_holding() -> None:
-    from pytest_vramleak.referrers import CHANGED, FrameLocal, still_holds
+    from pytest_vramleak.holders.referrers import CHANGED, FrameLocal, still_holds
 
     holder = {"batch": [object()]}
     target = holder["batch"][0]
@@ -585,7 +585,7 @@ def test_a_chain_that_changed_while_it_was_searched_is_not_shown_as_holding() ->
 def test_holders_that_change_during_the_search_are_said_to_have_changed(
     pytester: pytest.Pytester, run_checked, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import pytest_vramleak.referrers as referrers
+    import pytest_vramleak.holders.referrers as referrers
 
     search = referrers.find_chains
 
@@ -642,7 +642,7 @@ def test_a_gradient_given_to_one_of_many_older_leaves_is_charged_to_the_test(
 def test_checks_read_only_what_backward_reached_where_leaves_are_many() -> None:
     import torch
 
-    from pytest_vramleak.tracker import COMPARED_PER_CHECK, Tracker
+    from pytest_vramleak.tracking.tracker import COMPARED_PER_CHECK, Tracker
 
     params = [torch.nn.Parameter(torch.zeros(1)) for _ in range(COMPARED_PER_CHECK + 1)]
     model = torch.nn.Linear(8, 8)
@@ -738,7 +738,7 @@ def test_tests_skipped_or_failing_in_set_up_cost_no_new_index_and_charge_nothing
     # A test skipped by a marker (or whose fixture fails) ends before its check observes
     # anything: what it made is read then, at the cost of what it made, not by indexing the
     # whole heap again before the next test (0.2 s at 50,000 live tensors, for every such test).
-    from pytest_vramleak.tracker import Tracker
+    from pytest_vramleak.tracking.tracker import Tracker
 
     rebuilds = []
     rebuild = Tracker._rebuild

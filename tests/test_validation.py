@@ -1,5 +1,5 @@
 """Bad input is a usage error naming its source, never a crash: sizes too large for any budget, a saved
-run or a report that does not follow its format (``pytest_vramleak/schemas``), and two budgets on
+run or a report that does not follow its format (``pytest_vramleak/reporting/schemas``), and two budgets on
 one test."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from pytest_vramleak import SizeError, parse_size
-from pytest_vramleak.schemas import first_problem, load
-from pytest_vramleak.sizes import MAX_SIZE
+from pytest_vramleak.judging.sizes import MAX_SIZE
+from pytest_vramleak.reporting.schemas import first_problem, load
 
 FOUR_HUNDRED_DIGITS = "9" * 400
 SHOWN_400 = "'" + "9" * 31 + "... (400 characters)"

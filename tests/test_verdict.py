@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_vramleak import Budget, judge_budget, judge_growth
-from pytest_vramleak.verdict import Increase, judge_increase, parse_increase
+from pytest_vramleak.judging.verdict import Increase, judge_increase, parse_increase
 
 MIB = 1024**2
 

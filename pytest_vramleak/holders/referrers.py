@@ -1,0 +1,1088 @@
+"""Name what keeps an object alive: the chain of references from a root, every edge named.
+
+The search walks gc's referrer graph backwards, one level at a time, from all targets at once:
+one ``gc.get_referrers(*frontier)`` call per level, so its cost is one heap traversal per level in C
+rather than one per node visited (objgraph's ``find_backref_chain`` calls it per node).
+
+Roots are modules in ``sys.modules`` (``objgraph.is_proper_module``), frames still on the stack, and
+objects nothing in gc refers to (kept alive from C, e.g. a registered hook). Edge names come from
+exact-type checks and C-level descriptors, never from ``repr``, ``__getattr__`` or ``__eq__`` of the
+objects on the way: naming a holder must not run the user's code.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import itertools
+import operator
+import sys
+import threading
+import types
+from collections.abc import Sequence
+from typing import Any
+
+import objgraph
+
+from ..tracking.census import is_tensor_type, whole_heap
+from ..tracking.sites import code_folders, is_loaded_standard_library
+
+_PACKAGE_DIR = __file__.rsplit("/", 2)[0]  # the package, every layer of it
+_MODULE_NAMESPACES = ("_modules", "_parameters", "_buffers")
+_LRU_WRAPPER_NAME = "_lru_cache_wrapper"
+_MAX_KEY_TEXT = 60
+_MODULE_NAMESPACE: Any = vars(types.ModuleType)["__dict__"]
+"""A module's ``__dict__`` descriptor: its namespace, read without running any code of the module's."""
+
+
+def _own_frames() -> set[int]:
+    """Ids of this package's frames on the stack, which hold the targets while searching."""
+    ids: set[int] = set()
+    # From the caller on: this function's frame is gone once it returns, and its id may then be
+    # another frame's.
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+            ids.add(id(frame))
+        frame = frame.f_back
+    return ids
+
+
+class FrameLocal:
+    """A root: a local variable of a frame still running, e.g. the test body around a step loop.
+
+    A running frame's locals are not visible to ``gc.get_referrers``, so they are checked directly.
+    """
+
+    __slots__ = ("frame", "name", "value", "thread")
+
+    def __init__(self, frame: types.FrameType, name: str, value: Any, thread: str = "") -> None:
+        self.frame = frame
+        self.name = name
+        self.value = value
+        self.thread = thread
+        """The name of the thread the frame runs in, where it is not the one searching."""
+
+
+class NamedRoot:
+    """A root the caller names: a value a test runner keeps for the whole session, written as the
+    user wrote it (``fixture 'model' (module scope)``, ``parametrize value lr of test_fit[...]``)
+    rather than through the runner's internals."""
+
+    __slots__ = ("label", "value", "kind")
+
+    def __init__(self, label: str, value: Any, kind: str = "value") -> None:
+        self.label = label
+        self.value = value
+        self.kind = kind
+        """``fixture`` or ``parametrize``: which diagnosis fits state kept on it."""
+
+
+def _frames_not_ours(own: set[int]) -> list[types.FrameType]:
+    """The frames on the stack, innermost first, less this package's own."""
+    stack: list[types.FrameType] = []
+    # From the caller on: this function's own frame (not in ``own``, made after it) in the list it
+    # returns would make a cycle that keeps its caller's frame, and every object that frame's
+    # locals refer to, alive until the next collection.
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if id(frame) not in own:
+            stack.append(frame)
+        frame = frame.f_back
+    return stack
+
+
+def _other_threads_frames() -> list[tuple[str, types.FrameType]]:
+    """``(thread name, frame)`` for every frame running in another thread, innermost first."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    running = sys._current_frames()
+    # This thread's entry is this very frame: kept in a local, it would make a reference cycle
+    # that keeps every frame of the search, and what their locals hold, alive until collected.
+    del running[threading.get_ident()]
+    found = []
+    for ident, frame in running.items():
+        name = names.get(ident, str(ident))
+        current_frame: types.FrameType | None = frame
+        while current_frame is not None:
+            found.append((name, current_frame))
+            current_frame = current_frame.f_back
+    return found
+
+
+def _running_locals(frames: Sequence[types.FrameType], thread: str = "") -> dict[int, FrameLocal]:
+    found: dict[int, FrameLocal] = {}
+    for frame in frames:
+        try:
+            local_values = frame.f_locals
+        except Exception:
+            continue
+        if type(local_values) is not dict or local_values is frame.f_globals:
+            continue  # a module's top level: the module itself is the root
+        for name, value in dict.items(local_values):
+            found.setdefault(id(value), FrameLocal(frame, name, value, thread))
+    return found
+
+
+def is_module_root(obj: Any) -> bool:
+    """A module in ``sys.modules``: objgraph's notion of a gc root, asked only of real modules."""
+    return issubclass(type(obj), types.ModuleType) and objgraph.is_proper_module(obj)
+
+
+SMALL_FRONTIER = 256
+"""Up to this many objects a level asks ``gc.get_referrers``, whose cost grows with heap size times
+the number of objects asked about; above it one pass over the heap with a set lookup is cheaper
+(measured on a pytest process of 175,000 objects: 27 ms for 32 objects, 92 ms for 300, against
+about 105 ms for the pass whatever their number)."""
+
+
+def _referrers(frontier: tuple[Any, ...], frontier_ids: set[int]) -> list[Any]:
+    if len(frontier) <= SMALL_FRONTIER:
+        # Splatting an exact tuple passes that same tuple as the arguments, so the only extra
+        # referrer the call sees is ``frontier`` itself, which the caller ignores.
+        return gc.get_referrers(*frontier)
+    referents, unrelated = gc.get_referents, frontier_ids.isdisjoint
+    return [obj for obj in gc.get_objects() if not unrelated(map(id, referents(obj)))]
+
+
+BACKWARD_LEVELS = 8
+"""Levels searched backwards from the targets, one heap traversal each, before the search turns
+around: a forward walk from the roots (the user's modules first, then every module), bounded by
+``FORWARD_LIMIT`` objects each, meets it where it stopped, so the cost never grows as heap size
+times chain length."""
+
+
+def _is_ndarray(obj: Any) -> bool:
+    cls = type(obj)
+    return cls.__name__ == "ndarray" and cls.__module__ == "numpy"
+
+
+def _referents(node: Any, by_storage: dict[int, Any]) -> list[Any]:
+    """What ``node`` refers to. A numpy array made by ``tensor.numpy()`` is invisible to gc, and
+    so is the tensor it keeps (its ``base``): where that tensor shares a target's storage, the
+    array counts as referring to the target."""
+    if _is_ndarray(node):
+        base = type(node).base.__get__(node)  # the C attribute: no code of the array's runs
+        if base is None:
+            return []
+        for storage_id in _storage_ids(base):
+            target = by_storage.get(storage_id)
+            if target is not None:
+                return [target]
+        return [base]
+    return gc.get_referents(node)
+
+
+def _storage_ids(obj: Any) -> list[int]:
+    from ..tracking.census import _torch, is_tensor_type, tensor_storages
+
+    if not is_tensor_type(type(obj)):
+        return []
+    torch = _torch()
+    with torch._C.DisableTorchFunction():
+        return [id(storage) for storage in tensor_storages(obj)]
+
+
+FORWARD_LIMIT = 200_000
+"""Objects the forward search visits at most (a few tenths of a second). It looks for where the
+backward search stopped (found within a few levels of the roots) and for targets nothing in gc
+refers to (a numpy array over a tensor is found near the roots too); a target held only from C++
+would otherwise have it walk every object reachable from the modules to learn that."""
+
+
+def _search_forward(
+    wanted: set[int],
+    roots: Sequence[Any],
+    ignore: set[int],
+    exclude_types: tuple[type, ...],
+    by_storage: dict[int, Any] | None = None,
+    limit: int = FORWARD_LIMIT,
+    covers: dict[int, int] | None = None,
+    needed: int = 0,
+) -> dict[int, list[Any]]:
+    """Shortest chains from ``roots`` to the wanted ids, breadth first along ``gc.get_referents``,
+    visiting at most ``limit`` objects. With ``covers`` (what each wanted id leads to, as bits) the
+    search stops once the chains found cover ``needed``.
+
+    Level by level: the referents of a whole level are listed by C-level calls, and each new
+    object costs a set lookup and its parent's note."""
+    by_storage = by_storage or {}
+    remaining = set(wanted)
+    covered = 0
+    found: dict[int, list[Any]] = {}
+    excluded = frozenset(exclude_types)
+    parent: dict[int, Any] = {id(root): None for root in roots}  # also what was seen: one table, not two
+    level = list(roots)
+    visited = len(level)
+    while level and remaining and visited < limit:
+        following: list[Any] = []
+        note = following.append
+        for node, children in zip(level, map(gc.get_referents, level), strict=False):
+            if _is_ndarray(node):  # it keeps its base tensor without telling gc
+                children = _referents(node, by_storage)
+            for child in children:
+                ident = id(child)
+                if ident in parent or ident in ignore or type(child) in excluded:
+                    continue
+                parent[ident] = node
+                note(child)
+                if ident in remaining:
+                    remaining.discard(ident)
+                    chain = [child]
+                    while parent[id(chain[-1])] is not None:
+                        chain.append(parent[id(chain[-1])])
+                    found[ident] = chain[::-1]
+                    if covers is not None:
+                        covered |= covers.get(ident, 0)
+                        if covered & needed == needed:
+                            remaining.clear()
+        visited += len(following)
+        level = following
+    parent.clear()
+    return found
+
+
+def _users_modules(modules: Sequence[Any]) -> list[Any]:
+    """The modules loaded from files outside the standard library, installed packages, torch and
+    this plugin (the folders allocation sites leave out too)."""
+    library, _, standard, installed = code_folders()
+    libraries = (*library, *standard, *installed)
+    users = []
+    for module in modules:
+        path = module.__dict__.get("__file__")
+        if (path is None and module.__name__ == "__main__") or (
+            isinstance(path, str) and not path.startswith(libraries) and not is_loaded_standard_library(path)
+        ):
+            users.append(module)
+    return users
+
+
+def _covered(found: dict[int, list[Any]], covers: dict[int, int]) -> int:
+    bits = 0
+    for ident in found:
+        bits |= covers.get(ident, 0)
+    return bits
+
+
+def find_chains(
+    targets: Sequence[Any],
+    *,
+    max_depth: int = BACKWARD_LEVELS,
+    max_frontier: int = 5_000,
+    exclude_types: tuple[type, ...] = (),
+    frames: Sequence[types.FrameType] = (),
+    named: Sequence[NamedRoot] = (),
+    collect: bool = True,
+    known: tuple[set[int], list[Any]] | None = None,
+) -> list[list[Any]]:
+    """For each target, a shortest chain ``[root, ..., target]`` of objects holding it.
+
+    The search stops as soon as every target has a root, and only keeps expanding the holders
+    of targets still without one. Where no root is found within ``max_depth`` levels the chain
+    starts at the farthest holder reached, or is ``[target]`` alone when nothing in gc holds it.
+    Objects of ``exclude_types`` (the caller's own records) never count as holders. The returned
+    chains hold strong references: drop them once named.
+
+    Garbage (reference cycles not yet collected) never lies on a chain from a root: nothing
+    reachable refers to it. It can only stand at the start of a chain that found no root, where
+    the search stopped at its limits with garbage in its last level; so the heap is collected
+    (one pass over all of it) only where a target found no root, and searched again only where
+    the search met its limits. ``collect=False`` where the caller has just collected every
+    generation.
+
+    ``known``: the ids of some objects, and a list of every gc-tracked object that referred to any
+    of them when it was made (:func:`without_python_holders`' ``keep``, moments before, with no
+    code of the user's run since): where the targets are among those objects, the first level
+    reads that list instead of the heap. The search clears the list.
+    """
+
+    def search(first: list[Any] | None) -> tuple[list[list[Any]], bool, bool]:
+        return _search_chains(
+            targets,
+            max_depth=max_depth,
+            max_frontier=max_frontier,
+            exclude_types=exclude_types,
+            frames=frames,
+            named=named,
+            first=first,
+        )
+
+    first = known[1] if known is not None and all(id(target) in known[0] for target in targets) else None
+    try:
+        chains, rooted, limited = search(first)
+    finally:
+        if known is not None:
+            known[1].clear()  # (what it keeps alive may be garbage: gone before a collection)
+    if rooted or not collect:
+        return chains
+    if limited:
+        chains.clear()
+        gc.collect()
+        return search(None)[0]
+    # Nothing the search found can be garbage (the objects it ended at have no holder at all),
+    # but what a caller looks through next for the targets left (autograd nodes, every object)
+    # must not find garbage either.
+    gc.collect()
+    return chains
+
+
+def _search_chains(  # noqa: C901
+    targets: Sequence[Any],
+    *,
+    max_depth: int,
+    max_frontier: int,
+    exclude_types: tuple[type, ...],
+    frames: Sequence[types.FrameType],
+    named: Sequence[NamedRoot],
+    first: list[Any] | None,
+) -> tuple[list[list[Any]], bool, bool]:
+    """:func:`find_chains`' search over the heap as it is: the chains, whether each starts at a
+    root, and whether the backward search stopped at ``max_depth`` or left holders out of a level
+    longer than ``max_frontier``. ``first``: a list that holds every gc-tracked referrer of the
+    targets (and maybe more), read in place of the first level's pass over the heap."""
+    own = _own_frames()
+    stack = _frames_not_ours(own)
+    on_stack = {id(f) for f in stack}
+    # Frames the caller names (those of an error being reported) count as roots like running ones.
+    running_locals: dict[int, Any] = {id(root.value): root for root in named}
+    for ident, frame_local in _running_locals([*frames, *stack]).items():
+        running_locals.setdefault(ident, frame_local)
+    # Other threads' running frames are roots too: a background thread's local is no C++ holder.
+    for thread_name, frame in _other_threads_frames():
+        for ident, frame_local in _running_locals([frame], thread_name).items():
+            running_locals.setdefault(ident, frame_local)
+    held_by: dict[int, list[Any]] = {}  # id(holder) -> the objects it holds one level nearer a target
+    origins: dict[int, int] = {id(t): 1 << i for i, t in enumerate(targets)}  # bit i: leads to targets[i]
+    unrooted = (1 << len(targets)) - 1
+    ignore = {id(held_by), id(origins), id(targets), id(running_locals), id(stack)} | own
+    roots: dict[int, Any] = {}
+    dead_ends: dict[int, Any] = {}
+    frontier: tuple[Any, ...] = tuple(targets)
+    depth = 0
+    limited = False
+    while frontier and unrooted and depth < max_depth:
+        depth += 1
+        ignore.add(id(frontier))
+        frontier_ids = {id(o) for o in frontier}
+        has_holder: set[int] = set()
+        next_level: list[Any] = []
+        for obj in frontier:
+            local = running_locals.get(id(obj))
+            if local is not None:
+                roots[id(local)] = local
+                held_by[id(local)] = [obj]
+                has_holder.add(id(obj))
+                unrooted &= ~origins[id(obj)]
+        if not unrooted:
+            break  # every target has a root now: a holder found at this level would make no shorter chain
+        referrers = first if depth == 1 and first is not None else _referrers(frontier, frontier_ids)
+        ignore.add(id(referrers))
+        for holder in referrers:
+            if id(holder) in ignore or id(holder) in on_stack or type(holder) in exclude_types:
+                continue
+            held = [r for r in gc.get_referents(holder) if id(r) in frontier_ids]
+            if held and is_module_root(holder):
+                # what a C module keeps in its state (``_pickle``'s copy of copyreg.dispatch_table)
+                # is reached from its Python owner, by a name the user knows
+                namespace = _MODULE_NAMESPACE.__get__(holder)
+                held = [h for h in held if h is namespace]
+            if not held:
+                continue
+            has_holder.update(id(h) for h in held)
+            held_by.setdefault(id(holder), []).extend(held)
+            leads_to = 0
+            for h in held:
+                leads_to |= origins[id(h)]
+            if id(holder) in origins:
+                origins[id(holder)] |= leads_to
+                continue
+            origins[id(holder)] = leads_to
+            if is_module_root(holder):
+                roots[id(holder)] = holder
+                unrooted &= ~leads_to
+            elif len(next_level) < max_frontier:
+                next_level.append(holder)
+            else:
+                limited = True
+        for obj in frontier:
+            if id(obj) not in has_holder:
+                dead_ends[id(obj)] = obj
+        del referrers
+        # Holders that lead only to targets already rooted need not be followed further.
+        frontier = tuple(h for h in next_level if origins[id(h)] & unrooted)
+        del next_level
+    limited = limited or bool(frontier and unrooted)
+    # This package's own lists and tables (the tensors it is naming, the autograd nodes it looks
+    # through) refer to what they list, and nothing in gc refers to them: its running frames do.
+    # They hold nothing of the user's.
+    records = _own_records()
+    frontier = tuple(obj for obj in frontier if id(obj) not in records)
+    ignore.add(id(frontier))
+    for ident in records.intersection(dead_ends):
+        del dead_ends[ident]
+    for obj in frontier:
+        dead_ends.setdefault(id(obj), obj)
+
+    chains_by_target: dict[int, list[Any]] = {}
+    wanted = {id(t) for t in targets}
+    chains_by_target.update(_walk_down(list(roots.values()), held_by, wanted))
+    if unrooted:
+        # Forward from the roots to where the backward search stopped (or to the targets
+        # themselves: a numpy array keeps its tensor without telling gc), then down its edges.
+        module_roots = [m for m in list(sys.modules.values()) if is_module_root(m)]
+        starts = module_roots + list(running_locals.values())
+        remaining = wanted - chains_by_target.keys()
+        # where the backward search stopped: its last level, and the holders nothing in gc holds
+        # (an object C code keeps, reached from a module through one gc does not track)
+        meeting = {
+            id(holder): holder
+            for holder in (*frontier, *dead_ends.values())
+            if id(holder) not in wanted and origins.get(id(holder), 0) & unrooted
+        }
+        covers = {ident: origins.get(ident, 0) for ident in (*remaining, *meeting)}
+        ignore.update((id(module_roots), id(starts), id(chains_by_target), id(wanted), id(meeting), id(covers)))
+        by_storage = {
+            storage: target for target in targets if id(target) in remaining for storage in _storage_ids(target)
+        }
+        forward: dict[int, list[Any]] = {}
+        # The user's modules first (tests, conftest, the project's own source): torch.compile's
+        # graphs and most caches hang from them, a few levels down, where a walk from every module
+        # in the process would give up first.
+        # A walk from some modules does not pass through the others: they are roots of their own
+        # (sys.last_value is sys's, not that of a module that imports sys).
+        users = _users_modules(module_roots) + list(running_locals.values())
+        others = {id(module) for module in module_roots} - {id(module) for module in users}
+        ignore.update((id(users), id(others)))
+        # With no holder to meet (nothing in gc holds the targets: PyTorch keeps them in C++, or a
+        # numpy array made by tensor.numpy(), which gc does not see, found near the roots), the
+        # walk looks for the targets alone, a few levels deep.
+        limit = FORWARD_LIMIT if meeting else FORWARD_LIMIT // 10
+        for group, skip in ((users, ignore | others), (starts, ignore)):
+            forward = _search_forward(
+                remaining | meeting.keys(),
+                group,
+                skip,
+                exclude_types,
+                by_storage,
+                limit=limit,
+                covers=covers,
+                needed=unrooted,
+            )
+            if _covered(forward, covers) & unrooted == unrooted:
+                break
+        for ident, chain in forward.items():
+            if ident in remaining:
+                chains_by_target.setdefault(ident, chain)
+        for ident, chain in sorted(forward.items(), key=lambda item: len(item[1])):
+            if ident not in meeting:
+                continue
+            for target_id, down in _walk_down([meeting[ident]], held_by, remaining - chains_by_target.keys()).items():
+                chains_by_target[target_id] = chain + down[1:]
+        forward.clear()
+        meeting.clear()
+        module_roots.clear()
+        starts.clear()
+        users.clear()
+    # a real root beats a dead end: the farthest holder reached that nothing in Python holds
+    chains_by_target.update(_walk_down(list(dead_ends.values()), held_by, wanted - chains_by_target.keys()))
+    chains = [chains_by_target.get(id(target), [target]) for target in targets]
+    rooted = all(len(chain) > 1 and _is_root(chain[0]) for chain in chains)
+    held_by.clear()
+    roots.clear()
+    dead_ends.clear()
+    running_locals.clear()
+    chains_by_target.clear()
+    return chains, rooted, limited
+
+
+_RECORD_TYPES = frozenset({list, dict, tuple, set, frozenset, collections.deque})
+_CO_OPTIMIZED = 0x1
+
+
+def _own_records() -> set[int]:
+    """Ids of the containers that this package's running functions (other than this module's,
+    whose lists the search ignores by id) have as locals: the records its callers keep of what
+    they name. A running frame's locals are invisible to gc: they are read from the frame, and
+    the snapshot of them that this makes is emptied again, so that it keeps nothing alive."""
+    records: set[int] = set()
+    frames: list[types.FrameType] = []
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename.startswith(_PACKAGE_DIR) and code.co_filename != __file__ and code.co_flags & _CO_OPTIMIZED:
+            frames.append(frame)
+        frame = frame.f_back
+    for frame in frames:
+        try:
+            # a snapshot (a dict, which is refreshed before any tracer reads it) or, from Python
+            # 3.13 on, a view of the frame itself
+            local_values = frame.f_locals
+            values = list(dict.values(local_values) if type(local_values) is dict else local_values.values())
+        except Exception:
+            continue
+        records.update(id(value) for value in values if type(value) in _RECORD_TYPES)
+        if type(local_values) is dict:
+            local_values.clear()
+        del local_values, values
+    frames.clear()
+    return records
+
+
+def _is_root(obj: Any) -> bool:
+    """A root the search starts chains at: a running frame's local, a named value, a module."""
+    return type(obj) in (FrameLocal, NamedRoot) or is_module_root(obj)
+
+
+def _walk_down(starts: list[Any], held_by: dict[int, list[Any]], wanted: set[int]) -> dict[int, list[Any]]:
+    """Shortest chains from ``starts`` down the recorded edges to each wanted target."""
+    previous: dict[int, Any] = {id(s): None for s in starts}
+    objects: dict[int, Any] = {id(s): s for s in starts}
+    found: dict[int, list[Any]] = {}
+    level = list(starts)
+    while level and len(found) < len(wanted):
+        next_level = []
+        for obj in level:
+            if id(obj) in wanted and id(obj) not in found:
+                chain = [obj]
+                while previous[id(chain[-1])] is not None:
+                    chain.append(previous[id(chain[-1])])
+                found[id(obj)] = chain[::-1]
+            for child in held_by.get(id(obj), ()):
+                if id(child) not in previous:
+                    previous[id(child)] = obj
+                    objects[id(child)] = child
+                    next_level.append(child)
+        level = next_level
+    previous.clear()
+    objects.clear()
+    return found
+
+
+def _instance_dict(obj: Any) -> dict[str, Any] | None:
+    """``obj.__dict__`` read through its C descriptor, never through ``__getattribute__``."""
+    for klass in type(obj).__mro__:
+        descriptor = type.__dict__["__dict__"].__get__(klass).get("__dict__")
+        if descriptor is None:
+            continue
+        if type(descriptor) in (types.GetSetDescriptorType, types.MemberDescriptorType):
+            try:
+                value = descriptor.__get__(obj, type(obj))
+            except Exception:
+                return None
+            return value if type(value) is dict else None
+        return None
+    return None
+
+
+def _slot_name(obj: Any, child: Any) -> str | None:
+    for klass in type(obj).__mro__:
+        for name, descriptor in type.__dict__["__dict__"].__get__(klass).items():
+            if type(descriptor) is types.MemberDescriptorType and name != "__dict__":
+                try:
+                    if descriptor.__get__(obj, type(obj)) is child:
+                        return str(name)
+                except Exception:
+                    continue
+    return None
+
+
+def _key_of(mapping: dict[Any, Any], child: Any) -> tuple[bool, Any]:
+    for key, value in dict.items(mapping):
+        if value is child:
+            return True, key
+    return False, None
+
+
+def key_text(key: Any) -> str:
+    """A dict key as source text, for key types whose ``repr`` is the interpreter's own."""
+    if type(key) in (str, int, float, bool, bytes) or key is None:
+        text = repr(key)
+        return text if len(text) <= _MAX_KEY_TEXT else text[: _MAX_KEY_TEXT - 4] + "...'"
+    if type(key) is tuple:
+        return "(" + ", ".join(key_text(k) for k in key) + ("," if len(key) == 1 else "") + ")"
+    if type(key) is type:  # a class as a key (copyreg.dispatch_table, a registry): its name, read from C
+        name = type.__dict__["__qualname__"].__get__(key)
+        if type(name) is str:
+            return name
+    return f"<{type_name(key)} key>"
+
+
+def _is_nn_module(obj: Any) -> bool:
+    nn = sys.modules.get("torch.nn")
+    return nn is not None and issubclass(type(obj), nn.Module)
+
+
+def frame_text(frame: types.FrameType) -> str:
+    """``function:line`` of a frame, the place its locals belong to."""
+    return f"{frame.f_code.co_name}:{frame.f_lineno}"
+
+
+def _module_name(module: Any) -> str:
+    namespace = _instance_dict(module) or {}
+    name = namespace.get("__name__")
+    return name if type(name) is str else "<module>"
+
+
+def root_text(root: Any) -> str:
+    """How a chain's first object reads: a module's name, a frame, or what holds it from C."""
+    if issubclass(type(root), types.ModuleType):
+        return _module_name(root)
+    if type(root) is FrameLocal:
+        thread = f"thread '{root.thread}' " if root.thread else ""
+        return f"{thread}{frame_text(root.frame)} local '{root.name}'"
+    if type(root) is NamedRoot:
+        return root.label
+    if type(root) is types.FrameType:
+        return f"frame {frame_text(root)}"
+    if type(root) is type:
+        return f"class {root.__qualname__}"
+    return f"<{type(root).__qualname__} held outside Python's gc>"
+
+
+def edge_text(parent: Any, child: Any, mode: Any) -> tuple[str, Any]:  # noqa: C901
+    """How the reference ``parent -> child`` reads, and the mode for the next edge.
+
+    ``mode`` carries what the previous edge knew about ``parent``: that a dict is an object's
+    namespace (``"attr"``), an ``nn.Module``'s namespace, a frame's locals, or a function's closure.
+    """
+    kind = type(parent)
+    if kind is FrameLocal or kind is NamedRoot:
+        return "", None
+    if issubclass(kind, dict):
+        found, key = _key_of(parent, child)
+        if not found:
+            return " -> dict key", None
+        if mode == "module-attr" and key in _MODULE_NAMESPACES:
+            return "", "attr"
+        if mode in ("attr", "module-attr") and type(key) is str:
+            return f".{key}", None
+        if mode == "local" and type(key) is str:
+            return f" local '{key}'", None
+        return f"[{key_text(key)}]", None
+    if kind in (list, tuple):
+        if type(mode) is tuple and mode[0] == "closure":
+            function = mode[1]
+            for index, cell in enumerate(parent):
+                if cell is child and index < len(function.__code__.co_freevars):
+                    return f" -> closure var '{function.__code__.co_freevars[index]}'", "cell"
+        matches = list(map(operator.is_, parent, itertools.repeat(child)))
+        if True in matches:
+            return f"[{matches.index(True)}]", None
+        return f" -> {kind.__name__} item", None
+    if _is_ndarray(parent):
+        return ".base", None
+    if kind is types.CellType:
+        return ("" if mode == "cell" else " -> cell contents"), None
+    if kind in (set, frozenset):
+        return " -> set element", None
+    if issubclass(kind, types.ModuleType):
+        if child is _MODULE_NAMESPACE.__get__(parent):
+            return "", "attr"
+        return " -> module state", None  # what a C module keeps outside its namespace
+    if kind is type or issubclass(kind, type):
+        return (
+            ("", "attr")
+            if child is type.__dict__["__dict__"].__get__(parent) or type(child) is dict
+            else (" -> class internals", None)
+        )
+    if kind is types.FunctionType:
+        if child is parent.__closure__:
+            return "", ("closure", parent)
+        for name in ("__defaults__", "__kwdefaults__", "__globals__"):
+            if getattr(parent, name) is child:
+                return f".{name}", ("attr" if name == "__globals__" else None)
+        if child is _instance_dict(parent):
+            return "", "attr"
+        return " -> function internals", None
+    if kind is types.MethodType:
+        if child is parent.__self__:
+            return ".__self__", None
+        return ".__func__", None
+    if kind is types.FrameType:
+        try:
+            local_names = parent.f_locals
+        except Exception:
+            local_names = {}
+        if child is local_names:
+            return "", "local"
+        found, key = _key_of(local_names, child) if type(local_names) is dict else (False, None)
+        if found:
+            return f" local '{key}'", None
+        if child is parent.f_back:
+            return " -> calling frame", None
+        return " -> frame internals", None
+    if kind is types.TracebackType:
+        if child is parent.tb_frame:
+            return f".tb_frame ({frame_text(child)})", None
+        return ".tb_next", None
+    if issubclass(kind, BaseException):
+        for name in ("__traceback__", "__context__", "__cause__", "args"):
+            if BaseException.__dict__[name].__get__(parent, kind) is child:
+                return f".{name}", None
+    if kind.__name__ == _LRU_WRAPPER_NAME and kind.__module__ == "functools":
+        return (" -> lru_cache" if type(child) is dict else " -> lru_cache entry"), None
+    hooks = _tensor_hooks(parent, child)
+    if hooks:
+        return f".{hooks}", None
+    namespace = _instance_dict(parent)
+    if child is namespace:
+        return "", ("module-attr" if _is_nn_module(parent) else "attr")
+    if namespace is not None:
+        found, key = _key_of(namespace, child)
+        if found and type(key) is str:
+            return f".{key}", None
+    slot = _slot_name(parent, child)
+    if slot is not None:
+        return f".{slot}", None
+    return f" -> <{kind.__qualname__}>", None
+
+
+def _tensor_hooks(parent: Any, child: Any) -> str | None:
+    """``_backward_hooks`` where ``child`` is the hooks dict a tensor keeps in C (``register_hook``)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not is_tensor_type(type(parent)):
+        return None
+    try:
+        hooks = torch._C.TensorBase._backward_hooks.__get__(parent)
+    except Exception:
+        return None
+    return "_backward_hooks" if hooks is child else None
+
+
+def type_name(obj: Any) -> str:
+    """The qualified name of ``obj``'s class, read without running any code of the object's."""
+    name = type.__dict__["__qualname__"].__get__(type(obj))
+    return name if type(name) is str else "?"
+
+
+def _root_kind(root: Any) -> str:
+    if issubclass(type(root), types.ModuleType):
+        return "module"
+    if type(root) is FrameLocal:
+        return "frame local"
+    if type(root) is NamedRoot:
+        return root.kind
+    if type(root) is types.FrameType:
+        return "frame"
+    if type(root) is type:
+        return "class"
+    return type_name(root)
+
+
+def chain_parts(chain: Sequence[Any]) -> list[tuple[str, str]]:
+    """The steps of ``[root, ..., target]``: ``(text, kind)`` of the root, then of each edge that reads as something.
+
+    An edge's kind is the class name of the object it leads to. ``"".join`` of the texts is the
+    one-line form, e.g. ``tests.test_cache.CACHE['user-42']``; a drawn graph labels its edges with
+    the texts and its nodes with the kinds.
+    """
+    parts = [(root_text(chain[0]), _root_kind(chain[0]))]
+    mode: Any = None
+    for parent, child in zip(chain, chain[1:], strict=False):
+        try:
+            edge, mode = edge_text(parent, child, mode)
+        except Exception:
+            edge, mode = f" -> <{type_name(child)}>", None
+        if edge:  # an object's namespace dict reads as nothing: its attribute is the next edge
+            parts.append((edge, type_name(child)))
+    return parts
+
+
+MAX_STEPS_SHOWN = 24
+"""A chain longer than this many steps is shown with its middle left out (a linked list of 5,000
+nodes would make a line of 15 KB)."""
+
+
+def path_text(parts: Sequence[tuple[str, str]]) -> str:
+    """The one-line form of a chain's steps (see :func:`chain_parts`), its middle left out where it
+    is long: ``test_it.HEAD.next.next ... 4,976 steps ... .next.payload``."""
+    texts = [text for text, _ in parts]
+    if len(texts) > MAX_STEPS_SHOWN:
+        keep = MAX_STEPS_SHOWN // 2
+        texts = [*texts[:keep], f" ... {len(texts) - 2 * keep:,} steps ... ", *texts[-keep:]]
+    return "".join(texts)
+
+
+def chain_text(chain: Sequence[Any]) -> str:
+    """Render ``[root, ..., target]`` as one line, e.g. ``tests.test_cache.CACHE['user-42']``."""
+    return path_text(chain_parts(chain))
+
+
+def holder_paths(
+    targets: Sequence[Any],
+    *,
+    max_depth: int = BACKWARD_LEVELS,
+    exclude_types: tuple[type, ...] = (),
+    frames: Sequence[types.FrameType] = (),
+    named: Sequence[NamedRoot] = (),
+    collect: bool = True,
+    known: tuple[set[int], list[Any]] | None = None,
+) -> list[list[tuple[str, str]] | None]:
+    """Per target, the :func:`chain_parts` of the chain of references that keeps it alive.
+
+    None for a target that nothing visible to gc refers to: it is held from C++ (an autograd
+    graph, a registry in an extension). ``known``: see :func:`find_chains`.
+    """
+    with whole_heap():
+        chains = find_chains(
+            targets,
+            max_depth=max_depth,
+            exclude_types=exclude_types,
+            frames=frames,
+            named=named,
+            collect=collect,
+            known=known,
+        )
+    try:
+        return [
+            (chain_parts(chain) if still_holds(chain) else [(CHANGED, "")]) if len(chain) > 1 else None
+            for chain in chains
+        ]
+    finally:
+        chains.clear()
+
+
+CHANGED = "<its holders changed while they were searched (another thread at work?): not named>"
+
+
+def still_holds(chain: Sequence[Any]) -> bool:
+    """Whether each object of ``[root, ..., target]`` still refers to the next one: a chain found
+    while another thread changed what it passes through is not shown as if it held."""
+    for parent, child in zip(chain, chain[1:], strict=False):
+        if type(parent) in (FrameLocal, NamedRoot):
+            if parent.value is not child:
+                return False
+        elif _is_ndarray(parent):
+            continue  # followed by storage, not by reference
+        elif not _refers_to(parent, child):
+            return False
+    return True
+
+
+def _holds(items: Any, child: Any) -> bool:
+    """Whether ``child`` is one of ``items``, compared by identity in C (a table of 10^6 entries)."""
+    return any(map(operator.is_, items, itertools.repeat(child)))
+
+
+def _refers_to(parent: Any, child: Any) -> bool:
+    referents = gc.get_referents(parent)
+    if _holds(referents, child):
+        return True
+    # An object's attributes may have moved into a __dict__ since (naming edges reads __dict__).
+    return any(type(referent) is dict and _holds(dict.values(referent), child) for referent in referents)
+
+
+def name_holders(
+    targets: Sequence[Any],
+    *,
+    max_depth: int = BACKWARD_LEVELS,
+    exclude_types: tuple[type, ...] = (),
+    frames: Sequence[types.FrameType] = (),
+) -> list[str | None]:
+    """One line per target naming the chain of references that keeps it alive (see :func:`holder_paths`)."""
+    paths = holder_paths(targets, max_depth=max_depth, exclude_types=exclude_types, frames=frames)
+    return [path_text(path) if path is not None else None for path in paths]
+
+
+def _python_holders(
+    objects: Sequence[Any], wanted_ids: set[int], exclude_types: tuple[type, ...] = (), ignore: Sequence[Any] = ()
+) -> tuple[set[int], list[Any]]:
+    """Who in Python holds any of ``objects``: the ids of those a running frame (not this
+    package's) has as a local, and the gc-tracked objects that refer to any of them, less this
+    package's frames, the caller's own list and the objects in ``ignore`` (the caller's other
+    records). The caller clears the list it gets."""
+    own = _own_frames()
+    own.update(id(record) for record in ignore)
+    wanted = tuple(objects)
+    in_frames = {ident for ident in _running_locals(_frames_not_ours(own)) if ident in wanted_ids}
+    with whole_heap():
+        referrers = _referrers(wanted, wanted_ids)
+    try:
+        holders = [
+            h
+            for h in referrers
+            if id(h) not in own and type(h) not in exclude_types and h is not objects and h is not wanted
+        ]
+    finally:
+        del referrers
+    return in_frames, holders
+
+
+def without_python_holders(
+    objects: Sequence[Any],
+    *,
+    exclude_types: tuple[type, ...] = (),
+    keep: list[Any] | None = None,
+    ignore: Sequence[Any] = (),
+) -> set[int]:
+    """Ids of the objects that nothing in Python refers to (no gc-tracked object, no running frame).
+
+    ``ignore``: the caller's own records that refer to some of them. With ``keep``, the
+    gc-tracked objects found referring to any of them are added to it: a search for their holders
+    (:func:`find_chains`' ``known``) then need not list them again."""
+    wanted_ids = {id(o) for o in objects}
+    held, holders = _python_holders(objects, wanted_ids, exclude_types, ignore)
+    for holder in holders:
+        held.update(id(r) for r in gc.get_referents(holder) if id(r) in wanted_ids)
+    if keep is not None:
+        keep += holders
+    holders.clear()
+    return wanted_ids - held
+
+
+INSIDE_LIMIT = 200_000
+"""Objects :func:`held_only_inside` walks from its values before it gives up (and says no)."""
+
+
+def held_only_inside(objects: Sequence[Any], values: Sequence[Any]) -> bool:
+    """Whether every one of ``objects`` is reached from ``values`` (through their attributes and
+    containers: never through a module, a class or a function's globals) and every gc-visible
+    holder of each of them is itself reached so: nothing else in Python (a module's list, a frame
+    still running) holds any of them. Two walks: ``values``' own objects, then the heap once."""
+    wanted_ids = {id(o) for o in objects}
+    inside: set[int] = set()
+    stack: list[Any] = list(values)
+    skip = (types.ModuleType, type, types.FunctionType, types.FrameType, types.CodeType)
+    while stack:
+        obj = stack.pop()
+        if id(obj) in inside or issubclass(type(obj), skip):
+            continue
+        inside.add(id(obj))
+        if len(inside) > INSIDE_LIMIT:
+            return False
+        stack += gc.get_referents(obj)
+    stack.clear()
+    if not objects or not wanted_ids <= inside:
+        return False
+    in_frames, holders = _python_holders(objects, wanted_ids)
+    try:
+        return not in_frames and all(id(holder) in inside for holder in holders)
+    finally:
+        holders.clear()
+
+
+_HOOK_ATTRIBUTES = (
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+    "_state_dict_hooks",
+)
+
+
+def module_types() -> list[type]:
+    """``torch.nn.Module`` and every subclass of it defined so far (none where torch.nn is not loaded)."""
+    nn = sys.modules.get("torch.nn")
+    if nn is None:
+        return []
+    found: list[type] = []
+    pending: list[type] = [nn.Module]
+    seen: set[int] = set()
+    while pending:
+        cls = pending.pop()
+        if id(cls) not in seen:
+            seen.add(id(cls))
+            found.append(cls)
+            pending.extend(type.__subclasses__(cls))
+    return found
+
+
+def hook_holdings(modules: Sequence[Any]) -> dict[int, str]:
+    """Ids of the objects that a container (a list, dict or deque) held by a module hook's
+    closure holds, each with the hook, as ``a forward hook of a Linear``: what a hook that
+    appends what it sees to a list keeps. Ids only: nothing is kept alive.
+
+    From each of ``modules`` (``nn.Module`` instances) down through its hook dicts, the cells of
+    each hook function's closure and the containers in them: all read through C-level attributes
+    and exact types, so no code of a module, a hook or a container runs."""
+    held: dict[int, str] = {}
+    for module in modules:
+        namespace = _instance_dict(module) or {}
+        for attribute in _HOOK_ATTRIBUTES:
+            hooks: Any = namespace.get(attribute)
+            if not issubclass(type(hooks), dict):
+                continue
+            kind = attribute.strip("_").removesuffix("_hooks").replace("_", " ")
+            for function in dict.values(hooks):
+                if type(function) is not types.FunctionType:
+                    continue
+                for cell in function.__closure__ or ():  # an exact function: its C attribute
+                    try:
+                        contents = cell.cell_contents
+                    except ValueError:  # an empty cell
+                        continue
+                    if type(contents) in (list, dict, collections.deque):
+                        for item in gc.get_referents(contents):
+                            held.setdefault(id(item), f"a {kind} hook of a {type_name(module)}")
+    return held
+
+
+def module_hook_holding(target: Any) -> str | None:
+    """The module hook whose closure holds a container that holds ``target`` (a list a forward
+    hook appends to), as ``a forward hook of a Linear``, or None. One listing of the heap."""
+    wanted = {id(cls) for cls in module_types()}
+    if not wanted:
+        return None
+    with whole_heap():
+        everything = gc.get_objects()
+        # picked by the id of their type in C: no class's __hash__ or __eq__ runs
+        modules = list(itertools.compress(everything, map(wanted.__contains__, map(id, map(type, everything)))))
+        del everything
+    try:
+        return hook_holdings(modules).get(id(target))
+    finally:
+        modules.clear()
+
+
+MAX_CYCLE_CANDIDATES = 64
+"""How many holders of a tensor, nearest first, are tried as a point of its reference cycle."""
+
+
+def cycle_holding(garbage: Sequence[Any], target: Any) -> tuple[list[tuple[str, str]], str] | None:
+    """How a reference cycle kept ``target`` until a collection freed it, read from that collection's
+    garbage (``gc.DEBUG_SAVEALL``): the path from the nearest object on a cycle to the target, as
+    :func:`chain_parts` gives it with that object's class as its root (``Node.t``), and the cycle
+    itself (``Node.me``, which leads back to the same ``Node``). None where no cycle of the garbage
+    holds the target."""
+    members = {id(obj) for obj in garbage}
+    members.add(id(target))
+    children: dict[int, list[Any]] = {}
+    parents: dict[int, list[Any]] = collections.defaultdict(list)
+    for obj in [*garbage, target]:
+        inside = [referent for referent in gc.get_referents(obj) if id(referent) in members]
+        children[id(obj)] = inside
+        for referent in inside:
+            parents[id(referent)].append(obj)
+
+    def loop_through(start: Any) -> list[Any] | None:
+        came_from: dict[int, Any] = {id(start): None}
+        queue = collections.deque([start])
+        while queue:
+            node = queue.popleft()
+            for child in children.get(id(node), ()):
+                if child is start:
+                    loop = [node]
+                    while loop[-1] is not start:
+                        loop.append(came_from[id(loop[-1])])
+                    return [*reversed(loop), start]
+                if id(child) not in came_from:
+                    came_from[id(child)] = node
+                    queue.append(child)
+        return None
+
+    seen = {id(target)}
+    paths = collections.deque([[target]])
+    tried = 0
+    while paths and tried < MAX_CYCLE_CANDIDATES:
+        path = paths.popleft()
+        namespace = any(_instance_dict(parent) is path[0] for parent in parents.get(id(path[0]), ()))
+        tried += 1
+        loop = None if namespace else loop_through(path[0])  # an object's __dict__ is named as the object
+        if loop is not None:
+            name = type_name(path[0])
+            holder = [(name, name), *chain_parts(path)[1:]]
+            return holder, name + path_text(chain_parts(loop)[1:])
+        for parent in parents.get(id(path[0]), ()):
+            if id(parent) not in seen:
+                seen.add(id(parent))
+                paths.append([parent, *path])
+    return None

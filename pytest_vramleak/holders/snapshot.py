@@ -1,0 +1,1090 @@
+"""The engine: snapshot a device's memory, diff two snapshots, and name what holds the difference.
+
+Usable without pytest::
+
+    from pytest_vramleak import take_snapshot, diff
+
+    before = take_snapshot("cpu")
+    train_one_epoch()
+    leak = diff(before)
+    if leak.leaked_bytes:
+        print(leak.render())
+
+A snapshot keeps storage keys (device and data pointer) and byte counts, never tensors, so holding
+one keeps nothing of the user's alive.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import gc
+import itertools
+import re
+import sys
+import types
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..judging.sizes import format_size
+from ..meters.devices import Meter, make_meter, resolve_device
+from ..reporting.report import render_groups, shape_text
+from ..tracking.backward import graph_leaves
+from ..tracking.census import (
+    Found,
+    StorageKey,
+    _graph_tensors,
+    _keys_of,
+    is_tensor_type,
+    live_tensors,
+    storage_facts,
+    storage_key,
+    storage_of_storage_object,
+    storage_types,
+    take_census,
+    tensor_storages,
+    tensor_types,
+    walk,
+    whole_heap,
+)
+from ..tracking.sites import SiteSource, describe_stack
+from .diagnosis import diagnose
+from .referrers import (
+    NamedRoot,
+    cycle_holding,
+    holder_paths,
+    hook_holdings,
+    module_types,
+    path_text,
+    type_name,
+    without_python_holders,
+)
+
+MAX_CHAINS_PER_GROUP = 3
+MAX_HOOK_CHECKS = 3
+_HOOK_CHAIN = re.compile(r"\._\w*_hooks\[")
+STEP_FUNCTION = "the step function "
+"""How a step check names the function given to ``check()`` where it holds a leak."""
+HELD_FROM_CPP = "<no Python reference: held from C++, e.g. by a hook or cache inside torch or an extension>"
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A device's memory at one moment: allocated bytes and the live storages, by key and size."""
+
+    device: str
+    allocated_bytes: int
+    storages: dict[StorageKey, int]
+    details: dict[str, int] = field(default_factory=dict)
+    identities: dict[StorageKey, weakref.ref[Any]] = field(default_factory=dict, repr=False)
+    """Weak references to the storages, so a later storage at a reused address is told apart."""
+    young: frozenset[StorageKey] = frozenset()
+    """Storages made since a checked test's setup began (its fixtures'): their freeing never
+    offsets a leak. Through a tracker that cannot tell ages every storage counts as young; in a
+    snapshot taken without a tracker, none does."""
+
+    @property
+    def storage_keys(self) -> frozenset[StorageKey]:
+        return frozenset(self.storages)
+
+    def new_since(self, earlier: Snapshot) -> set[StorageKey]:
+        """Keys of storages alive here that were not alive at ``earlier``."""
+        return {key for key in self.storages if not earlier.holds_same(key, self)}
+
+    def holds_same(self, key: StorageKey, other: Snapshot) -> bool:
+        """Whether the storage ``other`` has at ``key`` is the one this snapshot saw there."""
+        if key not in self.storages or key not in other.storages:
+            return False
+        mine, theirs = self.identities.get(key), other.identities.get(key)
+        if mine is None or theirs is None:
+            return True  # no identity recorded: trust the key
+        return mine() is not None and mine() is theirs()
+
+    def leaked_since(self, earlier: Snapshot) -> int:
+        """Bytes by which allocated memory grew after ``earlier``.
+
+        On accelerators, the allocator's growth (as PyTorch's own leak check measures it). On
+        CPU, the bytes of storages that are new since ``earlier`` (plus in-place growth of older
+        ones), less the bytes of storages older than ``earlier`` that were freed since: a test
+        that replaces a tensor (a model's gradients, an entry a bounded cache evicts) leaks
+        nothing. Storages in ``earlier.young`` (what a checked test's fixtures made during its
+        setup) do not offset: a fixture that frees at teardown what it made cannot hide a leak.
+        Earlier garbage cannot either: it is frozen while a checked test runs.
+        """
+        if self.device != "cpu":
+            return self.allocated_bytes - earlier.allocated_bytes
+        grown = 0
+        for key, nbytes in self.storages.items():
+            if not earlier.holds_same(key, self):
+                grown += nbytes
+            else:
+                grown += max(0, nbytes - earlier.storages[key])
+        freed = sum(
+            nbytes
+            for key, nbytes in earlier.storages.items()
+            if key not in earlier.young and not earlier.holds_same(key, self)
+        )
+        return max(0, grown - freed)
+
+
+@dataclass
+class TensorGroup:
+    """Leaked tensors of one dtype, shape and device, and what keeps them alive."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    device: str
+    bytes: int = 0
+    count: int = 0
+    held_by: list[str] = field(default_factory=list)
+    """Each chain of references that keeps a tensor of the group alive, as one line."""
+    held_by_paths: list[list[tuple[str, str]]] = field(default_factory=list)
+    """The same chains step by step: ``(text, kind)`` of the root, then of each edge (see :func:`referrers.chain_parts`)."""
+    graph_bytes: int = 0
+    """Bytes of tensors saved by autograd graphs that these tensors keep alive."""
+    graph_tensors: int = 0
+    allocated_at: list[str] = field(default_factory=list)
+    """Where the tensors were created (``file:line in function()``, then callers), where recorded."""
+    diagnoses: list[str] = field(default_factory=list)
+    """The leak patterns recognised, each with its cause and fix (see :mod:`pytest_vramleak.holders.diagnosis`)."""
+    kind: str = "tensor"
+    """``tensor``, ``grad`` (a gradient of a live tensor), ``graph`` (saved by an autograd graph) or
+    ``storage`` (a storage object kept without a tensor)."""
+    cls: str = ""
+    """The tensors' class where it is a subclass of ``torch.Tensor`` (``Parameter``, a user's own)."""
+    hook: str = ""
+    """A module hook that holds the tensors' container (``a forward hook of a Linear``), if one does."""
+    nodes: int = 0
+    """For ``history``: the autograd nodes the check's code made that the tensor keeps alive."""
+    keys: list[StorageKey] = field(default_factory=list, repr=False)
+    """The storages of the group (not in the JSON: they name memory, not what a reader can use)."""
+    made_inside_library: bool | None = field(default=None, repr=False)
+    """Whether library code (torch's own, as it traces or scripts) made these tensors, rather than
+    a line of the user's; None where not recorded."""
+    grad_graph: bool = False
+    """For gradients: they have an autograd graph of their own (``backward(create_graph=True)``);
+    for an autograd graph nothing in Python holds, beside such gradients: theirs."""
+    part: Any = field(default=None, repr=False)
+    """Which part of the storages named this group is (a run of a test run again), where the
+    caller split them (see :func:`describe`)."""
+    parts: list[TensorGroup] = field(default_factory=list, repr=False)
+    """For a group :func:`merge_parts` made: the groups of each part it merges."""
+
+    def title(self) -> str:
+        """One line: what the tensors are, how many, how many bytes."""
+        shape = shape_text(self.shape) + (f" {self.cls}" if self.cls else "")
+        if self.kind == "history":
+            return (
+                f"autograd history of a {self.dtype}{shape} tensor on {self.device}: {self.nodes:,} nodes made by the "
+                f"test, about {format_size(self.bytes)} of host memory"
+            )
+        if self.kind == "graph":
+            return (
+                f"autograd graph of a {self.dtype}{shape} tensor on {self.device}: "
+                f"{self.graph_tensors} saved tensors, {format_size(self.graph_bytes)}"
+            )
+        if self.kind == "storage":
+            noun = "storage" if self.count == 1 else "storages"
+            return f"storage kept without a tensor on {self.device}: {self.count} {noun}, {format_size(self.bytes)}"
+        what = " gradient" if self.kind == "grad" else ""
+        noun = "tensor" if self.count == 1 else "tensors"
+        title = f"{self.dtype}{shape}{what} on {self.device}: {self.count} {noun}, {format_size(self.bytes)}"
+        if (
+            self.kind == "grad" and self.graph_tensors
+        ):  # (backward(create_graph=True)): what their graphs saved is theirs
+            title += f", and their autograd graph's {self.graph_tensors} saved tensors, {format_size(self.graph_bytes)}"
+        return title
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "title": self.title(),
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "device": self.device,
+            "bytes": self.bytes,
+            "count": self.count,
+            "held_by": list(self.held_by),
+            "held_by_paths": [[list(step) for step in path] for path in self.held_by_paths],
+            "allocated_at": list(self.allocated_at),
+            "diagnoses": list(self.diagnoses),
+            "kind": self.kind,
+            "class": self.cls,
+            "graph_bytes": self.graph_bytes,
+            "nodes": self.nodes,
+        }
+
+
+@dataclass
+class Leak:
+    """The difference between two snapshots, described without references to any tensor."""
+
+    device: str
+    baseline_bytes: int
+    end_bytes: int
+    leaked_bytes: int
+    """See :meth:`Snapshot.leaked_since`."""
+    groups: list[TensorGroup] = field(default_factory=list)
+    details: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    """What the groups alone do not say (how the memory grew)."""
+
+    def render(self) -> str:
+        """The notes, then the groups and their holders, one group per paragraph."""
+        return "\n".join([*self.notes, render_groups(self.groups)])
+
+
+def meter_for(device: str | None = "auto") -> Meter:
+    """The meter of a device given as ``auto``, ``cpu``, ``cuda``, ``cuda:N``, ``mps`` or ``xpu``."""
+    torch = _torch()
+    return make_meter(resolve_device(device, torch), torch)
+
+
+def take_snapshot(device: str | None = "auto", *, meter: Meter | None = None, settle: bool = True) -> Snapshot:
+    """Collect garbage, wait for the device, and record its allocated bytes and live storages.
+
+    This walks the whole heap (a per-test check uses :class:`pytest_vramleak.LeakCheck`, which
+    reads only what changed). With ``settle=False`` garbage is left uncollected.
+    """
+    meter = meter or meter_for(device)
+    if settle:
+        meter.settle()  # collects garbage
+    census = take_census(meter.name, identify=True)
+    storages, identities = census.storages, census.identities
+    allocated = sum(storages.values()) if meter.name == "cpu" else meter.allocated_bytes()
+    return Snapshot(meter.name, allocated, storages, meter.details(), identities)
+
+
+def diff(
+    before: Snapshot,
+    after: Snapshot | None = None,
+    *,
+    meter: Meter | None = None,
+    name: bool = True,
+    sites: SiteSource | None = None,
+) -> Leak:
+    """What was allocated after ``before`` and is still alive, grouped and with its holders named.
+
+    ``after`` defaults to a snapshot taken now. With ``name=False`` the tensors are grouped but
+    the (slower) search for their holders is skipped. With a :class:`SiteRecorder` that was active
+    meanwhile, each group says where its tensors were allocated.
+    """
+    meter = meter or meter_for(before.device)
+    if after is None:
+        after = take_snapshot(meter=meter)
+    new_keys = after.new_since(before)
+    groups = describe(new_keys, after.device, name=name, sites=sites) if new_keys else []
+    return Leak(
+        after.device, before.allocated_bytes, after.allocated_bytes, after.leaked_since(before), groups, after.details
+    )
+
+
+LARGEST_SHOWN = 5
+
+
+def memory_contents(meter: Meter, error: BaseException | None = None) -> str:
+    """What fills a device now: its allocator's figures and its largest live storages, with holders.
+
+    Used when a test runs out of memory, while the failed test's frames are still alive: the
+    locals of the frames in ``error``'s traceback are named as such.
+    """
+    frames = []
+    traceback = error.__traceback__ if error is not None else None
+    while traceback is not None:
+        frames.append(traceback.tb_frame)
+        traceback = traceback.tb_next
+    census = take_census(meter.name)
+    largest = sorted(census.storages, key=census.storages.__getitem__, reverse=True)[:LARGEST_SHOWN]
+    figures = [
+        f"tensor storages alive on {meter.name}: {format_size(census.total_bytes)} in {len(census.storages)} storages"
+    ]
+    if meter.name != "cpu":
+        figures.append(f"allocated by the caching allocator: {format_size(meter.allocated_bytes())}")
+        figures += [f"{name.replace('_', ' ')}: {format_size(value)}" for name, value in meter.details().items()]
+    groups = describe(largest, meter.name, frames=frames[::-1])
+    frames.clear()
+    return "\n".join([*figures, "largest tensors:", render_groups(groups)])
+
+
+def describe_history(
+    roots: Sequence[tuple[Any, int]],
+    device: str,
+    *,
+    node_bytes: int,
+    frames: Sequence[types.FrameType] = (),
+    named: Sequence[NamedRoot] = (),
+    collect: bool = True,
+) -> list[TensorGroup]:
+    """One group per tensor that keeps autograd nodes the check's code made (``roots``: the
+    tensors, with how many nodes each keeps), with its holders named: the tensor was kept, and
+    behind its ``grad_fn`` every node of every step that added to it."""
+    groups: list[TensorGroup] = []
+    tensors = [tensor for tensor, _ in roots]
+    owners: dict[int, Any] = {}
+    try:
+        paths = (
+            holder_paths(tensors, exclude_types=(Found,), frames=frames, named=named, collect=collect)
+            if tensors
+            else []
+        )
+        if any(path is None for path in paths):
+            # A gradient that keeps history (backward(create_graph=True) made it with a graph) is
+            # held as its parameter's .grad, an edge gc does not show: named through its owner.
+            owners = _gradient_owners([tensor for tensor, path in zip(tensors, paths, strict=False) if path is None])
+            if owners:
+                owned = list(owners.values())
+                through = dict(
+                    zip(
+                        map(id, owned),
+                        holder_paths(owned, exclude_types=(Found,), frames=frames, named=named, collect=False),
+                        strict=False,
+                    )
+                )
+                owned.clear()
+                for index, (tensor, path) in enumerate(zip(tensors, paths, strict=False)):
+                    owner = owners.get(id(tensor))
+                    found = through.get(id(owner)) if path is None and owner is not None else None
+                    if found is not None:
+                        paths[index] = [*found, (".grad", "Tensor")]
+        for (tensor, nodes), path in zip(roots, paths, strict=False):
+            dtype, shape, where = tensor_key(tensor)
+            group = TensorGroup(
+                dtype,
+                shape,
+                where,
+                bytes=nodes * node_bytes,
+                count=1,
+                kind="history",
+                cls=tensor_class(tensor),
+                nodes=nodes,
+            )
+            group.grad_graph = id(tensor) in owners
+            path = path if path is not None else [(HELD_FROM_CPP, "")]
+            group.held_by.append(path_text(path))
+            group.held_by_paths.append(path)
+            group.diagnoses = diagnose(group)
+            groups.append(group)
+    finally:
+        tensors.clear()
+        owners.clear()
+    return groups
+
+
+def _gradient_owners(tensors: list[Any]) -> dict[int, Any]:
+    """The tensors whose gradient is one of ``tensors``, by the gradient's id: one pass over the
+    tensors gc tracks, frozen ones too (a parameter older than the test), reading the gradient of
+    each leaf or tensor that retains one (torch warns where another's is read)."""
+    wanted = {id(tensor) for tensor in tensors}
+    owners: dict[int, Any] = {}
+    with whole_heap():
+        found = live_tensors()
+    try:
+        with _torch()._C.DisableTorchFunction():
+            for obj in found:
+                try:
+                    grad = obj._grad if (obj.is_leaf or obj.retains_grad) else None
+                except Exception:
+                    continue
+                if grad is not None and id(grad) in wanted:
+                    owners.setdefault(id(grad), obj)
+                del grad
+    finally:
+        found.clear()
+    return owners
+
+
+def _locate(
+    keys: Iterable[StorageKey], device: str, defer_owners: set[int] | None = None, objects: list[Any] | None = None
+) -> dict[StorageKey, list[Found]]:
+    wanted = set(keys)
+    located: dict[StorageKey, list[Found]] = {}
+    with whole_heap():
+        for found in walk(device, defer_owners=defer_owners or set(), objects=objects):
+            if found.key in wanted:
+                located.setdefault(found.key, []).append(found)
+    return located
+
+
+_node_type_cache: dict[type, bool] = {}
+
+
+def _is_graph_node_type(cls: type) -> bool:
+    known = _node_type_cache.get(cls)
+    if known is None:
+        try:
+            from torch.autograd.graph import Node
+
+            known = issubclass(cls, Node)
+        except Exception:
+            known = False
+        if len(_node_type_cache) < 10_000:
+            _node_type_cache[cls] = known
+    return known
+
+
+def _paths_through_graph_nodes(
+    targets: list[Any], frames: Sequence[types.FrameType], named: Sequence[NamedRoot]
+) -> dict[int, list[tuple[str, str]]]:
+    """For tensors nothing in Python refers to: the chain to an autograd node (a ``grad_fn``) that
+    Python holds and whose graph keeps the tensor (saved for backward, or the leaf it accumulates
+    into). The node was kept, not a tensor."""
+    torch = _torch()
+    wanted: dict[int, Any] = {}
+    with torch._C.DisableTorchFunction():
+        for target in targets:
+            for storage in tensor_storages(target):
+                wanted[id(storage)] = target
+    found: dict[int, tuple[Any, str]] = {}
+    with whole_heap():
+        # The heap's objects are picked by type in C (a Python test per object of a heap of 10^5
+        # or more costs tenths of a second): the classes met first, then the objects of those
+        # that are autograd nodes.
+        everything = gc.get_objects()
+        node_types = {cls for cls in set(map(type, everything)) if _is_graph_node_type(cls)}
+        nodes = (
+            list(itertools.compress(everything, map(node_types.__contains__, map(type, everything))))
+            if node_types
+            else []
+        )
+        del everything
+    try:
+        visited: set[int] = set()
+        keep: list[Any] = []
+        with torch._C.DisableTorchFunction():
+            for node in nodes:
+                for saved in _graph_tensors(node, visited, keep):
+                    for storage in tensor_storages(saved):
+                        target = wanted.get(id(storage))
+                        if target is not None and id(target) not in found:
+                            found[id(target)] = (node, type_name(node))
+        keep.clear()
+        if not found:
+            return {}
+        holders = list({id(node): node for node, _ in found.values()}.values())
+        node_paths = dict(
+            zip(
+                (id(node) for node in holders),
+                holder_paths(holders, exclude_types=(Found,), frames=frames, named=named),
+                strict=False,
+            )
+        )
+        paths = {}
+        for ident, (node, kind) in found.items():
+            path = node_paths.get(id(node))
+            if path is not None:
+                paths[ident] = [*path, (f" -> autograd graph of {kind}", "Tensor")]
+        return paths
+    finally:
+        nodes.clear()
+        found.clear()
+
+
+_CAPSULE = type(datetime.datetime_CAPI)
+"""Python's capsule type (``types.CapsuleType`` from 3.13 on)."""
+_CONTAINERS = {dict, list, tuple, set, frozenset}
+_DLTENSOR = b"dltensor"
+"""The name of a DLPack capsule nobody has consumed yet: it owns its ``DLManagedTensor``."""
+_DLTENSOR_BYTE_OFFSET = 40
+"""Where ``byte_offset`` lies in a ``DLTensor`` (after data, device, ndim, dtype, shape, strides)."""
+
+
+def _capsule_data(capsule: Any) -> int | None:
+    """The address of the data a DLPack capsule (``torch.utils.dlpack.to_dlpack``) stands for."""
+    api = ctypes.pythonapi
+    api.PyCapsule_GetName.restype = ctypes.c_char_p
+    api.PyCapsule_GetName.argtypes = [ctypes.py_object]
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    if api.PyCapsule_GetName(capsule) != _DLTENSOR:
+        return None
+    managed = api.PyCapsule_GetPointer(capsule, _DLTENSOR)
+    if not managed:
+        return None
+    data = ctypes.c_void_p.from_address(managed).value or 0
+    return data + ctypes.c_uint64.from_address(managed + _DLTENSOR_BYTE_OFFSET).value
+
+
+def _script_module_holds(torch: Any, objects: Sequence[Any], holds: Callable[[Any, int | None, str], None]) -> None:
+    """Tell ``holds`` of the tensors a TorchScript module keeps in C++ (``to_mkldnn(model)``'s
+    buffers): each attribute, and the tensors its autograd graph keeps (the dense weight behind
+    ``weight.to_mkldnn()``). Read with ``nn.Module``'s own methods, never a subclass's."""
+    script_module = getattr(torch.jit, "ScriptModule", None)
+    if script_module is None:
+        return
+    module = torch.nn.Module
+    with torch._C.DisableTorchFunction():
+        for obj in objects:
+            if not issubclass(type(obj), script_module):  # (isinstance would read a __class__ property)
+                continue
+            try:
+                named = [*module.named_parameters(obj), *module.named_buffers(obj)]
+            except Exception:
+                continue
+            visited: set[int] = set()
+            keep: list[Any] = []
+            for name, tensor in named:
+                reached = [(tensor, f".{name}")]
+                node = getattr(tensor, "grad_fn", None)
+                if node is not None:
+                    reached += [(saved, f".{name}.grad_fn") for saved in _graph_tensors(node, visited, keep)]
+                    reached += [(leaf, f".{name}.grad_fn") for leaf in graph_leaves(tensor, ())]
+                for held, what in reached:
+                    for storage in tensor_storages(held):
+                        facts = storage_facts(storage)
+                        holds(obj, facts[1] if facts is not None else None, what)
+            keep.clear()
+
+
+def _paths_through_opaque_holders(
+    targets: list[Any], frames: Sequence[types.FrameType], named: Sequence[NamedRoot]
+) -> dict[int, list[tuple[str, str]]]:
+    """For tensors nothing in Python refers to: the chain to an object Python holds that keeps the
+    tensor's memory without a reference gc sees: a DLPack capsule (``to_dlpack``), a numpy array
+    made from one (``np.from_dlpack``), a finished ``torch.futures.Future`` whose value it is.
+    Capsules and arrays are not tracked by gc: every object's referents are read (one pass in C),
+    so this runs only for what no cheaper search named."""
+    torch = _torch()
+    spans: list[tuple[int, int, Any]] = []
+    with torch._C.DisableTorchFunction():
+        for target in targets:  # a tensor, or a storage object seen without one
+            for storage in tensor_storages(target) if is_tensor_type(type(target)) else [target]:
+                facts = storage_facts(storage)
+                if facts is not None:
+                    spans.append((facts[1], facts[1] + facts[2], target))
+    if not spans:
+        return {}
+    numpy = sys.modules.get("numpy")
+    ndarray = getattr(numpy, "ndarray", None)
+    future = getattr(torch._C, "Future", None)
+    kinds = {_CAPSULE, ndarray} - {None}
+    found = _Holdings()
+
+    def holds(holder: Any, address: int | None, what: str) -> None:
+        for start, end, target in spans:
+            if address is not None and start <= address < end:
+                found.setdefault(id(target), []).append((holder, what))
+
+    with whole_heap():
+        everything = gc.get_objects()
+    try:
+        # (A container of only such objects is not tracked by gc either: a few levels of those.)
+        picked: list[Any] = []
+        level = everything
+        for _ in range(4):
+            referents = gc.get_referents(*level)
+            picked += itertools.compress(referents, map(kinds.__contains__, map(type, referents)))
+            level = [
+                obj
+                for obj in itertools.compress(referents, map(_CONTAINERS.__contains__, map(type, referents)))
+                if not gc.is_tracked(obj)
+            ]
+            del referents
+            if not level:
+                break
+        del level
+        for obj in picked:
+            try:
+                if type(obj) is ndarray:
+                    holds(
+                        obj, ndarray.__array_interface__.__get__(obj)["data"][0], " (a numpy array sharing its memory)"
+                    )
+                else:
+                    holds(obj, _capsule_data(obj), " (a DLPack capsule of it)")
+            except Exception:
+                continue
+        _script_module_holds(torch, everything, holds)
+        if future is not None:
+            with torch._C.DisableTorchFunction():
+                for obj in everything:
+                    if issubclass(type(obj), future) and future.done(obj):
+                        try:
+                            value = future.value(obj)
+                        except Exception:
+                            continue
+                        for tensor in value if type(value) in (list, tuple) else (value,):
+                            if is_tensor_type(type(tensor)):
+                                for storage in tensor_storages(tensor):
+                                    facts = storage_facts(storage)
+                                    holds(obj, facts[1] if facts is not None else None, ".value()")
+                        del value
+    finally:
+        del everything
+    if not found:
+        return {}
+    holders = list({id(holder): holder for candidates in found.values() for holder, _ in candidates}.values())
+    holder_ids = [id(holder) for holder in holders]
+    # (this search's own record of candidates, reached through the closure that fills it, is no holder)
+    paths = dict(
+        zip(
+            holder_ids,
+            holder_paths(holders, exclude_types=(Found, _Holdings), frames=frames, named=named),
+            strict=False,
+        )
+    )
+    holders.clear()
+    chains = {}
+    for ident, candidates in found.items():
+        for holder, what in candidates:  # the first candidate Python holds
+            path = paths.get(id(holder))
+            if path is not None:
+                chains[ident] = [*path, (what, "Tensor")]
+                break
+    found.clear()
+    return chains
+
+
+class _Holdings(dict):  # type: ignore[type-arg]
+    """Candidate holders by the id of the tensor they keep (:func:`_paths_through_opaque_holders`)."""
+
+
+def _list_heap() -> tuple[list[Any], list[Any]]:
+    """Every tensor and storage object gc tracks, in the order gc keeps them (what
+    :func:`census.walk` goes through), and every ``nn.Module``: one listing of the heap, its
+    objects picked by the id of their type in C (no class's ``__hash__`` or ``__eq__`` runs).
+    Clear both lists once done."""
+    storages = {id(cls) for cls in (*tensor_types(), *storage_types())}
+    modules = {id(cls) for cls in module_types()}
+    wanted = storages | modules
+    with whole_heap():
+        everything = gc.get_objects()
+        picked = list(itertools.compress(everything, map(wanted.__contains__, map(id, map(type, everything)))))
+        del everything
+    try:
+        listing = [obj for obj in picked if id(type(obj)) in storages]
+        return listing, [obj for obj in picked if id(type(obj)) in modules]
+    finally:
+        picked.clear()
+
+
+@dataclass
+class _Unheld:
+    """What :func:`_unheld_tensors` found: ids only."""
+
+    ids: set[int]
+    """The tensors asked about that nothing in Python refers to."""
+    owners: set[int]
+    """Of those, the ones with an autograd graph."""
+    asked: set[int]
+
+
+def _unheld_tensors(keys: Sequence[StorageKey], listing: list[Any], holders: list[Any]) -> _Unheld:
+    """Which tensors (and storage objects) gc sees that nothing in Python refers to, among the
+    tensors with an autograd graph (candidates for owning what graphs saved) and those over the
+    storages at ``keys``: one pass over the heap, whose holders go into ``holders`` for the search
+    of holders that follows. ``listing``: what :func:`census.tensors_and_storages` gave."""
+    torch = _torch()
+    wanted = set(keys)
+    tensor_classes = set(tensor_types())
+    storage_classes = set(storage_types())
+    asked: list[Any] = []
+    owners: set[int] = set()
+    try:
+        with torch._C.DisableTorchFunction():
+            for obj in listing:
+                cls = type(obj)
+                if cls in storage_classes:
+                    storage = storage_of_storage_object(obj)
+                    facts = storage_facts(storage) if storage is not None else None
+                    if facts is not None and (facts[0], facts[1]) in wanted:
+                        asked.append(obj)
+                elif cls in tensor_classes:
+                    graph = _has_graph(obj)
+                    if graph:
+                        owners.add(id(obj))
+                    if graph or any(key in wanted for key, _, _ in _keys_of(obj)):
+                        asked.append(obj)
+        unheld = (
+            without_python_holders(asked, exclude_types=(Found,), keep=holders, ignore=(listing,)) if asked else set()
+        )
+        return _Unheld(unheld, owners & unheld, {id(obj) for obj in asked})
+    finally:
+        asked.clear()
+
+
+def _group_key(found: Found) -> tuple[str, tuple[int, ...], str]:
+    """dtype, shape and device of what a find holds; a storage kept without a tensor has no dtype."""
+    if found.via == "storage":
+        return "untyped storage", (found.nbytes,), found.key[0]
+    return tensor_key(found.tensor)
+
+
+def tensor_class(tensor: Any) -> str:
+    """The name of a tensor's class where it is a subclass of ``torch.Tensor`` (``Parameter``), else ``""``."""
+    cls = type(tensor)
+    if cls is _torch().Tensor:
+        return ""
+    name = type.__dict__["__qualname__"].__get__(cls)
+    return name if type(name) is str else "?"
+
+
+def tensor_key(tensor: Any) -> tuple[str, tuple[int, ...], str]:
+    """dtype, shape and device of a tensor: a nested tensor's shape is its number of components."""
+    torch = _torch()
+    base = torch._C.TensorBase
+    with torch._C.DisableTorchFunction():
+        dtype = str(base.dtype.__get__(tensor)).removeprefix("torch.")
+        device = str(base.device.__get__(tensor))
+        try:
+            shape = tuple(base.size(tensor))
+        except Exception:  # nested tensors have no single shape
+            try:
+                shape = (int(base.size(tensor, 0)),)
+            except Exception:
+                shape = ()
+            dtype = f"nested {dtype}"
+    return dtype, shape, device
+
+
+def _primary(finds: list[Found], orphans: set[int]) -> Found:
+    """Which find explains a storage: a tensor Python holds, else a gradient, else an autograd graph.
+
+    A tensor gc sees but nothing in Python refers to, whose storage an autograd graph saved, is
+    the graph's: torch keeps the Python object of a saved tensor alive once it has been unpacked.
+    """
+    by_via = {f.via: f for f in reversed(finds)}
+    held = [f for f in finds if f.via in ("gc", "storage") and id(f.tensor) not in orphans]
+    if held:
+        return held[0]
+    if "grad" in by_via:
+        return by_via["grad"]
+    if "graph" in by_via:
+        return by_via["graph"]
+    # a tensor over a storage object nothing in Python holds either (a numpy array over the tensor
+    # holds it, unseen by gc; torch keeps the storage's Python object once one was made)
+    return by_via.get("gc", finds[0])
+
+
+def _allocation_site(sites: SiteSource | None, found: Found, tensor: Any | None = None) -> str | None:
+    """Where the storage was allocated, then, where the tensor kept is a view made elsewhere
+    (``x.detach()`` in a hook, a slice), where that view was made."""
+    if sites is None or found.storage is None:
+        return None
+    kept = found.tensor if tensor is None else tensor
+    try:
+        stack = sites.site_of(kept, found.storage)
+        view_site_of = getattr(sites, "view_site_of", None)
+        view = view_site_of(kept, found.storage) if stack and view_site_of is not None and found.via == "gc" else None
+    except Exception:
+        return None
+    if not stack:
+        return None
+    text = describe_stack(stack)
+    return f"{text}; kept through a view made at {describe_stack(view)}" if view else text
+
+
+def describe(
+    keys: Iterable[StorageKey],
+    device: str,
+    *,
+    name: bool = True,
+    sites: SiteSource | None = None,
+    frames: Sequence[types.FrameType] = (),
+    named: Sequence[NamedRoot] = (),
+    collected: bool = False,
+    part: Callable[[StorageKey], Any] | None = None,
+) -> list[TensorGroup]:
+    """Group the live storages in ``keys`` by dtype, shape and device, and name their holders
+    (values in ``named`` by the names given, such as a test's fixtures and parametrize values).
+
+    With ``part``, storages of different parts (the runs of a test run again) are never grouped
+    together, and each part's groups name holders of their own: every part is named by one walk of
+    the heap (:func:`merge_parts` joins them again).
+
+    A storage saved only by an autograd graph is added to the group of the tensor whose graph
+    holds it (``graph_bytes``); a gradient is named through the tensor it belongs to.
+    """
+    keys = list(dict.fromkeys(keys))  # the caller's order (oldest first) decides the order of the chains shown
+    located: dict[StorageKey, list[Found]] = {}
+    order = {key: index for index, key in enumerate(keys)}
+    groups: dict[tuple[Any, ...], TensorGroup] = {}
+    targets: list[Any] = []
+    target_groups: list[tuple[TensorGroup, str]] = []
+    owner_groups: dict[int, TensorGroup] = {}
+    primaries: list[Found] = []
+    counted: set[int] = set()
+    known: list[Any] = []
+    hooked: dict[int, str] = {}
+    try:
+        listing, modules = _list_heap()
+        try:
+            hooked = hook_holdings(modules)
+            modules.clear()
+            orphans = _unheld_tensors(keys, listing, known)
+            # A graph shared by several tensors is credited to one of them; a tensor that only the
+            # graph itself keeps alive (an intermediate result) is a poor owner to show, so it goes last.
+            located = _locate(keys, device, orphans.owners, listing)
+        finally:
+            listing.clear()
+            modules.clear()
+        known_ids = orphans.asked
+        # (storage objects kept without a tensor, and tensors of classes defined meanwhile)
+        unasked = [
+            f.tensor
+            for finds in located.values()
+            for f in finds
+            if f.via in ("gc", "storage") and id(f.tensor) not in known_ids
+        ]
+        if unasked:
+            orphans.ids |= without_python_holders(unasked, exclude_types=(Found,))
+        del unasked
+        primaries = [_primary(finds, orphans.ids) for finds in located.values()]
+        primaries.sort(key=lambda f: (f.via == "graph", order[f.key]))  # owners' groups first
+        for found in primaries:
+            if found.via == "graph":
+                group = owner_groups.get(id(found.owner))
+                if group is None:
+                    dtype, shape, where = tensor_key(found.owner)
+                    cls = tensor_class(found.owner)
+                    share = part(found.key) if part is not None else None
+                    group = groups.setdefault(
+                        (dtype, shape, where, "graph", cls, share),
+                        TensorGroup(dtype, shape, where, kind="graph", cls=cls, part=share),
+                    )
+                    owner_groups[id(found.owner)] = group
+                    group.count += 1
+                    targets.append(found.owner)
+                    target_groups.append((group, ""))
+                group.graph_bytes += found.nbytes
+                group.graph_tensors += 1
+                group.keys.append(found.key)
+                site = _allocation_site(sites, found, found.owner)
+                if group.kind == "graph" and site is not None and site not in group.allocated_at:
+                    group.allocated_at.append(site)
+                continue
+            dtype, shape, where = _group_key(found)
+            kind = "tensor" if found.via == "gc" else found.via
+            cls = tensor_class(found.tensor) if found.via != "storage" else ""
+            share = part(found.key) if part is not None else None
+            group = groups.setdefault(
+                (dtype, shape, where, kind, cls, share),
+                TensorGroup(dtype, shape, where, kind=kind, cls=cls, part=share),
+            )
+            group.bytes += found.nbytes
+            group.keys.append(found.key)
+            if id(found.tensor) in counted:  # a sparse or nested tensor: several storages, one tensor
+                continue
+            counted.add(id(found.tensor))
+            group.count += 1
+            owner_groups.setdefault(id(found.tensor), group)
+            if found.via == "grad" and not group.grad_graph:
+                group.grad_graph = _has_graph(found.tensor)
+            site = _allocation_site(sites, found)
+            if site is not None and site not in group.allocated_at and len(group.allocated_at) < MAX_CHAINS_PER_GROUP:
+                group.allocated_at.append(site)
+            ask = getattr(sites, "made_inside_library", None) if found.via in ("gc", "storage") else None
+            inside = ask(found.tensor) if ask is not None else None
+            if inside is not None:
+                group.made_inside_library = bool(inside) and group.made_inside_library is not False
+            if sum(1 for g, _ in target_groups if g is group) < MAX_CHAINS_PER_GROUP:
+                targets.append(found.tensor if found.via in ("gc", "storage") else found.owner)
+                target_groups.append((group, ".grad" if found.via == "grad" else ""))
+        if name and targets:
+            paths = holder_paths(
+                targets,
+                exclude_types=(Found,),
+                frames=frames,
+                named=named,
+                collect=not collected,
+                known=(known_ids, known),
+            )
+            if any(path is None for path in paths):
+                # Nothing in Python refers to these tensors: an autograd node Python holds may.
+                through_nodes = _paths_through_graph_nodes(
+                    [t for t, p in zip(targets, paths, strict=False) if p is None], frames, named
+                )
+                paths = [
+                    path if path is not None else through_nodes.get(id(target))
+                    for target, path in zip(targets, paths, strict=False)
+                ]
+            if any(path is None for path in paths):
+                # ... or an object that keeps its memory from C++: a DLPack capsule, a Future.
+                try:
+                    opaque = _paths_through_opaque_holders(
+                        [t for t, p in zip(targets, paths, strict=False) if p is None], frames, named
+                    )
+                except Exception:  # what cannot be read stays "held from C++"
+                    opaque = {}
+                paths = [
+                    path if path is not None else opaque.get(id(target))
+                    for target, path in zip(targets, paths, strict=False)
+                ]
+            for (group, suffix), path in zip(target_groups, paths, strict=False):
+                path = ([*path, (suffix, "Tensor")] if suffix else path) if path is not None else [(HELD_FROM_CPP, "")]
+                line = path_text(path)
+                if line not in group.held_by:
+                    group.held_by.append(line)
+                    group.held_by_paths.append(path)
+            # A hook that appends what it sees to a list the test also holds: the shortest chain
+            # is the test's local, but the hook is the cause.
+            checked: set[int] = set()
+            for target, (group, suffix) in zip(targets, target_groups, strict=False):
+                if (
+                    name
+                    and not suffix
+                    and id(group) not in checked
+                    and group.kind == "tensor"
+                    and len(checked) < MAX_HOOK_CHECKS
+                ):
+                    checked.add(id(group))
+                    # Only a closure can tie a container to a hook; a running frame's local is
+                    # where such a container is usually seen.
+                    # (a step function given to check() is the closure itself: no hook to look for)
+                    local = any(
+                        (" local '" in chain or "closure var" in chain) and not chain.startswith(STEP_FUNCTION)
+                        for chain in group.held_by
+                    )
+                    if local and not any(_HOOK_CHAIN.search(chain) for chain in group.held_by):
+                        group.hook = hooked.get(id(target), "")
+    finally:
+        located.clear()
+        primaries.clear()
+        targets.clear()
+        owner_groups.clear()
+        known.clear()
+    # Gradients with graphs of their own (backward(create_graph=True)) keep the graphs they were
+    # made by, through a cycle with their parameters: the graphs nothing in Python holds are theirs.
+    if any(group.grad_graph for group in groups.values()):
+        for group in groups.values():
+            if group.kind == "graph" and group.held_by and all(chain.startswith("<") for chain in group.held_by):
+                group.grad_graph = True
+    for group in groups.values():
+        if group.kind == "graph":
+            group.bytes = group.graph_bytes
+        group.diagnoses = diagnose(group)
+    return sorted(groups.values(), key=lambda g: -(g.bytes + (0 if g.kind == "graph" else g.graph_bytes)))
+
+
+def _has_graph(tensor: Any) -> bool:
+    """Whether a tensor has a grad_fn, read without running code of a tensor subclass."""
+    torch = _torch()
+    try:
+        with torch._C.DisableTorchFunction():
+            return torch._C.TensorBase.grad_fn.__get__(tensor) is not None
+    except Exception:
+        return False
+
+
+def held_in_cpp_groups(tensors: Sequence[Any], refs: Sequence[Any]) -> list[TensorGroup] | None:
+    """The groups of ``tensors`` (each with its storage's ``refs`` entry: ``pointer``, ``device``,
+    ``nbytes``) where nothing in Python reaches any of them: no holder gc sees, no numpy array met
+    from the modules, no autograd node Python holds; None where anything does. Cheaper than
+    :func:`describe`, which names holders of every kind. (Not looked for here: a graph of an
+    older tensor Python holds that saved one of them; the caller's tensors are all new, made by
+    torch's own code, with no holder gc sees.)"""
+    unheld = without_python_holders(tensors, exclude_types=(Found,))
+    if len(unheld) != len({id(tensor) for tensor in tensors}):
+        return None
+    if any(path is not None for path in holder_paths(tensors, exclude_types=(Found,), collect=False)):
+        return None
+    if _paths_through_graph_nodes(list(tensors), (), ()):
+        return None
+    groups: dict[tuple[Any, ...], TensorGroup] = {}
+    for tensor, ref in zip(tensors, refs, strict=False):
+        dtype, shape, where = tensor_key(tensor)
+        cls = tensor_class(tensor)
+        group = groups.setdefault(
+            (dtype, shape, where, cls),
+            TensorGroup(dtype, shape, where, cls=cls, held_by=[HELD_FROM_CPP], held_by_paths=[[(HELD_FROM_CPP, "")]]),
+        )
+        key = (ref.device, ref.pointer)
+        if key not in group.keys:
+            group.keys.append(key)
+            group.bytes += ref.nbytes
+            group.count += 1
+    for group in groups.values():
+        group.diagnoses = diagnose(group)
+    return sorted(groups.values(), key=lambda g: -g.bytes)
+
+
+def merge_parts(groups: Sequence[TensorGroup]) -> list[TensorGroup]:
+    """The groups :func:`describe` split by part, joined as if named together: each merged group
+    keeps its parts (``parts``), and the chains and sites of the earliest parts first."""
+    merged: dict[tuple[Any, ...], TensorGroup] = {}
+    for group in sorted(groups, key=lambda g: (g.part is None, g.part if type(g.part) is int else 0)):
+        key = (group.dtype, group.shape, group.device, group.kind, group.cls)
+        whole = merged.get(key)
+        if whole is None:
+            whole = merged[key] = TensorGroup(
+                group.dtype,
+                group.shape,
+                group.device,
+                kind=group.kind,
+                cls=group.cls,
+                made_inside_library=group.made_inside_library,
+            )
+        elif group.made_inside_library is not None:
+            whole.made_inside_library = group.made_inside_library and whole.made_inside_library is not False
+        whole.parts.append(group)
+        whole.bytes += group.bytes
+        whole.count += group.count
+        whole.graph_bytes += group.graph_bytes
+        whole.graph_tensors += group.graph_tensors
+        whole.keys += group.keys
+        whole.hook = whole.hook or group.hook
+        whole.grad_graph = whole.grad_graph or group.grad_graph
+        for chain, path in zip(group.held_by, group.held_by_paths, strict=False):
+            if chain not in whole.held_by and len(whole.held_by) < MAX_CHAINS_PER_GROUP:
+                whole.held_by.append(chain)
+                whole.held_by_paths.append(path)
+        for site in group.allocated_at:
+            if site not in whole.allocated_at and len(whole.allocated_at) < MAX_CHAINS_PER_GROUP:
+                whole.allocated_at.append(site)
+    for whole in merged.values():
+        whole.diagnoses = diagnose(whole)
+    return sorted(merged.values(), key=lambda g: -(g.bytes + (0 if g.kind == "graph" else g.graph_bytes)))
+
+
+CYCLE_DIAGNOSIS = (
+    "these tensors lived on a reference cycle: Python frees them only when its cycle collector next runs, so "
+    "their memory stays allocated for as long as that takes (on a GPU, until a collection the test does not "
+    "control): break the cycle (hold the back reference through weakref.ref, or set it to None when done)"
+)
+
+
+def describe_cycle_garbage(
+    garbage: Sequence[Any], keys: set[StorageKey] | None, *, sites: SiteSource | None = None
+) -> list[TensorGroup]:
+    """The tensors among a collection's garbage (``gc.DEBUG_SAVEALL``) whose storages are ``keys``
+    (None: all), grouped, each with the reference cycle that kept it: what the cycle collector
+    alone freed."""
+    seen: set[StorageKey] = set()
+    groups: dict[tuple[Any, ...], TensorGroup] = {}
+    for obj in garbage:
+        if not is_tensor_type(type(obj)):
+            continue
+        found = storage_key(obj)
+        if found is None or (keys is not None and found[0] not in keys) or found[0] in seen:
+            continue
+        key, nbytes = found
+        seen.add(key)  # a storage is counted once, whichever tensor of it comes first
+        dtype, shape, where = tensor_key(obj)
+        holding = cycle_holding(garbage, obj)
+        if holding is None:
+            path, held = [(HELD_FROM_CPP, "")], HELD_FROM_CPP
+        else:
+            path, loop = holding
+            held = path_text(path)
+            held += f", on the reference cycle {loop} (back to the same {path[0][0]})"
+        group = groups.setdefault(
+            (dtype, shape, where, tensor_class(obj), held), TensorGroup(dtype, shape, where, cls=tensor_class(obj))
+        )
+        group.bytes += nbytes
+        group.count += 1
+        group.keys.append(key)
+        if held not in group.held_by:
+            group.held_by.append(held)
+            group.held_by_paths.append(path)
+        storages = tensor_storages(obj)
+        site = sites.site_of(obj, storages[0]) if sites is not None and storages else None
+        if site and (text := describe_stack(site)) not in group.allocated_at:
+            group.allocated_at.append(text)
+    for group in groups.values():
+        group.diagnoses = [CYCLE_DIAGNOSIS]
+    return sorted(groups.values(), key=lambda group: -group.bytes)

@@ -1,0 +1,295 @@
+"""Running a checked test again to tell memory that grows from memory kept once, and the verdict.
+
+A whole-test check sees one before and one after: it cannot tell a test that leaks on every call
+from one that leaves state behind once (a cache filled once, lazily built state, the gradients the
+first ``backward()`` makes on a shared model, a metric's cached result on a parametrize value).
+Run the test again, unchanged, and it can, as CPython's ``-R`` does for references.
+:class:`Repetitions` keeps what each run of a test left (bytes of tensor storage, and the autograd
+nodes it made that stay alive), and classifies the memory left after each run with the step
+check's growth rule (:func:`~pytest_vramleak.judging.verdict.judge_growth`):
+
+- ``grows``: memory (or autograd history) added on every run, or every k-th run;
+- ``kept_once``: left by the first run (or the warm-up runs), then flat;
+- ``settled``: rose during the measured runs, then held flat.
+
+:func:`decide` turns that into a verdict under a :class:`Rule`:
+
+- ``significant`` (the default for tests ``--vramleak`` checks without a marker): a test fails
+  when its memory grows across runs, or when what it keeps once is at least the rule's floor;
+- ``growth``: only growth fails;
+- ``any`` (and a ``vram_budget`` marker's explicit budget): the first run is judged as a test run
+  once is: everything past the budget fails, kept once or not.
+
+Everything here is plain logic: the pytest side (running a test again) is in
+:mod:`pytest_vramleak.plugin.protocol`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .sizes import format_size
+from .verdict import GrowthVerdict, judge_growth
+
+PATTERNS = ("grows", "kept_once", "settled")
+FAIL_ON = ("significant", "growth", "any")
+
+KEPT_FLOOR = 1024**2
+"""The default floor of ``significant``: memory a test keeps once (not growing) fails it from one
+mebibyte on. A cached scalar, a metric's state, a lookup table built once or a tracing constant
+keeps bytes to kilobytes; a model, a batch or an activation a test forgets to drop keeps
+megabytes, and on a GPU every test that keeps one adds it to what the suite holds."""
+
+
+@dataclass
+class Run:
+    """What one run of a test left."""
+
+    leaked_bytes: int
+    """Bytes above the run's own start (never below 0)."""
+    outcome: str
+    history_nodes: int = 0
+    """Autograd nodes made since the first run began that tensors alive after this run keep."""
+    begin_clock: int = 0
+    """The tracker's clock as the run began: storages first seen since are this run's or later ones'."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How a test's runs are judged."""
+
+    leak_budget: int
+    peak_budget: int | None = None
+    tolerance: int = 0
+    fail_on: str = "significant"
+    floor: int = KEPT_FLOOR
+    """``significant``: memory kept once fails from this many bytes on."""
+
+    @property
+    def strict(self) -> bool:
+        return self.fail_on == "any"
+
+
+@dataclass
+class Repetitions:
+    """The runs of one test and their classification; see the module docstring.
+
+    ``planned`` runs in all, the first ``warmup`` of them not measured. In ``confirm`` mode the test
+    ran once as usual and, being over its leak budget, ``planned - 1`` more times.
+    """
+
+    planned: int
+    warmup: int
+    mode: str = "repeat"
+    """``repeat`` (every run planned) or ``confirm`` (re-runs only after a leak)."""
+    runs: list[Run] = field(default_factory=list)
+    stopped: str | None = None
+    """Why the runs stopped before ``planned``: the test failed, skipped or xfailed, a re-run failed."""
+    rerun_failed: bool = False
+    """A run after the first failed: the runs are not used, the first run's verdict stands."""
+    started: int = 0
+    """Runs started, checked or not."""
+
+    @property
+    def wants_more(self) -> bool:
+        return self.stopped is None and self.started < self.planned
+
+    def series(self, adjust: Sequence[int] = ()) -> list[int]:
+        """Memory left after each run, above the first run's start; ``adjust`` is taken off each
+        run's figure (memory set aside: not the test's)."""
+        total, series = 0, []
+        for index, run in enumerate(self.runs):
+            total += run.leaked_bytes - (adjust[index] if index < len(adjust) else 0)
+            series.append(total)
+        return series
+
+    def node_series(self) -> list[int]:
+        """Autograd nodes kept after each run, made by this test's runs."""
+        return [run.history_nodes for run in self.runs]
+
+    def _measured(self, series: list[int]) -> list[int]:
+        base = series[self.warmup - 1] if self.warmup else 0
+        return [value - base for value in series[self.warmup :]]
+
+    def measured(self, adjust: Sequence[int] = ()) -> list[int]:
+        """Memory after each measured run, above what the warm-up runs left."""
+        return self._measured(self.series(adjust))
+
+    def classify(
+        self, tolerance: int, leak_budget: int, device: str, adjust: Sequence[int] = ()
+    ) -> tuple[str | None, GrowthVerdict | None, bool]:
+        """The pattern (or None: nothing was left, or too few runs), the growth verdict it rests
+        on, and whether it is the autograd history (not the storage) that grows."""
+        if self.rerun_failed:
+            return None, None, False
+        measured = self.measured(adjust)
+        if len(measured) < 2:
+            return None, None, False
+        verdict = judge_growth(measured, tolerance, device)
+        if verdict.grows:
+            return "grows", verdict, False
+        nodes = self._measured(self.node_series())
+        if any(nodes):
+            history = judge_growth(nodes, 0, device)
+            if history.grows:
+                return "grows", history, True
+        series = self.series(adjust)
+        kept = series[self.warmup - 1] if self.warmup else 0
+        if verdict.settled_at is not None and not (self.warmup == 0 and verdict.settled_at == 1):
+            return "settled", verdict, False
+        first = series[0] if series else 0
+        if max(first, kept, verdict.kept_bytes) > leak_budget or any(self.node_series()):
+            return "kept_once", verdict, False
+        return None, verdict, False
+
+    def describe(
+        self,
+        pattern: str | None,
+        verdict: GrowthVerdict | None,
+        device: str,
+        *,
+        history: bool = False,
+        adjust: Sequence[int] = (),
+    ) -> str:
+        """A few lines on the runs: the pattern, what each left, and what to do."""
+        series = self.series(adjust)
+        runs = len(self.runs)
+        figures = ", ".join(format_size(value) for value in series)
+        if self.rerun_failed:
+            return (
+                f"ran {self.started} times; memory left by the first run, above its start: {format_size(series[0]) if series else 'not measured'}\n"
+                f"the runs after the first were not used: {self.stopped}; judged on the first run"
+            )
+        head = f"ran {runs} times ({self.warmup} warm-up); memory left after each run, above the first run's start: {figures}"
+        if any(self.node_series()):
+            head += "; autograd nodes kept: " + ", ".join(f"{nodes:,}" for nodes in self.node_series())
+        if pattern is None or verdict is None:
+            if len(self.measured(adjust)) < 2:
+                return f"{head}\nnot classified: {len(self.measured(adjust))} measured run(s), at least 2 are needed"
+            return head
+        measured = runs - self.warmup
+        if pattern == "grows" and history:
+            text = (
+                f"pattern: grows: {verdict.per_step_bytes:,.0f} more autograd nodes kept per run over {measured} measured runs, "
+                "while the tensors' memory does not grow: each run links its graph behind what an earlier run kept"
+            )
+        elif pattern == "grows":
+            text = (
+                f"pattern: grows: {format_size(verdict.per_step_bytes)} more per run over {measured} measured runs "
+                f"({format_size(verdict.kept_bytes)} in total) on {device}: memory is added by every run (or every few), "
+                "a leak that a long run multiplies"
+            )
+        elif pattern == "kept_once":
+            text = (
+                f"pattern: kept_once: the first run left {format_size(series[0] if series else 0)}, and the next "
+                f"{runs - 1} runs left nothing more: state kept once (a cache filled once, lazily built state, the "
+                "gradients of a first backward() on a shared model), not growth"
+            )
+        else:
+            assert verdict.settled_at is not None
+            text = (
+                f"pattern: settled: memory rose until measured run {verdict.settled_at} and then held flat "
+                f"({format_size(verdict.kept_bytes)} kept): a bounded cache that filled up; not growth"
+            )
+        return f"{head}\n{text}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The verdict on a test's runs: outcome, pattern, failure sentence (empty when it passes)."""
+
+    outcome: str
+    pattern: str | None
+    message: str
+    about: str
+    """What the runs showed, a few lines (empty for a test run once)."""
+    kept_bytes: int = 0
+    """What the runs keep, above the first run's start (memory and estimated autograd history)."""
+    grows_history: bool = False
+    growth_bytes: int | None = None
+
+
+def decide(
+    repetitions: Repetitions,
+    first: Any,
+    rule: Rule,
+    *,
+    device: str,
+    adjust: Sequence[int] = (),
+    node_bytes: int = 0,
+) -> Decision:
+    """Judge a test from its first run (``first``, a :class:`~pytest_vramleak.check.CheckResult`:
+    the whole-test leak and the peak) and what each run left, under ``rule`` (see the module
+    docstring). ``adjust``: bytes per run set aside as not the test's (held by PyTorch itself);
+    ``node_bytes``: the estimated size of one kept autograd node."""
+    budget = rule.leak_budget
+    pattern, verdict, history = repetitions.classify(rule.tolerance, budget, device, adjust)
+    series = repetitions.series(adjust)
+    nodes = repetitions.node_series()
+    kept = (series[-1] if series else 0) + (nodes[-1] if nodes else 0) * node_bytes
+    first_kept = (series[0] if series else 0) + (nodes[0] if nodes else 0) * node_bytes
+    if pattern is None and repetitions.rerun_failed:
+        kept = first_kept  # the runs after the first are not used
+    grows = pattern == "grows"
+    peak_over = bool(getattr(first, "over_budget", False))
+    about = (
+        repetitions.describe(pattern, verdict, device, history=history, adjust=adjust)
+        if len(repetitions.runs) > 1 or repetitions.rerun_failed
+        else ""
+    )
+    growth = (
+        series[-1] - (series[repetitions.warmup - 1] if repetitions.warmup else 0)
+        if grows and not history and series
+        else None
+    )
+    left_behind = bool(getattr(first, "left_behind", None))  # process groups, children, ranks: always the test's
+    if rule.strict:  # the first run as a test run once is judged; growth fails too
+        memory_fails = grows or (
+            bool(first.memory_leaked) and (first_kept > budget or bool(getattr(first, "other_leaks", False)))
+        )
+    elif rule.fail_on == "growth":
+        memory_fails = grows or bool(getattr(first, "other_leaks", False))
+    else:  # significant: growth, or memory kept once that matters
+        memory_fails = grows or (kept > budget and kept >= rule.floor) or bool(getattr(first, "other_leaks", False))
+    outcome = "leaked" if memory_fails or left_behind else "over_budget" if peak_over else "passed"
+    if outcome == "passed":
+        return Decision(outcome, pattern, "", about, kept, history, growth)
+    messages = []
+    if memory_fails and rule.strict and not (grows and repetitions.mode == "repeat"):
+        messages.append(first.message)  # the budget's verdict on the first run; the runs say more below
+    elif grows and memory_fails:
+        assert verdict is not None
+        measured = len(repetitions.runs) - repetitions.warmup
+        if history:
+            messages.append(
+                f"autograd history grew {verdict.per_step_bytes:,.0f} nodes per run of the test over {measured} measured runs on "
+                f"{device} (about {format_size(verdict.per_step_bytes * node_bytes)} of host memory per run)"
+            )
+        else:
+            messages.append(
+                f"memory grew {format_size(verdict.per_step_bytes)} per run of the test over {measured} measured runs on {device}, "
+                f"tolerance {format_size(rule.tolerance)}"
+            )
+    elif memory_fails and not rule.strict and not getattr(first, "other_leaks", False):
+        messages.append(
+            f"kept {format_size(kept)} on {device} that it did not let go: memory a test keeps once fails from "
+            f"{format_size(rule.floor)} on (--vramleak-kept-floor)"
+        )
+    elif memory_fails or left_behind or peak_over:
+        messages.append(first.message)
+    if (left_behind or peak_over) and first.message not in messages:
+        messages.append(first.message)
+    if (
+        grows
+        and rule.strict
+        and repetitions.mode == "repeat"
+        and first.outcome != "passed"
+        and first.message
+        and first.message not in messages
+    ):
+        about = f"{about}\nfirst run: {first.message}"
+    return Decision(
+        outcome, pattern, "; ".join(message for message in messages if message), about, kept, history, growth
+    )

@@ -1,0 +1,114 @@
+"""The ``vramleak`` fixture: step checks inside a test, failing it when memory keeps growing."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from ..steps import StepNotRun, StepResult, StepWatcher, step_caller
+from .runs import named_roots
+from .state import BUDGET, CHECK, SETTINGS, TORCH_MISSING, TRACKER, Check, VramLeak, meter_for
+
+
+class VramLeakFixture:
+    """Checks repeated steps for memory growth: ``for i in vramleak.steps(10): train_step()``.
+
+    The first ``warmup`` steps are not measured (ini ``vramleak_warmup``, default 2); memory is
+    measured after each later step, and the test fails when it keeps growing (see
+    docs/reference.md for the rule). A loop left early (``break``, ``return``, an exception the test catches) is judged
+    on the steps measured so far, as the test tears down. ``vramleak.results`` holds every
+    check's figures.
+    """
+
+    def __init__(self, watcher: StepWatcher | None) -> None:
+        self._watcher = watcher
+        """None where torch cannot be imported: the steps run, unchecked."""
+
+    def __repr__(self) -> str:
+        return f"<vramleak fixture: {len(self.results)} step check(s) so far>"
+
+    @property
+    def results(self) -> list[StepResult]:
+        """The step checks run so far in this test."""
+        return self._watcher.results if self._watcher is not None else []
+
+    def steps(
+        self, n: int, *, warmup: int | None = None, max_steps: int | None = None, step: Callable[..., Any] | None = None
+    ) -> Iterator[int]:
+        """Yield ``0 .. n-1``; after the last step, fail the test if memory kept growing. Where
+        the ``n`` steps leave it undecided, up to ``max_steps`` steps run in all until it is decided."""
+        try:
+            n, checked, max_steps = (self._watcher or StepWatcher()).check_arguments(n, warmup, max_steps)
+            warmup = checked if warmup is not None else None
+        except ValueError as error:
+            message = f"vramleak.{error}"
+        else:
+            return self._run(n, warmup, max_steps, step) if self._watcher is not None else iter(range(n))
+        pytest.fail(message, pytrace=False)
+
+    def _run(self, n: int, warmup: int | None, max_steps: int, step: Callable[..., Any] | None) -> Iterator[int]:
+        assert self._watcher is not None
+        yield from self._watcher.steps(n, warmup=warmup, max_steps=max_steps, step=step)
+        result = self._watcher.results[-1]
+        if result.grows:
+            raise VramLeak(result.describe(), pytrace=False)
+
+    def check(
+        self, step: Callable[..., Any], *, steps: int = 10, warmup: int | None = None, max_steps: int | None = None
+    ) -> StepResult:
+        """Call ``step(i)`` (or ``step()``) ``steps`` times (up to ``max_steps`` where that leaves
+        the verdict undecided) and fail the test if memory kept growing."""
+        __tracebackhide__ = True  # a step that raises shows the user's frames, as pytest's own are hidden
+        try:
+            call = step_caller(step)
+            for index in self.steps(steps, warmup=warmup, max_steps=max_steps, step=step):
+                call(index)
+        except StepNotRun as error:
+            message = f"vramleak.{error}"
+        else:
+            if self._watcher is None:
+                return StepResult("none", 0, [], None, reason="not checked: torch is not installed")
+            return self._watcher.results[-1]
+        pytest.fail(message, pytrace=False)
+
+
+@pytest.fixture
+def vramleak(request: pytest.FixtureRequest) -> VramLeakFixture:
+    """Check repeated training or inference steps for memory that keeps growing.
+
+    ``for i in vramleak.steps(n, warmup=2): ...`` or ``vramleak.check(step_fn, steps=n)``; the
+    first ``warmup`` steps are not measured, and the test fails when memory grows across the rest.
+    """
+    settings = request.config.stash[SETTINGS]
+    if request.config.stash.get(TORCH_MISSING, None) is not None:
+        return VramLeakFixture(None)  # the steps run, unchecked, as the header says
+    budget = request.node.stash.get(BUDGET, None)
+    check = request.node.stash.get(CHECK, None)
+    meter = (
+        check.meter
+        if check is not None and check.meter is not None
+        else meter_for(request.node, budget.device if budget else None)
+    )
+    if check is None:
+        check = request.node.stash[CHECK] = Check(None, meter)
+
+    def on_result(result: StepResult) -> None:
+        check.steps.append(result)
+        check.step_leaked = check.step_leaked or result.grows
+        if result.grows and result.stopped_early:
+            check.left_early = result
+
+    watcher = StepWatcher(
+        meter.name,
+        warmup=settings.warmup,
+        tolerance=settings.tolerance,
+        meter=meter,
+        tracker=request.config.stash[TRACKER],
+        record_sites=settings.sites != "off",
+        on_result=on_result,
+        named_roots=functools.partial(named_roots, request.node),
+    )
+    return VramLeakFixture(watcher)

@@ -1,0 +1,110 @@
+"""What outlives the tests that made it: fixtures' tensors alive after their teardown, and older tensors found changed between checks."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from ..holders.snapshot import describe
+from ..tracking.census import StorageKey
+from ..tracking.tracker import StorageRef
+from .state import OUTPUT_ERRORS, TRACKER
+
+DRIFT = pytest.StashKey[list[dict[str, Any]]]()
+"""Older tensors found grown in place, or given gradients, between checks (see :meth:`Tracker.drift`)."""
+DRIFT_SPAN = pytest.StashKey[list[str]]()
+"""The first and the last checked test since the last comparison between checks."""
+
+
+def look_for_drift(config: pytest.Config, *, due: bool) -> None:
+    """Where checks could not afford to compare every storage's size and every leaf's gradient,
+    compare them now, between tests (``due``: as often as keeps the cost small; otherwise
+    whenever a check deferred them), and report what changed, charged to no test."""
+    tracker = config.stash.get(TRACKER, None)
+    if tracker is None or tracker.active or not (tracker.drift_due() if due else tracker.deferred):
+        return
+    first, last = config.stash.get(DRIFT_SPAN, ["", ""])
+    with contextlib.suppress(KeyError):
+        del config.stash[DRIFT_SPAN]
+    try:
+        found = tracker.drift()
+    except Exception as error:  # said in the summary, never a crashed session
+        config.stash[OUTPUT_ERRORS].append(
+            f"could not compare older tensors between checks: {type(error).__name__}: {error}"
+        )
+        return
+    if not found:
+        return
+    where = last if first == last else f"{first} to {last}"
+    devices = sorted({ref.device for ref, _ in found})
+    for device in devices:
+        grown = [(ref, delta) for ref, delta in found if ref.device == device]
+        finding: dict[str, Any] = {"where": where, "device": device, "bytes": sum(delta for _, delta in grown)}
+        try:
+            groups = describe({(ref.device, ref.pointer) for ref, _ in grown}, device)
+        except Exception as error:  # the finding stands without its holders
+            finding["held_by"] = [f"not named: vramleak could not search the heap: {type(error).__name__}: {error}"]
+        else:
+            finding["held_by"] = list(dict.fromkeys(chain for group in groups for chain in group.held_by))[
+                :MAX_FIXTURE_CHAINS
+            ]
+        config.stash.setdefault(DRIFT, []).append(finding)
+
+
+@dataclass
+class FixtureMemory:
+    """Storages a module-, class-, package- or session-scoped fixture created during its setup."""
+
+    name: str
+    scope: str
+    where: str
+    device: str
+    storages: list[StorageRef]
+
+    def alive(self) -> list[tuple[StorageKey, int]]:
+        """The storages still alive, with their sizes."""
+        return [((ref.device, ref.pointer), ref.nbytes) for ref in self.storages if ref() is not None]
+
+
+FIXTURES = pytest.StashKey[list[FixtureMemory]]()
+
+
+MAX_FIXTURE_CHAINS = 3
+
+
+def fixture_leftovers(config: pytest.Config) -> list[dict[str, Any]]:
+    """Fixtures wider than a test whose storages are still alive once every fixture is torn down,
+    with what holds them (a walk of the heap, paid only when some are left)."""
+    leftovers: list[dict[str, Any]] = []
+    memories = config.stash.get(FIXTURES, [])
+    if not any(memory.alive() for memory in memories):
+        return leftovers
+    gc.collect()  # fixture values on reference cycles (a model and its modules' hooks) are garbage, not kept
+    for memory in memories:
+        alive = memory.alive()
+        if not alive:
+            continue
+        leftover: dict[str, Any] = {
+            "fixture": memory.name,
+            "scope": memory.scope,
+            "where": memory.where,
+            "bytes": sum(size for _, size in alive),
+        }
+        try:
+            groups = describe([key for key, _ in alive], memory.device)
+        except Exception as error:  # the finding stands without its holders
+            leftover["held_by"], leftover["diagnoses"] = (
+                [f"not named: vramleak could not search the heap: {type(error).__name__}: {error}"],
+                [],
+            )
+        else:
+            leftover["held_by"] = list(dict.fromkeys(chain for group in groups for chain in group.held_by))[
+                :MAX_FIXTURE_CHAINS
+            ]
+            leftover["diagnoses"] = list(dict.fromkeys(finding for group in groups for finding in group.diagnoses))
+        leftovers.append(leftover)
+    return leftovers

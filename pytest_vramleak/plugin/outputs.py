@@ -1,0 +1,130 @@
+"""The files a run writes as it ends, besides the JSON report: the HTML page and the Markdown
+summary (to a file, or appended to a CI job's summary)."""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+import os
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..reporting.html_report import is_html_path, render_html
+from ..reporting.report import benchmark_entries, render_markdown, write_json, write_text_atomically
+from .leftovers import DRIFT
+from .options import Settings, saved_run_path
+from .state import NOT_WRITTEN, OUTPUT_ERRORS, RESULTS, SETTINGS
+from .summary import header_settings, latest
+
+
+def write_html(
+    config: pytest.Config,
+    path: str,
+    results: list[dict[str, Any]],
+    leftovers: list[dict[str, Any]],
+    drift: list[dict[str, Any]],
+) -> None:
+    write_text_atomically(path, render_html(results, fixtures=leftovers, between_checks=drift, about=run_about(config)))
+
+
+def run_about(config: pytest.Config) -> dict[str, str]:
+    """What the HTML report says of the run under its title."""
+    from importlib.metadata import version
+
+    about = {"generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    about["pytest-vramleak"] = version("pytest-vramleak")
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        about["torch"] = str(torch.__version__)
+    about["python"] = sys.version.split()[0]
+    about["settings"] = header_settings(config)
+    return about
+
+
+def write_markdown(config: pytest.Config, results: list[dict[str, Any]]) -> None:
+    """The Markdown summary, to ``--vramleak-markdown`` or appended to ``$GITHUB_STEP_SUMMARY``."""
+    path = config.stash[SETTINGS].markdown
+    if not results:
+        return
+    if path:
+        write_text_atomically(path, render_markdown(results))
+    elif os.environ.get("GITHUB_STEP_SUMMARY"):
+        with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as stream:  # other steps append there too
+            stream.write(render_markdown(results))
+
+
+def write_outputs(session: pytest.Session, settings: Settings, leftovers: list[dict[str, Any]]) -> None:
+    """Write every file the run asked for (the Markdown summary, the saved run, the reports, the
+    benchmark figures), each on its own: one that fails is said in the summary, the others are
+    written, and the run's exit status says so. A run that ran no test writes none."""
+    config = session.config
+    results = latest(config.stash[RESULTS])
+    drift: list[dict[str, Any]] = config.stash.get(DRIFT, [])
+    outputs: list[tuple[str, Callable[[], None]]] = [("the Markdown summary", lambda: write_markdown(config, results))]
+    if settings.save and session.exitstatus == pytest.ExitCode.INTERRUPTED:
+        config.stash[OUTPUT_ERRORS].append(
+            f"the run was interrupted: the saved run {settings.save!r} was left as it was"
+        )
+    elif settings.save:
+        figures = {
+            r["nodeid"]: {name: r[name] for name in ("device", "peak_bytes", "end_bytes", "leaked_bytes")}
+            for r in results
+            if r["outcome"] != "unchecked"
+        }
+        path = saved_run_path(config.rootpath, settings.save)
+        outputs.append(
+            (
+                f"the saved run to {path}",
+                lambda: write_text_atomically(path, json.dumps({"version": 1, "tests": figures}, indent=2) + "\n"),
+            )
+        )
+    for report in settings.report_paths:
+        if is_html_path(report):
+            outputs.append(
+                (
+                    f"the HTML report to {report}",
+                    functools.partial(write_html, config, report, results, leftovers, drift),
+                )
+            )
+        else:
+            about = {**run_about(config), "host": socket.gethostname()}
+            write_report = functools.partial(
+                write_json, report, results, fixtures=leftovers, between_checks=drift, about=about
+            )
+            outputs.append((f"the JSON report to {report}", write_report))
+    if settings.benchmark_json:
+        benchmark = json.dumps(benchmark_entries(results), indent=2) + "\n"
+        outputs.append(
+            (
+                f"the benchmark figures to {settings.benchmark_json}",
+                functools.partial(write_text_atomically, settings.benchmark_json, benchmark),
+            )
+        )
+    recorder = config.pluginmanager.get_plugin("vramleak-recorder")
+    if recorder is not None and not recorder.ran:
+        # --collect-only, -k matching nothing, a collection error: the last real run's files stay.
+        files = [*settings.report_paths, settings.benchmark_json, settings.markdown]
+        if settings.save:
+            files.append(str(saved_run_path(config.rootpath, settings.save)))
+        config.stash[NOT_WRITTEN] = [str(file) for file in files if file]
+        return
+    errors = config.stash[OUTPUT_ERRORS]
+    for what, write in outputs:
+        try:
+            write()
+        except Exception as error:  # the others are still written; the summary says what failed
+            errors.append(f"could not write {what}: {type(error).__name__}: {error}")
+    if errors and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.USAGE_ERROR
+
+
+def trace_folder(config: pytest.Config) -> Path:
+    """Snapshots go next to the (first) report, or into ``.vramleak-traces`` under the root folder."""
+    report = next(iter(config.stash[SETTINGS].report_paths), None)
+    return Path(report).resolve().parent / "vramleak-traces" if report else config.rootpath / ".vramleak-traces"

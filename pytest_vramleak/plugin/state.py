@@ -1,0 +1,175 @@
+"""What the plugin's hooks and the runs of a checked test share: the failure a leak raises, one
+test's check in progress, and the keys under which pytest's stash keeps them."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from ..check import LeakCheck
+from ..judging.verdict import Budget
+from ..meters.devices import DeviceUnavailable, Meter, make_meter, resolve_device
+from ..reporting.report import TestResult
+from ..steps import StepResult
+from ..tracking.tracker import Tracker
+from .options import Settings
+
+MARKER = "vram_budget"
+EXEMPT_MARKER = "allow_vram_leak"
+
+
+class VramLeak(pytest.fail.Exception):  # type: ignore[name-defined,misc]
+    """A test leaked or went over its peak budget."""
+
+    __module__ = "builtins"  # shown as "VramLeak: ..." like pytest's own "Failed: ..."
+
+
+@dataclass
+class Check:
+    """One test's check in progress: the engine's check, and what pytest's phases told about it."""
+
+    budget: Budget | None
+    """None for a test checked only through the vramleak fixture."""
+    meter: Meter | None = None
+    engine: LeakCheck | None = None
+    started: bool = False
+    unchecked_reason: str | None = None
+    error: str | None = None
+    steps: list[StepResult] = field(default_factory=list)
+    step_leaked: bool = False
+    left_early: StepResult | None = None
+    """A step loop left early that grew: it fails the test as it tears down."""
+    call_passed: bool = False
+    call_failed: bool = False
+    """The test's call failed on its own: checked once, on what remains once its traceback is let go."""
+    result: TestResult | None = None
+
+
+SETTINGS = pytest.StashKey[Settings]()
+RESULTS = pytest.StashKey[list[dict[str, Any]]]()
+CHECK = pytest.StashKey[Check]()
+BUDGET = pytest.StashKey[Budget | None]()
+TRACKER = pytest.StashKey[Tracker]()
+ACTIVE = pytest.StashKey[Check | None]()
+"""The check of the test being set up, run or torn down."""
+REPEAT = pytest.StashKey[int]()
+"""Runs of a test whose marker says ``repeat=``."""
+MARKED = pytest.StashKey[bool]()
+"""Set on a test whose own ``vram_budget`` marker gives its budget (judged strictly by default)."""
+TORCH_MISSING = pytest.StashKey[str | None]()
+"""Why torch cannot be imported here (None where it can): marked tests then run unchecked."""
+SKIPPED = pytest.StashKey[bool]()
+"""Set on a test skipped because torch or its device is missing: no check is set up for it."""
+FIXTURE_DEFS = pytest.StashKey[dict[int, pytest.FixtureDef[Any]]]()
+"""Fixtures wider than a test that were set up, so that what their values hold is named after them."""
+
+
+def pasteable(config: pytest.Config, nodeid: str) -> str:
+    """A test id relative to where pytest was invoked, as pytest's own short summary prints it,
+    so that it can be pasted back on the command line (ids are relative to the rootdir)."""
+    invoked = config.invocation_params.dir
+    if invoked == config.rootpath:
+        return nodeid
+    path, separator, rest = nodeid.partition("::")
+    return os.path.relpath(config.rootpath / path, invoked) + separator + rest
+
+
+TORCH_IMPORT_ERROR: list[str] = []
+
+
+def import_torch() -> Any | None:
+    """torch, or None where it is not installed (the reason is kept for skip messages)."""
+    try:
+        import torch
+    except ImportError as error:
+        if not TORCH_IMPORT_ERROR:
+            TORCH_IMPORT_ERROR.append(str(error))
+        return None
+    return torch
+
+
+def why_unavailable(spec: str) -> str | None:
+    """Why a check on device ``spec`` cannot run here, if so."""
+    torch = import_torch()
+    if torch is None:
+        return f"vramleak: torch is not installed ({TORCH_IMPORT_ERROR[0]})"
+    try:
+        resolve_device(spec, torch)
+    except DeviceUnavailable as error:
+        return f"vramleak: {error}"
+    return None
+
+
+def meter_for(item: pytest.Item, device_spec: str | None) -> Meter:
+    """The meter for a test, or a skip naming what is missing."""
+    torch = import_torch()
+    if torch is None:
+        pytest.skip(f"vramleak: torch is not installed ({TORCH_IMPORT_ERROR[0]})")
+    spec = device_spec or item.config.stash[SETTINGS].device
+    try:
+        return make_meter(resolve_device(spec, torch), torch)
+    except DeviceUnavailable as error:
+        pytest.skip(f"vramleak: {error}")
+
+
+OUTPUT_ERRORS = pytest.StashKey[list[str]]()
+NOT_WRITTEN = pytest.StashKey[list[str]]()
+"""The files a run that ran no test left as they were."""
+
+
+def check_device_option(config: pytest.Config, spec: str) -> None:
+    """A device asked for on the command line or in the ini file that is not there stops the run
+    at start: a GPU job on a runner without a GPU must not pass having checked nothing."""
+    torch = import_torch()
+    if torch is None:
+        return
+    try:
+        resolve_device(spec, torch)
+    except DeviceUnavailable as error:
+        _, source = option_and_source(config, "vramleak_device")
+        seen = ", ".join(
+            ["cpu"]
+            + [
+                f"{kind} ({backend.device_count()} device(s))"
+                for kind in ("cuda", "xpu")
+                for backend in [getattr(torch, kind, None)]
+                if backend is not None and backend.is_available()
+            ]
+        )
+        raise pytest.UsageError(f"{source}={spec}: {error}; torch {torch.__version__} sees: {seen}") from None
+
+
+def drop_fixture_values(item: pytest.Item) -> None:
+    """Drop the test's fixture values now, as pytest does right after the teardown phase.
+
+    Function-scoped fixtures are finalised by then, but ``item.funcargs`` still refers to their
+    values until pytest resets it; a list fixture the test appended tensors to would otherwise
+    look leaked. Done only when a leak is suspected, so ordinary tests keep pytest's timing.
+    """
+    funcargs = getattr(item, "funcargs", None)
+    if isinstance(funcargs, dict):
+        funcargs.clear()
+
+
+def option_and_source(config: pytest.Config, ini_name: str) -> tuple[Any, str]:
+    """The value of a setting and where it came from, for error messages."""
+    value = config.getoption(ini_name)
+    if value is not None:
+        return value, "--" + ini_name.replace("_", "-")
+    return config.getini(ini_name), f"ini option {ini_name}"
+
+
+def skipped_by_mark(item: pytest.Item) -> bool:
+    """Whether pytest will skip the test by its marks as its setup starts, read without evaluating
+    anything: a ``skip`` mark, or a ``skipif`` whose condition is ``True`` (a condition pytest
+    must evaluate, a string, is left to pytest: the check then begins as for any test)."""
+    if item.get_closest_marker("skip") is not None:
+        return True
+    for mark in item.iter_markers("skipif"):
+        conditions = mark.args if mark.args else (mark.kwargs.get("condition"),)
+        if any(condition is True for condition in conditions):
+            return True
+    return False

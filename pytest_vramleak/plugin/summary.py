@@ -1,0 +1,209 @@
+"""The *vramleak summary* at the end of a run: the tests that leaked most, what tests keep once,
+fixtures and older tensors that kept memory, and lines worth reading. Plain text, from the JSON
+records of the run (so a pytest-xdist controller renders its workers' results the same way)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+
+from ..judging.sizes import format_size
+from ..meters.devices import DeviceUnavailable, resolve_device
+from ..reporting.report import leaked_figure
+from ..tracking.tracker import COMPARED_PER_CHECK
+from .options import CHECK_ONLY, OPTIONS, Settings
+from .state import MARKER, RESULTS, SETTINGS
+
+MAX_CHAINS = 3
+"""Holder chains shown per test or fixture."""
+
+CYCLE_NOTE_BYTES = 1024**2
+"""Memory left to the cycle collector that the summary mentions without -v."""
+
+
+def _same(nodeid: str) -> str:
+    return nodeid
+
+
+def summary_lines(
+    results: Sequence[dict[str, Any]],
+    *,
+    fixtures: Sequence[dict[str, Any]] = (),
+    between_checks: Sequence[dict[str, Any]] = (),
+    releases: tuple[int, int] = (0, 0),
+    verbosity: int = 0,
+    shown_id: Callable[[str], str] = _same,
+) -> list[str]:
+    """Every line of the summary (none where there is nothing to say). ``shown_id`` turns a test
+    id into the one printed: relative to where pytest was invoked, so it can be pasted back."""
+    lines = offenders(results, verbosity, shown_id)
+    count, released = releases
+    if count:
+        lines.append(
+            f"released the CUDA caching allocator's cache {count} times between tests, "
+            f"{format_size(released)} in all (--vramleak-release-above)"
+        )
+    for leftover in fixtures:
+        lines.append(
+            f"fixture {leftover['fixture']!r} ({leftover['scope']} scope, {leftover['where']}"
+            + (f", worker {leftover['worker']}" if leftover.get("worker") else "")
+            + ") still holds "
+            f"{format_size(leftover['bytes'])} it allocated, after its teardown"
+        )
+        lines += [f"    held by {chain}" for chain in leftover.get("held_by", [])]
+        lines += [f"    diagnosis: {finding}" for finding in leftover.get("diagnoses", [])]
+    for finding in between_checks:
+        worker = f" (worker {finding['worker']})" if finding.get("worker") else ""
+        lines.append(
+            f"older tensors grew in place or were given gradients, {format_size(finding['bytes'])} on {finding['device']}, "
+            f"during {finding['where']}{worker} (this process holds over {COMPARED_PER_CHECK:,} storages or leaves: checks "
+            "compare their sizes and gradients between tests, and watch each backward pass, so no test is charged)"
+        )
+        lines += [f"    held by {chain}" for chain in finding.get("held_by", [])]
+    for result in results:
+        if result.get("settled_after_step") is not None:
+            lines += [f"{shown_id(result['nodeid'])}: {note}" for note in result.get("notes", []) if "settled" in note]
+        # a step check that could not tell growth from noise passes the test unjudged: say so
+        undecided = [
+            note for note in [result.get("reason") or "", *result.get("notes", [])] if note.startswith("undecided: ")
+        ]
+        lines += [f"{shown_id(result['nodeid'])}: {note}" for note in undecided]
+    # Memory a reference cycle kept until collection is worth a line when it is large; with -v, always.
+    least = 1 if verbosity > 0 else CYCLE_NOTE_BYTES
+    # (a test failing --vramleak-strict-cycles says it in its failure)
+    cycles = sorted(
+        (r for r in results if (r.get("cycle_bytes") or 0) >= least and r.get("outcome") == "passed"),
+        key=lambda r: -r["cycle_bytes"],
+    )
+    for result in cycles[:5]:
+        lines.append(
+            f"{shown_id(result['nodeid'])}: {format_size(result['cycle_bytes'])} lived in reference cycles until garbage "
+            "collection (not a leak; on a GPU it raises the peak until collected)"
+        )
+    if len(cycles) > 5:
+        lines.append(f"... and {len(cycles) - 5} more tests left tensors to the cycle collector")
+    return lines
+
+
+def offenders(results: Sequence[dict[str, Any]], verbosity: int, shown_id: Callable[[str], str] = _same) -> list[str]:
+    """The tests that leaked most, and with ``-v`` the highest peaks: five of each, all with ``-vv``."""
+    shown = None if verbosity > 1 else 5
+    lines = []
+    leaks = sorted(
+        (r for r in results if r["outcome"] == "leaked" and leaked_figure(r)), key=lambda r: -leaked_figure(r)
+    )
+    if leaks:
+        lines.append("largest leaks:")
+        lines += [
+            f"  {format_size(leaked_figure(r)):>10}  {shown_id(r['nodeid'])} ({_leak_kind(r)})" for r in leaks[:shown]
+        ]
+    # (what the other runs' figures set aside as PyTorch's or pytest's leaves some with nothing to show)
+    kept = [
+        r
+        for r in results
+        if r["outcome"] != "leaked"
+        and r.get("pattern") in ("kept_once", "settled")
+        and (r.get("leaked_bytes") or _history_nodes(r))
+    ]
+    if kept:
+        lines.append(f"memory kept once, not growing (passed: {_why_kept_passes(results)}):")
+        for r in sorted(kept, key=lambda r: -(r.get("leaked_bytes") or 0))[:shown]:
+            nodes = _history_nodes(r)
+            history = f", autograd history of {nodes} nodes" if nodes else ""
+            lines.append(
+                f"  {format_size(r.get('leaked_bytes') or 0):>10}  {shown_id(r['nodeid'])} ({_leak_kind(r)}{history})"
+            )
+            holders = [chain for group in r.get("tensors", []) for chain in group.get("held_by", [])]
+            lines += [f"              held by {chain}" for chain in holders[:MAX_CHAINS]]
+        if len(kept) > (shown or len(kept)):
+            lines.append(f"  ... and {len(kept) - (shown or 0)} more (-vv lists them all)")
+    peaks = sorted((r for r in results if r.get("peak_bytes")), key=lambda r: -r["peak_bytes"])
+    if peaks and verbosity > 0:
+        lines.append("highest peaks above baseline:")
+        lines += [
+            f"  {format_size(r['peak_bytes']):>10}  {shown_id(r['nodeid'])} ({r['device']})" for r in peaks[:shown]
+        ]
+    return lines
+
+
+def _history_nodes(result: dict[str, Any]) -> int:
+    return int((result.get("details") or {}).get("history_nodes") or 0)
+
+
+def _why_kept_passes(results: Sequence[dict[str, Any]]) -> str:
+    rules = {
+        r.get("rule") for r in results if r.get("pattern") in ("kept_once", "settled") and r["outcome"] != "leaked"
+    }
+    if rules == {"growth"}:
+        return "--vramleak-fail-on=growth"
+    return "below --vramleak-kept-floor" if rules <= {"significant"} else "their rule"
+
+
+def _leak_kind(result: dict[str, Any]) -> str:
+    """``cpu``, ``cpu, grew across steps``, ``cpu, kept once`` ...: the device and the leak's pattern."""
+    if result.get("pattern"):
+        return f"{result['device']}, {result['pattern'].replace('_', ' ')}"
+    return f"{result['device']}, grew across steps" if not result.get("leaked_bytes") else str(result["device"])
+
+
+def header_settings(config: pytest.Config) -> str:
+    """The effective device and settings, e.g. ``device cpu, checking every test (--vramleak), step warm-up 2``."""
+    settings = config.stash[SETTINGS]
+    scope = "every test (--vramleak)" if settings.every_test else f"tests marked {MARKER}"
+    torch = sys.modules.get("torch")  # not imported here only to say which device: it takes seconds
+    try:
+        device = resolve_device(settings.device, torch) if torch is not None else settings.device
+    except (DeviceUnavailable, ValueError) as error:
+        device = f"{settings.device} ({error})"
+    report = f", report {', '.join(settings.report_paths)}" if settings.report_paths else ""
+    return f"device {device}, checking {scope}, {rule_text(settings)}, step warm-up {settings.warmup}{report}"
+
+
+def rule_text(settings: Settings) -> str:
+    """How leaks fail tests, in a few words for the header."""
+    runs = f"a leaking test runs {settings.confirm} more times" if settings.confirm else "tests run once"
+    if settings.repeat > 1:
+        runs = f"each test runs {settings.repeat} times"
+    floor = format_size(settings.kept_floor)
+    rules = {
+        "significant": f"failing growth or memory kept once from {floor}",
+        "growth": "failing growth only",
+        "any": "failing any leak past the budget",
+    }
+    if settings.fail_on is not None:
+        return f"{runs}, {rules[settings.fail_on]}"
+    return f"{runs}, failing growth or memory kept once from {floor} (marked tests: any leak past their budget)"
+
+
+def latest(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per test, the last reported: a test run again (a rerun plugin, a crashed xdist
+    worker's test run elsewhere) is listed once."""
+    return list({result["nodeid"]: result for result in results}.values())
+
+
+def idle_options(config: pytest.Config) -> list[str]:
+    """The options given that act on checked tests only, in a run that ran tests and checked none."""
+    given = [
+        "--" + option.ini.replace("_", "-") if config.getoption(option.ini) is not None else f"ini option {option.ini}"
+        for option in OPTIONS
+        if option.ini in CHECK_ONLY
+        and (config.getoption(option.ini) is not None or str(config.getini(option.ini)) != option.default)
+    ]
+    recorder = config.pluginmanager.get_plugin("vramleak-recorder")
+    if (
+        not given
+        or recorder is None
+        or not recorder.ran
+        or any(result["outcome"] != "unchecked" for result in config.stash.get(RESULTS, []))
+    ):
+        return []
+    return given
+
+
+def status_word(word: str) -> Any:
+    """The verbose word of a failed test (``LEAKED``), in red where pytest's short summary takes a
+    word with its markup (newer pytest); before, the summary would print the pair itself."""
+    return (word, {"red": True}) if hasattr(pytest.TestReport, "_get_verbose_word_with_markup") else word

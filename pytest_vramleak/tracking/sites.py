@@ -1,0 +1,549 @@
+"""Where leaked tensors were allocated: the innermost lines of the user's code, and their callers.
+
+A tensor's Python object is allocated when torch returns the tensor to Python, in the frame of
+the code that asked for it. While :class:`SiteRecorder` runs, Python's ``tracemalloc`` notes the
+stack of every allocation, so the stack of a tensor's object is where the user's code made it.
+Nothing is put between the user's code and torch: error tracebacks, warnings and code compiled
+by ``torch.compile`` are exactly as without it. Tracing every allocation is not free (Python
+code that allocates much runs up to twice as slow meanwhile), so it runs only where asked: the
+first measured steps of a step check, and checked tests with ``--vramleak-sites=on``.
+
+Tensors made inside C++ and handed to Python later (a gradient ``backward()`` made, read later
+through ``.grad``) get the site where Python first saw them, or none.
+"""
+
+from __future__ import annotations
+
+import ast
+import ctypes
+import functools
+import importlib.util
+import linecache
+import os
+import sys
+import sysconfig
+import tracemalloc
+import types
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .census import is_tensor_type, storage_facts, tensor_storages
+
+MAX_CALLERS = 3
+FRAMES_TRACED = 16
+FRAMES_FOR_CPP_HELD = 4
+"""Frames traced where what a test keeps is held from C++ alone: where it was made, and its
+nearest callers. tracemalloc's cost grows with the frames it records (16 cost test code heavy in
+small allocations 25x, 4 cost 8x)."""
+_PLUGIN_DIR = os.path.dirname(os.path.dirname(__file__)) + os.sep  # the package, every layer of it
+
+
+@functools.lru_cache(maxsize=1)
+def code_folders() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """Library code a site never points into (torch, this plugin), and the code that runs the
+    user's (pytest, pluggy, the start of a thread or of a multiprocessing process), where a stack
+    stops."""
+    import multiprocessing
+    import threading
+
+    import torch
+
+    def folder(module: Any) -> str:
+        return os.path.dirname(module.__file__ or "") + os.sep
+
+    def installed_folder(name: str) -> str:
+        # found without importing: only the pytest layer imports pytest
+        spec = importlib.util.find_spec(name)
+        return os.path.dirname(spec.origin) + os.sep if spec is not None and spec.origin else os.sep + "\0"
+
+    paths = sysconfig.get_paths()
+    installed = tuple({paths["purelib"] + os.sep, paths["platlib"] + os.sep})
+    standard = tuple({paths["stdlib"] + os.sep, paths["platstdlib"] + os.sep} - set(installed))
+    runner = (
+        installed_folder("pytest"),
+        os.path.dirname(installed_folder("pytest").rstrip(os.sep)) + os.sep + "_pytest" + os.sep,
+        installed_folder("pluggy"),
+        folder(multiprocessing),
+        threading.__file__,
+    )
+    return (folder(torch), _PLUGIN_DIR), runner, standard, installed
+
+
+Site = tuple[str, int, str]
+"""A place in the user's code: file name, line, function (empty where not known)."""
+
+
+def site_text(site: Site) -> str:
+    """``file:line in function()``, or ``file:line`` where the function is not known."""
+    filename, line, function = site
+    text = f"{_short_path(filename)}:{line}"
+    return f"{text} in {function}()" if function else text
+
+
+# Expressions that run in a frame of their own, named as CPython names their code (comprehensions
+# other than generator expressions run inline from 3.12 on: PEP 709).
+_SCOPE_NAMES: dict[type, str] = {ast.Lambda: "<lambda>", ast.GeneratorExp: "<genexpr>"}
+if sys.version_info < (3, 12):
+    _SCOPE_NAMES.update({ast.ListComp: "<listcomp>", ast.SetComp: "<setcomp>", ast.DictComp: "<dictcomp>"})
+
+
+@functools.lru_cache(maxsize=64)
+def _functions_by_line(filename: str, stamp: tuple[int, int]) -> tuple[tuple[int, int, str], ...]:
+    """``(first line, last line, name)`` of every function in a source file, innermost last."""
+    source = "".join(linecache.getlines(filename))
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return ()
+    spans = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            spans.append((node.lineno, node.col_offset, node.end_lineno or node.lineno, node.name))
+        elif isinstance(node, ast.expr) and type(node) in _SCOPE_NAMES:
+            spans.append((node.lineno, node.col_offset, node.end_lineno or node.lineno, _SCOPE_NAMES[type(node)]))
+    return tuple((first, last, name) for first, _, last, name in sorted(spans, key=lambda span: span[:2]))
+
+
+def enclosing_function(filename: str, line: int, outer: int = 0) -> str:
+    """The name of the innermost function whose body holds ``line`` (``outer`` levels out from
+    it), read from the source (tracemalloc records files and lines only), or ``""`` at a module's
+    or class's top level."""
+    try:
+        status = os.stat(filename)
+    except OSError:
+        return ""
+    # spans are sorted by start: the last match is the innermost
+    names = [
+        function
+        for first, last, function in _functions_by_line(filename, (status.st_mtime_ns, status.st_size))
+        if first <= line <= last
+    ]
+    return names[-1 - outer] if outer < len(names) else ""
+
+
+def name_frames(stack: Sequence[tuple[str, int, Any]]) -> tuple[Site, ...]:
+    """Each frame of a stack (innermost first) with the function it ran. Frames on one line are
+    nested scopes, innermost first (``(lambda: torch.ones(3))()`` in a test): the caller of a
+    lambda on its own line is the function around the lambda, not the lambda again."""
+    named: list[Site] = []
+    outer = 0
+    for filename, line, _ in stack:
+        if named and named[-1][:2] == (filename, line):
+            # Called from the same line: from around the lambda or comprehension the inner frame
+            # ran (a function calling itself on one line is that function again).
+            outer += named[-1][2].startswith("<")
+        else:
+            outer = 0
+        named.append((filename, line, enclosing_function(filename, line, outer)))
+    return tuple(named)
+
+
+@functools.lru_cache(maxsize=1024)
+def resolve_path(name: str) -> str:
+    """The file a name torch's profiler gives (relative to the ``sys.path`` entry it was found
+    under, as ``torch/nn/functional.py``) stands for, or the name itself where none matches."""
+    if os.path.isabs(name) or name.startswith("<"):
+        return name
+    for entry in sys.path:
+        candidate = os.path.join(entry or os.getcwd(), name)
+        if os.path.isfile(candidate):
+            return os.path.abspath(candidate)
+    return name
+
+
+def _short_path(filename: str) -> str:
+    try:
+        relative = os.path.relpath(filename)
+    except ValueError:
+        return filename
+    return filename if relative.startswith("..") else relative
+
+
+def frame_kind_of_file(filename: str) -> str:
+    """``user``, ``library`` (torch, this plugin, the standard library) or ``runner`` (pytest,
+    pluggy) for a file name."""
+    library, runner, standard, installed = code_folders()
+    if filename.startswith(runner):
+        return "runner"
+    if filename.startswith(library) or filename.startswith("<") or not filename:
+        return "library"
+    if filename.startswith(standard) and not filename.startswith(installed):
+        return "library"  # copy.deepcopy, functools: a site names the user's line that called them
+    if is_loaded_standard_library(filename):
+        return "library"  # the same, loaded from where sysconfig does not say (a zip of the standard library)
+    return "user"
+
+
+_STANDARD_NAMES = frozenset(getattr(sys, "stdlib_module_names", ())) - {"test", "__main__"}
+"""The standard library's top-level module names, less ``test``: a project's tests are often a
+package of that name, and the standard library's own tests are never what a test suite runs."""
+_MODULE_NAMESPACE: Any = vars(types.ModuleType)["__dict__"]
+
+
+@dataclass
+class _LoadedStandard:
+    modules: int = -1
+    """How many modules were loaded when the files below were read."""
+    files: frozenset[str] = frozenset()
+    folders: tuple[str, ...] = ()
+
+
+_loaded_standard = _LoadedStandard()
+
+
+def is_loaded_standard_library(filename: str) -> bool:
+    """Whether a file is a module of the standard library that is loaded, or in the folder of one
+    of its packages, wherever it was loaded from: a zip of the standard library, an install whose
+    place sysconfig does not give. A module of the user's that has a standard module's name (in
+    the working folder, or installed) is not."""
+    known = _loaded_standard
+    if known.modules != len(sys.modules):
+        known.modules = len(sys.modules)
+        known.files, known.folders = _standard_library_files()
+    return filename in known.files or filename.startswith(known.folders)
+
+
+def _standard_library_files() -> tuple[frozenset[str], tuple[str, ...]]:
+    _, _, _, installed = code_folders()
+    here = os.getcwd() + os.sep
+    files: set[str] = set()
+    folders: set[str] = set()
+    for name, module in list(sys.modules.items()):
+        if name.partition(".")[0] not in _STANDARD_NAMES or not issubclass(type(module), types.ModuleType):
+            continue
+        namespace = _MODULE_NAMESPACE.__get__(module)  # read without running any code of the module's
+        path = namespace.get("__file__") if type(namespace) is dict else None
+        if type(path) is not str or not os.path.isabs(path) or path.startswith(installed) or path.startswith(here):
+            continue
+        if namespace.get("__path__") is not None:
+            folders.add(os.path.dirname(path) + os.sep)
+        else:
+            files.add(path)
+    return frozenset(files), tuple(sorted(folders))
+
+
+def user_sites(frames: list[tuple[str, int, str]]) -> tuple[Site, ...]:
+    """The innermost frames of a stack (innermost first) that belong to the user's code, library
+    frames between them left out, up to the test runner's frames."""
+    stack: list[Site] = []
+    for filename, line, function in frames:
+        kind = frame_kind_of_file(filename)
+        if kind == "user":
+            stack.append((filename, line, function))
+            if len(stack) > MAX_CALLERS:
+                break
+        elif kind == "runner" and stack:
+            break
+    return tuple(stack)
+
+
+def describe_stack(stack: tuple[Site, ...]) -> str:
+    """``a.py:3 in f(), called from test_b.py:9 in test_b()``."""
+    if not stack:
+        return "unknown"
+    return ", called from ".join(site_text(site) for site in stack)
+
+
+class SiteSource(Protocol):
+    """Anything that can say where a tensor's storage was allocated."""
+
+    def site_of(self, tensor: Any, storage: Any) -> tuple[Site, ...] | None: ...
+
+
+@dataclass
+class Sites:
+    """Several sources asked in turn: the first that knows a storage answers. A source that knows
+    where the tensor object itself was made (:class:`SiteRecorder`) also says where a view kept
+    of the storage was made (:meth:`view_site_of`)."""
+
+    sources: list[SiteSource] = field(default_factory=list)
+
+    def site_of(self, tensor: Any, storage: Any) -> tuple[Site, ...] | None:
+        for source in self.sources:
+            stack = source.site_of(tensor, storage)
+            if stack:
+                return stack
+        return None
+
+    def made_inside_library(self, obj: Any) -> bool | None:
+        """What the first source that knows says of who made ``obj`` (see :meth:`SiteRecorder.made_inside_library`)."""
+        for source in self.sources:
+            ask = getattr(source, "made_inside_library", None)
+            known = ask(obj) if ask is not None else None
+            if known is not None:
+                return bool(known)
+        return None
+
+    def view_site_of(self, tensor: Any, storage: Any) -> tuple[Site, ...] | None:
+        """Where the tensor object kept was made, where that is not where its storage was
+        allocated (``inputs[0].detach()`` in a hook keeps the batch the test made)."""
+        storage_stack = next(
+            (
+                stack
+                for source in self.sources
+                if type(source) is StorageSites
+                for stack in [source.site_of(tensor, storage)]
+                if stack
+            ),
+            None,
+        )
+        if not storage_stack:
+            return None
+        for source in self.sources:
+            if type(source) is SiteRecorder:
+                stack = source.object_site_of(tensor)
+                if stack and stack[0] != storage_stack[0]:
+                    return stack
+        return None
+
+
+_GC_HEADER = 2 * ctypes.sizeof(ctypes.c_void_p)
+_HAVE_GC = 1 << 14
+_MANAGED_DICT = 1 << 4
+
+
+@functools.lru_cache(maxsize=1)
+def _raw_traceback() -> Any | None:
+    """CPython's lookup of a memory block's traceback by address (3.11 needs it: see :func:`_frames_of`)."""
+    try:
+        function = ctypes.pythonapi._PyTraceMalloc_GetTraceback
+    except (AttributeError, OSError):
+        return None
+    function.restype = ctypes.py_object
+    function.argtypes = [ctypes.c_uint, ctypes.c_size_t]
+    return function
+
+
+def _frames_of(obj: Any) -> list[tuple[str, int, str]] | None:
+    """The stack (innermost first) where ``obj`` was allocated while tracemalloc ran, or None.
+
+    Python 3.11's ``tracemalloc.get_object_traceback`` misses objects whose class keeps their
+    ``__dict__`` before the object (every Python subclass of a C type, ``torch.Tensor`` among
+    them), so there the block's address is computed here and looked up directly: a lookup in
+    tracemalloc's table that never reads the memory at that address.
+    """
+    if sys.version_info >= (3, 12) or sys.version_info < (3, 11):
+        traceback = tracemalloc.get_object_traceback(obj)
+        return None if traceback is None else [(frame.filename, frame.lineno, "") for frame in reversed(traceback)]
+    lookup = _raw_traceback()
+    if lookup is None:
+        return None
+    flags = type(obj).__flags__
+    header = (_GC_HEADER if flags & _HAVE_GC else 0) + (_GC_HEADER if flags & _MANAGED_DICT else 0)
+    raw = lookup(0, id(obj) - header)
+    return None if raw is None else [(filename, line, "") for filename, line in raw]
+
+
+class _Allocator(ctypes.Structure):
+    """CPython's ``PyMemAllocatorEx``."""
+
+    _fields_ = [(name, ctypes.c_void_p) for name in ("ctx", "malloc", "calloc", "realloc", "free")]
+
+
+_RAW_DOMAIN = 0  # PYMEM_DOMAIN_RAW
+
+
+@functools.lru_cache(maxsize=1)
+def _allocator_functions() -> tuple[Any, Any] | None:
+    """``PyMem_GetAllocator`` and ``PyMem_SetAllocator``, or None where the interpreter lacks them.
+    (From a handle of the plugin's own, so that the argument types set here are no one else's.)"""
+    try:
+        api = ctypes.PyDLL(ctypes.pythonapi._name, handle=ctypes.pythonapi._handle)
+        get, set_ = api.PyMem_GetAllocator, api.PyMem_SetAllocator
+    except (AttributeError, OSError):
+        return None
+    for function in (get, set_):
+        function.restype = None
+        function.argtypes = [ctypes.c_int, ctypes.POINTER(_Allocator)]
+    return get, set_
+
+
+def start_tracing(frames: int) -> None:
+    """``tracemalloc.start(frames)``, with its hook on the raw domain (``PyMem_RawMalloc``) taken out.
+
+    Threads that do not hold the GIL call the raw domain: a native thread taking the GIL for the
+    first time allocates its thread state there (a gloo worker dropping the last reference to a
+    tensor's Python object, a ctypes callback, any C++ thread calling back into Python).
+    tracemalloc's hook waits for the GIL before it records the block; where the thread that holds
+    the GIL stops tracemalloc meanwhile, the hook then records into the freed tables and the
+    process dies of a segmentation fault (CPython gh-128679: fixed in 3.12.9 and 3.13.2, never
+    in 3.10 or 3.11). Sites need only where Python objects were made (the object domain, always
+    called with the GIL held), so the raw domain keeps the allocator it had: no thread waits in
+    tracemalloc when it stops. ``tracemalloc.stop()`` puts back that same allocator. (A thread that
+    enters the hook in the instant between the two calls below still waits there, and gets the GIL
+    at the next switch between threads: only a traced block shorter than the switch interval,
+    ``sys.getswitchinterval()``, could end before.)
+    """
+    functions = _allocator_functions()
+    raw = _Allocator()
+    if functions is not None:
+        functions[0](_RAW_DOMAIN, ctypes.byref(raw))
+    tracemalloc.start(frames)
+    if functions is not None:
+        functions[1](_RAW_DOMAIN, ctypes.byref(raw))
+
+
+class SiteRecorder:
+    """Records where tensors are made while it runs; see the module docstring.
+
+    Where the user's own code already runs tracemalloc, it is used as it is and left running.
+    """
+
+    def __init__(self) -> None:
+        # id(storage) -> (data pointer, size, stack): an id and a data pointer together are reused
+        # only when a new storage takes both the old storage object's place and its memory.
+        self._sites: dict[int, tuple[int, int, tuple[Site, ...]]] = {}
+        self._objects: dict[int, tuple[Site, ...]] = {}
+        """Where each tensor object captured was made, by id: asked while those tensors live."""
+        self._inside_library: dict[int, bool] = {}
+        """By id of each object captured: whether library code (torch) made it, not the user's."""
+        self._owns_tracing = False
+
+    @property
+    def tracing(self) -> bool:
+        return tracemalloc.is_tracing()
+
+    def start(self, frames: int = FRAMES_TRACED) -> None:
+        if not tracemalloc.is_tracing():
+            start_tracing(frames)
+            self._owns_tracing = True
+
+    def stop(self) -> None:
+        """Stop tracing (the sites captured so far stay known)."""
+        if self._owns_tracing:
+            self._owns_tracing = False
+            if tracemalloc.is_tracing():
+                tracemalloc.stop()
+
+    def capture(self, pairs: list[tuple[Any, Any]]) -> None:
+        """Note now, while tracing runs, where each ``(tensor, storage)`` pair's tensor was made."""
+        if not tracemalloc.is_tracing():
+            return
+        for tensor, storage in pairs:
+            frames = _frames_of(tensor)
+            if frames and not frames[0][0].startswith(_PLUGIN_DIR):
+                self._inside_library[id(tensor)] = frame_kind_of_file(frames[0][0]) != "user"
+            stack = self._stack(tensor, frames)
+            if stack:
+                self._objects[id(tensor)] = stack
+                facts = storage_facts(storage)
+                if facts is not None:
+                    self._sites[id(storage)] = (facts[1], facts[2], stack)
+
+    def made_inside_library(self, obj: Any) -> bool | None:
+        """Whether library code (torch's own) made this tensor or storage object, rather than a
+        line of the user's calling it (None where not known)."""
+        return self._inside_library.get(id(obj))
+
+    def _stack(self, tensor: Any, frames: list[tuple[str, int, str]] | None = None) -> tuple[Site, ...]:
+        frames = _frames_of(tensor) if frames is None else frames
+        if not frames or frames[0][0].startswith(_PLUGIN_DIR):
+            return ()  # an object the plugin itself made, reading a tensor: no site of the user's
+        return user_sites(frames)  # functions are named as a site is asked for: reading the source costs
+
+    @staticmethod
+    def _named(stack: tuple[Site, ...]) -> tuple[Site, ...]:
+        return name_frames(stack)
+
+    def object_site_of(self, tensor: Any) -> tuple[Site, ...] | None:
+        """Where the tensor object itself was made, as captured or while tracing runs."""
+        known = self._objects.get(id(tensor))
+        if known is not None:
+            return self._named(known)
+        if not tracemalloc.is_tracing():
+            return None
+        return self._named(self._stack(tensor)) or None
+
+    def site_of(self, tensor: Any, storage: Any) -> tuple[Site, ...] | None:
+        """Where ``tensor`` (whose storage is ``storage``) was made, if recorded."""
+        known = self._sites.get(id(storage))
+        facts = storage_facts(storage) if known is not None else None
+        if known is not None and facts is not None and known[:2] == facts[1:]:
+            return self._named(known[2])
+        if tracemalloc.is_tracing():
+            return self._named(self._stack(tensor)) or None
+        return None
+
+    def clear(self) -> None:
+        self._sites.clear()
+        self._objects.clear()
+
+
+class StorageSites:
+    """Where storages were allocated, seen from the tensors the user's functions hold as they return.
+
+    :class:`SiteRecorder` sees where a Python tensor object was made. A tensor kept through a view
+    (``inputs[0].detach()`` in a hook, a slice) is a new object made where the view was taken,
+    while its storage was allocated where the batch was made, by a tensor that may be gone by the
+    time a leak is named. So while this recorder runs (in one run of a test already found
+    leaking), each function of the user's code that returns has its local tensors (and what it
+    returns) noted: the first tensor seen with a storage is where that storage was made, as
+    tracemalloc recorded it. It runs as a trace function on the test's thread, for calls only
+    (line events off); where a tracer runs already (coverage, a debugger), it records nothing.
+    """
+
+    def __init__(self) -> None:
+        self._storages: dict[tuple[int, int], tuple[Site, ...]] = {}
+        self._tracing = False
+        self._known_files: dict[str, bool] = {}
+
+    def start(self) -> None:
+        if sys.gettrace() is not None or not tracemalloc.is_tracing():
+            return
+        self._tracing = True
+        sys.settrace(self._call)
+
+    def stop(self) -> None:
+        if self._tracing:
+            self._tracing = False
+            if sys.gettrace() == self._call:
+                sys.settrace(None)
+
+    def _user_file(self, filename: str) -> bool:
+        known = self._known_files.get(filename)
+        if known is None:
+            known = self._known_files[filename] = frame_kind_of_file(filename) == "user"
+        return known
+
+    def _call(self, frame: Any, event: str, argument: Any) -> Any:
+        if not self._tracing or not self._user_file(frame.f_code.co_filename):
+            return None
+        frame.f_trace_lines = False
+        return self._returning
+
+    def _returning(self, frame: Any, event: str, argument: Any) -> Any:
+        if event == "return" and self._tracing:
+            try:
+                self._note([*frame.f_locals.values(), argument])
+            except Exception:  # a frame that will not say: nothing noted
+                pass
+        return self._returning if self._tracing else None
+
+    def _note(self, values: list[Any]) -> None:
+        for value in values:
+            if not is_tensor_type(type(value)):
+                continue
+            import torch
+
+            with torch._C.DisableTorchFunction():
+                storages = tensor_storages(value)
+            for storage in storages:
+                facts = storage_facts(storage)  # (None for torch.compile's fake tensors: reading their pointer warns)
+                if facts is None:
+                    continue
+                key = (facts[1], facts[2])
+                if key[0] and key not in self._storages:
+                    frames = _frames_of(value)
+                    if frames and not frames[0][0].startswith(_PLUGIN_DIR):
+                        self._storages[key] = user_sites(frames)
+
+    def site_of(self, tensor: Any, storage: Any) -> tuple[Site, ...] | None:
+        facts = storage_facts(storage)
+        if facts is None:
+            return None
+        stack = self._storages.get((facts[1], facts[2]))
+        return SiteRecorder._named(stack) if stack else None
+
+    def clear(self) -> None:
+        self._storages.clear()

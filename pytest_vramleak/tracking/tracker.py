@@ -1,0 +1,386 @@
+"""Per-test accounting of tensor storages at the cost of what the test did, not of what the process holds.
+
+A census (:mod:`pytest_vramleak.tracking.census`) walks every object of the heap; with torch loaded that is
+10^5 objects or more, and reading every live tensor costs about two microseconds each. A check
+around every test cannot afford either. The tracker keeps, across tests, four parts:
+
+- the **index** (:mod:`pytest_vramleak.tracking.index`): every known tensor and storage under a weak
+  reference, with what it held when last read; storage deaths arrive by callback;
+- the **ledger** (:mod:`pytest_vramleak.tracking.ledger`): births, growths and deaths stamped with the
+  tracker's clock, and what they say a test leaked, less what older storages freed;
+- the **watches** (:mod:`pytest_vramleak.tracking.watches`): the changes to older tensors that no young
+  object shows (gradients written by backward, growth in place, graphs given in place), and
+  the exhaustive comparisons deferred to between tests (:meth:`Tracker.drift`);
+- the **graphs** (:mod:`pytest_vramleak.tracking.graphs`): the autograd history a test left alive.
+
+This module runs them around a test. As its setup starts, ``gc.freeze()`` makes scans and
+collections see only the objects made since, so each observation costs what the test made: the
+young Python tensors and storage objects are read, what died is known from the callbacks, and
+the totals follow.
+
+**Why it sees what a census would see.** A storage a census counts is reached from a Python
+tensor or storage object T, directly, as T's gradient, or through T's autograd graph.
+
+1. T was made since the last freeze: T is not frozen, so the scan of each observation finds it
+   and reads it whole (storages, gradient, graph). Objects made between two checked tests are in
+   the young generations when the next test begins, and are indexed then.
+2. T is older: it is in the index, with what it held when last read. What it holds can change
+   only when one of its storages dies (the index reads its users again) or in the ways the
+   watches look for, each argued in :mod:`pytest_vramleak.tracking.watches`.
+
+Where the heap is frozen by someone else (a conftest that froze it, or a test that freezes it),
+nothing is frozen by the tracker: it notices (a young sentinel object made at each freeze goes
+missing from its scans, or the freeze count is not zero when a test begins), indexes the whole
+heap once, and from then on each scan walks every unfrozen object: correct, and slower. Where a
+test unfreezes the heap, an old sentinel frozen with it shows up in the next scan: older garbage
+may then be collected, so from there on what older storages free offsets nothing (it is reported
+as older garbage freed: :meth:`~pytest_vramleak.tracking.ledger.Ledger.close_offsets`).
+
+Accelerators have allocator counters (see :mod:`pytest_vramleak.meters.devices`); there the tracker is
+asked only to name what leaked, and reads every indexed tensor on that device then.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, NamedTuple
+
+from .census import _torch, whole_heap
+from .freezing import HeapFreeze
+from .graphs import NODE_BYTES, KeptGraph, graph_clock, kept_graph, young_graph
+from .index import Index
+from .ledger import Ledger
+from .refs import Entry, StorageRef
+from .watches import COMPARED_PER_CHECK, Watches
+
+__all__ = [
+    "COMPARED_PER_CHECK",
+    "NODE_BYTES",
+    "REFREEZE_AFTER_SECONDS",
+    "Entry",
+    "KeptGraph",
+    "Mark",
+    "StorageRef",
+    "Tracker",
+    "graph_clock",
+]
+
+REFREEZE_AFTER_SECONDS = 0.002
+"""An observation that spent longer than this collecting and scanning young objects (a step
+that imported modules, a set-up that built much) freezes them, so later observations skip them."""
+
+
+class Mark(NamedTuple):
+    """One observation: the tracker's clock, and autograd's counter for the next one to compare with."""
+
+    clock: int
+    graphs: int | None
+    """This thread's autograd sequence counter right after the observation."""
+
+
+class Tracker:
+    """Indexes tensors and storages of every device; see the module docstring."""
+
+    def __init__(self, device: str | None = None, *, defer: bool = False) -> None:
+        self.device = device
+        """The device the tracker's owner measures (the tracker itself indexes every device)."""
+        self.ledger = Ledger()
+        self.index = Index(self.ledger)
+        self.watches = Watches(self.index, defer=defer)
+        """``defer``: whether observations may leave the comparison of many older tensors (more
+        than :data:`COMPARED_PER_CHECK`) to :meth:`drift` between checks: the plugin's tracker,
+        whose owner runs that between tests. A tracker made for one check in a script compares
+        them at every observation: nothing else would."""
+        self.stale = True
+        """Set when code ran untracked since :meth:`end`: the next :meth:`begin` indexes the whole heap."""
+        self.unindexed = False
+        """Set when a check ended that never observed (its allocator counted): what it kept is not indexed."""
+        self.begin_graphs: int | None = None
+        """This thread's autograd sequence counter as the current test began: nodes numbered from
+        it on were made by the test."""
+        self.settled: list[tuple[int, int, str]] = []
+        """What the last :meth:`settle` freed: when each storage was first seen, its bytes and device."""
+        self.full_reads = 0
+        """How many times every indexed tensor was read again (for tests and benchmarks)."""
+        self._observed = False
+        self.freeze = HeapFreeze(self)
+
+    # -- the protocol around a test -------------------------------------------------------------
+
+    def begin(self, *, index: bool = True) -> None:
+        """A checked test's setup starts: index what is new, collect young garbage, freeze the heap.
+
+        ``index=False`` where an allocator counts the memory: nothing is read unless a leak must
+        be named (see :meth:`catch_up`).
+        """
+        if self.freeze.frozen_by_others():
+            self.stale = True
+        if index and (self.stale or self.unindexed):
+            self._rebuild()
+        elif self.freeze.foreign:
+            gc.collect()  # older garbage goes before the test, so it cannot offset what the test leaks
+            if index:
+                self._scan()
+        else:
+            if index:
+                self.index.read_generations((0, 1))  # made since the last checked test ended
+            gc.collect(1)  # young garbage earlier tests left in cycles goes now, not after this test
+        self.index.process_dead()  # storages that died before the test: not the test's doing
+        self.index.kinds.join_capable()
+        self.index.kinds.make_plain(self.ledger.take_young_tensors(), self.index.entries)
+        self.ledger.start()
+        self.begin_graphs = graph_clock(_torch()) if index else None
+        self._observed = False
+        self.watches.start()
+        self.freeze.freeze()
+
+    def end(self) -> None:
+        """The test is over: unfreeze the heap (older cycles are collected by Python's own schedule)."""
+        self.index.process_dead()
+        begun = self.ledger.begun
+        if begun and not self._observed and self.freeze.froze:
+            # A test that ended before its check observed anything (skipped by a marker as its
+            # set-up began, a set-up error): what it made and kept is young, so reading it now
+            # costs what it did, where indexing the heap again before the next test costs the heap.
+            self._scan()
+        elif begun and not self._observed:
+            self.unindexed = True  # what this test made and kept is not indexed
+        self.ledger.begun = False
+        self.watches.stop()
+        self.freeze.thaw()
+
+    @property
+    def active(self) -> bool:
+        """Whether a test's tracking is under way (between :meth:`begin` and :meth:`end`)."""
+        return self.ledger.begun
+
+    @property
+    def clock(self) -> int:
+        return self.ledger.clock
+
+    @property
+    def begin_clock(self) -> int:
+        return self.ledger.begin_clock
+
+    @property
+    def deferred(self) -> bool:
+        """Set when a check left an exhaustive comparison (sizes, gradients) to :meth:`drift`."""
+        return self.watches.deferred
+
+    @property
+    def grad_reads(self) -> int:
+        """How many times the gradients of every indexed leaf were compared."""
+        return self.watches.grad_reads
+
+    # -- observing ------------------------------------------------------------------------------
+
+    def observe(
+        self, *, collect: bool = True, since: Mark | None = None, watch: bool = True, generations: int = 2
+    ) -> Mark:
+        """Collect young garbage, note what died, read what is young, and return the moment.
+
+        With ``since`` (an earlier observation of the same test) and ``watch``, also look at
+        what is older for changes since then (:mod:`pytest_vramleak.tracking.watches`). Leave ``watch``
+        off where an allocator counts the memory. ``generations=1`` collects the youngest two of
+        the unfrozen generations only: where garbage left in the oldest is frozen next and cannot
+        die before the measurements that follow (a step loop's baseline).
+        """
+        started = time.perf_counter()
+        offsets_before = len(self.ledger.freed)
+        if collect:
+            gc.collect(generations)  # while frozen: what was made since the freeze only
+        graphs = graph_clock(_torch()) if watch else None
+        self.ledger.clock += 1
+        self._observed = True
+        self.index.process_dead()
+        if self._scan(thaw=self.freeze.watching_thaw):
+            self._someone_thawed(offsets_before)
+        scanned = time.perf_counter() - started
+        if watch and since is not None:
+            self.watches.look(graphs is None or since.graphs is None or graphs != since.graphs)
+        # (only just after a collection: young garbage not yet collected would be frozen with the
+        # rest, kept as if alive and out of the collections that follow: a cycle the body left)
+        if self.freeze.froze and collect and scanned > REFREEZE_AFTER_SECONDS:
+            self.freeze.refreeze()
+        return Mark(self.clock, graphs)
+
+    def drift_due(self) -> bool:
+        """Whether :meth:`drift` should run now (see :meth:`Watches.drift_due`)."""
+        return self.watches.drift_due()
+
+    def drift(self) -> list[tuple[StorageRef, int]]:
+        """What the comparisons deferred to between checks find: see :meth:`Watches.drift`."""
+        return self.watches.drift()
+
+    def index_young(self) -> None:
+        """Index what was made since the freeze (before someone unfreezes the heap for a while)."""
+        if self.freeze.froze:
+            self.index.process_dead()
+            self._scan()
+
+    def settle(self) -> Counter[str]:
+        """Collect every generation, the frozen ones too (cycles that outlived an observation),
+        and note what died. Costs a walk of the whole heap: for confirming a suspected leak.
+        Older storages it frees offset nothing (garbage older than the test cannot hide a leak:
+        :mod:`pytest_vramleak.tracking.ledger`). What died is in :attr:`settled`."""
+        self.index_young()
+        if self.freeze.froze:
+            gc.unfreeze()
+            try:
+                gc.collect()
+            finally:
+                self.freeze.refreeze()
+        else:
+            gc.collect()
+        self.ledger.clock += 1
+        before: Counter[str] = Counter(self.ledger.older_garbage)
+        self.settled = []
+        self.index.process_dead(offsets=False, deaths=self.settled)
+        freed: Counter[str] = self.ledger.older_garbage - before
+        return freed
+
+    def refrozen(self) -> None:
+        """The heap was unfrozen for a while and frozen again (see :func:`census.whole_heap`)."""
+        self.freeze.refrozen()
+
+    @contextmanager
+    def unfrozen(self) -> Iterator[None]:
+        """The whole heap visible for a while (a holder search needs all of it)."""
+        with whole_heap():
+            yield
+
+    def freeze_young(self) -> None:
+        """Freeze what is young now (as a baseline is taken): later observations read only what
+        is made after. Older tensors' changes are watched as ever."""
+        if self.freeze.froze:
+            self.freeze.refreeze()
+
+    def _scan(self, *, thaw: bool = False) -> bool:
+        """Read every tensor and storage object in the unfrozen generations; with ``thaw``, say
+        whether the old sentinel is among them (someone unfroze the heap: see :meth:`begin`)."""
+        found = self.index.scan(self.freeze.markers(thaw))
+        someone_froze, thawed = self.freeze.read(found, thaw)
+        found.clear()
+        if someone_froze:
+            self._someone_froze()
+        return thawed
+
+    def _someone_froze(self) -> None:
+        """The test froze the heap itself: what it made since the tracker's freeze is frozen too.
+
+        Index the whole heap once (what is new is young), and from now on leave freezing to it.
+        """
+        self.freeze.give_up(thawed=False)
+        with whole_heap():
+            self._scan()
+
+    def _someone_thawed(self, offsets_since: int) -> None:
+        """The test unfroze the heap: garbage older than the test can now be collected, and what
+        older storages die from here on cannot offset a leak (it may be that garbage); nor can
+        what died in the observation that found it out (from ``offsets_since`` in the list)."""
+        self.freeze.give_up(thawed=True)
+        self.ledger.close_offsets(offsets_since)
+
+    def _rebuild(self) -> None:
+        """Index every tensor and storage of the heap (the first check, and after untracked code ran)."""
+        self.index.clear()
+        self.ledger.young_tensors = []
+        with whole_heap():
+            # Garbage indexed here (cycles of untracked code) can only die after the test that
+            # follows: frozen meanwhile, it offsets nothing.
+            self.index.process_dead()
+            self._scan()
+        self.stale = self.unindexed = False
+
+    def catch_up(self) -> None:
+        """Read everything again before naming a leak the allocator found.
+
+        What the test made is young and read as such; where earlier checks did not index what
+        they kept (:attr:`unindexed`), the rest of the heap is indexed as older than the test.
+        """
+        self._observed = True
+        self.index.process_dead()
+        self._scan()
+        if self.unindexed or self.stale:
+            self.ledger.born_override = self.begin_clock - 1
+            try:
+                with whole_heap():
+                    self._scan()
+            finally:
+                self.ledger.born_override = None
+            self.unindexed = self.stale = False
+        self.read_all()
+
+    def read_all(self) -> None:
+        """Read every indexed tensor and storage again."""
+        self.full_reads += 1
+        self.index.read_all()
+
+    # -- what the ledger and the index say -----------------------------------------------------
+
+    def total(self, device: str) -> int:
+        """Bytes of the known live storages on ``device``."""
+        return self.index.totals[device]
+
+    def created(self, device: str, *, since: int, before: int | None = None) -> list[StorageRef]:
+        """Live storages on ``device`` first seen after clock ``since`` (and before ``before``)."""
+        return self.ledger.created(device, since=since, before=before)
+
+    def freed_older(self, device: str, *, since: int) -> int:
+        """Bytes of storages older than the test that died or shrank after clock ``since``."""
+        return self.ledger.freed_older(device, since=since)
+
+    def grown_older(self, device: str, *, since: int) -> list[tuple[StorageRef, int]]:
+        """Live storages that existed at clock ``since`` and grew in place after it, with the growth."""
+        return self.ledger.grown_older(device, since=since)
+
+    def is_young(self, ref: StorageRef) -> bool:
+        """Whether the storage was first seen since the test began."""
+        return self.ledger.is_young(ref)
+
+    def adopt(self, refs: list[StorageRef]) -> None:
+        """These storages belong to a fixture of a wider scope set up during the test: never the test's."""
+        self.ledger.adopt(refs)
+
+    def adopted_alive(self, device: str) -> list[StorageRef]:
+        """Live storages on ``device`` that fixtures of a wider scope made during the current test."""
+        return self.ledger.adopted_alive(device)
+
+    def alive_since(self, device: str, clock: int, before: int | None = None) -> list[StorageRef]:
+        """Live storages on ``device`` first seen at ``clock`` or later (and before ``before``)."""
+        return self.index.alive_since(device, clock, before)
+
+    def users(self, refs: list[StorageRef]) -> list[Any]:
+        """The live indexed tensors that used these storages when last read (strong references)."""
+        return self.index.users(refs)
+
+    def pairs(self, refs: list[StorageRef]) -> list[tuple[Any, Any]]:
+        """``(tensor, storage)`` for each live indexed tensor that used one of these storages when last read."""
+        return self.index.pairs(refs)
+
+    def kept_graph(
+        self, *, threshold: int | None = None, entries: list[Entry] | None = None, before: int | None = None
+    ) -> KeptGraph:
+        """The autograd nodes made since ``threshold`` (the test's start by default), and before
+        ``before`` where given, that tensors alive now keep: through the tensors read since the
+        test began and the older ones it changed in place. Call after an observation."""
+        threshold = self.begin_graphs if threshold is None else threshold
+        roots = self.ledger.young_tensors + list(self.ledger.inplace.values()) if entries is None else entries
+        return kept_graph(roots, threshold, before)
+
+    def young_graph(self, threshold: int | None, before: int | None = None) -> KeptGraph:
+        """:func:`graphs.young_graph`: the history kept through tensors made since the freeze."""
+        return young_graph(threshold, before)
+
+    def entries_since_run(self, clock: int) -> list[Entry]:
+        """The roots :meth:`kept_graph` reads for the runs of a test since ``clock``: the live
+        tensors first read since, and the older ones the last run changed in place."""
+        return self.index.entries_born_since(clock) + list(self.ledger.inplace.values())
+
+    def entries_born_since(self, clock: int) -> list[Entry]:
+        """Live indexed tensors first read at ``clock`` or later (a walk of the index: for a leak)."""
+        return self.index.entries_born_since(clock)
