@@ -315,7 +315,11 @@ def test_the_report_schema_is_valid_json_schema_and_ships_in_the_package() -> No
     from jsonschema import Draft202012Validator
 
     for name in ("report", "saved-run"):
-        text = resources.files("pytest_vramleak").joinpath("schemas", f"{name}.schema.json").read_text(encoding="utf-8")
+        text = (
+            resources.files("pytest_vramleak")
+            .joinpath("reporting", "schemas", f"{name}.schema.json")
+            .read_text(encoding="utf-8")
+        )
         Draft202012Validator.check_schema(json.loads(text))
         assert load(name) == json.loads(text)
 
