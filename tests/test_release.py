@@ -69,7 +69,7 @@ def test_scheduler_runs_between_tests_and_reports(pytester: pytest.Pytester, mon
 
     cuda = FakeCuda(total=10 * GIB)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    import pytest_vramleak.plugin as plugin
+    import pytest_vramleak.plugin.session as plugin
 
     monkeypatch.setattr(plugin, "ReleaseScheduler", lambda backend, fraction: ReleaseScheduler(cuda, fraction))
     import sys

@@ -10,7 +10,7 @@ import pytest
 
 from ..steps import StepNotRun, StepResult, StepWatcher, step_caller
 from .runs import named_roots
-from .state import BUDGET, CHECK, SETTINGS, TORCH_MISSING, TRACKER, Check, VramLeak, meter_for
+from .state import BUDGET, CHECK, Check, VramLeak, meter_for, session_of
 
 
 class VramLeakFixture:
@@ -82,8 +82,10 @@ def vramleak(request: pytest.FixtureRequest) -> VramLeakFixture:
     ``for i in vramleak.steps(n, warmup=2): ...`` or ``vramleak.check(step_fn, steps=n)``; the
     first ``warmup`` steps are not measured, and the test fails when memory grows across the rest.
     """
-    settings = request.config.stash[SETTINGS]
-    if request.config.stash.get(TORCH_MISSING, None) is not None:
+    session = session_of(request.config)
+    settings = session.settings
+    assert settings is not None
+    if session.torch_missing is not None:
         return VramLeakFixture(None)  # the steps run, unchecked, as the header says
     budget = request.node.stash.get(BUDGET, None)
     check = request.node.stash.get(CHECK, None)
@@ -106,7 +108,7 @@ def vramleak(request: pytest.FixtureRequest) -> VramLeakFixture:
         warmup=settings.warmup,
         tolerance=settings.tolerance,
         meter=meter,
-        tracker=request.config.stash[TRACKER],
+        tracker=session.tracker,
         record_sites=settings.sites != "off",
         on_result=on_result,
         named_roots=functools.partial(named_roots, request.node),

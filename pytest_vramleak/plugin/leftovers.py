@@ -2,40 +2,31 @@
 
 from __future__ import annotations
 
-import contextlib
 import gc
 from dataclasses import dataclass
-from typing import Any
-
-import pytest
+from typing import TYPE_CHECKING, Any
 
 from ..holders.snapshot import describe
 from ..tracking.census import StorageKey
 from ..tracking.tracker import StorageRef
-from .state import OUTPUT_ERRORS, TRACKER
 
-DRIFT = pytest.StashKey[list[dict[str, Any]]]()
-"""Older tensors found grown in place, or given gradients, between checks (see :meth:`Tracker.drift`)."""
-DRIFT_SPAN = pytest.StashKey[list[str]]()
-"""The first and the last checked test since the last comparison between checks."""
+if TYPE_CHECKING:
+    from .session import VramleakSession
 
 
-def look_for_drift(config: pytest.Config, *, due: bool) -> None:
+def look_for_drift(session: VramleakSession, *, due: bool) -> None:
     """Where checks could not afford to compare every storage's size and every leaf's gradient,
     compare them now, between tests (``due``: as often as keeps the cost small; otherwise
     whenever a check deferred them), and report what changed, charged to no test."""
-    tracker = config.stash.get(TRACKER, None)
+    tracker = session.tracker
     if tracker is None or tracker.active or not (tracker.drift_due() if due else tracker.deferred):
         return
-    first, last = config.stash.get(DRIFT_SPAN, ["", ""])
-    with contextlib.suppress(KeyError):
-        del config.stash[DRIFT_SPAN]
+    first, last = session.drift_span or ["", ""]
+    session.drift_span = None
     try:
         found = tracker.drift()
     except Exception as error:  # said in the summary, never a crashed session
-        config.stash[OUTPUT_ERRORS].append(
-            f"could not compare older tensors between checks: {type(error).__name__}: {error}"
-        )
+        session.output_errors.append(f"could not compare older tensors between checks: {type(error).__name__}: {error}")
         return
     if not found:
         return
@@ -52,7 +43,7 @@ def look_for_drift(config: pytest.Config, *, due: bool) -> None:
             finding["held_by"] = list(dict.fromkeys(chain for group in groups for chain in group.held_by))[
                 :MAX_FIXTURE_CHAINS
             ]
-        config.stash.setdefault(DRIFT, []).append(finding)
+        session.drift.append(finding)
 
 
 @dataclass
@@ -70,17 +61,14 @@ class FixtureMemory:
         return [((ref.device, ref.pointer), ref.nbytes) for ref in self.storages if ref() is not None]
 
 
-FIXTURES = pytest.StashKey[list[FixtureMemory]]()
-
-
 MAX_FIXTURE_CHAINS = 3
 
 
-def fixture_leftovers(config: pytest.Config) -> list[dict[str, Any]]:
+def fixture_leftovers(session: VramleakSession) -> list[dict[str, Any]]:
     """Fixtures wider than a test whose storages are still alive once every fixture is torn down,
     with what holds them (a walk of the heap, paid only when some are left)."""
     leftovers: list[dict[str, Any]] = []
-    memories = config.stash.get(FIXTURES, [])
+    memories = session.fixtures
     if not any(memory.alive() for memory in memories):
         return leftovers
     gc.collect()  # fixture values on reference cycles (a model and its modules' hooks) are garbage, not kept

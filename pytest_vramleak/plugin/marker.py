@@ -9,7 +9,7 @@ import pytest
 from ..judging.sizes import SizeError, parse_size
 from ..judging.verdict import Budget
 from .options import check_device_spec
-from .state import MARKER, REPEAT, SETTINGS
+from .state import MARKER, REPEAT, session_of
 
 
 def parse_marker(item: pytest.Item, mark: pytest.Mark) -> Budget:
@@ -36,9 +36,9 @@ def parse_marker(item: pytest.Item, mark: pytest.Mark) -> Budget:
             f"{where}: unknown keyword {unknown[0]!r}; use peak, leak, device, repeat, reserved or pinned"
         )
     if "repeat" in mark.kwargs and mark.kwargs["repeat"] is not None:
-        item.stash[REPEAT] = check_repeat(
-            mark.kwargs["repeat"], item.config.stash[SETTINGS].warmup, f"{where}(repeat=...)"
-        )
+        settings = session_of(item.config).settings
+        assert settings is not None
+        item.stash[REPEAT] = check_repeat(mark.kwargs["repeat"], settings.warmup, f"{where}(repeat=...)")
     if mark.args and "peak" in mark.kwargs:
         raise pytest.UsageError(f"{where}: peak given both by position and by keyword")
     values = {

@@ -11,29 +11,32 @@ import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from ..reporting.html_report import is_html_path, render_html
 from ..reporting.report import benchmark_entries, render_markdown, write_json, write_text_atomically
-from .leftovers import DRIFT
 from .options import Settings, saved_run_path
-from .state import NOT_WRITTEN, OUTPUT_ERRORS, RESULTS, SETTINGS
 from .summary import header_settings, latest
+
+if TYPE_CHECKING:
+    from .session import VramleakSession
 
 
 def write_html(
-    config: pytest.Config,
+    settings: Settings,
     path: str,
     results: list[dict[str, Any]],
     leftovers: list[dict[str, Any]],
     drift: list[dict[str, Any]],
 ) -> None:
-    write_text_atomically(path, render_html(results, fixtures=leftovers, between_checks=drift, about=run_about(config)))
+    write_text_atomically(
+        path, render_html(results, fixtures=leftovers, between_checks=drift, about=run_about(settings))
+    )
 
 
-def run_about(config: pytest.Config) -> dict[str, str]:
+def run_about(settings: Settings) -> dict[str, str]:
     """What the HTML report says of the run under its title."""
     from importlib.metadata import version
 
@@ -43,13 +46,12 @@ def run_about(config: pytest.Config) -> dict[str, str]:
     if torch is not None:
         about["torch"] = str(torch.__version__)
     about["python"] = sys.version.split()[0]
-    about["settings"] = header_settings(config)
+    about["settings"] = header_settings(settings)
     return about
 
 
-def write_markdown(config: pytest.Config, results: list[dict[str, Any]]) -> None:
+def write_markdown(path: str | None, results: list[dict[str, Any]]) -> None:
     """The Markdown summary, to ``--vramleak-markdown`` or appended to ``$GITHUB_STEP_SUMMARY``."""
-    path = config.stash[SETTINGS].markdown
     if not results:
         return
     if path:
@@ -59,18 +61,19 @@ def write_markdown(config: pytest.Config, results: list[dict[str, Any]]) -> None
             stream.write(render_markdown(results))
 
 
-def write_outputs(session: pytest.Session, settings: Settings, leftovers: list[dict[str, Any]]) -> None:
+def write_outputs(session: pytest.Session, owner: VramleakSession) -> None:
     """Write every file the run asked for (the Markdown summary, the saved run, the reports, the
     benchmark figures), each on its own: one that fails is said in the summary, the others are
     written, and the run's exit status says so. A run that ran no test writes none."""
-    config = session.config
-    results = latest(config.stash[RESULTS])
-    drift: list[dict[str, Any]] = config.stash.get(DRIFT, [])
-    outputs: list[tuple[str, Callable[[], None]]] = [("the Markdown summary", lambda: write_markdown(config, results))]
+    config, settings, leftovers = session.config, owner.settings, owner.leftovers
+    assert settings is not None
+    results = latest(owner.results)
+    drift = owner.drift
+    outputs: list[tuple[str, Callable[[], None]]] = [
+        ("the Markdown summary", lambda: write_markdown(settings.markdown, results))
+    ]
     if settings.save and session.exitstatus == pytest.ExitCode.INTERRUPTED:
-        config.stash[OUTPUT_ERRORS].append(
-            f"the run was interrupted: the saved run {settings.save!r} was left as it was"
-        )
+        owner.output_errors.append(f"the run was interrupted: the saved run {settings.save!r} was left as it was")
     elif settings.save:
         figures = {
             r["nodeid"]: {name: r[name] for name in ("device", "peak_bytes", "end_bytes", "leaked_bytes")}
@@ -89,11 +92,11 @@ def write_outputs(session: pytest.Session, settings: Settings, leftovers: list[d
             outputs.append(
                 (
                     f"the HTML report to {report}",
-                    functools.partial(write_html, config, report, results, leftovers, drift),
+                    functools.partial(write_html, settings, report, results, leftovers, drift),
                 )
             )
         else:
-            about = {**run_about(config), "host": socket.gethostname()}
+            about = {**run_about(settings), "host": socket.gethostname()}
             write_report = functools.partial(
                 write_json, report, results, fixtures=leftovers, between_checks=drift, about=about
             )
@@ -106,15 +109,14 @@ def write_outputs(session: pytest.Session, settings: Settings, leftovers: list[d
                 functools.partial(write_text_atomically, settings.benchmark_json, benchmark),
             )
         )
-    recorder = config.pluginmanager.get_plugin("vramleak-recorder")
-    if recorder is not None and not recorder.ran:
+    if not owner.ran:
         # --collect-only, -k matching nothing, a collection error: the last real run's files stay.
         files = [*settings.report_paths, settings.benchmark_json, settings.markdown]
         if settings.save:
             files.append(str(saved_run_path(config.rootpath, settings.save)))
-        config.stash[NOT_WRITTEN] = [str(file) for file in files if file]
+        owner.not_written = [str(file) for file in files if file]
         return
-    errors = config.stash[OUTPUT_ERRORS]
+    errors = owner.output_errors
     for what, write in outputs:
         try:
             write()
@@ -124,7 +126,7 @@ def write_outputs(session: pytest.Session, settings: Settings, leftovers: list[d
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
 
 
-def trace_folder(config: pytest.Config) -> Path:
+def trace_folder(settings: Settings, rootpath: Path) -> Path:
     """Snapshots go next to the (first) report, or into ``.vramleak-traces`` under the root folder."""
-    report = next(iter(config.stash[SETTINGS].report_paths), None)
-    return Path(report).resolve().parent / "vramleak-traces" if report else config.rootpath / ".vramleak-traces"
+    report = next(iter(settings.report_paths), None)
+    return Path(report).resolve().parent / "vramleak-traces" if report else rootpath / ".vramleak-traces"

@@ -25,20 +25,7 @@ from ..tracking.sites import FRAMES_FOR_CPP_HELD, FRAMES_TRACED, SiteRecorder, S
 from ..tracking.tracker import NODE_BYTES, StorageRef, Tracker
 from .options import Settings
 from .protocol import RandomState, failed_call_report, failure_line, finish_teardown, run_once, why_stopped
-from .state import (
-    BUDGET,
-    CHECK,
-    FIXTURE_DEFS,
-    MARKED,
-    REPEAT,
-    SETTINGS,
-    SKIPPED,
-    TORCH_MISSING,
-    TRACKER,
-    Check,
-    VramLeak,
-    pasteable,
-)
+from .state import BUDGET, CHECK, MARKED, REPEAT, SKIPPED, Check, VramLeak, pasteable, session_of
 
 
 def _is_doctest(item: pytest.Item) -> bool:
@@ -88,13 +75,22 @@ class TestRuns:
 
 
 RUNS = pytest.StashKey[TestRuns]()
-PYTORCHS_OWN = pytest.StashKey[dict[str, tuple[str, list[int]]]]()
-"""Per parametrized test function: the case whose runs showed that what it keeps is PyTorch's own,
-and the sizes of the storages its first run kept."""
+
+
+def _tracker(item: pytest.Item) -> Tracker:
+    tracker = session_of(item.config).tracker
+    assert tracker is not None
+    return tracker
+
+
+def _settings(item: pytest.Item) -> Settings:
+    settings = session_of(item.config).settings
+    assert settings is not None
+    return settings
 
 
 def checked(item: pytest.Item) -> bool:
-    if item.stash.get(SKIPPED, False) or item.config.stash.get(TORCH_MISSING, None) is not None:
+    if item.stash.get(SKIPPED, False) or session_of(item.config).torch_missing is not None:
         return False
     return item.stash.get(BUDGET, None) is not None or "vramleak" in getattr(item, "fixturenames", ())
 
@@ -119,7 +115,7 @@ def run_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None
     """Run a checked test (again where a leak must be classified) and report it once."""
     if not checked(item) or _run_by_another_plugin(item):
         return None
-    runs = item.stash[RUNS] = plan(item, item.config.stash[SETTINGS])
+    runs = item.stash[RUNS] = plan(item, _settings(item))
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     try:
         reports = _run_checked(item, nextitem, runs)
@@ -274,13 +270,13 @@ def _kept_as_in_an_earlier_case(item: pytest.Item, runs: TestRuns) -> str | None
     PyTorch's own, where this case's first run kept storages of the same sizes with nothing in
     Python holding any of them (so this case need not run again); else None. One decision per test
     function: the runs again and the naming of a tracing constant cost seconds per case."""
-    tracker = item.config.stash[TRACKER]
+    tracker = _tracker(item)
     first = runs.checks[0].engine
     if first is None or first.result.device != "cpu" or runs.rule.strict:
         return None
     runs.first_kept = sorted(ref.nbytes for ref in tracker.alive_since("cpu", runs.first_begin))
     key = _function_key(item)
-    earlier = item.config.stash[PYTORCHS_OWN].get(key) if key is not None else None
+    earlier = session_of(item.config).pytorchs_own.get(key) if key is not None else None
     if earlier is None or earlier[1] != runs.first_kept or not runs.first_kept:
         return None
     return earlier[0] if _held_from_cpp_only(tracker, runs.first_begin) else None
@@ -301,7 +297,7 @@ def _kept_in_its_parameters(item: pytest.Item, runs: TestRuns, seconds: float) -
         return False
     if first.result.graph is not None and first.result.graph.nodes:
         return False  # autograd history: judged by its runs
-    tracker = item.config.stash[TRACKER]
+    tracker = _tracker(item)
     tensors: list[Any] = []
     try:
         if _kept_tensors(tracker, tracker.alive_since("cpu", runs.first_begin), tensors) is None:
@@ -397,7 +393,7 @@ def _judge(item: pytest.Item, runs: TestRuns) -> Verdict | None:
 
 
 def _checked_records_sites(item: pytest.Item) -> bool:
-    return item.config.stash[SETTINGS].sites != "off"
+    return _settings(item).sites != "off"
 
 
 def _wants_sites(item: pytest.Item, runs: TestRuns, verdict: Verdict) -> bool:
@@ -424,7 +420,7 @@ def _recording_run(
     recorder, storages = SiteRecorder(), StorageSites()
     runs.sites = Sites([storages, recorder])
     runs.naming_run = True
-    tracker = item.config.stash[TRACKER]
+    tracker = _tracker(item)
     # Memory only C++ holds is named by where it was made, from the user's line or from inside a
     # library (PyTorch's own, set aside): a few frames tell that, and no view is kept from Python.
     light = runs.held_in_cpp = runs.held_in_cpp if runs.cpp_known else _held_from_cpp_only(tracker, runs.first_begin)
@@ -522,7 +518,7 @@ def _name_runs(item: pytest.Item, runs: TestRuns, verdict: Verdict, *, listing: 
         if last.engine is not None:
             verdict.groups, verdict.named = list(last.engine.result.groups), True
         return
-    tracker = item.config.stash[TRACKER]
+    tracker = _tracker(item)
     roots: list[Any] = []
     for check in reversed(runs.checks):
         graph = check.engine.result.graph if check.engine is not None else None
@@ -601,7 +597,7 @@ def _name_runs(item: pytest.Item, runs: TestRuns, verdict: Verdict, *, listing: 
         )
     key = _function_key(item)
     if pytorchs is not None and not verdict.failing and key is not None and runs.first_kept:
-        item.config.stash[PYTORCHS_OWN].setdefault(key, (pasteable(item.config, item.nodeid), runs.first_kept))
+        session_of(item.config).pytorchs_own.setdefault(key, (pasteable(item.config, item.nodeid), runs.first_kept))
     # ... and, for memory that grows, what the last measured run that left any left is shown.
     decision, repetitions = verdict.decision, runs.repetitions
     if decision.pattern == "grows" and not decision.grows_history and verdict.failing:
@@ -654,7 +650,7 @@ def _credit_cycles_first(item: pytest.Item, runs: TestRuns, verdict: Verdict) ->
     engine = verdict.first.engine.result
     if engine.device != "cpu":
         return
-    tracker = item.config.stash[TRACKER]
+    tracker = _tracker(item)
     # Garbage on a cycle refers to what it holds: memory nothing in Python refers to (what
     # PyTorch's tracing keeps in C++) was made garbage by no run, and needs no collection.
     runs.held_in_cpp, runs.cpp_known = _held_from_cpp_only(tracker, runs.first_begin), True
@@ -896,7 +892,7 @@ def named_roots(item: pytest.Item) -> list[NamedRoot]:
     for warnings_kept in (catching, recorded):
         if type(warnings_kept) is list and warnings_kept:
             named.append(NamedRoot(PYTEST_WARNINGS, warnings_kept, "pytest"))
-    for fixturedef in item.config.stash.get(FIXTURE_DEFS, {}).values():
+    for fixturedef in session_of(item.config).fixture_defs.values():
         cached = fixturedef.cached_result
         if cached is not None and cached[0] is not None:
             named.append(NamedRoot(f"fixture '{fixturedef.argname}' ({fixturedef.scope} scope)", cached[0], "fixture"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -14,8 +14,9 @@ from ..judging.verdict import Budget
 from ..meters.devices import DeviceUnavailable, Meter, make_meter, resolve_device
 from ..reporting.report import TestResult
 from ..steps import StepResult
-from ..tracking.tracker import Tracker
-from .options import Settings
+
+if TYPE_CHECKING:
+    from .session import VramleakSession
 
 MARKER = "vram_budget"
 EXEMPT_MARKER = "allow_vram_leak"
@@ -48,23 +49,22 @@ class Check:
     result: TestResult | None = None
 
 
-SETTINGS = pytest.StashKey[Settings]()
-RESULTS = pytest.StashKey[list[dict[str, Any]]]()
 CHECK = pytest.StashKey[Check]()
 BUDGET = pytest.StashKey[Budget | None]()
-TRACKER = pytest.StashKey[Tracker]()
-ACTIVE = pytest.StashKey[Check | None]()
-"""The check of the test being set up, run or torn down."""
 REPEAT = pytest.StashKey[int]()
 """Runs of a test whose marker says ``repeat=``."""
 MARKED = pytest.StashKey[bool]()
 """Set on a test whose own ``vram_budget`` marker gives its budget (judged strictly by default)."""
-TORCH_MISSING = pytest.StashKey[str | None]()
-"""Why torch cannot be imported here (None where it can): marked tests then run unchecked."""
 SKIPPED = pytest.StashKey[bool]()
 """Set on a test skipped because torch or its device is missing: no check is set up for it."""
-FIXTURE_DEFS = pytest.StashKey[dict[int, pytest.FixtureDef[Any]]]()
-"""Fixtures wider than a test that were set up, so that what their values hold is named after them."""
+SESSION = pytest.StashKey["VramleakSession"]()
+"""The session's owner (:class:`~pytest_vramleak.plugin.session.VramleakSession`), for the code
+pytest calls without it: the fixture, the marker's reader, a checked test's runs."""
+
+
+def session_of(config: pytest.Config) -> VramleakSession:
+    """The session's owner, configured."""
+    return config.stash[SESSION]
 
 
 def pasteable(config: pytest.Config, nodeid: str) -> str:
@@ -108,16 +108,13 @@ def meter_for(item: pytest.Item, device_spec: str | None) -> Meter:
     torch = import_torch()
     if torch is None:
         pytest.skip(f"vramleak: torch is not installed ({TORCH_IMPORT_ERROR[0]})")
-    spec = device_spec or item.config.stash[SETTINGS].device
+    settings = session_of(item.config).settings
+    assert settings is not None
+    spec = device_spec or settings.device
     try:
         return make_meter(resolve_device(spec, torch), torch)
     except DeviceUnavailable as error:
         pytest.skip(f"vramleak: {error}")
-
-
-OUTPUT_ERRORS = pytest.StashKey[list[str]]()
-NOT_WRITTEN = pytest.StashKey[list[str]]()
-"""The files a run that ran no test left as they were."""
 
 
 def check_device_option(config: pytest.Config, spec: str) -> None:

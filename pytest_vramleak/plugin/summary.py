@@ -15,7 +15,7 @@ from ..meters.devices import DeviceUnavailable, resolve_device
 from ..reporting.report import leaked_figure
 from ..tracking.tracker import COMPARED_PER_CHECK
 from .options import CHECK_ONLY, OPTIONS, Settings
-from .state import MARKER, RESULTS, SETTINGS
+from .state import MARKER
 
 MAX_CHAINS = 3
 """Holder chains shown per test or fixture."""
@@ -149,9 +149,8 @@ def _leak_kind(result: dict[str, Any]) -> str:
     return f"{result['device']}, grew across steps" if not result.get("leaked_bytes") else str(result["device"])
 
 
-def header_settings(config: pytest.Config) -> str:
+def header_settings(settings: Settings) -> str:
     """The effective device and settings, e.g. ``device cpu, checking every test (--vramleak), step warm-up 2``."""
-    settings = config.stash[SETTINGS]
     scope = "every test (--vramleak)" if settings.every_test else f"tests marked {MARKER}"
     torch = sys.modules.get("torch")  # not imported here only to say which device: it takes seconds
     try:
@@ -184,7 +183,7 @@ def latest(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list({result["nodeid"]: result for result in results}.values())
 
 
-def idle_options(config: pytest.Config) -> list[str]:
+def idle_options(config: pytest.Config, ran: bool, results: list[dict[str, Any]]) -> list[str]:
     """The options given that act on checked tests only, in a run that ran tests and checked none."""
     given = [
         "--" + option.ini.replace("_", "-") if config.getoption(option.ini) is not None else f"ini option {option.ini}"
@@ -192,13 +191,7 @@ def idle_options(config: pytest.Config) -> list[str]:
         if option.ini in CHECK_ONLY
         and (config.getoption(option.ini) is not None or str(config.getini(option.ini)) != option.default)
     ]
-    recorder = config.pluginmanager.get_plugin("vramleak-recorder")
-    if (
-        not given
-        or recorder is None
-        or not recorder.ran
-        or any(result["outcome"] != "unchecked" for result in config.stash.get(RESULTS, []))
-    ):
+    if not given or not ran or any(result["outcome"] != "unchecked" for result in results):
         return []
     return given
 

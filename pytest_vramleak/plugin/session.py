@@ -1,0 +1,498 @@
+"""One pytest session's checks: their settings and state, and the hooks that run them.
+
+:class:`VramleakSession` is the plugin's one owner of a session, as pytest-memray's ``Manager``
+and pytest-xdist's ``DSession`` are: its attributes are the session's state, its methods are the
+hooks. It is registered as the plugin module is loaded (in ``pytest_addoption``), so that its
+hooks sit where the module's would, before a conftest's: a conftest that runs tests itself, or
+adds markers as it collects, is heard first.
+
+A test's phases:
+
+- setup: after the test's fixtures are set up, collect young garbage and take the baseline;
+- call: watch the peak while the test body runs (when a peak budget asks for it, or for free on
+  accelerators);
+- teardown: after function-scoped fixtures are torn down, measure again; a leak fails the test,
+  reported as LEAKED with the holders named.
+
+One checked test's runs and the verdict on them are :mod:`~pytest_vramleak.plugin.runs`'.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import importlib.util
+import os
+import sys
+from collections.abc import Generator
+from typing import Any
+
+import pytest
+
+from ..check import LeakCheck, Rules
+from ..holders.snapshot import memory_contents
+from ..judging.verdict import Budget
+from ..meters.devices import CudaMeter, is_out_of_memory, pin_worker
+from ..meters.release import ReleaseScheduler
+from ..tracking.tracker import Tracker
+from .leftovers import FixtureMemory, fixture_leftovers, look_for_drift
+from .marker import parse_marker
+from .options import OptionError, Settings
+from .options import read_settings as read_options
+from .outputs import trace_folder, write_outputs
+from .runs import (
+    RUNS,
+    checked,
+    drop_last_error,
+    finish_result,
+    judge_foreign_run,
+    named_roots,
+    plan,
+    record_properties,
+    run_protocol,
+)
+from .state import (
+    BUDGET,
+    CHECK,
+    EXEMPT_MARKER,
+    MARKED,
+    MARKER,
+    SESSION,
+    SKIPPED,
+    Check,
+    VramLeak,
+    check_device_option,
+    drop_fixture_values,
+    import_torch,
+    meter_for,
+    option_and_source,
+    pasteable,
+    skipped_by_mark,
+    why_unavailable,
+)
+from .summary import header_settings, idle_options, latest, status_word, summary_lines
+
+
+class VramleakSession:
+    """The state of one pytest session's checks, and the hooks that run them (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.config: pytest.Config | None = None
+        self.settings: Settings | None = None
+        self.torch_missing: str | None = None
+        """Why torch cannot be imported here (None where it can): marked tests then run unchecked."""
+        self.tracker: Tracker | None = None
+        """What checks defer is compared between tests (:func:`look_for_drift`)."""
+        self.results: list[dict[str, Any]] = []
+        """Each checked test's record, as its teardown report carries it (from every xdist worker)."""
+        self.ran = False
+        """Whether any test ran (set up at least): a run that ran none writes no report."""
+        self.active: Check | None = None
+        """The check of the test being set up, run or torn down."""
+        self.pytorchs_own: dict[str, tuple[str, list[int]]] = {}
+        """Per parametrized test function: the case whose runs showed that what it keeps is
+        PyTorch's own, and the sizes of the storages its first run kept."""
+        self.fixtures: list[FixtureMemory] = []
+        """What fixtures wider than a test made while a checked test set up."""
+        self.fixture_defs: dict[int, pytest.FixtureDef[Any]] = {}
+        """Fixtures wider than a test that were set up, so that what their values hold is named after them."""
+        self.drift: list[dict[str, Any]] = []
+        """Older tensors found grown in place, or given gradients, between checks (see :meth:`Tracker.drift`)."""
+        self.drift_span: list[str] | None = None
+        """The first and the last checked test since the last comparison between checks."""
+        self.worker_leftovers: list[dict[str, Any]] = []
+        """What each pytest-xdist worker found about fixtures, as its node went down."""
+        self.leftovers: list[dict[str, Any]] = []
+        self.releaser: ReleaseScheduler | None = None
+        self.output_errors: list[str] = []
+        self.not_written: list[str] = []
+        """The files a run that ran no test left as they were."""
+
+    # -- the session ----------------------------------------------------------------------------
+
+    def pytest_configure(self, config: pytest.Config) -> None:
+        config.addinivalue_line(
+            "markers",
+            f"{MARKER}(peak=None, *, leak=0, device=None, repeat=None, reserved=None, pinned=None): fail the test if it leaves more than `leak` bytes "
+            "of tensor memory allocated after teardown, or holds more than `peak` bytes above its baseline "
+            "during the call. Sizes are bytes or strings like '512 MiB'. device: auto|cpu|cuda|cuda:N|mps|xpu. "
+            "repeat: run the test N times and classify what it leaves (grows, kept_once, settled). "
+            "reserved, pinned (CUDA): bound the caching allocator's reserved memory and pinned host memory during the call.",
+        )
+        config.addinivalue_line("markers", f"{EXEMPT_MARKER}: exempt this test from the leak check of --vramleak.")
+        self.config = config
+        config.stash[SESSION] = self
+        self.settings = settings = _read_settings(config)
+        self.torch_missing = missing = _torch_missing()
+        if missing is not None and settings.every_test:
+            # A run asked to check every test must not pass having checked none.
+            raise pytest.UsageError(
+                f"--vramleak checks tensor memory, and {missing}: install torch, or run without --vramleak"
+            )
+        if missing is None and settings.device not in ("auto", "cpu"):
+            check_device_option(config, settings.device)
+        self.tracker = Tracker(defer=True)
+        workerinput = getattr(config, "workerinput", None)
+        if workerinput is not None and settings.pin_workers:
+            torch = import_torch()
+            if torch is not None:
+                pin_worker(str(workerinput.get("workerid", "")), torch, os.environ)
+
+    def pytest_report_header(self, config: pytest.Config) -> str:
+        if self.torch_missing is not None:
+            return f"vramleak: {self.torch_missing}: tests marked {MARKER} and the vramleak fixture run unchecked"
+        assert self.settings is not None
+        return "vramleak: " + header_settings(self.settings)
+
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        settings = self.settings
+        assert settings is not None
+        if self.torch_missing is not None:
+            return  # nothing can be checked: every test runs as without the plugin
+        unavailable: dict[str, str | None] = {}
+        for item in items:
+            mark = item.get_closest_marker(MARKER)
+            if item.get_closest_marker(EXEMPT_MARKER) is not None:
+                item.stash[BUDGET] = None
+            elif mark is not None:
+                item.stash[BUDGET] = parse_marker(item, mark)
+                item.stash[MARKED] = True
+            elif settings.every_test:
+                item.stash[BUDGET] = Budget(leak=settings.default_leak)
+            budget = item.stash.get(BUDGET, None)
+            if budget is None and "vramleak" not in getattr(item, "fixturenames", ()):
+                continue
+            # A device a marker asks for that is not there skips the test, with the reason, where the test is.
+            spec = (budget.device if budget else None) or settings.device
+            if spec in ("auto", "cpu"):
+                continue
+            if spec not in unavailable:
+                unavailable[spec] = why_unavailable(spec)
+            reason = unavailable[spec]
+            if reason is not None:
+                item.add_marker(pytest.mark.skip(reason=reason))
+                item.stash[SKIPPED] = True
+
+    # -- one test -------------------------------------------------------------------------------
+
+    @pytest.hookimpl
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+        """Run a checked test (again where a leak must be classified) and report it once."""
+        return run_protocol(item, nextitem)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        budget = item.stash.get(BUDGET, None)
+        tracker, settings = self.tracker, self.settings
+        assert tracker is not None and settings is not None
+        runs = item.stash.get(RUNS, None)
+        if runs is None and checked(item):  # another plugin runs the test: each run is judged alone
+            runs = item.stash[RUNS] = plan(item, settings)
+            runs.may_rerun, runs.foreign = False, True
+        if runs is None:  # not checked: this test runs untracked, the index must be rebuilt after it
+            tracker.stale = True
+            return
+        check = Check(budget)
+        item.stash[CHECK] = self.active = check
+        check.meter = meter_for(item, budget.device if budget else None)
+        if skipped_by_mark(item):  # pytest skips it next, before its fixtures: nothing to measure
+            return
+        # pytest keeps the last failed test's traceback, and its frames' tensors, in sys.last_* until
+        # the next test's call starts. Drop them now and collect: the failed test's frames sit in
+        # reference cycles that would otherwise be frozen, and kept in memory, through this test.
+        dropped = [sys.__dict__.pop(name, None) for name in ("last_type", "last_value", "last_traceback", "last_exc")]
+        if any(value is not None for value in dropped):
+            dropped.clear()
+            gc.collect()
+        if budget is None:
+            return
+        first = runs.repetitions.started <= 1
+        try:
+            saved = (settings.compare or {}).get(item.nodeid)
+            saved_peak = saved.get("peak_bytes") if saved and saved.get("device") == check.meter.name else None
+            rules = Rules(
+                strict_cycles=settings.strict_cycles,
+                saved_peak=saved_peak,
+                max_increase=settings.max_increase,
+                watch_peak=None if not (settings.save or settings.compare is not None or settings.peaks) else True,
+                count_cpp_held=runs.rule.strict,
+            )
+            trace = settings.trace and isinstance(check.meter, CudaMeter)
+            check.engine = LeakCheck(
+                check.meter.name,
+                budget,
+                meter=check.meter,
+                tracker=tracker,
+                # (the run that records where tensors are made names the cycles the first run failed on)
+                rules=rules
+                if first
+                else Rules(
+                    count_cpp_held=runs.rule.strict,
+                    watch_peak=False,
+                    strict_cycles=settings.strict_cycles and runs.naming_run,
+                    keep_cycle_garbage=True,
+                ),
+                record_sites=settings.sites == "on" and first,
+                trace_folder=trace_folder(settings, item.config.rootpath) if trace and first else None,
+                name=item.nodeid,
+                named_roots=functools.partial(named_roots, item),
+                # A test run again is confirmed once, after its runs (a full collection costs a walk of
+                # the heap); a test run once is confirmed as it ends.
+                settle_leaks=not runs.may_rerun,
+                name_leaks=not runs.may_rerun or (runs.naming_run and check.meter.name != "cpu"),
+                sites=runs.sites if runs.naming_run else None,
+                clear_caches=first,
+            )
+            check.engine.begin()
+        except Exception as error:
+            check.error = f"{type(error).__name__}: {error}"
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, Any]:
+        check = item.stash.get(CHECK, None)
+        if check is None or check.engine is None or check.error or check.budget is None:
+            return (yield)
+        try:
+            check.engine.start()
+            check.started = True
+        except Exception as error:  # the plugin's own failure: report it on this test, run the test anyway
+            check.error = f"{type(error).__name__}: {error}"
+            return (yield)
+        try:
+            return (yield)
+        finally:
+            try:
+                check.engine.stop()
+            except Exception as error:
+                check.error = f"{type(error).__name__}: {error}"
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        check = item.stash.get(CHECK, None)
+        if check is None:
+            return report
+        if report.when == "call" and call.excinfo is not None:
+            self._what_filled_the_memory(check, call.excinfo.value, report)
+        runs = item.stash.get(RUNS, None)
+        if report.when in ("setup", "call") and check.unchecked_reason is None:
+            if check.step_leaked:
+                check.unchecked_reason = "memory grew across the steps of the vramleak fixture"
+            elif (
+                report.failed
+                and report.when == "call"
+                and check.budget is not None
+                and runs is not None
+                and not runs.foreign
+            ):
+                check.call_failed = True  # its own failure stands; what it leaked is shown beside it
+            elif report.failed:
+                check.unchecked_reason = f"the test failed in {report.when}"
+            elif report.skipped:
+                check.unchecked_reason = (
+                    "the test was skipped" if not hasattr(report, "wasxfail") else "the test xfailed"
+                )
+        if (
+            report.when == "teardown"
+            and report.failed
+            and check.unchecked_reason is None
+            and check.error is None
+            and not isinstance(call.excinfo and call.excinfo.value, VramLeak)
+        ):
+            check.unchecked_reason = "teardown failed"
+        if report.when == "teardown" and runs is not None and runs.foreign:
+            result = runs.result or finish_result(item, runs, None)
+            report.vramleak = result.to_json()  # type: ignore[attr-defined]
+            record_properties(report, result)
+            del item.stash[RUNS]
+        return report
+
+    def _what_filled_the_memory(self, check: Check, error: BaseException, report: pytest.TestReport) -> None:
+        """An out-of-memory error's report gets a section on what filled the memory."""
+        if check.meter is None or not is_out_of_memory(error):
+            return
+        assert self.tracker is not None
+        try:
+            with self.tracker.unfrozen():
+                contents = memory_contents(check.meter, error)
+            breakdown = check.engine.result.peak_breakdown if check.engine is not None else None
+            if breakdown is not None:
+                contents += "\n" + breakdown.render()
+            report.sections.append(("vramleak: what filled the memory", contents))
+        except Exception as failure:  # never let the forensics replace the test's own failure
+            report.sections.append(
+                ("vramleak: what filled the memory", f"could not be read: {type(failure).__name__}: {failure}")
+            )
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
+        """Measure once the test's own node is torn down and pytest's other teardown wrappers (its
+        logging plugin drops each test's log records there) are done."""
+        check = item.stash.get(CHECK, None)
+        if check is None or check.meter is None:
+            return (yield)
+        try:
+            outcome = yield
+            if check.error:
+                raise VramLeak(f"vramleak could not check this test: {check.error}", pytrace=False)
+            if check.unchecked_reason or not check.started or check.engine is None:
+                return outcome
+            if check.call_failed:
+                # pytest keeps the failure's traceback (its frames, their tensors) in sys.last_* until
+                # the next failure; the next checked test drops it anyway: what it holds is not a leak.
+                drop_last_error()
+                # Checked on this run alone, as a test run once is: a suspected leak is confirmed by a
+                # full collection, which frees those frames where an observation during the call froze
+                # them with the heap (they were alive then: the error was being raised).
+                check.engine.settle_leaks = True
+            try:
+                check.engine.finish(confirm=functools.partial(drop_fixture_values, item))
+            except Exception as error:
+                check.error = f"{type(error).__name__}: {error}"
+                raise VramLeak(
+                    f"vramleak could not check this test: {type(error).__name__}: {error}", pytrace=False
+                ) from None
+            runs = item.stash.get(RUNS, None)
+            if runs is not None and runs.foreign:
+                judge_foreign_run(item, runs, check)
+            return outcome
+        finally:
+            self.active = None
+            if check.engine is not None:
+                check.engine.close()
+            if self.drift_span is None:
+                self.drift_span = [item.nodeid, item.nodeid]
+            self.drift_span[1] = item.nodeid
+            look_for_drift(self, due=True)
+
+    def pytest_report_teststatus(self, report: pytest.TestReport, config: pytest.Config) -> tuple[str, str, Any] | None:
+        outcome = getattr(report, "vramleak_outcome", None)
+        if report.when == "teardown" and report.failed:  # a run another plugin ran: it fails as it tears down
+            outcome = (getattr(report, "vramleak", None) or {}).get("outcome")
+        elif report.when != "call" or not report.failed:
+            return None
+        if outcome == "leaked":
+            return "failed", "L", status_word("LEAKED")
+        if outcome == "over_budget":
+            return "failed", "B", status_word("OVER BUDGET")
+        return None
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Each test's record arrives on its teardown report, in the process that writes reports
+        (under pytest-xdist, from the workers, so the controller sees every worker's tests)."""
+        self.ran = True
+        result = getattr(report, "vramleak", None)
+        if report.when == "teardown" and result:
+            self.results.append(result)
+
+    def pytest_runtest_logfinish(self) -> None:
+        """Release cached memory between tests, where CUDA is in use and --vramleak-release-above asks."""
+        fraction = self.settings.release_above if self.settings is not None else None
+        torch = sys.modules.get("torch")
+        if fraction is None or torch is None or not torch.cuda.is_available():
+            return
+        if self.releaser is None:
+            self.releaser = ReleaseScheduler(torch.cuda, fraction)
+        self.releaser.between_tests()
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(
+        self, fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
+    ) -> Generator[None, Any, Any]:
+        """Note what a wider-scoped fixture makes while a checked test sets up: it is indexed now (a
+        check on an accelerator reads nothing otherwise), and, with --vramleak, reported if still
+        alive after the fixture's teardown."""
+        if fixturedef.scope != "function":
+            self.fixture_defs[id(fixturedef)] = fixturedef
+        tracker, settings = self.tracker, self.settings
+        check = self.active if fixturedef.scope != "function" else None
+        if check is None or check.meter is None or tracker is None or settings is None or not tracker.active:
+            return (yield)
+        before = tracker.clock
+        allocated = check.meter.allocated_bytes() if check.meter.name != "cpu" else 0
+        value = yield
+        if check.engine is not None:  # what the fixture made or started belongs to its scope, not to the test
+            check.engine.left_behind.adopt()
+            if check.meter.name != "cpu":
+                check.engine.adopt_bytes(check.meter.allocated_bytes() - allocated)
+        tracker.observe(collect=False, watch=False)
+        created = tracker.created(check.meter.name, since=before)
+        tracker.adopt(created)
+        if settings.every_test and created:
+            where = fixturedef.baseid or "conftest"
+            self.fixtures.append(FixtureMemory(fixturedef.argname, fixturedef.scope, where, check.meter.name, created))
+        return value
+
+    # -- the end --------------------------------------------------------------------------------
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """A pytest-xdist worker went down: what it found about fixtures and between checks is the controller's to report."""
+        output = getattr(node, "workeroutput", {})
+        self.worker_leftovers.extend(output.get("vramleak_fixtures", []))
+        self.drift.extend(output.get("vramleak_drift", []))
+
+    def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
+        releaser = self.releaser
+        lines = summary_lines(
+            latest(self.results),
+            fixtures=self.leftovers,
+            between_checks=self.drift,
+            releases=(releaser.releases, releaser.released_bytes) if releaser is not None else (0, 0),
+            verbosity=config.get_verbosity(),
+            shown_id=functools.partial(pasteable, config),
+        )
+        if lines:
+            terminalreporter.write_sep("=", "vramleak summary")
+            for line in lines:
+                terminalreporter.write_line(line)
+        for error in self.output_errors:
+            terminalreporter.write_line(f"vramleak: {error}", red=True, bold=True)
+        idle = idle_options(config, self.ran, self.results)
+        if idle:
+            terminalreporter.write_line(
+                f"vramleak: no test was checked (no --vramleak, no test marked {MARKER} or using the vramleak fixture): "
+                f"{', '.join(idle)} had nothing to act on",
+                yellow=True,
+            )
+        if self.not_written:
+            terminalreporter.write_line(
+                f"vramleak: no test ran, so no report was written ({', '.join(self.not_written)} left as they were)"
+            )
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        config = session.config
+        if self.tracker is not None:
+            self.tracker.end()  # never leave the heap frozen behind a session
+            look_for_drift(self, due=False)
+        if self.settings is None:
+            return
+        self.leftovers = fixture_leftovers(self) + self.worker_leftovers
+        workeroutput = getattr(config, "workeroutput", None)
+        if workeroutput is not None:  # a pytest-xdist worker: the controller reports for it
+            # Each worker sets up its own module- and session-scoped fixtures: say whose this is.
+            worker = getattr(config, "workerinput", {}).get("workerid")
+            workeroutput["vramleak_fixtures"] = [{**leftover, "worker": worker} for leftover in self.leftovers]
+            workeroutput["vramleak_drift"] = [{**finding, "worker": worker} for finding in self.drift]
+            return
+        write_outputs(session, self)
+
+
+def _read_settings(config: pytest.Config) -> Settings:
+    """Read and check every option; a bad value is a usage error naming its source."""
+    try:
+        return read_options(functools.partial(option_and_source, config), config.rootpath)
+    except OptionError as error:
+        raise pytest.UsageError(str(error)) from None
+
+
+def _torch_missing() -> str | None:
+    """Why torch cannot be imported, found without importing it (importing it takes seconds)."""
+    try:
+        found = importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        found = False
+    return None if found else "torch is not installed"
