@@ -10,7 +10,7 @@ import pytest
 
 from ..steps import StepNotRun, StepResult, StepWatcher, step_caller
 from .runs import named_roots
-from .state import BUDGET, CHECK, Check, VramLeak, meter_for, session_of
+from .state import TEST, Check, CheckedTest, VramLeak, meter_for, session_of
 
 
 class VramLeakFixture:
@@ -87,15 +87,15 @@ def vramleak(request: pytest.FixtureRequest) -> VramLeakFixture:
     assert settings is not None
     if session.torch_missing is not None:
         return VramLeakFixture(None)  # the steps run, unchecked, as the header says
-    budget = request.node.stash.get(BUDGET, None)
-    check = request.node.stash.get(CHECK, None)
+    test = request.node.stash.setdefault(TEST, CheckedTest())  # (a test asking for it by name was not planned)
+    budget, check = test.budget, test.current
     meter = (
         check.meter
         if check is not None and check.meter is not None
         else meter_for(request.node, budget.device if budget else None)
     )
     if check is None:
-        check = request.node.stash[CHECK] = Check(None, meter)
+        check = test.current = Check(None, meter)
 
     def on_result(result: StepResult) -> None:
         check.steps.append(result)

@@ -9,10 +9,11 @@ import pytest
 from ..judging.sizes import SizeError, parse_size
 from ..judging.verdict import Budget
 from .options import check_device_spec
-from .state import MARKER, REPEAT, session_of
+from .state import MARKER, session_of
 
 
-def parse_marker(item: pytest.Item, mark: pytest.Mark) -> Budget:
+def parse_marker(item: pytest.Item, mark: pytest.Mark) -> tuple[Budget, int | None]:
+    """The budget a marker gives, and the runs it asks for (``repeat=``; None where it does not say)."""
     where = f"{item.nodeid}: @pytest.mark.{MARKER}"
     # The closest marker wins (a method's over its class's, a class's over its module's), but two
     # on one node leave no closest: pytest would take the first, which is not what anyone reads.
@@ -35,10 +36,11 @@ def parse_marker(item: pytest.Item, mark: pytest.Mark) -> Budget:
         raise pytest.UsageError(
             f"{where}: unknown keyword {unknown[0]!r}; use peak, leak, device, repeat, reserved or pinned"
         )
+    repeat = None
     if "repeat" in mark.kwargs and mark.kwargs["repeat"] is not None:
         settings = session_of(item.config).settings
         assert settings is not None
-        item.stash[REPEAT] = check_repeat(mark.kwargs["repeat"], settings.warmup, f"{where}(repeat=...)")
+        repeat = check_repeat(mark.kwargs["repeat"], settings.warmup, f"{where}(repeat=...)")
     if mark.args and "peak" in mark.kwargs:
         raise pytest.UsageError(f"{where}: peak given both by position and by keyword")
     values = {
@@ -61,7 +63,8 @@ def parse_marker(item: pytest.Item, mark: pytest.Mark) -> Budget:
             raise pytest.UsageError(f"{where}(device={device!r}): {error}") from None
     leak = sizes["leak"]
     assert leak is not None  # parse_size never returns None
-    return Budget(peak=sizes["peak"], leak=leak, device=device, reserved=sizes["reserved"], pinned=sizes["pinned"])
+    budget = Budget(peak=sizes["peak"], leak=leak, device=device, reserved=sizes["reserved"], pinned=sizes["pinned"])
+    return budget, repeat
 
 
 def check_repeat(value: Any, warmup: int, where: str) -> int:

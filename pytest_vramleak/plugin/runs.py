@@ -25,7 +25,7 @@ from ..tracking.sites import FRAMES_FOR_CPP_HELD, FRAMES_TRACED, SiteRecorder, S
 from ..tracking.tracker import NODE_BYTES, StorageRef, Tracker
 from .options import Settings
 from .protocol import RandomState, failed_call_report, failure_line, finish_teardown, run_once, why_stopped
-from .state import BUDGET, CHECK, MARKED, REPEAT, SKIPPED, Check, VramLeak, pasteable, session_of
+from .state import Check, VramLeak, current_check, pasteable, session_of, test_of
 
 
 def _is_doctest(item: pytest.Item) -> bool:
@@ -74,9 +74,6 @@ class TestRuns:
     result: TestResult | None = None
 
 
-RUNS = pytest.StashKey[TestRuns]()
-
-
 def _tracker(item: pytest.Item) -> Tracker:
     tracker = session_of(item.config).tracker
     assert tracker is not None
@@ -90,18 +87,20 @@ def _settings(item: pytest.Item) -> Settings:
 
 
 def checked(item: pytest.Item) -> bool:
-    if item.stash.get(SKIPPED, False) or session_of(item.config).torch_missing is not None:
+    test = test_of(item)
+    if test is None or test.skipped or session_of(item.config).torch_missing is not None:
         return False
-    return item.stash.get(BUDGET, None) is not None or "vramleak" in getattr(item, "fixturenames", ())
+    return test.budget is not None or "vramleak" in getattr(item, "fixturenames", ())
 
 
 def plan(item: pytest.Item, settings: Settings) -> TestRuns:
-    budget = item.stash.get(BUDGET, None)
-    marked = item.stash.get(MARKED, False)
+    test = test_of(item)
+    assert test is not None
+    budget, marked = test.budget, test.marked
     fail_on = settings.fail_on or ("any" if marked else "significant")
     leak = budget.leak if budget is not None else 0
     rule = Rule(leak, budget.peak if budget is not None else None, settings.tolerance, fail_on, settings.kept_floor)
-    repeat = item.stash.get(REPEAT, settings.repeat) if budget is not None else 1
+    repeat = (test.repeat if test.repeat is not None else settings.repeat) if budget is not None else 1
     why_once = None
     if (repeat > 1 or settings.confirm) and budget is not None and _is_doctest(item):
         repeat, why_once = 1, "doctests are not run again (doctest clears a doctest's globals after it runs)"
@@ -115,12 +114,14 @@ def run_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None
     """Run a checked test (again where a leak must be classified) and report it once."""
     if not checked(item) or _run_by_another_plugin(item):
         return None
-    runs = item.stash[RUNS] = plan(item, _settings(item))
+    test = test_of(item)
+    assert test is not None
+    runs = test.runs = plan(item, _settings(item))
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     try:
         reports = _run_checked(item, nextitem, runs)
     finally:
-        del item.stash[RUNS]
+        test.runs = None
     for report in reports:
         item.ihook.pytest_runtest_logreport(report=report)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
@@ -166,11 +167,13 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
         reports = run_once(item, parent)
         for report in reports:
             spent[report.when] = spent.get(report.when, 0.0) + report.duration
-        runs.checks.append(item.stash[CHECK]) if CHECK in item.stash else None
+        check = current_check(item)
+        if check is not None:
+            runs.checks.append(check)
         return reports
 
     first_reports = run()
-    first = item.stash.get(CHECK, None)
+    first = current_check(item)
     last_reports = first_reports
     if _usable(first):
         assert first is not None and first.engine is not None
@@ -199,7 +202,7 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
         )
         reports = _recording_run(item, runs, run) if recording else run()
         last_reports = reports
-        check = item.stash.get(CHECK, None)
+        check = current_check(item)
         stopped = why_stopped(reports) or (None if _usable(check) else "was not checked")
         if stopped:
             line = failure_line(reports)
@@ -237,7 +240,7 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
         if _wants_sites(item, runs, verdict):
             random_state = random_state or RandomState()
             reports = _recording_run(item, runs, run)
-            stopped = why_stopped(reports) or (None if _usable(item.stash.get(CHECK, None)) else "was not checked")
+            stopped = why_stopped(reports) or (None if _usable(current_check(item)) else "was not checked")
             if stopped:
                 verdict.notes.append(
                     f"where the tensors were made is not known: the run that records it {stopped.removeprefix('the test ')}"
@@ -673,7 +676,7 @@ def _run_index(starts: list[int], born: dict[StorageKey, int], key: StorageKey) 
 
 def finish_result(item: pytest.Item, runs: TestRuns, verdict: Verdict | None) -> TestResult:
     """The JSON record of a checked test, from its first run and the verdict on all of them."""
-    first = runs.checks[0] if runs.checks else item.stash.get(CHECK, None)
+    first = runs.checks[0] if runs.checks else current_check(item)
     if first is None:
         return TestResult(item.nodeid, None, "unchecked", reason="not set up")
     budget = first.budget or Budget(leak=None)  # type: ignore[arg-type]

@@ -41,7 +41,6 @@ from .options import OptionError, Settings
 from .options import read_settings as read_options
 from .outputs import trace_folder, write_outputs
 from .runs import (
-    RUNS,
     checked,
     drop_last_error,
     finish_result,
@@ -52,22 +51,23 @@ from .runs import (
     run_protocol,
 )
 from .state import (
-    BUDGET,
-    CHECK,
     EXEMPT_MARKER,
-    MARKED,
     MARKER,
     SESSION,
-    SKIPPED,
+    TEST,
     Check,
+    CheckedTest,
     VramLeak,
     check_device_option,
+    current_check,
+    current_runs,
     drop_fixture_values,
     import_torch,
     meter_for,
     option_and_source,
     pasteable,
     skipped_by_mark,
+    test_of,
     why_unavailable,
 )
 from .summary import header_settings, idle_options, latest, status_word, summary_lines
@@ -152,16 +152,18 @@ class VramleakSession:
         unavailable: dict[str, str | None] = {}
         for item in items:
             mark = item.get_closest_marker(MARKER)
+            test = CheckedTest()
             if item.get_closest_marker(EXEMPT_MARKER) is not None:
-                item.stash[BUDGET] = None
+                pass
             elif mark is not None:
-                item.stash[BUDGET] = parse_marker(item, mark)
-                item.stash[MARKED] = True
+                test.budget, test.repeat = parse_marker(item, mark)
+                test.marked = True
             elif settings.every_test:
-                item.stash[BUDGET] = Budget(leak=settings.default_leak)
-            budget = item.stash.get(BUDGET, None)
+                test.budget = Budget(leak=settings.default_leak)
+            budget = test.budget
             if budget is None and "vramleak" not in getattr(item, "fixturenames", ()):
                 continue
+            item.stash[TEST] = test
             # A device a marker asks for that is not there skips the test, with the reason, where the test is.
             spec = (budget.device if budget else None) or settings.device
             if spec in ("auto", "cpu"):
@@ -171,7 +173,7 @@ class VramleakSession:
             reason = unavailable[spec]
             if reason is not None:
                 item.add_marker(pytest.mark.skip(reason=reason))
-                item.stash[SKIPPED] = True
+                test.skipped = True
 
     # -- one test -------------------------------------------------------------------------------
 
@@ -182,18 +184,18 @@ class VramleakSession:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
-        budget = item.stash.get(BUDGET, None)
         tracker, settings = self.tracker, self.settings
         assert tracker is not None and settings is not None
-        runs = item.stash.get(RUNS, None)
-        if runs is None and checked(item):  # another plugin runs the test: each run is judged alone
-            runs = item.stash[RUNS] = plan(item, settings)
+        test = test_of(item)
+        runs = test.runs if test is not None else None
+        if test is not None and runs is None and checked(item):
+            runs = test.runs = plan(item, settings)  # another plugin runs the test: each run is judged alone
             runs.may_rerun, runs.foreign = False, True
-        if runs is None:  # not checked: this test runs untracked, the index must be rebuilt after it
+        if test is None or runs is None:  # not checked: this test runs untracked, the index is rebuilt after it
             tracker.stale = True
             return
-        check = Check(budget)
-        item.stash[CHECK] = self.active = check
+        budget = test.budget
+        check = test.current = self.active = Check(budget)
         check.meter = meter_for(item, budget.device if budget else None)
         if skipped_by_mark(item):  # pytest skips it next, before its fixtures: nothing to measure
             return
@@ -249,7 +251,7 @@ class VramleakSession:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, Any]:
-        check = item.stash.get(CHECK, None)
+        check = current_check(item)
         if check is None or check.engine is None or check.error or check.budget is None:
             return (yield)
         try:
@@ -271,12 +273,12 @@ class VramleakSession:
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
         report = yield
-        check = item.stash.get(CHECK, None)
+        check = current_check(item)
         if check is None:
             return report
         if report.when == "call" and call.excinfo is not None:
             self._what_filled_the_memory(check, call.excinfo.value, report)
-        runs = item.stash.get(RUNS, None)
+        runs = current_runs(item)
         if report.when in ("setup", "call") and check.unchecked_reason is None:
             if check.step_leaked:
                 check.unchecked_reason = "memory grew across the steps of the vramleak fixture"
@@ -306,7 +308,9 @@ class VramleakSession:
             result = runs.result or finish_result(item, runs, None)
             report.vramleak = result.to_json()  # type: ignore[attr-defined]
             record_properties(report, result)
-            del item.stash[RUNS]
+            test = test_of(item)
+            assert test is not None
+            test.runs = None
         return report
 
     def _what_filled_the_memory(self, check: Check, error: BaseException, report: pytest.TestReport) -> None:
@@ -330,7 +334,7 @@ class VramleakSession:
     def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, Any, Any]:
         """Measure once the test's own node is torn down and pytest's other teardown wrappers (its
         logging plugin drops each test's log records there) are done."""
-        check = item.stash.get(CHECK, None)
+        check = current_check(item)
         if check is None or check.meter is None:
             return (yield)
         try:
@@ -354,7 +358,7 @@ class VramleakSession:
                 raise VramLeak(
                     f"vramleak could not check this test: {type(error).__name__}: {error}", pytrace=False
                 ) from None
-            runs = item.stash.get(RUNS, None)
+            runs = current_runs(item)
             if runs is not None and runs.foreign:
                 judge_foreign_run(item, runs, check)
             return outcome

@@ -1,5 +1,6 @@
-"""What the plugin's hooks and the runs of a checked test share: the failure a leak raises, one
-test's check in progress, and the keys under which pytest's stash keeps them."""
+"""What the plugin's hooks and the runs of a checked test share: the failure a leak raises, a
+checked test and its run's check in progress, and the two keys under which pytest's stash keeps
+the session's owner and a checked test."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ import pytest
 from ..check import LeakCheck
 from ..judging.verdict import Budget
 from ..meters.devices import DeviceUnavailable, Meter, make_meter, resolve_device
-from ..reporting.report import TestResult
 from ..steps import StepResult
 
 if TYPE_CHECKING:
+    from .runs import TestRuns
     from .session import VramleakSession
 
 MARKER = "vram_budget"
@@ -43,20 +44,47 @@ class Check:
     step_leaked: bool = False
     left_early: StepResult | None = None
     """A step loop left early that grew: it fails the test as it tears down."""
-    call_passed: bool = False
     call_failed: bool = False
     """The test's call failed on its own: checked once, on what remains once its traceback is let go."""
-    result: TestResult | None = None
 
 
-CHECK = pytest.StashKey[Check]()
-BUDGET = pytest.StashKey[Budget | None]()
-REPEAT = pytest.StashKey[int]()
-"""Runs of a test whose marker says ``repeat=``."""
-MARKED = pytest.StashKey[bool]()
-"""Set on a test whose own ``vram_budget`` marker gives its budget (judged strictly by default)."""
-SKIPPED = pytest.StashKey[bool]()
-"""Set on a test skipped because torch or its device is missing: no check is set up for it."""
+@dataclass
+class CheckedTest:
+    """One checked test: what collection planned for it, its runs while they happen, and the
+    current run's check."""
+
+    budget: Budget | None = None
+    """None for a test checked only through the vramleak fixture."""
+    marked: bool = False
+    """Its own ``vram_budget`` marker gives its budget (judged strictly by default)."""
+    repeat: int | None = None
+    """Runs its marker asks for (``repeat=``); None: the session's setting."""
+    skipped: bool = False
+    """Skipped because its device is missing: no check is set up for it."""
+    runs: TestRuns | None = None
+    """Its runs, while they happen (see :mod:`~pytest_vramleak.plugin.runs`)."""
+    current: Check | None = None
+    """The check of its current (or last) run."""
+
+
+TEST = pytest.StashKey[CheckedTest]()
+
+
+def test_of(item: pytest.Item) -> CheckedTest | None:
+    """The checked test an item is, if collection or the fixture made it one."""
+    return item.stash.get(TEST, None)
+
+
+def current_check(item: pytest.Item) -> Check | None:
+    test = item.stash.get(TEST, None)
+    return test.current if test is not None else None
+
+
+def current_runs(item: pytest.Item) -> TestRuns | None:
+    test = item.stash.get(TEST, None)
+    return test.runs if test is not None else None
+
+
 SESSION = pytest.StashKey["VramleakSession"]()
 """The session's owner (:class:`~pytest_vramleak.plugin.session.VramleakSession`), for the code
 pytest calls without it: the fixture, the marker's reader, a checked test's runs."""
