@@ -92,7 +92,6 @@ class LeakCheck:
         self.readings = None if self.on_cpu else AllocatorReadings(self.meter)
         self.left_behind = LeftBehind()
         self._watching_peak = False
-        self._owns_tracker = tracker is None
         self._threads_before: set[str] = set()
         self._settled = False
         """Every generation was collected since the body ended (confirming a suspected leak)."""

@@ -13,7 +13,7 @@ While a checked test runs, the plugin names a folder in the environment variable
 :data:`RANKS_ENV`, which the processes it starts inherit. :func:`watch_rank` runs a whole check
 (:class:`~pytest_vramleak.check.LeakCheck`) around its block and writes the result there, one
 JSON file per rank: leaked bytes, the leaked tensors with their holders and allocation sites,
-the peak. The parent's check reads them as the test ends (:func:`collect`) and fails the test
+the peak. The parent's check reads them as the test ends (:func:`~pytest_vramleak.meters.rank_reports.collect`) and fails the test
 for a rank that leaked, naming the rank. Outside a checked test :func:`watch_rank` does nothing.
 """
 

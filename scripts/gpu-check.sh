@@ -3,6 +3,7 @@
 # summary of verdicts and figures. On a machine without CUDA it says so and exits 0.
 # Usage: scripts/gpu-check.sh   (from the repository root, with the project installed)
 set -uo pipefail
+case "${1:-}" in -h | --help) sed -n '2,4s/^# //p' "$0"; exit 0 ;; esac
 cd "$(dirname "$0")/.."
 python3 - 2>/dev/null <<'PY' || { echo "gpu-check: no CUDA device here (or no torch in this environment); nothing to check"; exit 0; }
 import sys, torch

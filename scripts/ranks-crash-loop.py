@@ -70,7 +70,7 @@ def worker(rank: int, world_size: int, store: str, order: str, variant: str) -> 
 def one_run(order: str, variant: str, folder: Path, run: int, show: bool) -> str:
     import torch.multiprocessing as mp
 
-    from pytest_vramleak.ranks import collect
+    from pytest_vramleak.meters.rank_reports import collect
 
     ranks = folder / f"ranks-{run}"
     os.environ["PYTEST_VRAMLEAK_RANKS"] = str(ranks)

@@ -3,6 +3,7 @@
 # that the README shows to docs/report.png, with Debian's Chromium in headless mode.
 # Usage: scripts/report-screenshot.sh   (from the repository root, with the project installed)
 set -euo pipefail
+case "${1:-}" in -h | --help) sed -n '2,4s/^# //p' "$0"; exit 0 ;; esac
 cd "$(dirname "$0")/.."
 python3 -m pytest -q -p no:cacheprovider examples --vramleak-report=docs/example-report.html >/dev/null || true
 profile=$(mktemp -d)

@@ -33,7 +33,6 @@ from typing import Any
 from .sizes import format_size
 from .verdict import GrowthVerdict, judge_growth
 
-PATTERNS = ("grows", "kept_once", "settled")
 FAIL_ON = ("significant", "growth", "any")
 
 KEPT_FLOOR = 1024**2
@@ -61,7 +60,6 @@ class Rule:
     """How a test's runs are judged."""
 
     leak_budget: int
-    peak_budget: int | None = None
     tolerance: int = 0
     fail_on: str = "significant"
     floor: int = KEPT_FLOOR

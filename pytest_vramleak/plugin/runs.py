@@ -99,7 +99,7 @@ def plan(item: pytest.Item, settings: Settings) -> TestRuns:
     budget, marked = test.budget, test.marked
     fail_on = settings.fail_on or ("any" if marked else "significant")
     leak = budget.leak if budget is not None else 0
-    rule = Rule(leak, budget.peak if budget is not None else None, settings.tolerance, fail_on, settings.kept_floor)
+    rule = Rule(leak, settings.tolerance, fail_on, settings.kept_floor)
     repeat = (test.repeat if test.repeat is not None else settings.repeat) if budget is not None else 1
     why_once = None
     if (repeat > 1 or settings.confirm) and budget is not None and _is_doctest(item):

@@ -139,19 +139,6 @@ def name_frames(stack: Sequence[tuple[str, int, Any]]) -> tuple[Site, ...]:
     return tuple(named)
 
 
-@functools.lru_cache(maxsize=1024)
-def resolve_path(name: str) -> str:
-    """The file a name torch's profiler gives (relative to the ``sys.path`` entry it was found
-    under, as ``torch/nn/functional.py``) stands for, or the name itself where none matches."""
-    if os.path.isabs(name) or name.startswith("<"):
-        return name
-    for entry in sys.path:
-        candidate = os.path.join(entry or os.getcwd(), name)
-        if os.path.isfile(candidate):
-            return os.path.abspath(candidate)
-    return name
-
-
 def _short_path(filename: str) -> str:
     try:
         relative = os.path.relpath(filename)

@@ -104,8 +104,6 @@ class Tracker:
         it on were made by the test."""
         self.settled: list[tuple[int, int, str]] = []
         """What the last :meth:`settle` freed: when each storage was first seen, its bytes and device."""
-        self.full_reads = 0
-        """How many times every indexed tensor was read again (for tests and benchmarks)."""
         self._observed = False
         self.freeze = HeapFreeze(self)
 
@@ -317,7 +315,6 @@ class Tracker:
 
     def read_all(self) -> None:
         """Read every indexed tensor and storage again."""
-        self.full_reads += 1
         self.index.read_all()
 
     # -- what the ledger and the index say -----------------------------------------------------
