@@ -7,6 +7,7 @@ from typing import Any
 
 from .holders.snapshot import TensorGroup
 from .judging.sizes import format_size
+from .judging.words import Outcome
 from .meters.peaks import PeakBreakdown
 from .reporting.report import render_groups
 from .tracking.graphs import KeptGraph
@@ -17,8 +18,7 @@ class CheckResult:
     """What a check measured and decided. Sizes not measured are None."""
 
     device: str
-    outcome: str = "passed"
-    """``passed``, ``leaked`` or ``over_budget``."""
+    outcome: Outcome = "passed"
     message: str = ""
     """One sentence per broken rule, or empty."""
     baseline_bytes: int | None = None

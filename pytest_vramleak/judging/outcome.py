@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from .sizes import format_size
 from .verdict import Budget, Increase, judge_budget, judge_increase
+from .words import Outcome
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,7 @@ class CheckFigures:
 class CheckJudgement:
     """The outcome of a check's figures, one sentence per broken rule, and which rules broke."""
 
-    outcome: str
-    """``passed``, ``leaked`` or ``over_budget``."""
+    outcome: Outcome
     messages: list[str]
     notes: list[str]
     """Budgets that could not be checked, and why."""
@@ -89,7 +89,9 @@ def judge_check(
     broken, notes = _beyond_budgets(figures, budget, rules, other_devices)
     leaks = [kind for kind, _ in broken if kind != "over"]
     over = [kind for kind, _ in broken if kind == "over"]
-    outcome = "leaked" if verdict.outcome == "leaked" or leaks else "over_budget" if peak_over or over else "passed"
+    outcome: Outcome = (
+        "leaked" if verdict.outcome == "leaked" or leaks else "over_budget" if peak_over or over else "passed"
+    )
     return CheckJudgement(
         outcome,
         messages + [message for _, message in broken],

@@ -32,14 +32,7 @@ from typing import Any
 
 from .sizes import format_size
 from .verdict import GrowthVerdict, judge_growth
-
-FAIL_ON = ("significant", "growth", "any")
-
-KEPT_FLOOR = 1024**2
-"""The default floor of ``significant``: memory a test keeps once (not growing) fails it from one
-mebibyte on. A cached scalar, a metric's state, a lookup table built once or a tracing constant
-keeps bytes to kilobytes; a model, a batch or an activation a test forgets to drop keeps
-megabytes, and on a GPU every test that keeps one adds it to what the suite holds."""
+from .words import KEPT_FLOOR, FailOn, Outcome, Pattern
 
 
 @dataclass
@@ -48,7 +41,7 @@ class Run:
 
     leaked_bytes: int
     """Bytes above the run's own start (never below 0)."""
-    outcome: str
+    outcome: Outcome
     history_nodes: int = 0
     """Autograd nodes made since the first run began that tensors alive after this run keep."""
     begin_clock: int = 0
@@ -61,7 +54,7 @@ class Rule:
 
     leak_budget: int
     tolerance: int = 0
-    fail_on: str = "significant"
+    fail_on: FailOn = "significant"
     floor: int = KEPT_FLOOR
     """``significant``: memory kept once fails from this many bytes on."""
 
@@ -117,7 +110,7 @@ class Repetitions:
 
     def classify(
         self, tolerance: int, leak_budget: int, device: str, adjust: Sequence[int] = ()
-    ) -> tuple[str | None, GrowthVerdict | None, bool]:
+    ) -> tuple[Pattern | None, GrowthVerdict | None, bool]:
         """The pattern (or None: nothing was left, or too few runs), the growth verdict it rests
         on, and whether it is the autograd history (not the storage) that grows."""
         if self.rerun_failed:
@@ -144,7 +137,7 @@ class Repetitions:
 
     def describe(
         self,
-        pattern: str | None,
+        pattern: Pattern | None,
         verdict: GrowthVerdict | None,
         device: str,
         *,
@@ -198,8 +191,8 @@ class Repetitions:
 class Decision:
     """The verdict on a test's runs: outcome, pattern, failure sentence (empty when it passes)."""
 
-    outcome: str
-    pattern: str | None
+    outcome: Outcome
+    pattern: Pattern | None
     message: str
     about: str
     """What the runs showed, a few lines (empty for a test run once)."""
@@ -251,7 +244,7 @@ def decide(
         memory_fails = grows or bool(getattr(first, "other_leaks", False))
     else:  # significant: growth, or memory kept once that matters
         memory_fails = grows or (kept > budget and kept >= rule.floor) or bool(getattr(first, "other_leaks", False))
-    outcome = "leaked" if memory_fails or left_behind else "over_budget" if peak_over else "passed"
+    outcome: Outcome = "leaked" if memory_fails or left_behind else "over_budget" if peak_over else "passed"
     if outcome == "passed":
         return Decision(outcome, pattern, "", about, kept, history, growth)
     messages = []

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .sizes import format_size
+from .words import Outcome
 
 
 @dataclass(frozen=True)
@@ -25,14 +26,14 @@ class Budget:
 class BudgetVerdict:
     """``outcome`` is ``passed``, ``leaked`` or ``over_budget``; ``message`` is one sentence, or empty."""
 
-    outcome: str
+    outcome: Outcome
     message: str
 
 
 def judge_budget(budget: Budget, device: str, leaked_bytes: int, peak_bytes: int | None) -> BudgetVerdict:
     """A test leaked if it left more than ``budget.leak`` bytes; it is over budget if its peak passed ``budget.peak``."""
     problems = []
-    outcome = "passed"
+    outcome: Outcome = "passed"
     if leaked_bytes > budget.leak:
         outcome = "leaked"
         problems.append(f"leaked {format_size(leaked_bytes)} on {device}, allowed {format_size(budget.leak)}")

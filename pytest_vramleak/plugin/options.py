@@ -18,14 +18,13 @@ from typing import Any
 
 from ..judging.sizes import SizeError, parse_size
 from ..judging.verdict import Increase, parse_increase
+from ..judging.words import FAIL_ON, KEPT_FLOOR, KEPT_FLOOR_TEXT, FailOn
 from ..meters.release import PercentError, parse_percent
 from ..reporting.report import output_problem
 from ..reporting.schemas import first_problem
 
 DEFAULT_WARMUP = 2
 DEFAULT_CONFIRM = 3
-DEFAULT_KEPT_FLOOR = "1 MiB"
-FAIL_ON = ("significant", "growth", "any")
 DEVICE_SPECS = "auto|cpu|cuda|cuda:N|mps|xpu"
 
 
@@ -109,8 +108,8 @@ OPTIONS = (
     ),
     Option(
         "vramleak_kept_floor",
-        f"memory a test keeps once (not growing) fails it from this size on, under --vramleak-fail-on=significant (default {DEFAULT_KEPT_FLOOR})",
-        DEFAULT_KEPT_FLOOR,
+        f"memory a test keeps once (not growing) fails it from this size on, under --vramleak-fail-on=significant (default {KEPT_FLOOR_TEXT})",
+        KEPT_FLOOR_TEXT,
         metavar="SIZE",
     ),
     Option(
@@ -207,10 +206,10 @@ class Settings:
     """Runs of each checked test (``--vramleak-repeat``); a marker's ``repeat=`` wins."""
     confirm: int = DEFAULT_CONFIRM
     """Re-runs of a test found over its leak budget, to classify it (``--vramleak-confirm``)."""
-    fail_on: str | None = None
+    fail_on: FailOn | None = None
     """``significant``, ``growth`` or ``any``; None: ``significant`` for tests without a marker,
     ``any`` for tests with one."""
-    kept_floor: int = 1024**2
+    kept_floor: int = KEPT_FLOOR
     """``significant``: memory kept once fails from this many bytes on."""
     peaks: bool = False
     benchmark_json: str = ""
@@ -322,8 +321,8 @@ def read_settings(get: Getter, rootpath: Path, environ: Mapping[str, str] | None
             f"{get('vramleak_confirm')[1]}: at least 2 re-runs are needed to tell growth from memory kept once, got 1"
         )
     fail_on_text, source = get("vramleak_fail_on")
-    fail_on = str(fail_on_text or "").strip().lower() or None
-    if fail_on is not None and fail_on not in FAIL_ON:
+    fail_on = next((word for word in FAIL_ON if word == str(fail_on_text or "").strip().lower()), None)
+    if fail_on is None and str(fail_on_text or "").strip():
         raise OptionError(f"{source}: expected significant, growth or any, got {fail_on_text!r}")
     if fail_on in ("growth", "significant") and confirm == 0 and repeat == 1:
         raise OptionError(
