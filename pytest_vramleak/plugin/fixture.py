@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from ..steps import StepNotRun, StepResult, StepWatcher, step_caller
-from .runs import named_roots
-from .state import TEST, Check, CheckedTest, VramLeak, meter_for, session_of
+from .runs import TEST, CheckedTest, named_roots
+from .state import Check, VramLeak, meter_for, session_of
 
 
 class VramLeakFixture:

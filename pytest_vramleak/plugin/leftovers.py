@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..holders.snapshot import describe
-from ..tracking.census import StorageKey
-from ..tracking.tracker import StorageRef
-
-if TYPE_CHECKING:
-    from .session import VramleakSession
+from .state import SessionState
 
 
-def look_for_drift(session: VramleakSession, *, due: bool) -> None:
+def look_for_drift(session: SessionState, *, due: bool) -> None:
     """Where checks could not afford to compare every storage's size and every leaf's gradient,
     compare them now, between tests (``due``: as often as keeps the cost small; otherwise
     whenever a check deferred them), and report what changed, charged to no test."""
@@ -46,25 +41,10 @@ def look_for_drift(session: VramleakSession, *, due: bool) -> None:
         session.drift.append(finding)
 
 
-@dataclass
-class FixtureMemory:
-    """Storages a module-, class-, package- or session-scoped fixture created during its setup."""
-
-    name: str
-    scope: str
-    where: str
-    device: str
-    storages: list[StorageRef]
-
-    def alive(self) -> list[tuple[StorageKey, int]]:
-        """The storages still alive, with their sizes."""
-        return [((ref.device, ref.pointer), ref.nbytes) for ref in self.storages if ref() is not None]
-
-
 MAX_FIXTURE_CHAINS = 3
 
 
-def fixture_leftovers(session: VramleakSession) -> list[dict[str, Any]]:
+def fixture_leftovers(session: SessionState) -> list[dict[str, Any]]:
     """Fixtures wider than a test whose storages are still alive once every fixture is torn down,
     with what holds them (a walk of the heap, paid only when some are left)."""
     leftovers: list[dict[str, Any]] = []

@@ -21,7 +21,7 @@ from .options import Settings, saved_run_path
 from .summary import header_settings, latest
 
 if TYPE_CHECKING:
-    from .session import VramleakSession
+    from .state import SessionState
 
 
 def write_html(
@@ -61,7 +61,7 @@ def write_markdown(path: str | None, results: list[dict[str, Any]]) -> None:
             stream.write(render_markdown(results))
 
 
-def write_outputs(session: pytest.Session, owner: VramleakSession) -> None:
+def write_outputs(session: pytest.Session, owner: SessionState) -> None:
     """Write every file the run asked for (the Markdown summary, the saved run, the reports, the
     benchmark figures), each on its own: one that fails is said in the summary, the others are
     written, and the run's exit status says so. A run that ran no test writes none."""

@@ -25,7 +25,7 @@ from ..tracking.sites import FRAMES_FOR_CPP_HELD, FRAMES_TRACED, SiteRecorder, S
 from ..tracking.tracker import NODE_BYTES, StorageRef, Tracker
 from .options import Settings
 from .protocol import RandomState, failed_call_report, failure_line, finish_teardown, run_once, why_stopped
-from .state import Check, VramLeak, current_check, pasteable, session_of, test_of
+from .state import Check, VramLeak, pasteable, session_of
 
 
 def _is_doctest(item: pytest.Item) -> bool:
@@ -72,6 +72,43 @@ class TestRuns:
     """The tracker's clock as the run that recorded sites after the verdict began (not one of the
     runs judged: what it left is named, and not counted)."""
     result: TestResult | None = None
+
+
+@dataclass
+class CheckedTest:
+    """One checked test: what collection planned for it, its runs while they happen, and the
+    current run's check."""
+
+    budget: Budget | None = None
+    """None for a test checked only through the vramleak fixture."""
+    marked: bool = False
+    """Its own ``vram_budget`` marker gives its budget (judged strictly by default)."""
+    repeat: int | None = None
+    """Runs its marker asks for (``repeat=``); None: the session's setting."""
+    skipped: bool = False
+    """Skipped because its device is missing: no check is set up for it."""
+    runs: TestRuns | None = None
+    """Its runs, while they happen (see :mod:`~pytest_vramleak.plugin.runs`)."""
+    current: Check | None = None
+    """The check of its current (or last) run."""
+
+
+TEST = pytest.StashKey[CheckedTest]()
+
+
+def test_of(item: pytest.Item) -> CheckedTest | None:
+    """The checked test an item is, if collection or the fixture made it one."""
+    return item.stash.get(TEST, None)
+
+
+def current_check(item: pytest.Item) -> Check | None:
+    test = item.stash.get(TEST, None)
+    return test.current if test is not None else None
+
+
+def current_runs(item: pytest.Item) -> TestRuns | None:
+    test = item.stash.get(TEST, None)
+    return test.runs if test is not None else None
 
 
 def _tracker(item: pytest.Item) -> Tracker:

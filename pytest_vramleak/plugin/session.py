@@ -35,13 +35,17 @@ from ..judging.verdict import Budget
 from ..meters.devices import CudaMeter, is_out_of_memory, pin_worker
 from ..meters.release import ReleaseScheduler
 from ..tracking.tracker import Tracker
-from .leftovers import FixtureMemory, fixture_leftovers, look_for_drift
+from .leftovers import fixture_leftovers, look_for_drift
 from .marker import parse_marker
 from .options import OptionError, Settings
 from .options import read_settings as read_options
 from .outputs import trace_folder, write_outputs
 from .runs import (
+    TEST,
+    CheckedTest,
     checked,
+    current_check,
+    current_runs,
     drop_last_error,
     finish_result,
     judge_foreign_run,
@@ -49,64 +53,30 @@ from .runs import (
     plan,
     record_properties,
     run_protocol,
+    test_of,
 )
 from .state import (
     EXEMPT_MARKER,
     MARKER,
     SESSION,
-    TEST,
     Check,
-    CheckedTest,
+    FixtureMemory,
+    SessionState,
     VramLeak,
     check_device_option,
-    current_check,
-    current_runs,
     drop_fixture_values,
     import_torch,
     meter_for,
     option_and_source,
     pasteable,
     skipped_by_mark,
-    test_of,
     why_unavailable,
 )
 from .summary import header_settings, idle_options, latest, status_word, summary_lines
 
 
-class VramleakSession:
+class VramleakSession(SessionState):
     """The state of one pytest session's checks, and the hooks that run them (see the module docstring)."""
-
-    def __init__(self) -> None:
-        self.config: pytest.Config | None = None
-        self.settings: Settings | None = None
-        self.torch_missing: str | None = None
-        """Why torch cannot be imported here (None where it can): marked tests then run unchecked."""
-        self.tracker: Tracker | None = None
-        """What checks defer is compared between tests (:func:`look_for_drift`)."""
-        self.results: list[dict[str, Any]] = []
-        """Each checked test's record, as its teardown report carries it (from every xdist worker)."""
-        self.ran = False
-        """Whether any test ran (set up at least): a run that ran none writes no report."""
-        self.active: Check | None = None
-        """The check of the test being set up, run or torn down."""
-        self.pytorchs_own: dict[str, tuple[str, list[int]]] = {}
-        """Per parametrized test function: the case whose runs showed that what it keeps is
-        PyTorch's own, and the sizes of the storages its first run kept."""
-        self.fixtures: list[FixtureMemory] = []
-        """What fixtures wider than a test made while a checked test set up."""
-        self.fixture_defs: dict[int, pytest.FixtureDef[Any]] = {}
-        """Fixtures wider than a test that were set up, so that what their values hold is named after them."""
-        self.drift: list[dict[str, Any]] = []
-        """Older tensors found grown in place, or given gradients, between checks (see :meth:`Tracker.drift`)."""
-        self.drift_span: list[str] | None = None
-        """The first and the last checked test since the last comparison between checks."""
-        self.worker_leftovers: list[dict[str, Any]] = []
-        """What each pytest-xdist worker found about fixtures, as its node went down."""
-        self.leftovers: list[dict[str, Any]] = []
-        self.releaser: ReleaseScheduler | None = None
-        self.output_errors: list[str] = []
-        self.not_written: list[str] = []
-        """The files a run that ran no test left as they were."""
 
     # -- the session ----------------------------------------------------------------------------
 

@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
 from ..check import LeakCheck
 from ..judging.verdict import Budget
 from ..meters.devices import DeviceUnavailable, Meter, make_meter, resolve_device
+from ..meters.release import ReleaseScheduler
 from ..steps import StepResult
-
-if TYPE_CHECKING:
-    from .runs import TestRuns
-    from .session import VramleakSession
+from ..tracking.census import StorageKey
+from ..tracking.tracker import StorageRef, Tracker
+from .options import Settings
 
 MARKER = "vram_budget"
 EXEMPT_MARKER = "allow_vram_leak"
@@ -49,49 +49,64 @@ class Check:
 
 
 @dataclass
-class CheckedTest:
-    """One checked test: what collection planned for it, its runs while they happen, and the
-    current run's check."""
+class FixtureMemory:
+    """Storages a module-, class-, package- or session-scoped fixture created during its setup."""
 
-    budget: Budget | None = None
-    """None for a test checked only through the vramleak fixture."""
-    marked: bool = False
-    """Its own ``vram_budget`` marker gives its budget (judged strictly by default)."""
-    repeat: int | None = None
-    """Runs its marker asks for (``repeat=``); None: the session's setting."""
-    skipped: bool = False
-    """Skipped because its device is missing: no check is set up for it."""
-    runs: TestRuns | None = None
-    """Its runs, while they happen (see :mod:`~pytest_vramleak.plugin.runs`)."""
-    current: Check | None = None
-    """The check of its current (or last) run."""
+    name: str
+    scope: str
+    where: str
+    device: str
+    storages: list[StorageRef]
+
+    def alive(self) -> list[tuple[StorageKey, int]]:
+        """The storages still alive, with their sizes."""
+        return [((ref.device, ref.pointer), ref.nbytes) for ref in self.storages if ref() is not None]
 
 
-TEST = pytest.StashKey[CheckedTest]()
+@dataclass(eq=False)  # compared and hashed by identity, as pytest keeps its plugins
+class SessionState:
+    """What one pytest session's checks share: the state that
+    :class:`~pytest_vramleak.plugin.session.VramleakSession`, whose methods are the hooks, owns."""
+
+    config: pytest.Config | None = None
+    settings: Settings | None = None
+    torch_missing: str | None = None
+    """Why torch cannot be imported here (None where it can): marked tests then run unchecked."""
+    tracker: Tracker | None = None
+    """What checks defer is compared between tests (:func:`~pytest_vramleak.plugin.leftovers.look_for_drift`)."""
+    results: list[dict[str, Any]] = field(default_factory=list)
+    """Each checked test's record, as its teardown report carries it (from every xdist worker)."""
+    ran: bool = False
+    """Whether any test ran (set up at least): a run that ran none writes no report."""
+    active: Check | None = None
+    """The check of the test being set up, run or torn down."""
+    pytorchs_own: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
+    """Per parametrized test function: the case whose runs showed that what it keeps is
+    PyTorch's own, and the sizes of the storages its first run kept."""
+    fixtures: list[FixtureMemory] = field(default_factory=list)
+    """What fixtures wider than a test made while a checked test set up."""
+    fixture_defs: dict[int, pytest.FixtureDef[Any]] = field(default_factory=dict)
+    """Fixtures wider than a test that were set up, so that what their values hold is named after them."""
+    drift: list[dict[str, Any]] = field(default_factory=list)
+    """Older tensors found grown in place, or given gradients, between checks (see :meth:`Tracker.drift`)."""
+    drift_span: list[str] | None = None
+    """The first and the last checked test since the last comparison between checks."""
+    worker_leftovers: list[dict[str, Any]] = field(default_factory=list)
+    """What each pytest-xdist worker found about fixtures, as its node went down."""
+    leftovers: list[dict[str, Any]] = field(default_factory=list)
+    releaser: ReleaseScheduler | None = None
+    output_errors: list[str] = field(default_factory=list)
+    not_written: list[str] = field(default_factory=list)
+    """The files a run that ran no test left as they were."""
 
 
-def test_of(item: pytest.Item) -> CheckedTest | None:
-    """The checked test an item is, if collection or the fixture made it one."""
-    return item.stash.get(TEST, None)
+SESSION = pytest.StashKey[SessionState]()
+"""The session's state, for the code pytest calls without its owner: the fixture, the marker's
+reader, a checked test's runs."""
 
 
-def current_check(item: pytest.Item) -> Check | None:
-    test = item.stash.get(TEST, None)
-    return test.current if test is not None else None
-
-
-def current_runs(item: pytest.Item) -> TestRuns | None:
-    test = item.stash.get(TEST, None)
-    return test.runs if test is not None else None
-
-
-SESSION = pytest.StashKey["VramleakSession"]()
-"""The session's owner (:class:`~pytest_vramleak.plugin.session.VramleakSession`), for the code
-pytest calls without it: the fixture, the marker's reader, a checked test's runs."""
-
-
-def session_of(config: pytest.Config) -> VramleakSession:
-    """The session's owner, configured."""
+def session_of(config: pytest.Config) -> SessionState:
+    """The session's state, configured."""
     return config.stash[SESSION]
 
 
