@@ -33,9 +33,9 @@ from .judging.outcome import CheckFigures, Rules, judge_check
 from .judging.sizes import format_size
 from .judging.verdict import Budget
 from .left_behind import LeftBehind
-from .meters.devices import CpuMeter, CudaMeter, Meter, clear_torch_caches
+from .meters.devices import CpuMeter, CudaMeter, Meter
 from .meters.history import AllocatorHistory
-from .readings import AllocatorReadings, LedgerReadings
+from .readings import Finishing, readings_for
 from .result import CheckResult
 from .tracking.census import StorageKey, storage_key
 from .tracking.sites import SiteRecorder, Sites, SiteSource
@@ -88,8 +88,7 @@ class LeakCheck:
         self.begin_clock = 0
         """The tracker's clock as the check began: storages first seen since are the check's."""
         self.begin_graphs: int | None = None
-        self.ledger = LedgerReadings(self.tracker) if self.on_cpu else None
-        self.readings = None if self.on_cpu else AllocatorReadings(self.meter)
+        self.readings = readings_for(self.meter, self.tracker)
         self.left_behind = LeftBehind()
         self._watching_peak = False
         self._threads_before: set[str] = set()
@@ -98,43 +97,32 @@ class LeakCheck:
 
     # -- the phases -----------------------------------------------------------------------------
 
-    @property
-    def on_cpu(self) -> bool:
-        return self.meter.name == "cpu"
-
     def begin(self) -> None:
         """Set-up starts: from now on, what is made belongs to the check."""
         current = threading.get_ident()
         self._threads_before = {thread.name for thread in threading.enumerate() if thread.ident != current}
         if not self.tracker.active:
-            self.tracker.begin(index=self.on_cpu)
+            self.tracker.begin(index=self.readings.names_each_storage)
         self.begin_clock = self.tracker.begin_clock
         self.begin_graphs = self.tracker.begin_graphs
         if self.begin_graphs is None:
             self.begin_graphs = graph_clock(_import_torch())
-        if self.on_cpu:
-            self.result.baseline_bytes = self.tracker.total("cpu")
-        else:
-            assert self.readings is not None
-            self.result.baseline_bytes = self.readings.begin()
+        self.result.baseline_bytes = self.readings.begin()
         self.left_behind.begin()
 
     def start(self) -> None:
         """The body starts: take the baseline, start watching the peak."""
         meter = self.meter
-        if self.ledger is not None:
-            self.ledger.start(keep_garbage=self.rules.strict_cycles and self.rules.keep_cycle_garbage)
-        elif self.readings is not None:
-            self.readings.start()
+        self.readings.start(keep_garbage=self.rules.strict_cycles and self.rules.keep_cycle_garbage)
         peak = self.rules.watch_peak
-        if peak is None:
-            peak = self.budget.peak is not None or not self.on_cpu
+        if peak is None:  # free where the allocator keeps a peak; on CPU the profiler costs
+            peak = self.budget.peak is not None or meter.keeps_counters
         if peak:
             if isinstance(meter, CpuMeter):
                 meter.categorize_peak = self.budget.peak is not None
             meter.start_peak()
             self._watching_peak = True
-        if self._record_sites and self.on_cpu and self._sites_given is None:
+        if self._record_sites and self.readings.names_each_storage and self._sites_given is None:
             self.sites = SiteRecorder()
             self.sites.start()
         if self._trace_folder is not None and isinstance(self.meter, CudaMeter):
@@ -145,14 +133,7 @@ class LeakCheck:
         """The body returned (or raised): read the peak, what only the cycle collector frees, and
         where the tensors still alive were made."""
         try:
-            if self.ledger is not None and self.ledger.baseline is not None:
-                self.result.cycle_bytes = self.ledger.cycle_bytes(
-                    self.result, strict=self.rules.strict_cycles, sites=self.sites
-                )
-                if self.sites is not None:
-                    self.sites.capture(self.tracker.pairs(self.tracker.created("cpu", since=self.begin_clock - 1)))
-            elif self.readings is not None and self.readings.at_start is not None:
-                self.result.cycle_bytes = self.readings.cycle_bytes()
+            self.readings.stop(self.result, self.begin_clock, strict=self.rules.strict_cycles, sites=self.sites)
         finally:
             if self.sites is not None:
                 self.sites.stop()  # tracing costs: it covers the body alone
@@ -166,10 +147,17 @@ class LeakCheck:
         """Measure after teardown and decide. ``confirm`` drops what the caller still holds for the
         code checked (pytest's fixture values) before a suspected leak is measured again."""
         try:
-            if self.on_cpu:
-                self._finish_cpu(confirm)
-            else:
-                self._finish_accelerator(confirm)
+            finishing = Finishing(
+                self.result,
+                self.budget,
+                self.begin_clock,
+                self.begin_graphs,
+                confirm,
+                self.settle_leaks,
+                self.clear_caches,
+            )
+            self.readings.finish(finishing)
+            self._settled = self._settled or finishing.settled
             self._apply_rules()
             if self.name_leaks and self.result.outcome == "leaked" and self.result.memory_leaked:
                 self.explain()
@@ -195,8 +183,7 @@ class LeakCheck:
 
     def close(self) -> None:
         """Unfreeze the heap; the check holds nothing of the code it checked."""
-        if self.ledger is not None:
-            self.ledger.close()
+        self.readings.close()
         self.left_behind.end()
         if self.sites is not None:
             self.sites.stop()  # what it captured stays known: a test run again names its leak later
@@ -219,48 +206,9 @@ class LeakCheck:
 
     # -- measuring ------------------------------------------------------------------------------
 
-    def _finish_cpu(self, confirm: Callable[[], None] | None) -> None:
-        ledger = self.ledger
-        assert ledger is not None and ledger.baseline is not None, "finish() before start()"
-        ledger.read(self.result, self.begin_clock, self.begin_graphs, since=ledger.baseline)
-        if self.suspected and confirm is not None:  # what pytest still holds of the test's fixtures goes first: cheap
-            confirm()
-            ledger.read(self.result, self.begin_clock, self.begin_graphs)
-        if self.suspected and self.settle_leaks:
-            self._confirm()
-            ledger.read(self.result, self.begin_clock, self.begin_graphs)
-
-    def _confirm(self) -> None:
-        """Before a suspected leak is final: drop what PyTorch caches for itself (as its own check
-        does), and cycles that outlived an observation."""
-        if self.clear_caches:
-            clear_torch_caches(_import_torch())
-        garbage = self.tracker.settle()[self.meter.name]
-        self._settled = True
-        if garbage:
-            self.result.details["older_garbage_freed_bytes"] = (
-                self.result.details.get("older_garbage_freed_bytes", 0) + garbage
-            )
-
-    def _finish_accelerator(self, confirm: Callable[[], None] | None) -> None:
-        readings, budget, result = self.readings, self.budget, self.result
-        assert readings is not None
-        growth = readings.growth(result.fixture_bytes, budget.leak)
-        result.graph = self.tracker.young_graph(self.begin_graphs)
-        if growth.allocated + result.history_bytes > budget.leak:
-            if confirm is not None:
-                confirm()
-            if self.settle_leaks:
-                if self.clear_caches:
-                    clear_torch_caches(_import_torch())
-                self._settled = True
-            growth = readings.growth(result.fixture_bytes, budget.leak)
-            result.graph = self.tracker.young_graph(self.begin_graphs)
-        readings.record(result, growth, budget)
-
     def _apply_rules(self) -> None:
         result = self.result
-        others = [other.name for other, _ in self.readings.others] if self.readings is not None else []
+        others = [other.name for other, _ in self.readings.others]
         assert result.leaked_bytes is not None
         figures = CheckFigures(
             result.device,
@@ -273,7 +221,7 @@ class LeakCheck:
             result.cycle_bytes,
             result.details,
         )
-        judged = judge_check(figures, self.budget, self.rules, on_cpu=self.on_cpu, other_devices=others)
+        judged = judge_check(figures, self.budget, self.rules, other_devices=others)
         result.notes += [note for note in judged.notes if note not in result.notes]
         result.peak_over, result.over_budget = judged.peak_over, judged.over_budget
         result.other_leaks, result.cycles_failed = judged.other_leaks, judged.cycles_failed
@@ -316,11 +264,10 @@ class LeakCheck:
         sites = self.site_source()
         devices = [result.device] + [
             other.name
-            for other, _ in (self.readings.others if self.readings is not None else [])
+            for other, _ in self.readings.others
             if result.details.get(f"{other.name}_leaked_bytes", 0) > self.budget.leak
         ]
-        if not self.on_cpu:
-            self.tracker.catch_up()  # the allocator said how much; which storages, the index says
+        self.readings.before_naming()
         named = self.named_roots() if self.named_roots is not None else ()
         for device in devices:
             main = device == result.device

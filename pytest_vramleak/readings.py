@@ -18,10 +18,12 @@ host memory and the allocator's reserved peak are read alongside.
 from __future__ import annotations
 
 import gc
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from .holders.cycles import cycle_garbage, let_go, save_garbage
-from .meters.devices import CudaMeter, Growth, Meter, explain_reserved, measure_growth
+from .meters.devices import CudaMeter, Growth, Meter, clear_torch_caches, explain_reserved, measure_growth
 from .tracking.tracker import Mark, Tracker
 
 if TYPE_CHECKING:
@@ -30,15 +32,54 @@ if TYPE_CHECKING:
     from .tracking.sites import SiteRecorder
 
 
+@dataclass
+class Finishing:
+    """What a check hands its readings as it finishes: its result so far, its budget and clocks,
+    and how a suspected leak is confirmed."""
+
+    result: CheckResult
+    budget: Budget
+    begin_clock: int
+    begin_graphs: int | None
+    release: Callable[[], None] | None
+    """Drops what the caller still holds for the code checked (pytest's fixture values): cheap, first."""
+    settle_leaks: bool
+    """Confirm a suspected leak with PyTorch's caches cleared (and, on CPU, a full collection)."""
+    clear_caches: bool
+    settled: bool = False
+    """Set where every generation was collected, or caches cleared, to confirm the leak."""
+
+    @property
+    def suspected(self) -> bool:
+        """More than the budget left (memory, or autograd history the checked code left alive)."""
+        return (self.result.leaked_bytes or 0) + self.result.history_bytes > self.budget.leak
+
+
+def readings_for(meter: Meter, tracker: Tracker) -> LedgerReadings | AllocatorReadings:
+    """What a check on ``meter``'s device reads: its allocator's counters where it keeps them,
+    else the tracker's ledger of storages."""
+    return AllocatorReadings(meter, tracker) if meter.keeps_counters else LedgerReadings(tracker)
+
+
 class LedgerReadings:
     """What one check reads of the tracker's ledger on CPU."""
 
+    names_each_storage = True
+    """The ledger knows each storage a check's code made, and when: a test's runs are told apart,
+    and what they kept is named storage by storage."""
+
     def __init__(self, tracker: Tracker) -> None:
         self.tracker = tracker
+        self.others: list[tuple[CudaMeter, int]] = []
+        """Other devices read alongside: none (the ledger covers every CPU storage)."""
         self.baseline: Mark | None = None
         """The observation as the body started."""
         self._garbage_from: int | None = None
         """Where in ``gc.garbage`` what collections saved since the body began starts (keep_cycle_garbage)."""
+
+    def begin(self) -> int:
+        """Set-up starts: the bytes of every storage alive."""
+        return self.tracker.total("cpu")
 
     def start(self, *, keep_garbage: bool) -> None:
         """The body starts: observe, and freeze what set-up made (read again only where it changes)."""
@@ -46,6 +87,46 @@ class LedgerReadings:
         self.tracker.freeze_young()
         if keep_garbage:
             self._garbage_from = save_garbage()
+
+    def stop(self, result: CheckResult, begin_clock: int, *, strict: bool, sites: SiteRecorder | None) -> None:
+        """The body returned: what only the cycle collector frees, and where the tensors the check
+        made that are still alive were made (``sites``)."""
+        if self.baseline is None:
+            return
+        result.cycle_bytes = self.cycle_bytes(result, strict=strict, sites=sites)
+        if sites is not None:
+            sites.capture(self.tracker.pairs(self.tracker.created("cpu", since=begin_clock - 1)))
+
+    def finish(self, finishing: Finishing) -> None:
+        """Measure after teardown; a suspected leak is measured again once what the caller holds is
+        let go, then after PyTorch's caches are cleared and every generation collected."""
+        assert self.baseline is not None, "finish() before start()"
+        result, clock, graphs = finishing.result, finishing.begin_clock, finishing.begin_graphs
+        self.read(result, clock, graphs, since=self.baseline)
+        if finishing.suspected and finishing.release is not None:
+            finishing.release()
+            self.read(result, clock, graphs)
+        if finishing.suspected and finishing.settle_leaks:
+            if finishing.clear_caches:
+                clear_torch_caches(_import_torch())
+            garbage = self.tracker.settle()["cpu"]
+            finishing.settled = True
+            if garbage:
+                result.details["older_garbage_freed_bytes"] = (
+                    result.details.get("older_garbage_freed_bytes", 0) + garbage
+                )
+            self.read(result, clock, graphs)
+
+    def before_naming(self) -> None:
+        """The ledger knows every storage already."""
+
+    def fixture_mark(self) -> int:
+        """Where a wider-scoped fixture set up during the check starts: the ledger tells its
+        storages apart by themselves (see :meth:`Tracker.adopt`)."""
+        return 0
+
+    def fixture_bytes(self, mark: int) -> int:
+        return 0
 
     def cycle_bytes(self, result: CheckResult, *, strict: bool, sites: SiteRecorder | None) -> int:
         """Bytes the body made that were alive as it returned and that only the cycle collector
@@ -93,8 +174,12 @@ class LedgerReadings:
 class AllocatorReadings:
     """What one check reads of an accelerator's allocator."""
 
-    def __init__(self, meter: Meter) -> None:
+    names_each_storage = False
+    """The allocator says how much; which storages, the tracker's index is asked only to name them."""
+
+    def __init__(self, meter: Meter, tracker: Tracker) -> None:
         self.meter = meter
+        self.tracker = tracker
         self.at_begin: int | None = None
         """Allocated bytes as set-up started."""
         self.at_start: int | None = None
@@ -109,7 +194,7 @@ class AllocatorReadings:
         self.at_begin = self.meter.allocated_bytes()
         return self.at_begin
 
-    def start(self) -> None:
+    def start(self, *, keep_garbage: bool) -> None:
         """Read the allocator as the body starts, after pending work is done."""
         meter = self.meter
         meter.settle()
@@ -119,6 +204,43 @@ class AllocatorReadings:
         self._driver_at_start = meter.details().get("driver_used_bytes")
         if isinstance(meter, CudaMeter):
             self.others = _other_devices(meter)
+
+    def stop(self, result: CheckResult, begin_clock: int, *, strict: bool, sites: SiteRecorder | None) -> None:
+        """The body returned: what only the cycle collector frees."""
+        if self.at_start is not None:
+            result.cycle_bytes = self.cycle_bytes()
+
+    def finish(self, finishing: Finishing) -> None:
+        """Measure after teardown: a growth past the budget is measured again once what the caller
+        holds is let go (and PyTorch's caches cleared), then recorded with what is read beside it."""
+        result, budget = finishing.result, finishing.budget
+        growth = self.growth(result.fixture_bytes, budget.leak)
+        result.graph = self.tracker.young_graph(finishing.begin_graphs)
+        if growth.allocated + result.history_bytes > budget.leak:
+            if finishing.release is not None:
+                finishing.release()
+            if finishing.settle_leaks:
+                if finishing.clear_caches:
+                    clear_torch_caches(_import_torch())
+                finishing.settled = True
+            growth = self.growth(result.fixture_bytes, budget.leak)
+            result.graph = self.tracker.young_graph(finishing.begin_graphs)
+        self.record(result, growth, budget)
+
+    def before_naming(self) -> None:
+        """The allocator said how much; which storages, the tracker's index says once it catches up."""
+        self.tracker.catch_up()
+
+    def fixture_mark(self) -> int:
+        """Allocated bytes as a wider-scoped fixture set up during the check starts."""
+        return self.meter.allocated_bytes()
+
+    def fixture_bytes(self, mark: int) -> int:
+        """What that fixture made: the allocator's growth since ``mark``."""
+        return self.meter.allocated_bytes() - mark
+
+    def close(self) -> None:
+        """Nothing is held between readings."""
 
     def cycle_bytes(self) -> int:
         """Bytes the body made that were alive as it returned and that only the cycle collector freed."""
@@ -169,3 +291,9 @@ def _other_devices(meter: CudaMeter) -> list[tuple[CudaMeter, int]]:
             other.settle()
             others.append((other, other.allocated_bytes()))
     return others
+
+
+def _import_torch() -> Any:
+    import torch
+
+    return torch

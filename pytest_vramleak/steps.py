@@ -487,7 +487,7 @@ class _Loop:
         self.named_roots = named_roots
         self.meter = meter
         self.tracker = tracker
-        self.on_cpu = meter.name == "cpu"
+        self.on_cpu = not meter.keeps_counters  # the tracker's ledger measures where no allocator counts
         self.owns_tracker = not tracker.active
         # On accelerators the allocator's history names sites (--vramleak-trace); steps are not observed.
         self.recorder = SiteRecorder() if record_sites and self.on_cpu else None

@@ -70,9 +70,7 @@ class CheckJudgement:
         return self.outcome == "leaked"
 
 
-def judge_check(
-    figures: CheckFigures, budget: Budget, rules: Rules, *, on_cpu: bool, other_devices: Sequence[str]
-) -> CheckJudgement:
+def judge_check(figures: CheckFigures, budget: Budget, rules: Rules, *, other_devices: Sequence[str]) -> CheckJudgement:
     """The outcome of a check's figures under its budget and rules. ``other_devices``: the
     process's other CUDA devices, whose growth the figures' details hold."""
     history = figures.history_bytes
@@ -81,7 +79,7 @@ def judge_check(
     messages = [verdict.message] if verdict.message else []
     if verdict.outcome == "leaked" and history:
         messages[0] = _with_history(messages[0], figures, budget)
-    if on_cpu and verdict.outcome == "leaked" and figures.freed_older_bytes and figures.leaked_bytes:
+    if verdict.outcome == "leaked" and figures.freed_older_bytes and figures.leaked_bytes:
         messages[0] += (
             f" ({format_size(figures.created_bytes or 0)} made and still alive, "
             f"{format_size(figures.freed_older_bytes)} of older memory freed)"

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from ..judging.sizes import format_size
 from ..tracking.census import take_census
@@ -60,6 +60,11 @@ class Meter(Protocol):
     """Measures one device's memory."""
 
     name: str
+
+    @property
+    def keeps_counters(self) -> bool:
+        """Whether the device's allocator counts what it allocates (CUDA, XPU, MPS); where it does
+        not (CPU), a check measures with the tracker's ledger of storages."""
 
     def settle(self) -> None:
         """Collect garbage and wait for queued work, so a measurement sees only what is still held."""
@@ -139,6 +144,7 @@ def pin_worker(worker_id: str, torch: Any, environ: Any) -> str | None:
 class CudaMeter:
     """The caching allocator of one CUDA device (or any backend with CUDA's memory API)."""
 
+    keeps_counters: ClassVar[bool] = True
     name: str
     backend: Any
     """``torch.cuda``, or a fake with the same functions in unit tests."""
@@ -294,6 +300,7 @@ def explain_reserved(details: dict[str, int], allocated: int) -> str:
 class MpsMeter:
     """Apple's MPS device through ``torch.mps``, which keeps no peak statistics."""
 
+    keeps_counters: ClassVar[bool] = True
     backend: Any
     name: str = "mps"
 
@@ -367,6 +374,7 @@ class CpuMeter:
     not known (None), and the test's profiler starts as it would without the plugin.
     """
 
+    keeps_counters: ClassVar[bool] = False
     torch: Any
     name: str = "cpu"
     categorize_peak: bool = False

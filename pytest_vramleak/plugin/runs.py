@@ -312,7 +312,7 @@ def _kept_as_in_an_earlier_case(item: pytest.Item, runs: TestRuns) -> str | None
     function: the runs again and the naming of a tracing constant cost seconds per case."""
     tracker = _tracker(item)
     first = runs.checks[0].engine
-    if first is None or first.result.device != "cpu" or runs.rule.strict:
+    if first is None or not first.readings.names_each_storage or runs.rule.strict:
         return None
     runs.first_kept = sorted(ref.nbytes for ref in tracker.alive_since("cpu", runs.first_begin))
     key = _function_key(item)
@@ -333,7 +333,13 @@ def _kept_in_its_parameters(item: pytest.Item, runs: TestRuns, seconds: float) -
     kept once, and a slow test (a DDP fit of seconds) need not run again to show it."""
     params = getattr(getattr(item, "callspec", None), "params", None)
     first = runs.checks[0].engine
-    if not params or seconds < SLOW_RUN_SECONDS or first is None or first.result.device != "cpu" or runs.rule.strict:
+    if (
+        not params
+        or seconds < SLOW_RUN_SECONDS
+        or first is None
+        or not first.readings.names_each_storage
+        or runs.rule.strict
+    ):
         return False
     if first.result.graph is not None and first.result.graph.nodes:
         return False  # autograd history: judged by its runs
@@ -383,7 +389,9 @@ def _run_record(check: Check, runs: TestRuns | None = None) -> Run:
     nodes = graph.nodes if graph is not None else 0
     first = runs.checks[0].engine if runs is not None and runs.checks else None
     if runs is not None and first is not None and first is not check.engine and first.begin_graphs is not None:
-        if engine.device == "cpu":  # what tensors alive now keep of every run's graphs: a run may free an earlier one's
+        if (
+            check.engine.readings.names_each_storage
+        ):  # what tensors alive now keep of every run's graphs: a run may free an earlier one's
             tracker = check.engine.tracker
             nodes = tracker.kept_graph(
                 threshold=first.begin_graphs, entries=tracker.entries_since_run(runs.first_begin)
@@ -554,7 +562,9 @@ def _name_runs(item: pytest.Item, runs: TestRuns, verdict: Verdict, *, listing: 
         return
     device = engine.device
     last = runs.checks[-1]
-    if device != "cpu":  # the last run's check named what it left, while the allocator's index was at hand
+    if (
+        not first.engine.readings.names_each_storage
+    ):  # the last run's check named what it left, while the allocator's index was at hand
         if last.engine is not None:
             verdict.groups, verdict.named = list(last.engine.result.groups), True
         return
@@ -688,7 +698,7 @@ def _credit_cycles_first(item: pytest.Item, runs: TestRuns, verdict: Verdict) ->
     if decision.pattern != "grows" or decision.grows_history or len(runs.checks) < 2 or verdict.first.engine is None:
         return
     engine = verdict.first.engine.result
-    if engine.device != "cpu":
+    if not verdict.first.engine.readings.names_each_storage:
         return
     tracker = _tracker(item)
     # Garbage on a cycle refers to what it holds: memory nothing in Python refers to (what

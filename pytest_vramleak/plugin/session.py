@@ -211,7 +211,7 @@ class VramleakSession(SessionState):
                 # A test run again is confirmed once, after its runs (a full collection costs a walk of
                 # the heap); a test run once is confirmed as it ends.
                 settle_leaks=not runs.may_rerun,
-                name_leaks=not runs.may_rerun or (runs.naming_run and check.meter.name != "cpu"),
+                name_leaks=not runs.may_rerun or (runs.naming_run and check.meter.keeps_counters),
                 sites=runs.sites if runs.naming_run else None,
                 clear_caches=first,
             )
@@ -385,12 +385,11 @@ class VramleakSession(SessionState):
         if check is None or check.meter is None or tracker is None or settings is None or not tracker.active:
             return (yield)
         before = tracker.clock
-        allocated = check.meter.allocated_bytes() if check.meter.name != "cpu" else 0
+        mark = check.engine.readings.fixture_mark() if check.engine is not None else 0
         value = yield
         if check.engine is not None:  # what the fixture made or started belongs to its scope, not to the test
             check.engine.left_behind.adopt()
-            if check.meter.name != "cpu":
-                check.engine.adopt_bytes(check.meter.allocated_bytes() - allocated)
+            check.engine.adopt_bytes(check.engine.readings.fixture_bytes(mark))
         tracker.observe(collect=False, watch=False)
         created = tracker.created(check.meter.name, since=before)
         tracker.adopt(created)
