@@ -162,3 +162,57 @@ def test_parse_increase(text: str, fraction: float, size: int) -> None:
 )
 def test_increase_fails_only_past_both_limits(old: int, new: int, fails: bool) -> None:
     assert bool(judge_increase(old, new, Increase(0.10, 64 * 1024), "cpu")) is fails
+
+
+class _FirstRun:
+    """The first run's figures as :func:`~pytest_vramleak.judging.repeats.memory_fails` reads them."""
+
+    def __init__(self, *, memory_leaked: bool = True, other_leaks: bool = False) -> None:
+        self.outcome = "leaked" if memory_leaked or other_leaks else "passed"
+        self.message = ""
+        self.memory_leaked = memory_leaked
+        self.other_leaks = other_leaks
+        self.over_budget = False
+        self.left_behind: list[str] = []
+
+
+FLOOR = 1024
+
+
+@pytest.mark.parametrize(
+    "fail_on, grows, kept, first_kept, memory_leaked, other_leaks, fails",
+    [
+        # any: the first run as a test run once, past the budget (100 B); growth; another leak
+        ("any", False, 0, 101, True, False, True),
+        ("any", False, 0, 100, True, False, False),
+        ("any", False, 0, 101, False, False, False),
+        ("any", False, 0, 0, True, True, True),
+        ("any", True, 0, 0, False, False, True),
+        # growth: only growth, or another leak
+        ("growth", False, 10 * FLOOR, 10 * FLOOR, True, False, False),
+        ("growth", True, 0, 0, False, False, True),
+        ("growth", False, 0, 0, False, True, True),
+        # significant: growth, or kept over the budget and at least the floor
+        ("significant", False, FLOOR - 1, FLOOR - 1, True, False, False),
+        ("significant", False, FLOOR, FLOOR, True, False, True),
+        ("significant", False, FLOOR + 1, 0, True, False, True),
+        ("significant", True, 0, 0, False, False, True),
+        ("significant", False, 0, 0, False, True, True),
+    ],
+)
+def test_memory_fails_by_the_rules_table(
+    fail_on: str, grows: bool, kept: int, first_kept: int, memory_leaked: bool, other_leaks: bool, fails: bool
+) -> None:
+    from pytest_vramleak.judging.repeats import Rule, memory_fails
+
+    rule = Rule(100, 0, fail_on, FLOOR)  # type: ignore[arg-type]
+    first = _FirstRun(memory_leaked=memory_leaked, other_leaks=other_leaks)
+    assert memory_fails(rule, first, grows=grows, kept=kept, first_kept=first_kept) is fails
+
+
+def test_significant_needs_both_the_budget_and_the_floor() -> None:
+    from pytest_vramleak.judging.repeats import Rule, memory_fails
+
+    rule = Rule(2 * FLOOR, 0, "significant", FLOOR)
+    assert not memory_fails(rule, _FirstRun(), grows=False, kept=2 * FLOOR, first_kept=2 * FLOOR)
+    assert memory_fails(rule, _FirstRun(), grows=False, kept=2 * FLOOR + 1, first_kept=0)

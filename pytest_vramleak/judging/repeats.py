@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol
 
 from .sizes import format_size
 from .verdict import GrowthVerdict, judge_growth
@@ -202,21 +202,63 @@ class Decision:
     growth_bytes: int | None = None
 
 
+class FirstRun(Protocol):
+    """What :func:`decide` reads of a test's first run (a :class:`~pytest_vramleak.result.CheckResult`)."""
+
+    @property
+    def outcome(self) -> str: ...
+    @property
+    def message(self) -> str:
+        """The sentence of each rule the first run broke, as a test run once reads."""
+
+    @property
+    def memory_leaked(self) -> bool: ...
+    @property
+    def other_leaks(self) -> bool:
+        """Pinned host memory, another device or memory left to the cycle collector leaked."""
+
+    @property
+    def over_budget(self) -> bool: ...
+    @property
+    def left_behind(self) -> list[str]:
+        """Process groups, child processes and ranks' leaks: always the test's."""
+
+
+def memory_fails(rule: Rule, first: FirstRun, *, grows: bool, kept: int, first_kept: int) -> bool:
+    """Whether the memory a test's runs leave fails it, by the rule's ``fail_on``:
+
+    ============  ==========================================================================
+    fail_on       fails where
+    ============  ==========================================================================
+    any           memory grows across runs, or the first run leaked past the budget (as a
+                  test run once is judged), or leaked pinned memory, on another device or to
+                  the cycle collector
+    growth        memory grows, or another leak as above
+    significant   memory grows, or what the runs keep is over the budget and at least the
+                  floor, or another leak as above
+    ============  ==========================================================================
+    """
+    if rule.fail_on == "any":
+        return grows or (first.memory_leaked and (first_kept > rule.leak_budget or first.other_leaks))
+    if rule.fail_on == "growth":
+        return grows or first.other_leaks
+    return grows or (kept > rule.leak_budget and kept >= rule.floor) or first.other_leaks
+
+
 def decide(
     repetitions: Repetitions,
-    first: Any,
+    first: FirstRun,
     rule: Rule,
     *,
     device: str,
     adjust: Sequence[int] = (),
     node_bytes: int = 0,
 ) -> Decision:
-    """Judge a test from its first run (``first``, a :class:`~pytest_vramleak.check.CheckResult`:
-    the whole-test leak and the peak) and what each run left, under ``rule`` (see the module
-    docstring). ``adjust``: bytes per run set aside as not the test's (held by PyTorch itself);
-    ``node_bytes``: the estimated size of one kept autograd node."""
-    budget = rule.leak_budget
-    pattern, verdict, history = repetitions.classify(rule.tolerance, budget, device, adjust)
+    """Judge a test from its first run (``first``: the whole-test leak and the peak) and what each
+    run left, under ``rule`` (see the module docstring and :func:`memory_fails`). ``adjust``:
+    bytes per run set aside as not the test's (held by PyTorch itself); ``node_bytes``: the
+    estimated size of one kept autograd node."""
+    pattern, verdict, history = repetitions.classify(rule.tolerance, rule.leak_budget, device, adjust)
     series = repetitions.series(adjust)
     nodes = repetitions.node_series()
     kept = (series[-1] if series else 0) + (nodes[-1] if nodes else 0) * node_bytes
@@ -224,7 +266,6 @@ def decide(
     if pattern is None and repetitions.rerun_failed:
         kept = first_kept  # the runs after the first are not used
     grows = pattern == "grows"
-    peak_over = bool(getattr(first, "over_budget", False))
     about = (
         repetitions.describe(pattern, verdict, device, history=history, adjust=adjust)
         if len(repetitions.runs) > 1 or repetitions.rerun_failed
@@ -235,52 +276,56 @@ def decide(
         if grows and not history and series
         else None
     )
-    left_behind = bool(getattr(first, "left_behind", None))  # process groups, children, ranks: always the test's
-    if rule.strict:  # the first run as a test run once is judged; growth fails too
-        memory_fails = grows or (
-            bool(first.memory_leaked) and (first_kept > budget or bool(getattr(first, "other_leaks", False)))
-        )
-    elif rule.fail_on == "growth":
-        memory_fails = grows or bool(getattr(first, "other_leaks", False))
-    else:  # significant: growth, or memory kept once that matters
-        memory_fails = grows or (kept > budget and kept >= rule.floor) or bool(getattr(first, "other_leaks", False))
-    outcome: Outcome = "leaked" if memory_fails or left_behind else "over_budget" if peak_over else "passed"
+    fails = memory_fails(rule, first, grows=grows, kept=kept, first_kept=first_kept)
+    left_behind = bool(first.left_behind)
+    outcome: Outcome = "leaked" if fails or left_behind else "over_budget" if first.over_budget else "passed"
     if outcome == "passed":
         return Decision(outcome, pattern, "", about, kept, history, growth)
-    messages = []
-    if memory_fails and rule.strict and not (grows and repetitions.mode == "repeat"):
-        messages.append(first.message)  # the budget's verdict on the first run; the runs say more below
-    elif grows and memory_fails:
-        assert verdict is not None
-        measured = len(repetitions.runs) - repetitions.warmup
-        if history:
-            messages.append(
-                f"autograd history grew {verdict.per_step_bytes:,.0f} nodes per run of the test over {measured} measured runs on "
-                f"{device} (about {format_size(verdict.per_step_bytes * node_bytes)} of host memory per run)"
-            )
-        else:
-            messages.append(
-                f"memory grew {format_size(verdict.per_step_bytes)} per run of the test over {measured} measured runs on {device}, "
-                f"tolerance {format_size(rule.tolerance)}"
-            )
-    elif memory_fails and not rule.strict and not getattr(first, "other_leaks", False):
-        messages.append(
-            f"kept {format_size(kept)} on {device} that it did not let go: memory a test keeps once fails from "
-            f"{format_size(rule.floor)} on (--vramleak-kept-floor)"
-        )
-    elif memory_fails or left_behind or peak_over:
+    messages = [
+        _memory_message(repetitions, first, rule, verdict if grows else None, history, fails, kept, device, node_bytes)
+    ]
+    if (left_behind or first.over_budget) and first.message not in messages:
         messages.append(first.message)
-    if (left_behind or peak_over) and first.message not in messages:
-        messages.append(first.message)
-    if (
-        grows
-        and rule.strict
-        and repetitions.mode == "repeat"
-        and first.outcome != "passed"
-        and first.message
-        and first.message not in messages
-    ):
-        about = f"{about}\nfirst run: {first.message}"
+    if grows and rule.strict and repetitions.mode == "repeat" and first.outcome != "passed" and first.message:
+        if first.message not in messages:
+            about = f"{about}\nfirst run: {first.message}"
     return Decision(
         outcome, pattern, "; ".join(message for message in messages if message), about, kept, history, growth
     )
+
+
+def _memory_message(
+    repetitions: Repetitions,
+    first: FirstRun,
+    rule: Rule,
+    growth: GrowthVerdict | None,
+    history: bool,
+    fails: bool,
+    kept: int,
+    device: str,
+    node_bytes: int,
+) -> str:
+    """The failure's first sentence: the first run's verdict where a strict rule judges it (runs
+    repeated as planned that grow say how), the growth per run (``growth``: the verdict of runs
+    that grow), or what was kept once."""
+    grows = growth is not None and fails
+    if fails and rule.strict and not (grows and repetitions.mode == "repeat"):
+        return first.message  # the budget's verdict on the first run; the runs say more below
+    if grows:
+        assert growth is not None
+        measured = len(repetitions.runs) - repetitions.warmup
+        if history:
+            return (
+                f"autograd history grew {growth.per_step_bytes:,.0f} nodes per run of the test over {measured} measured runs on "
+                f"{device} (about {format_size(growth.per_step_bytes * node_bytes)} of host memory per run)"
+            )
+        return (
+            f"memory grew {format_size(growth.per_step_bytes)} per run of the test over {measured} measured runs on {device}, "
+            f"tolerance {format_size(rule.tolerance)}"
+        )
+    if fails and not rule.strict and not first.other_leaks:
+        return (
+            f"kept {format_size(kept)} on {device} that it did not let go: memory a test keeps once fails from "
+            f"{format_size(rule.floor)} on (--vramleak-kept-floor)"
+        )
+    return first.message

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -260,7 +260,6 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
     if verdict is not None and verdict.failing:
         _credit_cycles_first(item, runs, verdict)
     if verdict is not None and runs.in_parameters:
-        verdict.decision = replace(verdict.decision, pattern="kept_once")
         names = ", ".join(item.callspec.params)  # type: ignore[attr-defined]
         verdict.notes.append(
             f"kept only in its parametrize values ({names}), which pytest keeps for the session and no other run of this case "
@@ -361,9 +360,7 @@ def _set_aside_as_in(runs: TestRuns, verdict: Verdict) -> None:
     verdict.adjust = [kept]
     engine = verdict.first.engine
     assert engine is not None
-    verdict.decision = decide(
-        runs.repetitions, engine.result, runs.rule, device="cpu", adjust=verdict.adjust, node_bytes=NODE_BYTES
-    )
+    verdict.decision = _decide(runs, engine.result, verdict.adjust)
     verdict.notes.append(
         f"{format_size(kept)} held by PyTorch itself in C++, as the runs of {runs.as_in} showed for the same storages "
         "(nothing in Python refers to them; this case was not run again; --vramleak-fail-on=any counts it): not counted"
@@ -429,14 +426,20 @@ class Verdict:
         return self.decision.outcome in ("leaked", "over_budget")
 
 
+def _decide(runs: TestRuns, first: CheckResult, adjust: Sequence[int] = ()) -> Decision:
+    """The rule on the runs so far (:func:`~pytest_vramleak.judging.repeats.decide`), ``adjust``
+    set aside per run; a case judged by what its parametrize values keep stays kept once."""
+    decision = decide(runs.repetitions, first, runs.rule, device=first.device, adjust=adjust, node_bytes=NODE_BYTES)
+    return replace(decision, pattern="kept_once") if runs.in_parameters else decision
+
+
 def _judge(item: pytest.Item, runs: TestRuns) -> Verdict | None:
     """The verdict on the runs so far (None where the first run was not checked)."""
     first = runs.checks[0] if runs.checks else None
     if not _usable(first) or first is None or first.engine is None or first.budget is None:
         return None
     engine = first.engine.result
-    repetitions = runs.repetitions
-    decision = decide(repetitions, engine, runs.rule, device=engine.device, node_bytes=NODE_BYTES)
+    decision = _decide(runs, engine)
     return Verdict(decision, first, decision)
 
 
@@ -558,7 +561,7 @@ def _name_runs(item: pytest.Item, runs: TestRuns, verdict: Verdict, *, listing: 
         verdict.groups, verdict.named = list(engine.groups), True
         if runs.repetitions.runs:
             runs.repetitions.runs[0].leaked_bytes = engine.leaked_bytes or 0  # less what explaining set aside
-        verdict.decision = decide(runs.repetitions, engine, runs.rule, device=engine.device, node_bytes=NODE_BYTES)
+        verdict.decision = _decide(runs, engine)
         return
     device = engine.device
     last = runs.checks[-1]
@@ -642,9 +645,7 @@ def _name_runs(item: pytest.Item, runs: TestRuns, verdict: Verdict, *, listing: 
         # kept once by a test run once: the runs after the first do not add it up to growth.
         take_out(named.kept_by_pytest, first_run_too=False)
         verdict.adjust = adjust
-        verdict.decision = decide(
-            runs.repetitions, engine, runs.rule, device=device, adjust=adjust, node_bytes=NODE_BYTES
-        )
+        verdict.decision = _decide(runs, engine, adjust)
     key = _function_key(item)
     if pytorchs is not None and not verdict.failing and key is not None and runs.first_kept:
         session_of(item.config).pytorchs_own.setdefault(key, (pasteable(item.config, item.nodeid), runs.first_kept))
@@ -710,9 +711,7 @@ def _credit_cycles_first(item: pytest.Item, runs: TestRuns, verdict: Verdict) ->
     runs.credit = _settled_credit(tracker, runs, "cpu")
     if any(runs.credit):
         verdict.adjust = list(runs.credit)
-        verdict.decision = decide(
-            runs.repetitions, engine, runs.rule, device="cpu", adjust=verdict.adjust, node_bytes=NODE_BYTES
-        )
+        verdict.decision = _decide(runs, engine, verdict.adjust)
 
 
 def _run_index(starts: list[int], born: dict[StorageKey, int], key: StorageKey) -> int | None:
