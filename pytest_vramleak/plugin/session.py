@@ -32,7 +32,7 @@ import pytest
 from ..check import LeakCheck, Rules
 from ..holders.snapshot import memory_contents
 from ..judging.verdict import Budget
-from ..meters.devices import CudaMeter, is_out_of_memory, pin_worker
+from ..meters.devices import CudaMeter, Meter, is_out_of_memory, pin_worker
 from ..meters.release import ReleaseScheduler
 from ..tracking.tracker import Tracker
 from .leftovers import fixture_leftovers, look_for_drift
@@ -43,6 +43,7 @@ from .outputs import trace_folder, write_outputs
 from .runs import (
     TEST,
     CheckedTest,
+    TestRuns,
     checked,
     current_check,
     current_runs,
@@ -166,7 +167,7 @@ class VramleakSession(SessionState):
             return
         budget = test.budget
         check = test.current = self.active = Check(budget)
-        check.meter = meter_for(item, budget.device if budget else None)
+        meter = check.meter = meter_for(item, budget.device if budget else None)
         if skipped_by_mark(item):  # pytest skips it next, before its fixtures: nothing to measure
             return
         # pytest keeps the last failed test's traceback, and its frames' tensors, in sys.last_* until
@@ -178,46 +179,52 @@ class VramleakSession(SessionState):
             gc.collect()
         if budget is None:
             return
-        first = runs.repetitions.started <= 1
         try:
+            check.engine = self._leak_check(item, runs, meter, budget)
+            check.engine.begin()
+        except Exception as error:
+            check.error = f"{type(error).__name__}: {error}"
+
+    def _leak_check(self, item: pytest.Item, runs: TestRuns, meter: Meter, budget: Budget) -> LeakCheck:
+        """The check of a test's run: the first measures and names as asked; a run again only
+        measures, and the run that records sites names the cycles the first run failed on."""
+        settings, tracker = self.settings, self.tracker
+        assert settings is not None and tracker is not None
+        first = runs.repetitions.started <= 1
+        if first:
             saved = (settings.compare or {}).get(item.nodeid)
-            saved_peak = saved.get("peak_bytes") if saved and saved.get("device") == check.meter.name else None
             rules = Rules(
                 strict_cycles=settings.strict_cycles,
-                saved_peak=saved_peak,
+                saved_peak=saved.get("peak_bytes") if saved and saved.get("device") == meter.name else None,
                 max_increase=settings.max_increase,
                 watch_peak=None if not (settings.save or settings.compare is not None or settings.peaks) else True,
                 count_cpp_held=runs.rule.strict,
             )
-            trace = settings.trace and isinstance(check.meter, CudaMeter)
-            check.engine = LeakCheck(
-                check.meter.name,
-                budget,
-                meter=check.meter,
-                tracker=tracker,
-                # (the run that records where tensors are made names the cycles the first run failed on)
-                rules=rules
-                if first
-                else Rules(
-                    count_cpp_held=runs.rule.strict,
-                    watch_peak=False,
-                    strict_cycles=settings.strict_cycles and runs.naming_run,
-                    keep_cycle_garbage=True,
-                ),
-                record_sites=settings.sites == "on" and first,
-                trace_folder=trace_folder(settings, item.config.rootpath) if trace and first else None,
-                name=item.nodeid,
-                named_roots=functools.partial(named_roots, item),
-                # A test run again is confirmed once, after its runs (a full collection costs a walk of
-                # the heap); a test run once is confirmed as it ends.
-                settle_leaks=not runs.may_rerun,
-                name_leaks=not runs.may_rerun or (runs.naming_run and check.meter.keeps_counters),
-                sites=runs.sites if runs.naming_run else None,
-                clear_caches=first,
+        else:
+            rules = Rules(
+                count_cpp_held=runs.rule.strict,
+                watch_peak=False,
+                strict_cycles=settings.strict_cycles and runs.naming_run,
+                keep_cycle_garbage=True,
             )
-            check.engine.begin()
-        except Exception as error:
-            check.error = f"{type(error).__name__}: {error}"
+        trace = settings.trace and isinstance(meter, CudaMeter) and first
+        return LeakCheck(
+            meter.name,
+            budget,
+            meter=meter,
+            tracker=tracker,
+            rules=rules,
+            record_sites=settings.sites == "on" and first,
+            trace_folder=trace_folder(settings, item.config.rootpath) if trace else None,
+            name=item.nodeid,
+            named_roots=functools.partial(named_roots, item),
+            # A test run again is confirmed once, after its runs (a full collection costs a walk of
+            # the heap); a test run once is confirmed as it ends.
+            settle_leaks=not runs.may_rerun,
+            name_leaks=not runs.may_rerun or (runs.naming_run and meter.keeps_counters),
+            sites=runs.sites if runs.naming_run else None,
+            clear_caches=first,
+        )
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, Any, Any]:
@@ -249,31 +256,7 @@ class VramleakSession(SessionState):
         if report.when == "call" and call.excinfo is not None:
             self._what_filled_the_memory(check, call.excinfo.value, report)
         runs = current_runs(item)
-        if report.when in ("setup", "call") and check.unchecked_reason is None:
-            if check.step_leaked:
-                check.unchecked_reason = "memory grew across the steps of the vramleak fixture"
-            elif (
-                report.failed
-                and report.when == "call"
-                and check.budget is not None
-                and runs is not None
-                and not runs.foreign
-            ):
-                check.call_failed = True  # its own failure stands; what it leaked is shown beside it
-            elif report.failed:
-                check.unchecked_reason = f"the test failed in {report.when}"
-            elif report.skipped:
-                check.unchecked_reason = (
-                    "the test was skipped" if not hasattr(report, "wasxfail") else "the test xfailed"
-                )
-        if (
-            report.when == "teardown"
-            and report.failed
-            and check.unchecked_reason is None
-            and check.error is None
-            and not isinstance(call.excinfo and call.excinfo.value, VramLeak)
-        ):
-            check.unchecked_reason = "teardown failed"
+        _note_phase(check, report, call, judged_with_its_failure=runs is not None and not runs.foreign)
         if report.when == "teardown" and runs is not None and runs.foreign:
             result = runs.result or finish_result(item, runs, None)
             report.vramleak = result.to_json()  # type: ignore[attr-defined]
@@ -469,3 +452,24 @@ def _torch_missing() -> str | None:
     except (ImportError, ValueError):
         found = False
     return None if found else "torch is not installed"
+
+
+def _note_phase(
+    check: Check, report: pytest.TestReport, call: pytest.CallInfo[None], *, judged_with_its_failure: bool
+) -> None:
+    """What a phase's report tells the run's check: why it cannot measure the test (a step check
+    failed it, it failed, was skipped or xfailed), or that its call failed on its own, with the
+    leak still shown beside its failure (``judged_with_its_failure``: the plugin runs its phases)."""
+    if report.when in ("setup", "call") and check.unchecked_reason is None:
+        if check.step_leaked:
+            check.unchecked_reason = "memory grew across the steps of the vramleak fixture"
+        elif report.failed and report.when == "call" and check.budget is not None and judged_with_its_failure:
+            check.call_failed = True  # its own failure stands; what it leaked is shown beside it
+        elif report.failed:
+            check.unchecked_reason = f"the test failed in {report.when}"
+        elif report.skipped:
+            check.unchecked_reason = "the test was skipped" if not hasattr(report, "wasxfail") else "the test xfailed"
+    leak = isinstance(call.excinfo and call.excinfo.value, VramLeak)
+    if report.when == "teardown" and report.failed and check.unchecked_reason is None and check.error is None:
+        if not leak:
+            check.unchecked_reason = "teardown failed"
