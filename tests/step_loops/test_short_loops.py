@@ -54,8 +54,8 @@ def test_explain_false_on_autograd_history_says_how_much_but_not_what_keeps_it()
     assert "what keeps that history" not in result.describe()
 
 
-# decide(figures, kept) on figures measured from catalogue loops (tests/test_loop_catalogue.py,
-# tests/test_realistic_loops.py, tests/test_noisy_loops.py); the comments say what each loop did.
+# decide(figures, kept) on figures measured from catalogue loops (tests/step_loops/test_loop_catalogue.py,
+# tests/step_loops/test_realistic_loops.py, tests/step_loops/test_noisy_loops.py); the comments say what each loop did.
 
 DECISIONS = {
     # 64 B a step kept beneath 640 B a step collected and cleared every 4 steps: ``kept`` sits
