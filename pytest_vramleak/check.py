@@ -99,7 +99,7 @@ class LeakCheck:
         self.left_behind = LeftBehind()
         self._watching_peak = False
         self._owns_tracker = tracker is None
-        self._threads_before: set[str] = set()
+        self._threads_before: set[int] = set()
         self._settled = False
         """Every generation was collected since the body ended (confirming a suspected leak)."""
 
@@ -112,7 +112,8 @@ class LeakCheck:
     def begin(self) -> None:
         """Set-up starts: from now on, what is made belongs to the check."""
         current = threading.get_ident()
-        self._threads_before = {thread.name for thread in threading.enumerate() if thread.ident != current}
+        # By ident, not name: a test run again starts a thread of the same name while the last one runs.
+        self._threads_before = {thread.ident for thread in threading.enumerate() if thread.ident not in (current, None)}
         if not self.tracker.active:
             self.tracker.begin(index=self.on_cpu)
         self.begin_clock = self.tracker.begin_clock
@@ -403,7 +404,7 @@ def name_leak(
     sites: SiteSource | None,
     named: Sequence[NamedRoot],
     collected: bool,
-    threads_before: set[str],
+    threads_before: set[int],
     count_cpp_held: bool,
     part: Callable[[StorageKey], Any] | None = None,
 ) -> NamedLeak:

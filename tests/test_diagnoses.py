@@ -305,6 +305,12 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         _group(module("test_it", attr("CALLBACKS", "list"), item("0", "function"), edge("closure variable", "batch"))),
         _group(module("test_it", attr("CALLBACKS", "dict"), item("'closure var batch'"))),
     ),
+    "a thread's frame": (
+        diagnosis.thread_frame,
+        "the thread 'pin_memory' is still running, and a frame of it keeps these tensors",
+        _group(root("thread local", "thread 'pin_memory' _loop:8 local 'kept'", item("0"), thread="pin_memory")),
+        _group(root("frame local", "test_fit:8 local 'kept'", item("0"))),
+    ),
     "fixture gradients": (
         diagnosis.fixture_gradients,
         "backward() through the model fixture 'model' (module scope)",
@@ -429,3 +435,76 @@ def test_each_rule_says_in_one_sentence_what_it_recognises() -> None:
     for rule in [*diagnosis.SOLE_RULES, *diagnosis.RULES]:
         doc = rule.__doc__ or ""
         assert doc.strip() and doc.count(". ") == 0 and doc.endswith("."), rule.__name__
+
+
+THREAD_LEAK = """
+import queue, threading
+import torch
+
+def _pin_loop(inbox, outbox, done):
+    kept = []
+    while not done.is_set():
+        try:
+            batch = inbox.get(timeout=0.01)
+        except queue.Empty:
+            continue
+        pinned = batch.clone()
+        kept.append(pinned)  # the loop keeps every batch it handed on
+        outbox.put(pinned.sum().item())
+
+def _plain_loop(inbox, outbox, done):
+    while not done.is_set():
+        try:
+            batch = inbox.get(timeout=0.01)
+        except queue.Empty:
+            continue
+        outbox.put(batch.sum().item())
+        del batch
+
+def _feed(loop, stop):
+    inbox, outbox, done = queue.Queue(), queue.Queue(), threading.Event()
+    thread = threading.Thread(target=loop, args=(inbox, outbox, done), daemon=True, name="pin_memory")
+    thread.start()
+    for _ in range(8):
+        inbox.put(torch.ones(64, 1024))
+        outbox.get()
+    if stop:
+        done.set()
+        thread.join()
+
+def test_loader_thread_keeps_batches():
+    _feed(_pin_loop, stop=False)  # never stopped: its frame keeps `kept`
+
+def test_loader_thread_stopped():
+    _feed(_plain_loop, stop=True)
+"""
+
+
+def test_a_tensor_a_thread_the_test_started_keeps_is_named_with_the_thread(pytester: pytest.Pytester) -> None:
+    # The thread of each run of the test has the name of the last run's, which still runs: the
+    # tensors are the test's all the same, named with the thread that holds them.
+    pytester.makepyfile(test_it=THREAD_LEAK)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_loader_thread_keeps_batches*",
+            "float32[[]64, 1024[]] on cpu: *",
+            "    held by thread 'pin_memory' _pin_loop:* local 'kept'[[]*",
+            "    diagnosis: the thread 'pin_memory' is still running, and a frame of it keeps these tensors*",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*held by threads that were running before the test began*")
+    result.stdout.no_fnmatch_line("*LEAKED*test_loader_thread_stopped*")
+
+
+def test_threads_older_than_the_check_are_told_apart_by_ident_not_name() -> None:
+    from pytest_vramleak.holders.naming import held_by_threads
+
+    path = HolderPath(
+        Root("thread local", "thread 'pin_memory' _loop:8 local 'kept'", thread="pin_memory", thread_id=7)
+    )
+    group = _group(path)
+    assert held_by_threads(group, {7})  # type: ignore[arg-type]
+    assert not held_by_threads(group, {8})  # type: ignore[arg-type]  # another thread of the same name
+    assert not held_by_threads(_group(root("frame local", "test_fit:8 local 'kept'")), {7})  # type: ignore[arg-type]

@@ -302,6 +302,19 @@ def closure(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
+def thread_frame(group: Group, found: Sequence[str]) -> str | None:
+    """A frame still running in another thread (a loader loop never stopped) that keeps the tensor."""
+    threads = sorted({path.root.thread for path in group.holders if path.root.kind == "thread local"})
+    if not threads:
+        return None
+    named = ", ".join(f"'{thread}'" for thread in threads)
+    return (
+        f"the thread {named} is still running, and a frame of it keeps these tensors (a loader or pin-memory "
+        "loop that was never stopped, or that keeps what it handed on): stop the thread when done (set an Event "
+        "its loop checks, then join() it), and let its loop drop each batch once handed on"
+    )
+
+
 def fixture_gradients(group: Group, found: Sequence[str]) -> str | None:
     """Gradients backward() made on a model a wider-scoped fixture keeps for many tests."""
     fixtures = _fixture_paths(group)
@@ -464,6 +477,7 @@ RULES: list[Rule] = [
     last_error,
     stored_exception,
     closure,
+    thread_frame,
     fixture_gradients,
     fixture_state,
     test_instance,

@@ -36,14 +36,16 @@ class FrameLocal:
     A running frame's locals are not visible to ``gc.get_referrers``, so they are checked directly.
     """
 
-    __slots__ = ("frame", "name", "value", "thread")
+    __slots__ = ("frame", "name", "value", "thread", "thread_id")
 
-    def __init__(self, frame: types.FrameType, name: str, value: Any, thread: str = "") -> None:
+    def __init__(self, frame: types.FrameType, name: str, value: Any, thread: str = "", thread_id: int = 0) -> None:
         self.frame = frame
         self.name = name
         self.value = value
         self.thread = thread
         """The name of the thread the frame runs in, where it is not the one searching."""
+        self.thread_id = thread_id
+        """That thread's ident (``threading.get_ident()``)."""
 
 
 class NamedRoot:
@@ -158,7 +160,8 @@ def root_of(root: Any) -> Root:
     if type(root) is FrameLocal:
         where = f"{frame_text(root.frame)} local '{root.name}'"
         if root.thread:
-            return Root("thread local", f"thread '{root.thread}' {where}", "frame local", root.name, root.thread)
+            label = f"thread '{root.thread}' {where}"
+            return Root("thread local", label, "frame local", root.name, root.thread, root.thread_id)
         return Root("frame local", where, "frame local", root.name)
     if type(root) is NamedRoot:
         return Root(root.role, root.label, root.kind)

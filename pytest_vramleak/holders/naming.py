@@ -85,10 +85,10 @@ def held_in_cpp_only(group: TensorGroup) -> bool:
     return group.kind == "storage" or group.made_inside_library is True
 
 
-def held_by_threads(group: TensorGroup, threads: set[str]) -> bool:
-    """Whether only the frames of ``threads`` (by name) hold the group."""
+def held_by_threads(group: TensorGroup, threads: set[int]) -> bool:
+    """Whether only the frames of ``threads`` (by ident) hold the group."""
     return bool(group.holders) and all(
-        path.root.kind == "thread local" and path.root.thread in threads for path in group.holders
+        path.root.kind == "thread local" and path.root.thread_id in threads for path in group.holders
     )
 
 

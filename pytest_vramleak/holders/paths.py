@@ -120,6 +120,8 @@ class Root:
     """A module's ``__name__``, a local's name."""
     thread: str = ""
     """For ``thread local``: the thread's name."""
+    thread_id: int = 0
+    """For ``thread local``: the thread's ident (names repeat: a test run again starts its thread again)."""
 
 
 @dataclass(frozen=True)

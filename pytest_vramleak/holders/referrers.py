@@ -83,8 +83,8 @@ def _frames_not_ours(own: set[int]) -> list[types.FrameType]:
     return stack
 
 
-def _other_threads_frames() -> list[tuple[str, types.FrameType]]:
-    """``(thread name, frame)`` for every frame running in another thread, innermost first."""
+def _other_threads_frames() -> list[tuple[str, int, types.FrameType]]:
+    """``(thread name, thread ident, frame)`` for every frame running in another thread, innermost first."""
     names = {thread.ident: thread.name for thread in threading.enumerate()}
     running = sys._current_frames()
     # This thread's entry is this very frame: kept in a local, it would make a reference cycle
@@ -95,12 +95,12 @@ def _other_threads_frames() -> list[tuple[str, types.FrameType]]:
         name = names.get(ident, str(ident))
         current_frame: types.FrameType | None = frame
         while current_frame is not None:
-            found.append((name, current_frame))
+            found.append((name, ident, current_frame))
             current_frame = current_frame.f_back
     return found
 
 
-def _running_locals(frames: Sequence[types.FrameType], thread: str = "") -> dict[int, FrameLocal]:
+def _running_locals(frames: Sequence[types.FrameType], thread: str = "", thread_id: int = 0) -> dict[int, FrameLocal]:
     found: dict[int, FrameLocal] = {}
     for frame in frames:
         try:
@@ -110,7 +110,7 @@ def _running_locals(frames: Sequence[types.FrameType], thread: str = "") -> dict
         if type(local_values) is not dict or local_values is frame.f_globals:
             continue  # a module's top level: the module itself is the root
         for name, value in dict.items(local_values):
-            found.setdefault(id(value), FrameLocal(frame, name, value, thread))
+            found.setdefault(id(value), FrameLocal(frame, name, value, thread, thread_id))
     return found
 
 
@@ -363,8 +363,8 @@ def _roots_in_frames(named: Sequence[NamedRoot], frames: Sequence[types.FrameTyp
     for ident, frame_local in _running_locals(frames).items():
         running_locals.setdefault(ident, frame_local)
     # Other threads' running frames are roots too: a background thread's local is no C++ holder.
-    for thread_name, frame in _other_threads_frames():
-        for ident, frame_local in _running_locals([frame], thread_name).items():
+    for thread_name, thread_id, frame in _other_threads_frames():
+        for ident, frame_local in _running_locals([frame], thread_name, thread_id).items():
             running_locals.setdefault(ident, frame_local)
     return running_locals
 
