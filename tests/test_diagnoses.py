@@ -311,6 +311,22 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         _group(root("thread local", "thread 'pin_memory' _loop:8 local 'kept'", item("0"), thread="pin_memory")),
         _group(root("frame local", "test_fit:8 local 'kept'", item("0"))),
     ),
+    "weakref.finalize": (
+        diagnosis.finalizer_keeps_its_object,
+        "weakref.finalize keeps its callback and arguments until it runs",
+        _group(
+            module(
+                "weakref",
+                attr("finalize", "type"),
+                attr("_registry", "dict"),
+                item("<finalize key>", "finalize._Info"),
+                attr("func", "method"),
+                attr("__self__", "Trainer"),
+                attr("state"),
+            )
+        ),
+        _group(module("test_it", attr("TRAINER", "Trainer"), attr("finalize_state", "dict"), item("'state'"))),
+    ),
     "fixture gradients": (
         diagnosis.fixture_gradients,
         "backward() through the model fixture 'model' (module scope)",
@@ -508,3 +524,43 @@ def test_threads_older_than_the_check_are_told_apart_by_ident_not_name() -> None
     assert held_by_threads(group, {7})  # type: ignore[arg-type]
     assert not held_by_threads(group, {8})  # type: ignore[arg-type]  # another thread of the same name
     assert not held_by_threads(_group(root("frame local", "test_fit:8 local 'kept'")), {7})  # type: ignore[arg-type]
+
+
+FINALIZER_LEAK = """
+import weakref
+import torch
+
+def release(handle):
+    pass
+
+class Trainer:
+    def __init__(self, bound):
+        self.state = torch.ones(64, 1024)
+        self.handle = object()
+        callback = (self.close,) if bound else (release, self.handle)
+        self._finalizer = weakref.finalize(self, *callback)
+
+    def close(self):
+        pass
+
+def test_finalizer_with_a_bound_method():
+    Trainer(bound=True)
+
+def test_finalizer_with_a_function():
+    Trainer(bound=False)
+"""
+
+
+def test_a_finalizer_that_keeps_its_object_is_named_and_diagnosed(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_it=FINALIZER_LEAK)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_finalizer_with_a_bound_method*",
+            "float32[[]64, 1024[]] on cpu: *",
+            "    held by weakref.finalize._registry[[]<finalize key>[]].func.__self__.state",
+            "    diagnosis: weakref.finalize keeps its callback and arguments until it runs*",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*LEAKED*test_finalizer_with_a_function*")

@@ -315,6 +315,18 @@ def thread_frame(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
+def finalizer_keeps_its_object(group: Group, found: Sequence[str]) -> str | None:
+    """A weakref.finalize entry, whose callback and arguments live until it runs (a bound method keeps its object)."""
+    if not any("finalize._Info" in path.type_names() for path in group.holders):
+        return None
+    return (
+        "weakref.finalize keeps its callback and arguments until it runs, and a callback that refers to the object "
+        "(a bound method such as self.close, or self among its arguments) keeps the object alive, so it never runs: "
+        "register a plain function with only what it needs (weakref.finalize(self, release, self.handle)), or call "
+        "the finalizer (or .detach() it) when done"
+    )
+
+
 def fixture_gradients(group: Group, found: Sequence[str]) -> str | None:
     """Gradients backward() made on a model a wider-scoped fixture keeps for many tests."""
     fixtures = _fixture_paths(group)
@@ -478,6 +490,7 @@ RULES: list[Rule] = [
     stored_exception,
     closure,
     thread_frame,
+    finalizer_keeps_its_object,
     fixture_gradients,
     fixture_state,
     test_instance,
