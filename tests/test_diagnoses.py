@@ -186,6 +186,7 @@ def edge(kind: EdgeKind, name: str = "", to: str = "Tensor") -> Edge:
     return Edge(kind, name, to)
 
 
+CHECKPOINT_HOOK = "torch.utils.checkpoint._checkpoint_hook.__init__.<locals>.pack_hook"
 PYTEST_SELF = "self (the TestModel instance pytest keeps until the session ends)"
 # Each rule: the words its diagnosis starts with, a group whose path it fits, and one whose path
 # looks alike (a name that reads the same, a near type) that it must not be given.
@@ -326,6 +327,22 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
             )
         ),
         _group(module("test_it", attr("TRAINER", "Trainer"), attr("finalize_state", "dict"), item("'state'"))),
+    ),
+    "torch.utils.checkpoint's hooks": (
+        diagnosis.checkpoint_hooks,
+        "torch.utils.checkpoint keeps what a checkpointed region saved or recomputed for backward",
+        _group(
+            HolderPath(
+                Root("outside gc", "<function ... held outside Python's gc>", "function", name=CHECKPOINT_HOOK),
+                (edge("closure variable", "frame", "_CheckpointFrame"), attr("recomputed", "defaultdict")),
+            )
+        ),
+        _group(
+            HolderPath(
+                Root("outside gc", "<function ... held outside Python's gc>", "function", name="test_it.pack_hook"),
+                (edge("closure variable", "frame", "_CheckpointFrame"), attr("recomputed", "defaultdict")),
+            )
+        ),
     ),
     "fixture gradients": (
         diagnosis.fixture_gradients,
@@ -564,3 +581,38 @@ def test_a_finalizer_that_keeps_its_object_is_named_and_diagnosed(pytester: pyte
         ]
     )
     result.stdout.no_fnmatch_line("*LEAKED*test_finalizer_with_a_function*")
+
+
+CHECKPOINT_LEAK = """
+import torch
+from torch.utils.checkpoint import checkpoint
+
+MODEL = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024))
+OUTPUTS = []
+
+def test_checkpointed_output_kept_with_its_graph():
+    x = torch.randn(512, 1024, requires_grad=True)
+    OUTPUTS.append(checkpoint(MODEL, x, use_reentrant=False).sum())
+
+def test_checkpointed_output_kept_detached():
+    x = torch.randn(512, 1024, requires_grad=True)
+    OUTPUTS.append(checkpoint(MODEL, x, use_reentrant=False).sum().detach())
+"""
+
+
+def test_what_checkpoints_hooks_keep_is_named_with_the_hook(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_it=CHECKPOINT_LEAK)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak", "--vramleak-confirm=0"
+    )
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_checkpointed_output_kept_with_its_graph*",
+            "float32[[]512, 1024[]] on cpu: *",
+            f"    held by <function {CHECKPOINT_HOOK} held outside Python's gc> -> closure var 'frame'*",
+            "    diagnosis: torch.utils.checkpoint keeps what a checkpointed region saved or recomputed for backward*",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*diagnosis: a closure (a callback, a logger) captured it*")
+    result.stdout.no_fnmatch_line("*LEAKED*test_checkpointed_output_kept_detached*")

@@ -181,6 +181,23 @@ def kept_history(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
+def _checkpoint_hook(path: HolderPath) -> bool:
+    """A path from a saved-tensor hook of torch.utils.checkpoint, which an autograd graph keeps in C++."""
+    return path.root.kind == "outside gc" and path.root.name.split(".")[:3] == ["torch", "utils", "checkpoint"]
+
+
+def checkpoint_hooks(group: Group, found: Sequence[str]) -> str | None:
+    """What torch.utils.checkpoint's saved-tensor hooks keep for backward while the graph of a checkpointed output lives."""
+    if not group.holders or not all(_checkpoint_hook(path) for path in group.holders):
+        return None
+    return (
+        "torch.utils.checkpoint keeps what a checkpointed region saved or recomputed for backward in its "
+        "saved-tensor hooks, which live as long as the autograd graph of its output: an output (or a loss) of "
+        "checkpoint() was kept with its graph: keep out.detach() or loss.item() instead, or run backward() "
+        "before the graph is dropped"
+    )
+
+
 def torch_cache(group: Group, found: Sequence[str]) -> str | None:
     """Memory only PyTorch's own caches (compiled graphs and their constants) hold."""
     return TORCH_CACHE if held_by_torch_cache(group) else None
@@ -475,7 +492,7 @@ def module_level_container(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
-SOLE_RULES: list[Rule] = [kept_history_in_a_gradient, kept_history, torch_cache]
+SOLE_RULES: list[Rule] = [kept_history_in_a_gradient, kept_history, torch_cache, checkpoint_hooks]
 """Rules whose diagnosis, where one fits, is the group's only one (the first that fits)."""
 
 RULES: list[Rule] = [

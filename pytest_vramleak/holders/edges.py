@@ -169,7 +169,17 @@ def root_of(root: Any) -> Root:
         return Root("frame", f"frame {frame_text(root)}", "frame")
     if type(root) is type:
         return Root("class", f"class {root.__qualname__}", "class")
+    if type(root) is types.FunctionType:  # (a hook torch keeps in C++: which one is its name)
+        name = function_name(root)
+        return Root("outside gc", f"<function {name} held outside Python's gc>", "function", name=name)
     return Root("outside gc", f"<{type(root).__qualname__} held outside Python's gc>", type_name(root))
+
+
+def function_name(function: types.FunctionType) -> str:
+    """``module.qualname`` of a function, read from its C attributes (no code of the function's runs)."""
+    module = vars(types.FunctionType)["__module__"].__get__(function)
+    qualname = vars(types.FunctionType)["__qualname__"].__get__(function)
+    return f"{module}.{qualname}" if type(module) is str and type(qualname) is str else "?"
 
 
 Mode = Any
