@@ -422,6 +422,12 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         _group(HELD_IN_CPP_PATH, made_inside_library=False),
         _group(HELD_IN_CPP_PATH, made_inside_library=None),
     ),
+    "class attribute": (
+        diagnosis.class_attribute,
+        "Model.CACHE is an attribute of the class, not of an instance",
+        _group(module("test_it", attr("Model", "type"), attr("CACHE", "dict"), item("'a'"))),
+        _group(module("test_it", attr("MODEL", "Model"), attr("cache", "dict"), item("'a'"))),
+    ),
     "module-level container": (
         diagnosis.module_level_container,
         "a module-level container gained 3 entries",
@@ -616,3 +622,47 @@ def test_what_checkpoints_hooks_keep_is_named_with_the_hook(pytester: pytest.Pyt
     )
     result.stdout.no_fnmatch_line("*diagnosis: a closure (a callback, a logger) captured it*")
     result.stdout.no_fnmatch_line("*LEAKED*test_checkpointed_output_kept_detached*")
+
+
+CLASS_ATTRIBUTE_LEAK = """
+import torch
+
+class Shared:
+    CACHE = {}  # one dict for every instance, alive as long as the class
+
+    def embed(self, key):
+        return self.CACHE.setdefault(key, torch.ones(1024))
+
+class Own:
+    def __init__(self):
+        self.cache = {}  # each instance's own, gone with it
+
+    def embed(self, key):
+        return self.cache.setdefault(key, torch.ones(1024))
+
+def test_class_attribute_cache():
+    for _ in range(4):
+        Shared().embed(len(Shared.CACHE))  # a new key each time: the cache grows with every run
+
+def test_instance_attribute_cache():
+    for _ in range(4):
+        own = Own()
+        own.embed(len(own.cache))
+"""
+
+
+def test_a_class_attribute_shared_by_every_instance_is_told_from_a_module_level_container(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_it=CLASS_ATTRIBUTE_LEAK)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_class_attribute_cache*",
+            "    held by test_it.Shared.CACHE[[]*[]]",
+            "    diagnosis: Shared.CACHE is an attribute of the class, not of an instance*",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*a module-level container gained*")
+    result.stdout.no_fnmatch_line("*LEAKED*test_instance_attribute_cache*")

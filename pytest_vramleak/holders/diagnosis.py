@@ -477,6 +477,30 @@ def held_in_cpp_for_the_test(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
+_CLASS_TYPES = frozenset({"type", "ABCMeta"})
+
+
+def _class_attribute(path: HolderPath) -> str:
+    """``Model.CACHE`` where the path passes from a class to an attribute of its own (not an instance's), else ``""``."""
+    for edge, after in path.pairs():
+        if edge.kind == "attribute" and edge.type_name in _CLASS_TYPES and _is_attribute(after):
+            assert after is not None
+            return f"{edge.name}.{after.name}"
+    return ""
+
+
+def class_attribute(group: Group, found: Sequence[str]) -> str | None:
+    """A container that is a class's attribute: one for every instance, alive as long as the class."""
+    names = [name for path in group.holders if (name := _class_attribute(path))]
+    if not names:
+        return None
+    return (
+        f"{names[0]} is an attribute of the class, not of an instance: one object shared by every instance, alive "
+        "as long as the class, so what any instance adds to it stays: make it an instance attribute (set it in "
+        "__init__), or bound it and clear it after use"
+    )
+
+
 def module_level_container(group: Group, found: Sequence[str]) -> str | None:
     """Entries a module-level container gained and never let go, where nothing more specific fits."""
     if (
@@ -518,6 +542,7 @@ RULES: list[Rule] = [
     mock_calls,
     weak_key_value_holds_its_key,
     held_in_cpp_for_the_test,
+    class_attribute,
     module_level_container,
 ]
 """Rules that each add their diagnosis, in the order a report lists them (the last reads what came before)."""
