@@ -465,6 +465,11 @@ def test_every_diagnosis_is_given_on_its_path_and_not_on_a_path_alike(name: str)
     assert not (rule(alike, []) or "").startswith(words)  # type: ignore[arg-type]
 
 
+def test_a_finalizer_is_not_told_it_is_a_class_attribute() -> None:
+    fits = EVERY_DIAGNOSIS["weakref.finalize"][2]
+    assert diagnosis.class_attribute(fits, []) is None  # type: ignore[arg-type]
+
+
 def test_every_rule_has_a_case_on_its_path_and_off_it() -> None:
     covered = {rule for rule, *_ in EVERY_DIAGNOSIS.values()}
     assert covered == {*diagnosis.SOLE_RULES, *diagnosis.RULES}

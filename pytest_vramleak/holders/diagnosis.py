@@ -492,7 +492,7 @@ def _class_attribute(path: HolderPath) -> str:
 def class_attribute(group: Group, found: Sequence[str]) -> str | None:
     """A container that is a class's attribute: one for every instance, alive as long as the class."""
     names = [name for path in group.holders if (name := _class_attribute(path))]
-    if not names:
+    if not names or finalizer_keeps_its_object(group, found) is not None:  # (weakref.finalize._registry)
         return None
     return (
         f"{names[0]} is an attribute of the class, not of an instance: one object shared by every instance, alive "
