@@ -428,6 +428,12 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         _group(module("test_it", attr("Model", "type"), attr("CACHE", "dict"), item("'a'"))),
         _group(module("test_it", attr("MODEL", "Model"), attr("cache", "dict"), item("'a'"))),
     ),
+    "class attribute set to a tensor": (
+        diagnosis.class_attribute,
+        "Registry.last is an attribute of the class, not of an instance: it lives as long as the class",
+        _group(module("test_it", attr("Registry", "type"), attr("last"))),
+        _group(module("test_it", attr("REGISTRY", "Registry"), attr("last"))),
+    ),
     "module-level container": (
         diagnosis.module_level_container,
         "a module-level container gained 3 entries",

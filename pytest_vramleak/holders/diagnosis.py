@@ -480,24 +480,33 @@ def held_in_cpp_for_the_test(group: Group, found: Sequence[str]) -> str | None:
 _CLASS_TYPES = frozenset({"type", "ABCMeta"})
 
 
-def _class_attribute(path: HolderPath) -> str:
-    """``Model.CACHE`` where the path passes from a class to an attribute of its own (not an instance's), else ``""``."""
-    for edge, after in path.pairs():
+def _class_attribute(path: HolderPath) -> tuple[str, bool] | None:
+    """``("Model.CACHE", entry)`` where the path passes from a class to an attribute of its own
+    (not an instance's), ``entry`` where it goes on into an entry of it; else None."""
+    edges = path.edges
+    for index, edge in enumerate(edges[:-1]):
+        after = edges[index + 1]
         if edge.kind == "attribute" and edge.type_name in _CLASS_TYPES and _is_attribute(after):
-            assert after is not None
-            return f"{edge.name}.{after.name}"
-    return ""
+            entry = index + 2 < len(edges) and edges[index + 2].kind == "item"
+            return f"{edge.name}.{after.name}", entry
+    return None
 
 
 def class_attribute(group: Group, found: Sequence[str]) -> str | None:
-    """A container that is a class's attribute: one for every instance, alive as long as the class."""
-    names = [name for path in group.holders if (name := _class_attribute(path))]
-    if not names or finalizer_keeps_its_object(group, found) is not None:  # (weakref.finalize._registry)
+    """A class's own attribute (a cache, a registry, a last value): one for every instance, alive as long as the class."""
+    held = [at for path in group.holders if (at := _class_attribute(path)) is not None]
+    if not held or finalizer_keeps_its_object(group, found) is not None:  # (weakref.finalize._registry)
         return None
+    name, entry = held[0]
+    if entry:
+        return (
+            f"{name} is an attribute of the class, not of an instance: one container shared by every instance, "
+            "alive as long as the class, so what any instance adds to it stays: make it an instance attribute (set "
+            "it in __init__), or bound it and clear it after use"
+        )
     return (
-        f"{names[0]} is an attribute of the class, not of an instance: one object shared by every instance, alive "
-        "as long as the class, so what any instance adds to it stays: make it an instance attribute (set it in "
-        "__init__), or bound it and clear it after use"
+        f"{name} is an attribute of the class, not of an instance: it lives as long as the class, and so does what "
+        "it is set to: set it on the instance (self.name = ... in a method), or set it back to None when done"
     )
 
 
