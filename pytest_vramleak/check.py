@@ -26,9 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .holders.diagnosis import held_by_torch_cache
+from .holders.naming import (
+    held_by_threads,
+    held_by_torch_cache,
+    held_in_cpp_only,
+    kept_by_pytest_lists,
+    name_storages,
+)
 from .holders.referrers import NamedRoot
-from .holders.snapshot import HELD_FROM_CPP, TensorGroup, describe, describe_history, merge_parts, meter_for
+from .holders.snapshot import TensorGroup, merge_parts, meter_for
 from .judging.outcome import CheckFigures, Rules, judge_check
 from .judging.sizes import format_size
 from .judging.verdict import Budget
@@ -37,11 +43,11 @@ from .meters.devices import CpuMeter, CudaMeter, Meter
 from .meters.history import AllocatorHistory
 from .readings import Finishing, readings_for
 from .result import CheckResult
-from .tracking.census import StorageKey, storage_key
+from .tracking.census import StorageKey
 from .tracking.sites import SiteRecorder, Sites, SiteSource
-from .tracking.tracker import NODE_BYTES, StorageRef, Tracker, graph_clock
+from .tracking.tracker import StorageRef, Tracker, graph_clock
 
-__all__ = ["CPP_HELD", "CheckResult", "LeakCheck", "NamedLeak", "Rules", "name_leak"]
+__all__ = ["CPP_HELD", "CheckResult", "LeakCheck", "NamedLeak", "Rules", "held_in_cpp_only", "name_leak"]
 
 
 class LeakCheck:
@@ -91,7 +97,7 @@ class LeakCheck:
         self.readings = readings_for(self.meter, self.tracker)
         self.left_behind = LeftBehind()
         self._watching_peak = False
-        self._threads_before: set[str] = set()
+        self._threads_before: set[int] = set()
         self._settled = False
         """Every generation was collected since the body ended (confirming a suspected leak)."""
 
@@ -100,7 +106,8 @@ class LeakCheck:
     def begin(self) -> None:
         """Set-up starts: from now on, what is made belongs to the check."""
         current = threading.get_ident()
-        self._threads_before = {thread.name for thread in threading.enumerate() if thread.ident != current}
+        # By ident, not name: a test run again starts a thread of the same name while the last one runs.
+        self._threads_before = {thread.ident for thread in threading.enumerate() if thread.ident not in (current, None)}
         if not self.tracker.active:
             self.tracker.begin(index=self.readings.names_each_storage)
         self.begin_clock = self.tracker.begin_clock
@@ -334,22 +341,6 @@ CPP_HELD = (
 OLDER_THREADS = "held by threads that were running before the test began"
 
 
-def held_in_cpp_only(group: TensorGroup) -> bool:
-    """Whether PyTorch itself keeps the group: nothing Python can reach holds it (no Python
-    reference, no autograd node Python holds), and torch made it: a storage object kept without a
-    tensor (torch makes those as it traces, scripts or converts), or tensors the recorded run saw
-    torch's own code make. Tensors the user's code made that torch keeps for it (a scripted
-    module's attributes, kept each time it is scripted), or whose maker is not known, stay the
-    test's."""
-    if (
-        group.kind not in ("tensor", "grad", "storage")
-        or not group.held_by
-        or not all(chain == HELD_FROM_CPP for chain in group.held_by)
-    ):
-        return False
-    return group.kind == "storage" or group.made_inside_library is True
-
-
 def name_leak(
     tracker: Tracker,
     device: str,
@@ -359,41 +350,26 @@ def name_leak(
     sites: SiteSource | None,
     named: Sequence[NamedRoot],
     collected: bool,
-    threads_before: set[str],
+    threads_before: set[int],
     count_cpp_held: bool,
     part: Callable[[StorageKey], Any] | None = None,
 ) -> NamedLeak:
     """Group and name ``refs`` (storages) and the tensors in ``graph_roots`` (weak references with
-    the autograd nodes each keeps), and set aside what no test is charged for: what only PyTorch's
-    own caches hold, what nothing in Python reaches (held by PyTorch in C++; unless
-    ``count_cpp_held``), and what only threads running since before the check hold.
+    the autograd nodes each keeps) (see :func:`~pytest_vramleak.holders.naming.name_storages`), and
+    set aside what no test is charged for: what only PyTorch's own caches hold, what nothing in
+    Python reaches (held by PyTorch in C++; unless ``count_cpp_held``), and what only threads
+    running since before the check hold.
 
     With ``part`` (see :func:`~pytest_vramleak.holders.snapshot.describe`), the groups are those of each
     part, and what is set aside is decided on the parts joined."""
-    keys = [(ref.device, ref.pointer) for ref in refs if ref() is not None]
-    wanted = set(keys)
-    roots = [(tensor, nodes) for tensor, nodes in ((ref(), nodes) for ref, nodes in graph_roots) if tensor is not None]
-    # A kept tensor named among the leaked ones already says it keeps its graph (its saved tensors).
-    roots = [(tensor, nodes) for tensor, nodes in roots if (storage_key(tensor) or ((None, 0), 0))[0] not in wanted]
-    try:
-        with tracker.unfrozen():
-            groups = describe(keys, device, sites=sites, named=named, collected=collected, part=part) if keys else []
-            history = (
-                describe_history(roots, device, node_bytes=NODE_BYTES, named=named, collect=False) if roots else []
-            )
-    finally:
-        roots.clear()
-    threads = tuple(f"thread '{name}' " for name in threads_before)
+    groups, history = name_storages(
+        tracker, device, refs, graph_roots, sites=sites, named=named, collected=collected, part=part
+    )
     keepers: list[tuple[str, Callable[[TensorGroup], bool]]] = [(TORCH_CACHES, held_by_torch_cache)]
     if not count_cpp_held:
         keepers.append((CPP_HELD, held_in_cpp_only))
-    if threads:
-        keepers.append(
-            (
-                OLDER_THREADS,
-                lambda group: bool(group.held_by) and all(chain.startswith(threads) for chain in group.held_by),
-            )
-        )
+    if threads_before:
+        keepers.append((OLDER_THREADS, lambda group: held_by_threads(group, threads_before)))
     set_aside = []
     for holders, predicate in keepers:
         if part is None:
@@ -404,10 +380,5 @@ def name_leak(
             set_aside.append((holders, matched))
             groups = [group for group in groups if group not in matched]
     # pytest's lists that gain an entry with every run: record_property values, recorded warnings
-    labels = tuple(root.label for root in named if root.kind == "pytest" and type(root.value) is list)
-    kept_by_pytest = [
-        group
-        for group in groups
-        if labels and group.held_by and all(chain.startswith(labels) for chain in group.held_by)
-    ]
+    kept_by_pytest = [group for group in groups if kept_by_pytest_lists(group)]
     return NamedLeak(groups, history, set_aside, kept_by_pytest)

@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .holders.diagnosis import diagnose
+from .holders.naming import name_storages
 from .holders.referrers import NamedRoot
-from .holders.snapshot import STEP_FUNCTION, Leak, describe, describe_history, meter_for
+from .holders.snapshot import STEP_FUNCTION, Leak, meter_for
 from .judging.sizes import format_size
 from .judging.verdict import (
     LATE_GROWTH_STEPS,
@@ -25,7 +25,6 @@ from .judging.verdict import (
     trend_score,
 )
 from .meters.devices import CudaMeter, Meter
-from .tracking.census import storage_key
 from .tracking.sites import SiteRecorder
 from .tracking.tracker import NODE_BYTES, KeptGraph, Mark, StorageRef, Tracker, graph_clock
 
@@ -677,48 +676,15 @@ class _Loop:
                 "or preallocate and fill"
             )
         refs += [ref for ref, _ in tracker.grown_older(device, since=self.baseline_clock)]
-        keys = [(ref.device, ref.pointer) for ref in refs if ref() is not None]
-        wanted = set(keys)
-        roots = (
-            [
-                (tensor, nodes)
-                for tensor, nodes in ((ref(), nodes) for ref, nodes in self.kept_graph.roots)
-                if tensor is not None
-            ]
-            if history
-            else []
+        groups, kept = name_storages(
+            tracker,
+            device,
+            refs,
+            self.kept_graph.roots if history else [],
+            sites=self.recorder,
+            named=self.named_roots() if self.named_roots is not None else (),
         )
-        # a kept tensor named among the grown ones already says it keeps its graph
-        roots = [(tensor, nodes) for tensor, nodes in roots if (storage_key(tensor) or ((None, 0), 0))[0] not in wanted]
-        try:
-            with tracker.unfrozen():  # naming holders needs the whole heap
-                named = self.named_roots() if self.named_roots is not None else ()
-                groups = describe(keys, device, sites=self.recorder, named=named) if keys else []
-                if roots:
-                    # a tensor named as keeping a graph's saved tensors is named once (a chain that
-                    # names no holder, as held from C++, tells no two tensors apart)
-                    graph_holders = {
-                        chain
-                        for group in groups
-                        if group.kind == "graph"
-                        for chain in group.held_by
-                        if not chain.startswith("<")
-                    }
-                    kept = describe_history(roots, device, node_bytes=NODE_BYTES, named=named, collect=False)
-                    groups += [group for group in kept if not set(group.held_by) <= graph_holders]
-                    if any(
-                        group.grad_graph for group in kept
-                    ):  # graphs no Python holds are the gradients' (create_graph)
-                        for group in groups:
-                            if (
-                                group.kind == "graph"
-                                and group.held_by
-                                and all(chain.startswith("<") for chain in group.held_by)
-                            ):
-                                group.grad_graph = True
-                                group.diagnoses = diagnose(group)
-        finally:
-            roots.clear()
+        groups += kept
         end = self.baseline_bytes + (self.figures()[-1] if self.measured else 0)
         return Leak(device, self.baseline_bytes, end, end - self.baseline_bytes, groups, notes=notes)
 

@@ -9,6 +9,10 @@ import textwrap
 
 import pytest
 
+from pytest_vramleak.holders import diagnosis
+from pytest_vramleak.holders.diagnosis import Rule
+from pytest_vramleak.holders.paths import HELD_IN_CPP_PATH, Edge, EdgeKind, HolderPath, Root, RootKind
+
 from .conftest import read_report
 
 SUITE = """
@@ -152,171 +156,524 @@ def test_a_gradient_with_a_graph_of_its_own_is_named_as_create_graphs_cycle(pyte
     assert tests["test_second_order_through_autograd_grad"]["outcome"] == "passed"
 
 
-def _group(*chains: str, paths: list[list[tuple[str, str]]] | None = None, **fields: object) -> object:
+def _group(*paths: HolderPath, **fields: object) -> object:
     from pytest_vramleak.holders.snapshot import TensorGroup
 
     group = TensorGroup("float32", (64,), "cpu", bytes=256, count=int(fields.pop("count", 1)))  # type: ignore[arg-type]
-    group.held_by = list(chains)
-    group.held_by_paths = paths if paths is not None else [[(chain, "Tensor")] for chain in chains]
+    group.holders = list(paths)
     for name, value in fields.items():
         setattr(group, name, value)
     return group
 
 
+def module(name: str, *edges: Edge) -> HolderPath:
+    return HolderPath(Root("module", name, "module", name=name), edges)
+
+
+def root(kind: RootKind, label: str, *edges: Edge, type_name: str = "", thread: str = "") -> HolderPath:
+    return HolderPath(Root(kind, label, type_name or kind, thread=thread), edges)
+
+
+def attr(name: str, to: str = "Tensor") -> Edge:
+    return Edge("attribute", name, to)
+
+
+def item(key: str, to: str = "Tensor") -> Edge:
+    return Edge("item", key, to)
+
+
+def edge(kind: EdgeKind, name: str = "", to: str = "Tensor") -> Edge:
+    return Edge(kind, name, to)
+
+
+CHECKPOINT_HOOK = "torch.utils.checkpoint._checkpoint_hook.__init__.<locals>.pack_hook"
 PYTEST_SELF = "self (the TestModel instance pytest keeps until the session ends)"
-# Each diagnosis: the words it starts with, a group whose path it fits, and one whose path looks
-# alike (a name that reads the same, a near type) that it must not be given.
-EVERY_DIAGNOSIS = {
+# Each rule: the words its diagnosis starts with, a group whose path it fits, and one whose path
+# looks alike (a name that reads the same, a near type) that it must not be given.
+EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
     "history": (
+        diagnosis.kept_history,
         "autograd history kept",
-        _group("test_it.TRAINER.total_loss", kind="history", nodes=40),
-        _group("test_it.TRAINER.total_loss_history[0]"),
+        _group(module("test_it", attr("TRAINER", "Trainer"), attr("total_loss")), kind="history", nodes=40),
+        _group(module("test_it", attr("TRAINER", "Trainer"), attr("total_loss_history", "list"), item("0"))),
+    ),
+    "history in a gradient": (
+        diagnosis.kept_history_in_a_gradient,
+        "autograd history kept in a gradient",
+        _group(module("test_it", attr("MODEL", "Linear"), edge("gradient", "grad")), kind="history", grad_graph=True),
+        _group(module("test_it", attr("MODEL", "Linear"), edge("gradient", "grad")), kind="history"),
     ),
     "graph carried by a loop": (
+        diagnosis.graph_carried_by_a_loop,
         "autograd graph kept alive: 1.0 KiB in 4 saved tensors behind a tensor a running loop",
-        _group("test_it:9 local 'hidden'", kind="graph", graph_bytes=1024, graph_tensors=4),
-        _group("test_it:9 local 'hidden'", kind="tensor"),
+        _group(root("frame local", "test_it:9 local 'hidden'"), kind="graph", graph_bytes=1024, graph_tensors=4),
+        _group(root("frame local", "test_it:9 local 'hidden'"), kind="tensor"),
     ),
     "graph kept": (
+        diagnosis.graph_kept,
         "autograd graph kept alive: 1.0 KiB in 4 saved tensors behind a tensor that still has its grad_fn",
-        _group("test_it.LOSSES[0]", graph_bytes=1024, graph_tensors=4),
-        _group("test_it.LOSSES[0]"),
+        _group(module("test_it", attr("LOSSES", "list"), item("0")), graph_bytes=1024, graph_tensors=4),
+        _group(module("test_it", attr("LOSSES", "list"), item("0"))),
     ),
     "grad_fn kept": (
+        diagnosis.grad_fn_kept,
         "an autograd node (a grad_fn) was kept",
-        _group("test_it.NODES[0] -> autograd graph of SumBackward0"),
-        _group("test_it.autograd_graph_of_sums[0]"),
+        _group(
+            module("test_it", attr("NODES", "list"), item("0", "SumBackward0"), edge("autograd node", "SumBackward0"))
+        ),
+        _group(module("test_it", attr("autograd_graph_of_sums", "list"), item("0"))),
     ),
     "numpy array": (
+        diagnosis.numpy_array,
         "a numpy array made by tensor.numpy()",
-        _group("test_it.ARRAYS[0].base", paths=[[("test_it.ARRAYS", "list"), ("[0]", "ndarray"), (".base", "Tensor")]]),
-        _group("test_it.HOLDER.base", paths=[[("test_it.HOLDER", "Base"), (".base", "Tensor")]]),
+        _group(module("test_it", attr("ARRAYS", "list"), item("0", "ndarray"), edge("array base"))),
+        _group(module("test_it", attr("HOLDER", "Base"), attr("base"))),
     ),
     "module hook": (
+        diagnosis.hook_keeps,
         "a module hook keeps what it is given",
-        _group("test_it.MODEL._forward_hooks[0] -> closure var 'seen'[0]"),
-        _group("test_it.MODEL.my_forward_hooks[0]"),
+        _group(
+            module(
+                "test_it",
+                attr("MODEL", "Linear"),
+                edge("hook dict", "_forward_hooks", "OrderedDict"),
+                item("0", "function"),
+                edge("closure variable", "seen", "list"),
+                item("0"),
+            )
+        ),
+        _group(module("test_it", attr("MODEL", "Linear"), attr("my_forward_hooks", "dict"), item("0"))),
     ),
     "tensor hook": (
+        diagnosis.hook_keeps,
         "a tensor's hook (register_hook) keeps what it is given",
         _group(
-            "test_it.PARAM._backward_hooks[4] -> closure var 'big'",
-            paths=[
-                [
-                    ("test_it", "module"),
-                    (".PARAM", "Parameter"),
-                    ("._backward_hooks", "OrderedDict"),
-                    ("[4]", "function"),
-                    (" -> closure var 'big'", "Tensor"),
-                ]
-            ],
+            module(
+                "test_it",
+                attr("PARAM", "Parameter"),
+                edge("tensor hooks", "_backward_hooks", "OrderedDict"),
+                item("4", "function"),
+                edge("closure variable", "big"),
+            )
         ),
         _group(
-            "test_it.MODEL._backward_hooks[4] -> closure var 'big'",
-            paths=[
-                [
-                    ("test_it", "module"),
-                    (".MODEL", "Linear"),
-                    ("._backward_hooks", "OrderedDict"),
-                    ("[4]", "function"),
-                    (" -> closure var 'big'", "Tensor"),
-                ]
-            ],
+            module(
+                "test_it",
+                attr("MODEL", "Linear"),
+                edge("hook dict", "_backward_hooks", "OrderedDict"),
+                item("4", "function"),
+                edge("closure variable", "big"),
+            )
         ),
+    ),
+    "lru_cache": (
+        diagnosis.lru_cache,
+        "functools.lru_cache / functools.cache keeps every result it returned",
+        _group(module("test_it", attr("embed", "_lru_cache_wrapper"), edge("lru_cache", to="dict"), item("(3,)"))),
+        _group(module("test_it", attr("lru_cache", "dict"), item("'embed'"))),
+    ),
+    "sys.last_traceback": (
+        diagnosis.last_error,
+        "sys.last_traceback / sys.last_value keep the last reported error's frames",
+        _group(
+            module(
+                "sys",
+                attr("last_traceback", "traceback"),
+                edge("traceback frame", "test_fit:12", "frame"),
+                edge("local", "batch"),
+            )
+        ),
+        _group(module("test_it", attr("last_traceback", "list"), item("0"))),
+    ),
+    "stored exception": (
+        diagnosis.stored_exception,
+        "a stored exception keeps its traceback",
+        _group(
+            module(
+                "test_it",
+                attr("ERRORS", "list"),
+                item("0", "RuntimeError"),
+                edge("traceback", to="traceback"),
+                edge("traceback frame", "test_fit:12", "frame"),
+                edge("local", "batch"),
+            )
+        ),
+        _group(module("test_it", attr("ERRORS", "list"), item("0", "RuntimeError"), attr("args", "tuple"), item("0"))),
     ),
     "closure": (
+        diagnosis.closure,
         "a closure (a callback, a logger) captured it",
-        _group("test_it.CALLBACKS[0] -> closure var 'batch'"),
-        _group("test_it.CALLBACKS['closure var batch']"),
+        _group(module("test_it", attr("CALLBACKS", "list"), item("0", "function"), edge("closure variable", "batch"))),
+        _group(module("test_it", attr("CALLBACKS", "dict"), item("'closure var batch'"))),
+    ),
+    "a thread's frame": (
+        diagnosis.thread_frame,
+        "the thread 'pin_memory' is still running, and a frame of it keeps these tensors",
+        _group(root("thread local", "thread 'pin_memory' _loop:8 local 'kept'", item("0"), thread="pin_memory")),
+        _group(root("frame local", "test_fit:8 local 'kept'", item("0"))),
+    ),
+    "weakref.finalize": (
+        diagnosis.finalizer_keeps_its_object,
+        "weakref.finalize keeps its callback and arguments until it runs",
+        _group(
+            module(
+                "weakref",
+                attr("finalize", "type"),
+                attr("_registry", "dict"),
+                item("<finalize key>", "finalize._Info"),
+                attr("func", "method"),
+                attr("__self__", "Trainer"),
+                attr("state"),
+            )
+        ),
+        _group(module("test_it", attr("TRAINER", "Trainer"), attr("finalize_state", "dict"), item("'state'"))),
+    ),
+    "torch.utils.checkpoint's hooks": (
+        diagnosis.checkpoint_hooks,
+        "torch.utils.checkpoint keeps what a checkpointed region saved or recomputed for backward",
+        _group(
+            HolderPath(
+                Root("outside gc", "<function ... held outside Python's gc>", "function", name=CHECKPOINT_HOOK),
+                (edge("closure variable", "frame", "_CheckpointFrame"), attr("recomputed", "defaultdict")),
+            )
+        ),
+        _group(
+            HolderPath(
+                Root("outside gc", "<function ... held outside Python's gc>", "function", name="test_it.pack_hook"),
+                (edge("closure variable", "frame", "_CheckpointFrame"), attr("recomputed", "defaultdict")),
+            )
+        ),
     ),
     "fixture gradients": (
+        diagnosis.fixture_gradients,
         "backward() through the model fixture 'model' (module scope)",
-        _group("fixture 'model' (module scope).weight.grad", kind="grad"),
-        _group("fixture_cache['model'].weight.grad", kind="grad"),
+        _group(
+            root("fixture", "fixture 'model' (module scope)", attr("weight", "Parameter"), edge("gradient", "grad")),
+            kind="grad",
+        ),
+        _group(
+            module("test_it", attr("fixture_cache", "dict"), item("'model'", "Linear"), attr("weight")), kind="grad"
+        ),
     ),
     "fixture state": (
+        diagnosis.fixture_state,
         "state kept on a value that fixture 'data' (module scope) shares",
-        _group("fixture 'data' (module scope).cache[0]"),
-        _group("fixtures_seen['data'].cache[0]"),
+        _group(root("fixture", "fixture 'data' (module scope)", attr("cache", "list"), item("0"))),
+        _group(
+            module("test_it", attr("fixtures_seen", "dict"), item("'data'", "Data"), attr("cache", "list"), item("0"))
+        ),
     ),
     "pytest's test instance": (
+        diagnosis.test_instance,
         "pytest keeps each test's class instance until the session ends, and with it what the test set on self (self.t)",
-        _group(f"{PYTEST_SELF}.t"),
-        _group("test_fit:12 local 'self'.t"),
+        _group(root("pytest instance", PYTEST_SELF, attr("t"), type_name="pytest")),
+        _group(root("frame local", "test_fit:12 local 'self'", attr("t"))),
     ),
     "record_property": (
+        diagnosis.record_property,
         "pytest keeps every record_property value",
-        _group("record_property values of test_fit[0][1]"),
-        _group("test_it.record_property_values[0]"),
+        _group(root("record_property", "record_property values of test_fit", item("0", "tuple"), item("1"))),
+        _group(module("test_it", attr("record_property_values", "list"), item("0"))),
     ),
     "pytest's warnings": (
+        diagnosis.recorded_warning,
         "pytest keeps every warning it recorded",
-        _group("the warnings pytest recorded[0].message.args[0]"),
-        _group("test_it.WARNINGS[0].args[0]"),
+        _group(
+            root(
+                "pytest warnings",
+                "the warnings pytest recorded",
+                item("0", "WarningMessage"),
+                attr("message", "UserWarning"),
+                attr("args", "tuple"),
+                item("0"),
+            )
+        ),
+        _group(module("test_it", attr("WARNINGS", "list"), item("0", "UserWarning"), attr("args", "tuple"), item("0"))),
     ),
     "a parametrized list appended to": (
+        diagnosis.parametrized_list_appended_to,
         "the test (or code it called) added entries to a list or dict that pytest keeps as a parametrize value",
-        _group(
-            "parametrize value callbacks of test_fit[2]",
-            paths=[[("parametrize value callbacks of test_fit", "parametrize"), ("[2]", "Tensor")]],
-        ),
-        _group("test_it.CALLBACKS[2]", paths=[[("test_it.CALLBACKS", "module"), ("[2]", "Tensor")]]),
+        _group(root("parametrize", "parametrize value callbacks of test_fit", item("2"))),
+        _group(module("test_it", attr("CALLBACKS", "list"), item("2"))),
     ),
     "state on a parametrized object": (
+        diagnosis.parametrized_object_state,
         "an object pytest keeps as a parametrize value for the whole session kept what the test computed on it (a cached",
-        _group(
-            "parametrize value holder of test_fit.state",
-            paths=[[("parametrize value holder of test_fit", "parametrize"), (".state", "Tensor")]],
-        ),
-        _group("test_it.HOLDER.state", paths=[[("test_it.HOLDER", "module"), (".state", "Tensor")]]),
+        _group(root("parametrize", "parametrize value holder of test_fit", attr("state"))),
+        _group(module("test_it", attr("HOLDER", "Holder"), attr("state"))),
     ),
     "unittest.mock": (
+        diagnosis.mock_calls,
         "a unittest.mock mock keeps the arguments of every call",
-        _group("test_it.LOGGER._mock_call_args", paths=[[("test_it.LOGGER", "Mock"), ("._mock_call_args", "Tensor")]]),
-        _group("test_it.DATA.items[0]", paths=[[("test_it.DATA", "MockData"), (".items[0]", "Tensor")]]),
+        _group(module("test_it", attr("LOGGER", "Mock"), attr("_mock_call_args"))),
+        _group(module("test_it", attr("DATA", "MockData"), attr("items", "list"), item("0"))),
     ),
     "WeakKeyDictionary": (
+        diagnosis.weak_key_value_holds_its_key,
         "a WeakKeyDictionary keeps each value while its key is alive",
         _group(
-            "test_it.CACHE.data[...][1]",
-            paths=[[("test_it.CACHE", "WeakKeyDictionary"), (".data", "dict"), ("[...]", "tuple"), ("[1]", "Tensor")]],
+            module("test_it", attr("CACHE", "WeakKeyDictionary"), attr("data", "dict"), item("...", "tuple"), item("1"))
         ),
-        _group(
-            "test_it.CACHE.data[...]",
-            paths=[[("test_it.CACHE", "WeakValueDictionary"), (".data", "dict"), ("[...]", "Tensor")]],
-        ),
+        _group(module("test_it", attr("CACHE", "WeakValueDictionary"), attr("data", "dict"), item("..."))),
     ),
     "held from C++, made by the test": (
+        diagnosis.held_in_cpp_for_the_test,
         "nothing in Python refers to these tensors the test made",
-        _group(
-            HELD_FROM_CPP_TEXT
-            := "<no Python reference: held from C++, e.g. by a hook or cache inside torch or an extension>",
-            made_inside_library=False,
-        ),
-        _group(HELD_FROM_CPP_TEXT, made_inside_library=None),
+        _group(HELD_IN_CPP_PATH, made_inside_library=False),
+        _group(HELD_IN_CPP_PATH, made_inside_library=None),
+    ),
+    "class attribute": (
+        diagnosis.class_attribute,
+        "Model.CACHE is an attribute of the class, not of an instance",
+        _group(module("test_it", attr("Model", "type"), attr("CACHE", "dict"), item("'a'"))),
+        _group(module("test_it", attr("MODEL", "Model"), attr("cache", "dict"), item("'a'"))),
+    ),
+    "class attribute set to a tensor": (
+        diagnosis.class_attribute,
+        "Registry.last is an attribute of the class, not of an instance: it lives as long as the class",
+        _group(module("test_it", attr("Registry", "type"), attr("last"))),
+        _group(module("test_it", attr("REGISTRY", "Registry"), attr("last"))),
     ),
     "module-level container": (
+        diagnosis.module_level_container,
         "a module-level container gained 3 entries",
-        _group("test_it.CACHE['a']", "test_it.CACHE['b']", "test_it.CACHE['c']", count=3),
-        _group("test_it.CACHE['a']", count=1),
+        _group(*(module("test_it", attr("CACHE", "dict"), item(f"'{key}'")) for key in "abc"), count=3),
+        _group(module("test_it", attr("CACHE", "dict"), item("'a'")), count=1),
     ),
     "PyTorch's compile cache": (
+        diagnosis.torch_cache,
         "held by a cache PyTorch keeps itself",
-        _group("test_it.__compiled_fn_3_7f00.__closure__[0]"),
-        _group("test_it.__compiled_fn_cache[0]"),
+        _group(module("test_it", attr("__compiled_fn_3_7f00", "function"), attr("__closure__", "tuple"), item("0"))),
+        _group(module("test_it", attr("__compiled_fn_cache", "list"), item("0"))),
     ),
     "create_graph cycle": (
+        diagnosis.create_graph_cycle,
         "backward(create_graph=True) gave these gradients autograd graphs of their own",
-        _group("test_it.MODEL.weight.grad", kind="grad", grad_graph=True),
-        _group("test_it.MODEL.weight.grad", kind="grad"),
+        _group(
+            module("test_it", attr("MODEL", "Linear"), attr("weight", "Parameter"), edge("gradient", "grad")),
+            kind="grad",
+            grad_graph=True,
+        ),
+        _group(
+            module("test_it", attr("MODEL", "Linear"), attr("weight", "Parameter"), edge("gradient", "grad")),
+            kind="grad",
+        ),
     ),
 }
 
 
 @pytest.mark.parametrize("name", sorted(EVERY_DIAGNOSIS))
 def test_every_diagnosis_is_given_on_its_path_and_not_on_a_path_alike(name: str) -> None:
-    from pytest_vramleak.holders.diagnosis import diagnose
+    rule, words, fits, alike = EVERY_DIAGNOSIS[name]
+    assert any(finding.startswith(words) for finding in diagnosis.diagnose(fits)), diagnosis.diagnose(fits)  # type: ignore[arg-type]
+    assert not any(finding.startswith(words) for finding in diagnosis.diagnose(alike)), diagnosis.diagnose(alike)  # type: ignore[arg-type]
+    assert (rule(fits, []) or "").startswith(words)  # type: ignore[arg-type]
+    assert not (rule(alike, []) or "").startswith(words)  # type: ignore[arg-type]
 
-    words, fits, alike = EVERY_DIAGNOSIS[name]
-    assert any(finding.startswith(words) for finding in diagnose(fits)), diagnose(fits)
-    assert not any(finding.startswith(words) for finding in diagnose(alike)), diagnose(alike)
+
+def test_a_finalizer_is_not_told_it_is_a_class_attribute() -> None:
+    fits = EVERY_DIAGNOSIS["weakref.finalize"][2]
+    assert diagnosis.class_attribute(fits, []) is None  # type: ignore[arg-type]
+
+
+def test_every_rule_has_a_case_on_its_path_and_off_it() -> None:
+    covered = {rule for rule, *_ in EVERY_DIAGNOSIS.values()}
+    assert covered == {*diagnosis.SOLE_RULES, *diagnosis.RULES}
+
+
+def test_each_rule_says_in_one_sentence_what_it_recognises() -> None:
+    for rule in [*diagnosis.SOLE_RULES, *diagnosis.RULES]:
+        doc = rule.__doc__ or ""
+        assert doc.strip() and doc.count(". ") == 0 and doc.endswith("."), rule.__name__
+
+
+THREAD_LEAK = """
+import queue, threading
+import torch
+
+def _pin_loop(inbox, outbox, done):
+    kept = []
+    while not done.is_set():
+        try:
+            batch = inbox.get(timeout=0.01)
+        except queue.Empty:
+            continue
+        pinned = batch.clone()
+        kept.append(pinned)  # the loop keeps every batch it handed on
+        outbox.put(pinned.sum().item())
+
+def _plain_loop(inbox, outbox, done):
+    while not done.is_set():
+        try:
+            batch = inbox.get(timeout=0.01)
+        except queue.Empty:
+            continue
+        outbox.put(batch.sum().item())
+        del batch
+
+def _feed(loop, stop):
+    inbox, outbox, done = queue.Queue(), queue.Queue(), threading.Event()
+    thread = threading.Thread(target=loop, args=(inbox, outbox, done), daemon=True, name="pin_memory")
+    thread.start()
+    for _ in range(8):
+        inbox.put(torch.ones(64, 1024))
+        outbox.get()
+    if stop:
+        done.set()
+        thread.join()
+
+def test_loader_thread_keeps_batches():
+    _feed(_pin_loop, stop=False)  # never stopped: its frame keeps `kept`
+
+def test_loader_thread_stopped():
+    _feed(_plain_loop, stop=True)
+"""
+
+
+def test_a_tensor_a_thread_the_test_started_keeps_is_named_with_the_thread(pytester: pytest.Pytester) -> None:
+    # The thread of each run of the test has the name of the last run's, which still runs: the
+    # tensors are the test's all the same, named with the thread that holds them.
+    pytester.makepyfile(test_it=THREAD_LEAK)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_loader_thread_keeps_batches*",
+            "float32[[]64, 1024[]] on cpu: *",
+            "    held by thread 'pin_memory' _pin_loop:* local 'kept'[[]*",
+            "    diagnosis: the thread 'pin_memory' is still running, and a frame of it keeps these tensors*",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*held by threads that were running before the test began*")
+    result.stdout.no_fnmatch_line("*LEAKED*test_loader_thread_stopped*")
+
+
+def test_threads_older_than_the_check_are_told_apart_by_ident_not_name() -> None:
+    from pytest_vramleak.holders.naming import held_by_threads
+
+    path = HolderPath(
+        Root("thread local", "thread 'pin_memory' _loop:8 local 'kept'", thread="pin_memory", thread_id=7)
+    )
+    group = _group(path)
+    assert held_by_threads(group, {7})  # type: ignore[arg-type]
+    assert not held_by_threads(group, {8})  # type: ignore[arg-type]  # another thread of the same name
+    assert not held_by_threads(_group(root("frame local", "test_fit:8 local 'kept'")), {7})  # type: ignore[arg-type]
+
+
+FINALIZER_LEAK = """
+import weakref
+import torch
+
+def release(handle):
+    pass
+
+class Trainer:
+    def __init__(self, bound):
+        self.state = torch.ones(64, 1024)
+        self.handle = object()
+        callback = (self.close,) if bound else (release, self.handle)
+        self._finalizer = weakref.finalize(self, *callback)
+
+    def close(self):
+        pass
+
+def test_finalizer_with_a_bound_method():
+    Trainer(bound=True)
+
+def test_finalizer_with_a_function():
+    Trainer(bound=False)
+"""
+
+
+def test_a_finalizer_that_keeps_its_object_is_named_and_diagnosed(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_it=FINALIZER_LEAK)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_finalizer_with_a_bound_method*",
+            "float32[[]64, 1024[]] on cpu: *",
+            "    held by weakref.finalize._registry[[]<finalize key>[]].func.__self__.state",
+            "    diagnosis: weakref.finalize keeps its callback and arguments until it runs*",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*LEAKED*test_finalizer_with_a_function*")
+
+
+CHECKPOINT_LEAK = """
+import torch
+from torch.utils.checkpoint import checkpoint
+
+MODEL = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024))
+OUTPUTS = []
+
+def test_checkpointed_output_kept_with_its_graph():
+    x = torch.randn(512, 1024, requires_grad=True)
+    OUTPUTS.append(checkpoint(MODEL, x, use_reentrant=False).sum())
+
+def test_checkpointed_output_kept_detached():
+    x = torch.randn(512, 1024, requires_grad=True)
+    OUTPUTS.append(checkpoint(MODEL, x, use_reentrant=False).sum().detach())
+"""
+
+
+def test_what_checkpoints_hooks_keep_is_named_with_the_hook(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_it=CHECKPOINT_LEAK)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak", "--vramleak-confirm=0"
+    )
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_checkpointed_output_kept_with_its_graph*",
+            "float32[[]512, 1024[]] on cpu: *",
+            f"    held by <function {CHECKPOINT_HOOK} held outside Python's gc> -> closure var 'frame'*",
+            "    diagnosis: torch.utils.checkpoint keeps what a checkpointed region saved or recomputed for backward*",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*diagnosis: a closure (a callback, a logger) captured it*")
+    result.stdout.no_fnmatch_line("*LEAKED*test_checkpointed_output_kept_detached*")
+
+
+CLASS_ATTRIBUTE_LEAK = """
+import torch
+
+class Shared:
+    CACHE = {}  # one dict for every instance, alive as long as the class
+
+    def embed(self, key):
+        return self.CACHE.setdefault(key, torch.ones(1024))
+
+class Own:
+    def __init__(self):
+        self.cache = {}  # each instance's own, gone with it
+
+    def embed(self, key):
+        return self.cache.setdefault(key, torch.ones(1024))
+
+def test_class_attribute_cache():
+    for _ in range(4):
+        Shared().embed(len(Shared.CACHE))  # a new key each time: the cache grows with every run
+
+def test_instance_attribute_cache():
+    for _ in range(4):
+        own = Own()
+        own.embed(len(own.cache))
+"""
+
+
+def test_a_class_attribute_shared_by_every_instance_is_told_from_a_module_level_container(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_it=CLASS_ATTRIBUTE_LEAK)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_class_attribute_cache*",
+            "    held by test_it.Shared.CACHE[[]*[]]",
+            "    diagnosis: Shared.CACHE is an attribute of the class, not of an instance*",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*a module-level container gained*")
+    result.stdout.no_fnmatch_line("*LEAKED*test_instance_attribute_cache*")

@@ -6,6 +6,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 import pytest_vramleak
 
 PACKAGE = Path(pytest_vramleak.__file__).parent
@@ -172,3 +174,76 @@ def test_the_plugin_module_only_wires_hooks() -> None:
     assert not [name for name in functions if re.search(r"word|format|render|text|message|verdict|judge", name)], (
         functions
     )
+
+
+CHAIN_TEXT = frozenset({"held_by", "chain", "chains", "held_by_paths", "render", "chain_text", "name_holders"})
+"""Names that stand for holder paths rendered as text: the strings reports write out."""
+RENDERED = frozenset({"HELD_FROM_CPP", "CHANGED"})
+"""Rendered holder texts, which a decision must not compare with."""
+
+
+def _names(node: ast.AST) -> set[str]:
+    """Every name and attribute a piece of code reads."""
+    found = set()
+    for inner in ast.walk(node):
+        if isinstance(inner, ast.Name):
+            found.add(inner.id)
+        elif isinstance(inner, ast.Attribute):
+            found.add(inner.attr)
+    return found
+
+
+def _decisions_on_chain_text(source: str) -> list[int]:
+    """The lines that test rendered holder text: a prefix, suffix, pattern or substring of a chain,
+    or an equality with a rendered holder."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        read: set[str] = set()
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in ("startswith", "endswith", "search", "match", "fullmatch", "find", "split"):
+                read = _names(node.func.value) | {n for arg in node.args for n in _names(arg)}
+        elif isinstance(node, ast.Compare):
+            operators = {type(op) for op in node.ops}
+            read = _names(node)
+            if operators & {ast.In, ast.NotIn}:
+                read = {n for n in read if n in CHAIN_TEXT}
+            elif operators & {ast.Eq, ast.NotEq}:
+                read = {n for n in read if n in RENDERED or n in CHAIN_TEXT}
+            else:
+                read = set()
+        if read & (CHAIN_TEXT | RENDERED):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_decision_reads_the_text_of_a_rendered_holder_path() -> None:
+    # Holder paths are data (holders.paths): diagnoses and what is set aside read their kinds and
+    # names; the text is only written out. A decision on the text stops firing when a wording changes.
+    found = {
+        _module_name(path): lines
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if (lines := _decisions_on_chain_text(path.read_text()))
+    }
+    assert found == {}
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "ok = all(chain.startswith('<') for chain in group.held_by)",
+        "ok = any(' -> closure var ' in chain for chain in chains)",
+        "ok = group.held_by[0].endswith('.grad')",
+        "ok = bool(PATTERN.search(chain))",
+        "ok = all(chain == HELD_FROM_CPP for chain in group.held_by)",
+        "ok = path.render().startswith('fixture')",
+        "ok = 'fixture' in chain_text(found)",
+    ],
+)
+def test_a_decision_on_rendered_holder_text_is_found(source: str) -> None:
+    assert _decisions_on_chain_text(source) == [1]
+
+
+def test_decisions_on_holder_data_are_not_taken_for_text() -> None:
+    source = "ok = path.root.kind == 'fixture' and any(edge.kind == 'item' for edge in path.edges)\n"
+    source += "keep = [c for c in group.held_by if c]\n"
+    assert _decisions_on_chain_text(source) == []

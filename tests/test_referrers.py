@@ -208,12 +208,14 @@ def test_key_text(key: Any, text: str) -> None:
 
 
 def test_a_long_chain_is_shown_with_its_middle_left_out() -> None:
-    from pytest_vramleak.holders.referrers import MAX_STEPS_SHOWN, path_text
+    from pytest_vramleak.holders.paths import MAX_STEPS_SHOWN, Edge, HolderPath, Root
 
-    steps = [("test_it.HEAD", "module"), *[(".next", "Node")] * 5000, (".payload", "Tensor")]
-    text = path_text(steps)
+    steps = (*[Edge("attribute", "next", "Node")] * 5000, Edge("attribute", "payload", "Tensor"))
+    text = HolderPath(Root("module", "test_it.HEAD", "module"), steps).render()
     assert text.startswith("test_it.HEAD.next.next") and text.endswith(".next.next.payload")
     assert f" ... {5002 - MAX_STEPS_SHOWN:,} steps ... " in text
     assert len(text) < 300
-    short = [("test_it.CACHE", "module"), ("['user-42']", "Tensor")]
-    assert path_text(short) == "test_it.CACHE['user-42']"
+    short = HolderPath(
+        Root("module", "test_it", "module"), (Edge("attribute", "CACHE", "dict"), Edge("item", "'user-42'", "Tensor"))
+    )
+    assert short.render() == "test_it.CACHE['user-42']"

@@ -1,228 +1,557 @@
-"""Recognise the common PyTorch leak patterns in a leaked group, and say the cause and the fix."""
+"""Recognise the common PyTorch leak patterns in a leaked group, and say the cause and the fix.
+
+The contract of every rule: it reads a leaked group (its kind, its figures and its holder paths,
+never their rendered text) and the diagnoses the rules before it gave, and returns its own
+diagnosis (the cause, then the fix, in one line) or None where the group does not fit it.
+:data:`SOLE_RULES` are tried first: the first that fits is the group's only diagnosis. Then every
+rule of :data:`RULES` adds its own, in order.
+"""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from ..judging.sizes import format_size
+from .edges import PYTEST_WARNINGS
+from .paths import Edge, HolderPath
 
-_HOOK_DICTS = re.compile(
-    r"\._(forward|forward_pre|backward|backward_pre|full_backward|full_backward_pre|state_dict)_hooks\["
+__all__ = ["PYTEST_WARNINGS", "RULES", "SOLE_RULES", "Rule", "diagnose", "held_by_torch_cache"]
+
+MODULE_HOOK_DICTS = frozenset(
+    f"_{name}_hooks"
+    for name in (
+        "forward",
+        "forward_pre",
+        "backward",
+        "backward_pre",
+        "full_backward",
+        "full_backward_pre",
+        "state_dict",
+    )
 )
-_TORCH_CACHES = ("torch._dynamo", "torch._inductor", "torch.fx", "torch._functorch")
+TORCH_CACHE_PACKAGES = frozenset({"torch._dynamo", "torch._inductor", "torch.fx", "torch._functorch"})
 # torch.compile installs each compiled graph in the module of the code it compiled, as a global
 # named __compiled_fn_<n>_<id> (__resume_at_<n> for code after a graph break): a user's module
 # then holds the graph's constants, but the cache is PyTorch's.
-_COMPILED_GLOBALS = re.compile(r"\.__(compiled_fn|resume_at)_\d")
-PYTEST_WARNINGS = "the warnings pytest recorded"
+_COMPILED_GLOBAL = re.compile(r"__(compiled_fn|resume_at)_\d")
 _MOCK_TYPES = frozenset({"Mock", "MagicMock", "NonCallableMock", "NonCallableMagicMock", "AsyncMock", "_CallList"})
-_PYTEST_INSTANCE = re.compile(r"self \(the \w+ instance pytest keeps until the session ends\)(?:\.(\w+))?")
+_SYS_LAST = frozenset({"last_traceback", "last_value", "last_type", "last_exc"})
+TORCH_CACHE = (
+    "held by a cache PyTorch keeps itself (a torch.compile graph and its constants): not the test's leak, and not "
+    "counted as one"
+)
 
 
-def diagnose(group: Any) -> list[str]:
-    """One or two lines per pattern the group matches, cause first, then the fix."""
-    chains: Sequence[str] = group.held_by
+class Group(Protocol):
+    """What a rule reads of a leaked group (:class:`~.snapshot.TensorGroup`)."""
+
+    kind: str
+    count: int
+    holders: list[HolderPath]
+    graph_bytes: int
+    graph_tensors: int
+    nodes: int
+    hook: str
+    grad_graph: bool
+    made_inside_library: bool | None
+
+
+Rule = Callable[[Group, Sequence[str]], "str | None"]
+"""A rule: the group and the diagnoses given before it, to its own diagnosis or None."""
+
+
+def diagnose(group: Group) -> list[str]:
+    """One line per pattern the group matches, cause first, then the fix."""
+    for rule in SOLE_RULES:
+        sole = rule(group, ())
+        if sole is not None:
+            return [sole]
     found: list[str] = []
-    if group.kind == "history" and getattr(group, "grad_graph", False):
-        return [
-            f"autograd history kept in a gradient: backward(create_graph=True) gave it a graph of {group.nodes:,} nodes "
-            "the test made, and each backward adds its graph to the gradient's (a reference cycle with the parameter, "
-            "PyTorch's documentation warns of it): take the gradients with torch.autograd.grad(loss, params, "
-            "create_graph=True) instead, or set each parameter's .grad to None after use"
-        ]
-    if group.kind == "history":
-        return [
-            f"autograd history kept: the tensor's grad_fn links {group.nodes:,} nodes the test made, each step's "
-            "graph behind the one before (total += loss after loss.backward() keeps every step's nodes even once "
-            "backward freed what they saved): accumulate loss.item() or loss.detach() instead, or detach the "
-            "tensor (x = x.detach()) where each step starts"
-        ]
-    if getattr(group, "grad_graph", False):
-        found.append(
-            "backward(create_graph=True) gave these gradients autograd graphs of their own, and a gradient's graph "
-            "refers back to its parameter: a reference cycle (PyTorch's documentation warns of it) that keeps the "
-            "gradients and every graph behind them alive: take the gradients with torch.autograd.grad(loss, params, "
-            "create_graph=True) instead, or set each parameter's .grad to None after use"
-        )
-    elif group.graph_bytes and group.kind == "graph" and chains and all(" local '" in chain for chain in chains):
-        found.append(
-            f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors "
-            "behind a tensor a running loop carries from step to step with its grad_fn (a hidden state, a running "
-            "total), so each step's graph holds every earlier one: detach it each step (hidden = hidden.detach()), "
-            "or keep loss.item() instead"
-        )
-    elif group.graph_bytes:
-        found.append(
-            f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors "
-            "behind a tensor that still has its grad_fn (a loss or output stored with its graph); "
-            "store loss.item() or tensor.detach() instead, or run the step under torch.no_grad()"
-        )
-    # A node reached from a holder the test's code has (not one held from C++ or outside gc, whose
-    # chain starts with "<"): what the code kept is the node.
-    if any(" -> autograd graph of " in chain and not chain.startswith("<") for chain in chains) and not getattr(
-        group, "grad_graph", False
-    ):
-        found.append(
-            "an autograd node (a grad_fn) was kept, not a tensor: it keeps what its graph saved for backward and "
-            "the leaves it accumulates into; keep loss.item() or a detached tensor instead of loss.grad_fn"
-        )
-    if any(kind == "ndarray" for path in getattr(group, "held_by_paths", []) for _, kind in path):
-        found.append(
-            "a numpy array made by tensor.numpy() shares the tensor's memory and keeps it alive: keep array.copy() "
-            "instead, or drop the array"
-        )
-    hook = getattr(group, "hook", "")
-    if any(_HOOK_DICTS.search(chain) for chain in chains) or hook:
-        found.append(
-            (
-                (
-                    "a tensor's hook (register_hook) keeps what it is given"
-                    if _tensor_hook(group)
-                    else "a module hook keeps what it is given"
-                )
-                + (f" ({hook} appends to what holds these tensors)" if hook else "")
-            )
-            + ": keep the handle register_*_hook() returns and call handle.remove() when done, or clear what the "
-            "hook appends to"
-        )
-    if any(" -> lru_cache" in chain for chain in chains):
-        found.append(
-            "functools.lru_cache / functools.cache keeps every result it returned: give it a maxsize, "
-            "call .cache_clear(), or do not cache tensors"
-        )
-    if any(".__traceback__" in chain or ".tb_frame" in chain or chain.startswith("sys.last_") for chain in chains):
-        if any(chain.startswith("sys.last_") for chain in chains):
-            found.append(
-                "sys.last_traceback / sys.last_value keep the last reported error's frames and their local tensors "
-                "(pytest sets them for a failed test, interactive consoles for an error they print): delete them "
-                "when done, or call traceback.clear_frames(sys.last_traceback)"
-            )
-        else:
-            found.append(
-                "a stored exception keeps its traceback, whose frames keep their local tensors: "
-                "store str(error) instead, or call traceback.clear_frames(error.__traceback__)"
-            )
-    elif any(" -> closure var " in chain for chain in chains) and not any(_HOOK_DICTS.search(c) for c in chains):
-        found.append(
-            "a closure (a callback, a logger) captured it and lives on: drop the callback when done, or "
-            "capture a detached copy or a Python number instead"
-        )
-    if any(chain.startswith("fixture '") for chain in chains):
-        fixture = next(chain for chain in chains if chain.startswith("fixture '")).split(")")[0] + ")"
-        if (
-            any(".grad" in chain or chain.endswith(".grad") for chain in chains if chain.startswith("fixture '"))
-            or group.kind == "grad"
-        ):
-            found.append(
-                f"backward() through the model {fixture} keeps for many tests made its gradients, which stay with the "
-                "model: call model.zero_grad(set_to_none=True) at the end of the test or in the fixture's teardown, "
-                "or give each test its own model (a function-scoped fixture)"
-            )
-        else:
-            found.append(
-                f"state kept on a value that {fixture} shares between tests (a cached result, lazily made state): "
-                "clear it at the end of the test or in the fixture's teardown, or make the fixture function-scoped"
-            )
-    if any(_PYTEST_INSTANCE.match(chain) for chain in chains):
-        attribute = next(
-            (
-                match.group(1)
-                for chain in chains
-                for match in [_PYTEST_INSTANCE.match(chain)]
-                if match and match.group(1)
-            ),
-            "",
-        )
-        found.append(
-            "pytest keeps each test's class instance until the session ends, and with it what the test set on self"
-            + (f" (self.{attribute})" if attribute else "")
-            + ": set it to None in teardown_method, or keep tensors in locals or fixtures"
-        )
-    if any(chain.startswith("record_property values of ") for chain in chains):
-        found.append(
-            "pytest keeps every record_property value until the session ends (for the JUnit XML report): record a "
-            "number or a string (t.item(), str(t.shape)), not a tensor"
-        )
-    if any(chain.startswith(PYTEST_WARNINGS) for chain in chains):
-        found.append(
-            "pytest keeps every warning it recorded, with its arguments, until the session ends: warn with a string "
-            "(f'{t.shape}'), not a tensor"
-        )
-    paths: Sequence[Sequence[tuple[str, str]]] = getattr(group, "held_by_paths", [])
-    parametrized = [path for path in paths if path and path[0][1] == "parametrize"]
-    if any(len(path) > 1 and path[1][0].startswith("[") for path in parametrized):
-        found.append(
-            "the test (or code it called) added entries to a list or dict that pytest keeps as a parametrize value for "
-            "the whole session (a trainer appending its own callbacks to the callbacks list it was given): pass a copy "
-            "(list(callbacks)), or build the list inside the test"
-        )
-    elif parametrized or any(chain.startswith("parametrize value ") for chain in chains):
-        computed = any(len(path) > 1 and path[1][0] == "._computed" for path in parametrized)
-        found.append(
-            "an object pytest keeps as a parametrize value for the whole session kept what the test computed on it ("
-            + ("a metric's cached compute() result" if computed else "a cached result, lazily made state")
-            + "): build the object inside the test or in a function-scoped fixture, or reset it"
-            + (" (metric.reset())" if computed else "")
-            + " at the end of the test"
-        )
-    if any(kind in _MOCK_TYPES for path in paths for _, kind in path):
-        found.append(
-            "a unittest.mock mock keeps the arguments of every call made to it (call_args, call_args_list, mock_calls) "
-            "for as long as it lives: call reset_mock() when done, patch it for the test alone, or pass it numbers or "
-            "strings (t.item(), t.shape) instead of tensors"
-        )
-    if any(
-        kind == "WeakKeyDictionary" and index + 1 < len(path) and path[index + 1][0] == ".data"
-        for path in paths
-        for index, (_, kind) in enumerate(path)
-    ):
-        found.append(
-            "a WeakKeyDictionary keeps each value while its key is alive, and this key is alive: a value that refers to "
-            "its own key (directly or through what it holds) keeps its entry for ever: keep weakref.ref(key) in the value "
-            "instead, or delete the entry when done"
-        )
-    if (
-        chains
-        and all(chain.startswith("<no Python reference") for chain in chains)
-        and getattr(group, "made_inside_library", None) is False
-    ):
-        found.append(
-            "nothing in Python refers to these tensors the test made: PyTorch (or an extension) keeps them in C++ for "
-            "something the test asked of it (torch.jit.script and torch.jit.trace keep a module's tensors with each "
-            "compiled module, a hook registered in C++ keeps what it captured): script or trace once (in a module- or "
-            "session-scoped fixture), or release what keeps them"
-        )
-    if group.count > 1 and chains and all(_module_container_entry(chain) for chain in chains) and not found:
-        found.append(
-            f"a module-level container gained {group.count} entries and never let them go (a cache "
-            "without eviction, a history list): bound it, evict old entries, or clear it after use"
-        )
-    if held_by_torch_cache(group):
-        found = [
-            "held by a cache PyTorch keeps itself (a torch.compile graph and its constants): not the "
-            "test's leak, and not counted as one"
-        ]
+    for rule in RULES:
+        finding = rule(group, found)
+        if finding is not None:
+            found.append(finding)
     return found
 
 
-def _tensor_hook(group: Any) -> bool:
-    """Whether the hooks dict on the path is a tensor's (``tensor.register_hook``), not a module's."""
-    for path in getattr(group, "held_by_paths", []):
-        for (_, kind), (text, _) in zip(path, path[1:], strict=False):
-            if text == "._backward_hooks" and kind in ("Tensor", "Parameter"):
-                return True
-    return False
+# What the rules read of holder paths.
 
 
-def held_by_torch_cache(group: Any) -> bool:
-    """Whether every chain that holds the group starts in a cache of PyTorch's own (compiled
+def _named(group: Group) -> list[HolderPath]:
+    """The holder paths that name a holder in Python."""
+    return [path for path in group.holders if not path.opaque]
+
+
+def _any_edge(group: Group, *kinds: str) -> bool:
+    return any(edge.kind in kinds for path in group.holders for edge in path.edges)
+
+
+def _module_hook_entry(path: HolderPath) -> bool:
+    """Whether the path passes through an entry of a module's (or a tensor's) hook dict."""
+    return any(edge.name in MODULE_HOOK_DICTS for edge in path.hook_entries())
+
+
+def _first_edge(path: HolderPath) -> Edge | None:
+    return path.edges[0] if path.edges else None
+
+
+def _is_attribute(edge: Edge | None, *names: str) -> bool:
+    return edge is not None and edge.kind in ("attribute", "hook dict") and (not names or edge.name in names)
+
+
+def _sys_last(path: HolderPath) -> bool:
+    """``sys.last_traceback`` and its kin: what pytest and consoles keep of the last error."""
+    first = _first_edge(path)
+    return path.root.kind == "module" and path.root.name == "sys" and first is not None and first.name in _SYS_LAST
+
+
+def _carried_by_loop(group: Group) -> bool:
+    """A graph kept by a tensor only running frames' locals hold: a loop carries it from step to step."""
+    return (
+        bool(group.graph_bytes)
+        and group.kind == "graph"
+        and bool(group.holders)
+        and all(path.through_local() for path in group.holders)
+    )
+
+
+def _traceback_kept(group: Group) -> bool:
+    return _any_edge(group, "traceback", "traceback frame") or any(_sys_last(path) for path in group.holders)
+
+
+def _torch_cache_path(path: HolderPath) -> bool:
+    """A path from a module of PyTorch's compiler, or through a graph torch.compile installed as a global."""
+    package = ".".join(path.root.name.split(".")[:2]) if path.root.kind == "module" else ""
+    return package in TORCH_CACHE_PACKAGES or any(
+        edge.kind == "attribute" and _COMPILED_GLOBAL.match(edge.name) for edge in path.edges
+    )
+
+
+def held_by_torch_cache(group: Group) -> bool:
+    """Whether every path that holds the group starts in a cache of PyTorch's own (compiled
     graphs, their constants): memory no test is charged for."""
-    chains: Sequence[str] = group.held_by
-    return bool(chains) and all(chain.startswith(_TORCH_CACHES) or _COMPILED_GLOBALS.search(chain) for chain in chains)
+    return bool(group.holders) and all(_torch_cache_path(path) for path in group.holders)
 
 
-def _module_container_entry(chain: str) -> bool:
+def _module_container_entry(path: HolderPath) -> bool:
     """``pkg.module.NAME[...]`` or ``pkg.module.obj.attr[...]``: an entry of a container reached from a module."""
-    return bool(re.fullmatch(r"[A-Za-z_][\w.]*(\[[^\]]*\])", chain))
+    *through, last = path.edges or (None,)
+    return (
+        path.root.kind == "module"
+        and last is not None
+        and last.kind == "item"
+        and all(edge is not None and edge.kind == "attribute" for edge in through)
+    )
+
+
+def _fixture_paths(group: Group) -> list[HolderPath]:
+    return [path for path in group.holders if path.root.kind == "fixture"]
+
+
+def _parametrized(group: Group) -> list[HolderPath]:
+    return [path for path in group.holders if path.root.kind == "parametrize"]
+
+
+# The rules whose diagnosis, where they fit, is the group's only one.
+
+
+def kept_history_in_a_gradient(group: Group, found: Sequence[str]) -> str | None:
+    """A gradient made with backward(create_graph=True) that keeps the nodes of every backward."""
+    if group.kind != "history" or not group.grad_graph:
+        return None
+    return (
+        f"autograd history kept in a gradient: backward(create_graph=True) gave it a graph of {group.nodes:,} nodes "
+        "the test made, and each backward adds its graph to the gradient's (a reference cycle with the parameter, "
+        "PyTorch's documentation warns of it): take the gradients with torch.autograd.grad(loss, params, "
+        "create_graph=True) instead, or set each parameter's .grad to None after use"
+    )
+
+
+def kept_history(group: Group, found: Sequence[str]) -> str | None:
+    """A tensor whose grad_fn links every step's nodes (a running total of losses)."""
+    if group.kind != "history":
+        return None
+    return (
+        f"autograd history kept: the tensor's grad_fn links {group.nodes:,} nodes the test made, each step's "
+        "graph behind the one before (total += loss after loss.backward() keeps every step's nodes even once "
+        "backward freed what they saved): accumulate loss.item() or loss.detach() instead, or detach the "
+        "tensor (x = x.detach()) where each step starts"
+    )
+
+
+def _checkpoint_hook(path: HolderPath) -> bool:
+    """A path from a saved-tensor hook of torch.utils.checkpoint, which an autograd graph keeps in C++."""
+    return path.root.kind == "outside gc" and path.root.name.split(".")[:3] == ["torch", "utils", "checkpoint"]
+
+
+def checkpoint_hooks(group: Group, found: Sequence[str]) -> str | None:
+    """What torch.utils.checkpoint's saved-tensor hooks keep for backward while the graph of a checkpointed output lives."""
+    if not group.holders or not all(_checkpoint_hook(path) for path in group.holders):
+        return None
+    return (
+        "torch.utils.checkpoint keeps what a checkpointed region saved or recomputed for backward in its "
+        "saved-tensor hooks, which live as long as the autograd graph of its output: an output (or a loss) of "
+        "checkpoint() was kept with its graph: keep out.detach() or loss.item() instead, or run backward() "
+        "before the graph is dropped"
+    )
+
+
+def torch_cache(group: Group, found: Sequence[str]) -> str | None:
+    """Memory only PyTorch's own caches (compiled graphs and their constants) hold."""
+    return TORCH_CACHE if held_by_torch_cache(group) else None
+
+
+# The rules that each add a diagnosis.
+
+
+def create_graph_cycle(group: Group, found: Sequence[str]) -> str | None:
+    """Gradients with graphs of their own, kept through a cycle with their parameters."""
+    if not group.grad_graph:
+        return None
+    return (
+        "backward(create_graph=True) gave these gradients autograd graphs of their own, and a gradient's graph "
+        "refers back to its parameter: a reference cycle (PyTorch's documentation warns of it) that keeps the "
+        "gradients and every graph behind them alive: take the gradients with torch.autograd.grad(loss, params, "
+        "create_graph=True) instead, or set each parameter's .grad to None after use"
+    )
+
+
+def graph_carried_by_a_loop(group: Group, found: Sequence[str]) -> str | None:
+    """A graph behind a tensor a running loop carries from step to step (a hidden state)."""
+    if group.grad_graph or not _carried_by_loop(group):
+        return None
+    return (
+        f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors "
+        "behind a tensor a running loop carries from step to step with its grad_fn (a hidden state, a running "
+        "total), so each step's graph holds every earlier one: detach it each step (hidden = hidden.detach()), "
+        "or keep loss.item() instead"
+    )
+
+
+def graph_kept(group: Group, found: Sequence[str]) -> str | None:
+    """A graph behind a stored tensor that still has its grad_fn (a loss stored with its graph)."""
+    if group.grad_graph or not group.graph_bytes or _carried_by_loop(group):
+        return None
+    return (
+        f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors "
+        "behind a tensor that still has its grad_fn (a loss or output stored with its graph); "
+        "store loss.item() or tensor.detach() instead, or run the step under torch.no_grad()"
+    )
+
+
+def grad_fn_kept(group: Group, found: Sequence[str]) -> str | None:
+    """An autograd node the test's code holds (not one held from C++): the node was kept, not a tensor."""
+    if group.grad_graph or not any(path.has("autograd node") for path in _named(group)):
+        return None
+    return (
+        "an autograd node (a grad_fn) was kept, not a tensor: it keeps what its graph saved for backward and "
+        "the leaves it accumulates into; keep loss.item() or a detached tensor instead of loss.grad_fn"
+    )
+
+
+def numpy_array(group: Group, found: Sequence[str]) -> str | None:
+    """A numpy array made by tensor.numpy() on the path, which shares the tensor's memory."""
+    if not any("ndarray" in path.type_names() for path in group.holders):
+        return None
+    return (
+        "a numpy array made by tensor.numpy() shares the tensor's memory and keeps it alive: keep array.copy() "
+        "instead, or drop the array"
+    )
+
+
+def hook_keeps(group: Group, found: Sequence[str]) -> str | None:
+    """A module's or a tensor's hook that keeps what it is given (through its hook dict, or a container its closure fills)."""
+    if not group.hook and not any(_module_hook_entry(path) for path in group.holders):
+        return None
+    tensor = any(path.has("tensor hooks") for path in group.holders)
+    return (
+        ("a tensor's hook (register_hook) keeps what it is given" if tensor else "a module hook keeps what it is given")
+        + (f" ({group.hook} appends to what holds these tensors)" if group.hook else "")
+        + ": keep the handle register_*_hook() returns and call handle.remove() when done, or clear what the "
+        "hook appends to"
+    )
+
+
+def lru_cache(group: Group, found: Sequence[str]) -> str | None:
+    """A functools.lru_cache that keeps every result it returned."""
+    if not _any_edge(group, "lru_cache", "lru_cache entry"):
+        return None
+    return (
+        "functools.lru_cache / functools.cache keeps every result it returned: give it a maxsize, "
+        "call .cache_clear(), or do not cache tensors"
+    )
+
+
+def last_error(group: Group, found: Sequence[str]) -> str | None:
+    """sys.last_traceback / sys.last_value, which keep the last reported error's frames."""
+    if not any(_sys_last(path) for path in group.holders):
+        return None
+    return (
+        "sys.last_traceback / sys.last_value keep the last reported error's frames and their local tensors "
+        "(pytest sets them for a failed test, interactive consoles for an error they print): delete them "
+        "when done, or call traceback.clear_frames(sys.last_traceback)"
+    )
+
+
+def stored_exception(group: Group, found: Sequence[str]) -> str | None:
+    """A stored exception whose traceback keeps its frames' locals."""
+    if not _traceback_kept(group) or any(_sys_last(path) for path in group.holders):
+        return None
+    return (
+        "a stored exception keeps its traceback, whose frames keep their local tensors: "
+        "store str(error) instead, or call traceback.clear_frames(error.__traceback__)"
+    )
+
+
+def closure(group: Group, found: Sequence[str]) -> str | None:
+    """A closure (not a hook's, nor a traceback's frame) that captured the tensor."""
+    if (
+        _traceback_kept(group)
+        or not _any_edge(group, "closure variable")
+        or any(_module_hook_entry(path) for path in group.holders)
+    ):
+        return None
+    return (
+        "a closure (a callback, a logger) captured it and lives on: drop the callback when done, or "
+        "capture a detached copy or a Python number instead"
+    )
+
+
+def thread_frame(group: Group, found: Sequence[str]) -> str | None:
+    """A frame still running in another thread (a loader loop never stopped) that keeps the tensor."""
+    threads = sorted({path.root.thread for path in group.holders if path.root.kind == "thread local"})
+    if not threads:
+        return None
+    named = ", ".join(f"'{thread}'" for thread in threads)
+    return (
+        f"the thread {named} is still running, and a frame of it keeps these tensors (a loader or pin-memory "
+        "loop that was never stopped, or that keeps what it handed on): stop the thread when done (set an Event "
+        "its loop checks, then join() it), and let its loop drop each batch once handed on"
+    )
+
+
+def finalizer_keeps_its_object(group: Group, found: Sequence[str]) -> str | None:
+    """A weakref.finalize entry, whose callback and arguments live until it runs (a bound method keeps its object)."""
+    if not any("finalize._Info" in path.type_names() for path in group.holders):
+        return None
+    return (
+        "weakref.finalize keeps its callback and arguments until it runs, and a callback that refers to the object "
+        "(a bound method such as self.close, or self among its arguments) keeps the object alive, so it never runs: "
+        "register a plain function with only what it needs (weakref.finalize(self, release, self.handle)), or call "
+        "the finalizer (or .detach() it) when done"
+    )
+
+
+def fixture_gradients(group: Group, found: Sequence[str]) -> str | None:
+    """Gradients backward() made on a model a wider-scoped fixture keeps for many tests."""
+    fixtures = _fixture_paths(group)
+    if not fixtures:
+        return None
+    gradients = group.kind == "grad" or any(
+        edge.kind == "gradient" or _is_attribute(edge, "grad") for path in fixtures for edge in path.edges
+    )
+    if not gradients:
+        return None
+    return (
+        f"backward() through the model {fixtures[0].root.label} keeps for many tests made its gradients, which stay "
+        "with the model: call model.zero_grad(set_to_none=True) at the end of the test or in the fixture's teardown, "
+        "or give each test its own model (a function-scoped fixture)"
+    )
+
+
+def fixture_state(group: Group, found: Sequence[str]) -> str | None:
+    """Other state kept on a value a wider-scoped fixture shares between tests."""
+    fixtures = _fixture_paths(group)
+    if not fixtures or fixture_gradients(group, found) is not None:
+        return None
+    return (
+        f"state kept on a value that {fixtures[0].root.label} shares between tests (a cached result, lazily made "
+        "state): clear it at the end of the test or in the fixture's teardown, or make the fixture function-scoped"
+    )
+
+
+def test_instance(group: Group, found: Sequence[str]) -> str | None:
+    """What a test set on self, which pytest keeps with the test's class instance."""
+    kept = [path for path in group.holders if path.root.kind == "pytest instance"]
+    if not kept:
+        return None
+    attribute = next((edge.name for edge in map(_first_edge, kept) if edge is not None and _is_attribute(edge)), "")
+    return (
+        "pytest keeps each test's class instance until the session ends, and with it what the test set on self"
+        + (f" (self.{attribute})" if attribute else "")
+        + ": set it to None in teardown_method, or keep tensors in locals or fixtures"
+    )
+
+
+def record_property(group: Group, found: Sequence[str]) -> str | None:
+    """A tensor given to record_property, which pytest keeps for the JUnit XML report."""
+    if not any(path.root.kind == "record_property" for path in group.holders):
+        return None
+    return (
+        "pytest keeps every record_property value until the session ends (for the JUnit XML report): record a "
+        "number or a string (t.item(), str(t.shape)), not a tensor"
+    )
+
+
+def recorded_warning(group: Group, found: Sequence[str]) -> str | None:
+    """A tensor in a warning's arguments, which pytest keeps with every warning it recorded."""
+    if not any(path.root.kind == "pytest warnings" for path in group.holders):
+        return None
+    return (
+        "pytest keeps every warning it recorded, with its arguments, until the session ends: warn with a string "
+        "(f'{t.shape}'), not a tensor"
+    )
+
+
+def parametrized_list_appended_to(group: Group, found: Sequence[str]) -> str | None:
+    """Entries added to a list or dict pytest keeps as a parametrize value."""
+    if not any((edge := _first_edge(path)) is not None and edge.kind == "item" for path in _parametrized(group)):
+        return None
+    return (
+        "the test (or code it called) added entries to a list or dict that pytest keeps as a parametrize value for "
+        "the whole session (a trainer appending its own callbacks to the callbacks list it was given): pass a copy "
+        "(list(callbacks)), or build the list inside the test"
+    )
+
+
+def parametrized_object_state(group: Group, found: Sequence[str]) -> str | None:
+    """State the test computed on an object pytest keeps as a parametrize value (a metric's compute())."""
+    parametrized = _parametrized(group)
+    if not parametrized or parametrized_list_appended_to(group, found) is not None:
+        return None
+    computed = any(_is_attribute(_first_edge(path), "_computed") for path in parametrized)
+    return (
+        "an object pytest keeps as a parametrize value for the whole session kept what the test computed on it ("
+        + ("a metric's cached compute() result" if computed else "a cached result, lazily made state")
+        + "): build the object inside the test or in a function-scoped fixture, or reset it"
+        + (" (metric.reset())" if computed else "")
+        + " at the end of the test"
+    )
+
+
+def mock_calls(group: Group, found: Sequence[str]) -> str | None:
+    """A unittest.mock mock on the path, which keeps the arguments of every call."""
+    if not any(name in _MOCK_TYPES for path in group.holders for name in path.type_names()):
+        return None
+    return (
+        "a unittest.mock mock keeps the arguments of every call made to it (call_args, call_args_list, mock_calls) "
+        "for as long as it lives: call reset_mock() when done, patch it for the test alone, or pass it numbers or "
+        "strings (t.item(), t.shape) instead of tensors"
+    )
+
+
+def _through_weak_key_data(path: HolderPath) -> bool:
+    """Whether the path passes from a WeakKeyDictionary into its ``.data`` (its entries)."""
+    return any(
+        name == "WeakKeyDictionary" and index < len(path.edges) and _is_attribute(path.edges[index], "data")
+        for index, name in enumerate(path.type_names())
+    )
+
+
+def weak_key_value_holds_its_key(group: Group, found: Sequence[str]) -> str | None:
+    """A WeakKeyDictionary's value, kept while its key lives (and it refers to its key)."""
+    if not any(_through_weak_key_data(path) for path in group.holders):
+        return None
+    return (
+        "a WeakKeyDictionary keeps each value while its key is alive, and this key is alive: a value that refers to "
+        "its own key (directly or through what it holds) keeps its entry for ever: keep weakref.ref(key) in the value "
+        "instead, or delete the entry when done"
+    )
+
+
+def held_in_cpp_for_the_test(group: Group, found: Sequence[str]) -> str | None:
+    """Tensors the test made that nothing in Python refers to: PyTorch keeps them in C++ for it."""
+    if (
+        not group.holders
+        or not all(path.root.kind == "held from C++" for path in group.holders)
+        or group.made_inside_library is not False
+    ):
+        return None
+    return (
+        "nothing in Python refers to these tensors the test made: PyTorch (or an extension) keeps them in C++ for "
+        "something the test asked of it (torch.jit.script and torch.jit.trace keep a module's tensors with each "
+        "compiled module, a hook registered in C++ keeps what it captured): script or trace once (in a module- or "
+        "session-scoped fixture), or release what keeps them"
+    )
+
+
+_CLASS_TYPES = frozenset({"type", "ABCMeta"})
+
+
+def _class_attribute(path: HolderPath) -> tuple[str, bool] | None:
+    """``("Model.CACHE", entry)`` where the path passes from a class to an attribute of its own
+    (not an instance's), ``entry`` where it goes on into an entry of it; else None."""
+    edges = path.edges
+    for index, edge in enumerate(edges[:-1]):
+        after = edges[index + 1]
+        if edge.kind == "attribute" and edge.type_name in _CLASS_TYPES and _is_attribute(after):
+            entry = index + 2 < len(edges) and edges[index + 2].kind == "item"
+            return f"{edge.name}.{after.name}", entry
+    return None
+
+
+def class_attribute(group: Group, found: Sequence[str]) -> str | None:
+    """A class's own attribute (a cache, a registry, a last value): one for every instance, alive as long as the class."""
+    held = [at for path in group.holders if (at := _class_attribute(path)) is not None]
+    if not held or finalizer_keeps_its_object(group, found) is not None:  # (weakref.finalize._registry)
+        return None
+    name, entry = held[0]
+    if entry:
+        return (
+            f"{name} is an attribute of the class, not of an instance: one container shared by every instance, "
+            "alive as long as the class, so what any instance adds to it stays: make it an instance attribute (set "
+            "it in __init__), or bound it and clear it after use"
+        )
+    return (
+        f"{name} is an attribute of the class, not of an instance: it lives as long as the class, and so does what "
+        "it is set to: set it on the instance (self.name = ... in a method), or set it back to None when done"
+    )
+
+
+def module_level_container(group: Group, found: Sequence[str]) -> str | None:
+    """Entries a module-level container gained and never let go, where nothing more specific fits."""
+    if (
+        found
+        or group.count <= 1
+        or not group.holders
+        or not all(_module_container_entry(path) for path in group.holders)
+    ):
+        return None
+    return (
+        f"a module-level container gained {group.count} entries and never let them go (a cache "
+        "without eviction, a history list): bound it, evict old entries, or clear it after use"
+    )
+
+
+SOLE_RULES: list[Rule] = [kept_history_in_a_gradient, kept_history, torch_cache, checkpoint_hooks]
+"""Rules whose diagnosis, where one fits, is the group's only one (the first that fits)."""
+
+RULES: list[Rule] = [
+    create_graph_cycle,
+    graph_carried_by_a_loop,
+    graph_kept,
+    grad_fn_kept,
+    numpy_array,
+    hook_keeps,
+    lru_cache,
+    last_error,
+    stored_exception,
+    closure,
+    thread_frame,
+    finalizer_keeps_its_object,
+    fixture_gradients,
+    fixture_state,
+    test_instance,
+    record_property,
+    recorded_warning,
+    parametrized_list_appended_to,
+    parametrized_object_state,
+    mock_calls,
+    weak_key_value_holds_its_key,
+    held_in_cpp_for_the_test,
+    class_attribute,
+    module_level_container,
+]
+"""Rules that each add their diagnosis, in the order a report lists them (the last reads what came before)."""

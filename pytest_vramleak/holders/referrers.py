@@ -26,13 +26,34 @@ import objgraph
 
 from ..tracking.census import is_tensor_type, whole_heap
 from ..tracking.sites import code_folders, is_loaded_standard_library
+from .edges import (
+    _MODULE_NAMESPACE,
+    FrameLocal,
+    NamedRoot,
+    holder_path,
+    instance_dict,
+    is_ndarray,
+    key_text,
+    type_name,
+)
+from .paths import CHANGED, CHANGED_PATH, HolderPath, Root
+
+__all__ = [
+    "CHANGED",
+    "FrameLocal",
+    "HolderPath",
+    "NamedRoot",
+    "chain_text",
+    "cycle_holding",
+    "find_chains",
+    "holder_paths",
+    "key_text",
+    "name_holders",
+    "type_name",
+    "without_python_holders",
+]
 
 _PACKAGE_DIR = __file__.rsplit("/", 2)[0]  # the package, every layer of it
-_MODULE_NAMESPACES = ("_modules", "_parameters", "_buffers")
-_LRU_WRAPPER_NAME = "_lru_cache_wrapper"
-_MAX_KEY_TEXT = 60
-_MODULE_NAMESPACE: Any = vars(types.ModuleType)["__dict__"]
-"""A module's ``__dict__`` descriptor: its namespace, read without running any code of the module's."""
 
 
 def _own_frames() -> set[int]:
@@ -46,36 +67,6 @@ def _own_frames() -> set[int]:
             ids.add(id(frame))
         frame = frame.f_back
     return ids
-
-
-class FrameLocal:
-    """A root: a local variable of a frame still running, e.g. the test body around a step loop.
-
-    A running frame's locals are not visible to ``gc.get_referrers``, so they are checked directly.
-    """
-
-    __slots__ = ("frame", "name", "value", "thread")
-
-    def __init__(self, frame: types.FrameType, name: str, value: Any, thread: str = "") -> None:
-        self.frame = frame
-        self.name = name
-        self.value = value
-        self.thread = thread
-        """The name of the thread the frame runs in, where it is not the one searching."""
-
-
-class NamedRoot:
-    """A root the caller names: a value a test runner keeps for the whole session, written as the
-    user wrote it (``fixture 'model' (module scope)``, ``parametrize value lr of test_fit[...]``)
-    rather than through the runner's internals."""
-
-    __slots__ = ("label", "value", "kind")
-
-    def __init__(self, label: str, value: Any, kind: str = "value") -> None:
-        self.label = label
-        self.value = value
-        self.kind = kind
-        """``fixture`` or ``parametrize``: which diagnosis fits state kept on it."""
 
 
 def _frames_not_ours(own: set[int]) -> list[types.FrameType]:
@@ -92,8 +83,8 @@ def _frames_not_ours(own: set[int]) -> list[types.FrameType]:
     return stack
 
 
-def _other_threads_frames() -> list[tuple[str, types.FrameType]]:
-    """``(thread name, frame)`` for every frame running in another thread, innermost first."""
+def _other_threads_frames() -> list[tuple[str, int, types.FrameType]]:
+    """``(thread name, thread ident, frame)`` for every frame running in another thread, innermost first."""
     names = {thread.ident: thread.name for thread in threading.enumerate()}
     running = sys._current_frames()
     # This thread's entry is this very frame: kept in a local, it would make a reference cycle
@@ -104,12 +95,12 @@ def _other_threads_frames() -> list[tuple[str, types.FrameType]]:
         name = names.get(ident, str(ident))
         current_frame: types.FrameType | None = frame
         while current_frame is not None:
-            found.append((name, current_frame))
+            found.append((name, ident, current_frame))
             current_frame = current_frame.f_back
     return found
 
 
-def _running_locals(frames: Sequence[types.FrameType], thread: str = "") -> dict[int, FrameLocal]:
+def _running_locals(frames: Sequence[types.FrameType], thread: str = "", thread_id: int = 0) -> dict[int, FrameLocal]:
     found: dict[int, FrameLocal] = {}
     for frame in frames:
         try:
@@ -119,7 +110,7 @@ def _running_locals(frames: Sequence[types.FrameType], thread: str = "") -> dict
         if type(local_values) is not dict or local_values is frame.f_globals:
             continue  # a module's top level: the module itself is the root
         for name, value in dict.items(local_values):
-            found.setdefault(id(value), FrameLocal(frame, name, value, thread))
+            found.setdefault(id(value), FrameLocal(frame, name, value, thread, thread_id))
     return found
 
 
@@ -151,16 +142,11 @@ around: a forward walk from the roots (the user's modules first, then every modu
 times chain length."""
 
 
-def _is_ndarray(obj: Any) -> bool:
-    cls = type(obj)
-    return cls.__name__ == "ndarray" and cls.__module__ == "numpy"
-
-
 def _referents(node: Any, by_storage: dict[int, Any]) -> list[Any]:
     """What ``node`` refers to. A numpy array made by ``tensor.numpy()`` is invisible to gc, and
     so is the tensor it keeps (its ``base``): where that tensor shares a target's storage, the
     array counts as referring to the target."""
-    if _is_ndarray(node):
+    if is_ndarray(node):
         base = type(node).base.__get__(node)  # the C attribute: no code of the array's runs
         if base is None:
             return []
@@ -173,7 +159,7 @@ def _referents(node: Any, by_storage: dict[int, Any]) -> list[Any]:
 
 
 def _storage_ids(obj: Any) -> list[int]:
-    from ..tracking.census import _torch, is_tensor_type, tensor_storages
+    from ..tracking.census import _torch, tensor_storages
 
     if not is_tensor_type(type(obj)):
         return []
@@ -217,7 +203,7 @@ def _search_forward(
         following: list[Any] = []
         note = following.append
         for node, children in zip(level, map(gc.get_referents, level), strict=False):
-            if _is_ndarray(node):  # it keeps its base tensor without telling gc
+            if is_ndarray(node):  # it keeps its base tensor without telling gc
                 children = _referents(node, by_storage)
             for child in children:
                 ident = id(child)
@@ -325,7 +311,7 @@ def find_chains(
     return chains
 
 
-def _search_chains(  # noqa: C901
+def _search_chains(
     targets: Sequence[Any],
     *,
     max_depth: int,
@@ -341,157 +327,242 @@ def _search_chains(  # noqa: C901
     targets (and maybe more), read in place of the first level's pass over the heap."""
     own = _own_frames()
     stack = _frames_not_ours(own)
-    on_stack = {id(f) for f in stack}
-    # Frames the caller names (those of an error being reported) count as roots like running ones.
-    running_locals: dict[int, Any] = {id(root.value): root for root in named}
-    for ident, frame_local in _running_locals([*frames, *stack]).items():
-        running_locals.setdefault(ident, frame_local)
-    # Other threads' running frames are roots too: a background thread's local is no C++ holder.
-    for thread_name, frame in _other_threads_frames():
-        for ident, frame_local in _running_locals([frame], thread_name).items():
-            running_locals.setdefault(ident, frame_local)
-    held_by: dict[int, list[Any]] = {}  # id(holder) -> the objects it holds one level nearer a target
-    origins: dict[int, int] = {id(t): 1 << i for i, t in enumerate(targets)}  # bit i: leads to targets[i]
-    unrooted = (1 << len(targets)) - 1
-    ignore = {id(held_by), id(origins), id(targets), id(running_locals), id(stack)} | own
-    roots: dict[int, Any] = {}
-    dead_ends: dict[int, Any] = {}
+    search = _Backward(targets, _roots_in_frames(named, [*frames, *stack]), own, exclude_types, max_frontier)
+    search.ignore.add(id(stack))
+    search.on_stack.update(id(f) for f in stack)
     frontier: tuple[Any, ...] = tuple(targets)
     depth = 0
-    limited = False
-    while frontier and unrooted and depth < max_depth:
+    while frontier and search.unrooted and depth < max_depth:
         depth += 1
-        ignore.add(id(frontier))
-        frontier_ids = {id(o) for o in frontier}
-        has_holder: set[int] = set()
-        next_level: list[Any] = []
-        for obj in frontier:
-            local = running_locals.get(id(obj))
-            if local is not None:
-                roots[id(local)] = local
-                held_by[id(local)] = [obj]
-                has_holder.add(id(obj))
-                unrooted &= ~origins[id(obj)]
-        if not unrooted:
+        if not search.root_locals(frontier):
             break  # every target has a root now: a holder found at this level would make no shorter chain
-        referrers = first if depth == 1 and first is not None else _referrers(frontier, frontier_ids)
-        ignore.add(id(referrers))
-        for holder in referrers:
-            if id(holder) in ignore or id(holder) in on_stack or type(holder) in exclude_types:
-                continue
-            held = [r for r in gc.get_referents(holder) if id(r) in frontier_ids]
-            if held and is_module_root(holder):
-                # what a C module keeps in its state (``_pickle``'s copy of copyreg.dispatch_table)
-                # is reached from its Python owner, by a name the user knows
-                namespace = _MODULE_NAMESPACE.__get__(holder)
-                held = [h for h in held if h is namespace]
-            if not held:
-                continue
-            has_holder.update(id(h) for h in held)
-            held_by.setdefault(id(holder), []).extend(held)
-            leads_to = 0
-            for h in held:
-                leads_to |= origins[id(h)]
-            if id(holder) in origins:
-                origins[id(holder)] |= leads_to
-                continue
-            origins[id(holder)] = leads_to
-            if is_module_root(holder):
-                roots[id(holder)] = holder
-                unrooted &= ~leads_to
-            elif len(next_level) < max_frontier:
-                next_level.append(holder)
-            else:
-                limited = True
-        for obj in frontier:
-            if id(obj) not in has_holder:
-                dead_ends[id(obj)] = obj
-        del referrers
-        # Holders that lead only to targets already rooted need not be followed further.
-        frontier = tuple(h for h in next_level if origins[id(h)] & unrooted)
-        del next_level
-    limited = limited or bool(frontier and unrooted)
-    # This package's own lists and tables (the tensors it is naming, the autograd nodes it looks
-    # through) refer to what they list, and nothing in gc refers to them: its running frames do.
-    # They hold nothing of the user's.
-    records = _own_records()
-    frontier = tuple(obj for obj in frontier if id(obj) not in records)
-    ignore.add(id(frontier))
-    for ident in records.intersection(dead_ends):
-        del dead_ends[ident]
-    for obj in frontier:
-        dead_ends.setdefault(id(obj), obj)
-
+        frontier = search.level(frontier, first if depth == 1 and first is not None else None)
+    search.limited = search.limited or bool(frontier and search.unrooted)
+    frontier = search.tidy(frontier)
     chains_by_target: dict[int, list[Any]] = {}
     wanted = {id(t) for t in targets}
-    chains_by_target.update(_walk_down(list(roots.values()), held_by, wanted))
-    if unrooted:
-        # Forward from the roots to where the backward search stopped (or to the targets
-        # themselves: a numpy array keeps its tensor without telling gc), then down its edges.
-        module_roots = [m for m in list(sys.modules.values()) if is_module_root(m)]
-        starts = module_roots + list(running_locals.values())
-        remaining = wanted - chains_by_target.keys()
-        # where the backward search stopped: its last level, and the holders nothing in gc holds
-        # (an object C code keeps, reached from a module through one gc does not track)
-        meeting = {
-            id(holder): holder
-            for holder in (*frontier, *dead_ends.values())
-            if id(holder) not in wanted and origins.get(id(holder), 0) & unrooted
-        }
-        covers = {ident: origins.get(ident, 0) for ident in (*remaining, *meeting)}
-        ignore.update((id(module_roots), id(starts), id(chains_by_target), id(wanted), id(meeting), id(covers)))
-        by_storage = {
-            storage: target for target in targets if id(target) in remaining for storage in _storage_ids(target)
-        }
-        forward: dict[int, list[Any]] = {}
-        # The user's modules first (tests, conftest, the project's own source): torch.compile's
-        # graphs and most caches hang from them, a few levels down, where a walk from every module
-        # in the process would give up first.
-        # A walk from some modules does not pass through the others: they are roots of their own
-        # (sys.last_value is sys's, not that of a module that imports sys).
-        users = _users_modules(module_roots) + list(running_locals.values())
-        others = {id(module) for module in module_roots} - {id(module) for module in users}
-        ignore.update((id(users), id(others)))
-        # With no holder to meet (nothing in gc holds the targets: PyTorch keeps them in C++, or a
-        # numpy array made by tensor.numpy(), which gc does not see, found near the roots), the
-        # walk looks for the targets alone, a few levels deep.
-        limit = FORWARD_LIMIT if meeting else FORWARD_LIMIT // 10
-        for group, skip in ((users, ignore | others), (starts, ignore)):
-            forward = _search_forward(
-                remaining | meeting.keys(),
-                group,
-                skip,
-                exclude_types,
-                by_storage,
-                limit=limit,
-                covers=covers,
-                needed=unrooted,
-            )
-            if _covered(forward, covers) & unrooted == unrooted:
-                break
-        for ident, chain in forward.items():
-            if ident in remaining:
-                chains_by_target.setdefault(ident, chain)
-        for ident, chain in sorted(forward.items(), key=lambda item: len(item[1])):
-            if ident not in meeting:
-                continue
-            for target_id, down in _walk_down([meeting[ident]], held_by, remaining - chains_by_target.keys()).items():
-                chains_by_target[target_id] = chain + down[1:]
-        forward.clear()
-        meeting.clear()
-        module_roots.clear()
-        starts.clear()
-        users.clear()
+    search.ignore.update((id(chains_by_target), id(wanted)))
+    chains_by_target.update(_walk_down(list(search.roots.values()), search.held_by, wanted))
+    if search.unrooted:
+        _meet_forward(search, targets, frontier, chains_by_target, exclude_types)
     # a real root beats a dead end: the farthest holder reached that nothing in Python holds
-    chains_by_target.update(_walk_down(list(dead_ends.values()), held_by, wanted - chains_by_target.keys()))
+    starts = list(search.dead_ends.values())
+    chains_by_target.update(_walk_down(starts, search.held_by, wanted - chains_by_target.keys()))
+    starts.clear()
     chains = [chains_by_target.get(id(target), [target]) for target in targets]
     rooted = all(len(chain) > 1 and _is_root(chain[0]) for chain in chains)
-    held_by.clear()
-    roots.clear()
-    dead_ends.clear()
-    running_locals.clear()
+    search.clear()
     chains_by_target.clear()
-    return chains, rooted, limited
+    return chains, rooted, search.limited
+
+
+def _roots_in_frames(named: Sequence[NamedRoot], frames: Sequence[types.FrameType]) -> dict[int, Any]:
+    """The values the caller names, and the locals of ``frames`` (those of an error being reported,
+    and this thread's running ones) and of every other thread's running frames, by their ids."""
+    running_locals: dict[int, Any] = {id(root.value): root for root in named}
+    for ident, frame_local in _running_locals(frames).items():
+        running_locals.setdefault(ident, frame_local)
+    # Other threads' running frames are roots too: a background thread's local is no C++ holder.
+    for thread_name, thread_id, frame in _other_threads_frames():
+        for ident, frame_local in _running_locals([frame], thread_name, thread_id).items():
+            running_locals.setdefault(ident, frame_local)
+    return running_locals
+
+
+class _Backward:
+    """The state of the backward search, level by level from the targets. It keeps the objects
+    it meets only in its own containers, whose ids the search ignores: none is taken for a holder."""
+
+    __slots__ = (
+        "held_by",
+        "origins",
+        "unrooted",
+        "roots",
+        "dead_ends",
+        "running_locals",
+        "ignore",
+        "on_stack",
+        "exclude_types",
+        "max_frontier",
+        "limited",
+    )
+
+    def __init__(
+        self,
+        targets: Sequence[Any],
+        running_locals: dict[int, Any],
+        own: set[int],
+        exclude_types: tuple[type, ...],
+        max_frontier: int,
+    ) -> None:
+        self.held_by: dict[int, list[Any]] = {}  # id(holder) -> the objects it holds one level nearer a target
+        self.origins: dict[int, int] = {id(t): 1 << i for i, t in enumerate(targets)}  # bit i: leads to targets[i]
+        self.unrooted = (1 << len(targets)) - 1
+        self.roots: dict[int, Any] = {}
+        self.dead_ends: dict[int, Any] = {}
+        self.running_locals = running_locals
+        self.on_stack: set[int] = set()
+        self.exclude_types = exclude_types
+        self.max_frontier = max_frontier
+        self.limited = False
+        self.ignore = own | {
+            id(self),
+            id(self.held_by),
+            id(self.origins),
+            id(targets),
+            id(running_locals),
+            id(self.roots),
+            id(self.dead_ends),
+        }
+
+    def root_locals(self, frontier: tuple[Any, ...]) -> bool:
+        """Root what in ``frontier`` is a running frame's local or a named value; whether a target is left without a root."""
+        for obj in frontier:
+            local = self.running_locals.get(id(obj))
+            if local is not None:
+                self.roots[id(local)] = local
+                self.held_by[id(local)] = [obj]
+                self.unrooted &= ~self.origins[id(obj)]
+        return bool(self.unrooted)
+
+    def level(self, frontier: tuple[Any, ...], referrers: list[Any] | None) -> tuple[Any, ...]:
+        """Record the holders of ``frontier`` (from ``referrers``, or a pass over the heap), root the
+        modules among them, and return the next level: the holders that lead to a target still without a root."""
+        self.ignore.add(id(frontier))
+        frontier_ids = {id(o) for o in frontier}
+        has_holder = {id(obj) for obj in frontier if id(obj) in self.running_locals}
+        if referrers is None:
+            referrers = _referrers(frontier, frontier_ids)
+        self.ignore.add(id(referrers))
+        next_level: list[Any] = []
+        for holder in referrers:
+            held = self._held(holder, frontier_ids)
+            if held:
+                has_holder.update(id(h) for h in held)
+                self._record(holder, held, next_level)
+        for obj in frontier:
+            if id(obj) not in has_holder:
+                self.dead_ends[id(obj)] = obj
+        del referrers
+        # Holders that lead only to targets already rooted need not be followed further.
+        return tuple(h for h in next_level if self.origins[id(h)] & self.unrooted)
+
+    def _held(self, holder: Any, frontier_ids: set[int]) -> list[Any]:
+        """What of the level ``holder`` holds, where it counts as a holder."""
+        if id(holder) in self.ignore or id(holder) in self.on_stack or type(holder) in self.exclude_types:
+            return []
+        held = [r for r in gc.get_referents(holder) if id(r) in frontier_ids]
+        if held and is_module_root(holder):
+            # what a C module keeps in its state (``_pickle``'s copy of copyreg.dispatch_table)
+            # is reached from its Python owner, by a name the user knows
+            namespace = _MODULE_NAMESPACE.__get__(holder)
+            held = [h for h in held if h is namespace]
+        return held
+
+    def _record(self, holder: Any, held: list[Any], next_level: list[Any]) -> None:
+        self.held_by.setdefault(id(holder), []).extend(held)
+        leads_to = 0
+        for h in held:
+            leads_to |= self.origins[id(h)]
+        if id(holder) in self.origins:
+            self.origins[id(holder)] |= leads_to
+            return
+        self.origins[id(holder)] = leads_to
+        if is_module_root(holder):
+            self.roots[id(holder)] = holder
+            self.unrooted &= ~leads_to
+        elif len(next_level) < self.max_frontier:
+            next_level.append(holder)
+        else:
+            self.limited = True
+
+    def tidy(self, frontier: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The last level less this package's own records, which join the dead ends otherwise."""
+        # This package's own lists and tables (the tensors it is naming, the autograd nodes it looks
+        # through) refer to what they list, and nothing in gc refers to them: its running frames do.
+        # They hold nothing of the user's.
+        records = _own_records()
+        frontier = tuple(obj for obj in frontier if id(obj) not in records)
+        self.ignore.add(id(frontier))
+        for ident in records.intersection(self.dead_ends):
+            del self.dead_ends[ident]
+        for obj in frontier:
+            self.dead_ends.setdefault(id(obj), obj)
+        return frontier
+
+    def clear(self) -> None:
+        self.held_by.clear()
+        self.roots.clear()
+        self.dead_ends.clear()
+        self.running_locals.clear()
+
+
+def _meet_forward(
+    search: _Backward,
+    targets: Sequence[Any],
+    frontier: tuple[Any, ...],
+    chains_by_target: dict[int, list[Any]],
+    exclude_types: tuple[type, ...],
+) -> None:
+    """Forward from the roots to where the backward search stopped (or to the targets
+    themselves: a numpy array keeps its tensor without telling gc), then down its edges: the
+    chains of the targets it left without a root, added to ``chains_by_target``."""
+    ignore, unrooted = search.ignore, search.unrooted
+    module_roots = [m for m in list(sys.modules.values()) if is_module_root(m)]
+    starts = module_roots + list(search.running_locals.values())
+    wanted = {id(t) for t in targets}
+    remaining = wanted - chains_by_target.keys()
+    # where the backward search stopped: its last level, and the holders nothing in gc holds
+    # (an object C code keeps, reached from a module through one gc does not track)
+    meeting = {
+        id(holder): holder
+        for holder in (*frontier, *search.dead_ends.values())
+        if id(holder) not in wanted and search.origins.get(id(holder), 0) & unrooted
+    }
+    covers = {ident: search.origins.get(ident, 0) for ident in (*remaining, *meeting)}
+    ignore.update((id(module_roots), id(starts), id(wanted), id(remaining), id(meeting), id(covers)))
+    by_storage = {storage: target for target in targets if id(target) in remaining for storage in _storage_ids(target)}
+    forward: dict[int, list[Any]] = {}
+    # The user's modules first (tests, conftest, the project's own source): torch.compile's
+    # graphs and most caches hang from them, a few levels down, where a walk from every module
+    # in the process would give up first.
+    # A walk from some modules does not pass through the others: they are roots of their own
+    # (sys.last_value is sys's, not that of a module that imports sys).
+    users = _users_modules(module_roots) + list(search.running_locals.values())
+    others = {id(module) for module in module_roots} - {id(module) for module in users}
+    ignore.update((id(users), id(others), id(by_storage)))
+    # With no holder to meet (nothing in gc holds the targets: PyTorch keeps them in C++, or a
+    # numpy array made by tensor.numpy(), which gc does not see, found near the roots), the
+    # walk looks for the targets alone, a few levels deep.
+    limit = FORWARD_LIMIT if meeting else FORWARD_LIMIT // 10
+    for group, skip in ((users, ignore | others), (starts, ignore)):
+        forward = _search_forward(
+            remaining | meeting.keys(),
+            group,
+            skip,
+            exclude_types,
+            by_storage,
+            limit=limit,
+            covers=covers,
+            needed=unrooted,
+        )
+        if _covered(forward, covers) & unrooted == unrooted:
+            break
+    for ident, chain in forward.items():
+        if ident in remaining:
+            chains_by_target.setdefault(ident, chain)
+    for ident, chain in sorted(forward.items(), key=lambda item: len(item[1])):
+        if ident not in meeting:
+            continue
+        down = _walk_down([meeting[ident]], search.held_by, remaining - chains_by_target.keys())
+        for target_id, rest in down.items():
+            chains_by_target[target_id] = chain + rest[1:]
+    forward.clear()
+    meeting.clear()
+    module_roots.clear()
+    starts.clear()
+    users.clear()
+    by_storage.clear()
 
 
 _RECORD_TYPES = frozenset({list, dict, tuple, set, frozenset, collections.deque})
@@ -557,254 +628,9 @@ def _walk_down(starts: list[Any], held_by: dict[int, list[Any]], wanted: set[int
     return found
 
 
-def _instance_dict(obj: Any) -> dict[str, Any] | None:
-    """``obj.__dict__`` read through its C descriptor, never through ``__getattribute__``."""
-    for klass in type(obj).__mro__:
-        descriptor = type.__dict__["__dict__"].__get__(klass).get("__dict__")
-        if descriptor is None:
-            continue
-        if type(descriptor) in (types.GetSetDescriptorType, types.MemberDescriptorType):
-            try:
-                value = descriptor.__get__(obj, type(obj))
-            except Exception:
-                return None
-            return value if type(value) is dict else None
-        return None
-    return None
-
-
-def _slot_name(obj: Any, child: Any) -> str | None:
-    for klass in type(obj).__mro__:
-        for name, descriptor in type.__dict__["__dict__"].__get__(klass).items():
-            if type(descriptor) is types.MemberDescriptorType and name != "__dict__":
-                try:
-                    if descriptor.__get__(obj, type(obj)) is child:
-                        return str(name)
-                except Exception:
-                    continue
-    return None
-
-
-def _key_of(mapping: dict[Any, Any], child: Any) -> tuple[bool, Any]:
-    for key, value in dict.items(mapping):
-        if value is child:
-            return True, key
-    return False, None
-
-
-def key_text(key: Any) -> str:
-    """A dict key as source text, for key types whose ``repr`` is the interpreter's own."""
-    if type(key) in (str, int, float, bool, bytes) or key is None:
-        text = repr(key)
-        return text if len(text) <= _MAX_KEY_TEXT else text[: _MAX_KEY_TEXT - 4] + "...'"
-    if type(key) is tuple:
-        return "(" + ", ".join(key_text(k) for k in key) + ("," if len(key) == 1 else "") + ")"
-    if type(key) is type:  # a class as a key (copyreg.dispatch_table, a registry): its name, read from C
-        name = type.__dict__["__qualname__"].__get__(key)
-        if type(name) is str:
-            return name
-    return f"<{type_name(key)} key>"
-
-
-def _is_nn_module(obj: Any) -> bool:
-    nn = sys.modules.get("torch.nn")
-    return nn is not None and issubclass(type(obj), nn.Module)
-
-
-def frame_text(frame: types.FrameType) -> str:
-    """``function:line`` of a frame, the place its locals belong to."""
-    return f"{frame.f_code.co_name}:{frame.f_lineno}"
-
-
-def _module_name(module: Any) -> str:
-    namespace = _instance_dict(module) or {}
-    name = namespace.get("__name__")
-    return name if type(name) is str else "<module>"
-
-
-def root_text(root: Any) -> str:
-    """How a chain's first object reads: a module's name, a frame, or what holds it from C."""
-    if issubclass(type(root), types.ModuleType):
-        return _module_name(root)
-    if type(root) is FrameLocal:
-        thread = f"thread '{root.thread}' " if root.thread else ""
-        return f"{thread}{frame_text(root.frame)} local '{root.name}'"
-    if type(root) is NamedRoot:
-        return root.label
-    if type(root) is types.FrameType:
-        return f"frame {frame_text(root)}"
-    if type(root) is type:
-        return f"class {root.__qualname__}"
-    return f"<{type(root).__qualname__} held outside Python's gc>"
-
-
-def edge_text(parent: Any, child: Any, mode: Any) -> tuple[str, Any]:  # noqa: C901
-    """How the reference ``parent -> child`` reads, and the mode for the next edge.
-
-    ``mode`` carries what the previous edge knew about ``parent``: that a dict is an object's
-    namespace (``"attr"``), an ``nn.Module``'s namespace, a frame's locals, or a function's closure.
-    """
-    kind = type(parent)
-    if kind is FrameLocal or kind is NamedRoot:
-        return "", None
-    if issubclass(kind, dict):
-        found, key = _key_of(parent, child)
-        if not found:
-            return " -> dict key", None
-        if mode == "module-attr" and key in _MODULE_NAMESPACES:
-            return "", "attr"
-        if mode in ("attr", "module-attr") and type(key) is str:
-            return f".{key}", None
-        if mode == "local" and type(key) is str:
-            return f" local '{key}'", None
-        return f"[{key_text(key)}]", None
-    if kind in (list, tuple):
-        if type(mode) is tuple and mode[0] == "closure":
-            function = mode[1]
-            for index, cell in enumerate(parent):
-                if cell is child and index < len(function.__code__.co_freevars):
-                    return f" -> closure var '{function.__code__.co_freevars[index]}'", "cell"
-        matches = list(map(operator.is_, parent, itertools.repeat(child)))
-        if True in matches:
-            return f"[{matches.index(True)}]", None
-        return f" -> {kind.__name__} item", None
-    if _is_ndarray(parent):
-        return ".base", None
-    if kind is types.CellType:
-        return ("" if mode == "cell" else " -> cell contents"), None
-    if kind in (set, frozenset):
-        return " -> set element", None
-    if issubclass(kind, types.ModuleType):
-        if child is _MODULE_NAMESPACE.__get__(parent):
-            return "", "attr"
-        return " -> module state", None  # what a C module keeps outside its namespace
-    if kind is type or issubclass(kind, type):
-        return (
-            ("", "attr")
-            if child is type.__dict__["__dict__"].__get__(parent) or type(child) is dict
-            else (" -> class internals", None)
-        )
-    if kind is types.FunctionType:
-        if child is parent.__closure__:
-            return "", ("closure", parent)
-        for name in ("__defaults__", "__kwdefaults__", "__globals__"):
-            if getattr(parent, name) is child:
-                return f".{name}", ("attr" if name == "__globals__" else None)
-        if child is _instance_dict(parent):
-            return "", "attr"
-        return " -> function internals", None
-    if kind is types.MethodType:
-        if child is parent.__self__:
-            return ".__self__", None
-        return ".__func__", None
-    if kind is types.FrameType:
-        try:
-            local_names = parent.f_locals
-        except Exception:
-            local_names = {}
-        if child is local_names:
-            return "", "local"
-        found, key = _key_of(local_names, child) if type(local_names) is dict else (False, None)
-        if found:
-            return f" local '{key}'", None
-        if child is parent.f_back:
-            return " -> calling frame", None
-        return " -> frame internals", None
-    if kind is types.TracebackType:
-        if child is parent.tb_frame:
-            return f".tb_frame ({frame_text(child)})", None
-        return ".tb_next", None
-    if issubclass(kind, BaseException):
-        for name in ("__traceback__", "__context__", "__cause__", "args"):
-            if BaseException.__dict__[name].__get__(parent, kind) is child:
-                return f".{name}", None
-    if kind.__name__ == _LRU_WRAPPER_NAME and kind.__module__ == "functools":
-        return (" -> lru_cache" if type(child) is dict else " -> lru_cache entry"), None
-    hooks = _tensor_hooks(parent, child)
-    if hooks:
-        return f".{hooks}", None
-    namespace = _instance_dict(parent)
-    if child is namespace:
-        return "", ("module-attr" if _is_nn_module(parent) else "attr")
-    if namespace is not None:
-        found, key = _key_of(namespace, child)
-        if found and type(key) is str:
-            return f".{key}", None
-    slot = _slot_name(parent, child)
-    if slot is not None:
-        return f".{slot}", None
-    return f" -> <{kind.__qualname__}>", None
-
-
-def _tensor_hooks(parent: Any, child: Any) -> str | None:
-    """``_backward_hooks`` where ``child`` is the hooks dict a tensor keeps in C (``register_hook``)."""
-    torch = sys.modules.get("torch")
-    if torch is None or not is_tensor_type(type(parent)):
-        return None
-    try:
-        hooks = torch._C.TensorBase._backward_hooks.__get__(parent)
-    except Exception:
-        return None
-    return "_backward_hooks" if hooks is child else None
-
-
-def type_name(obj: Any) -> str:
-    """The qualified name of ``obj``'s class, read without running any code of the object's."""
-    name = type.__dict__["__qualname__"].__get__(type(obj))
-    return name if type(name) is str else "?"
-
-
-def _root_kind(root: Any) -> str:
-    if issubclass(type(root), types.ModuleType):
-        return "module"
-    if type(root) is FrameLocal:
-        return "frame local"
-    if type(root) is NamedRoot:
-        return root.kind
-    if type(root) is types.FrameType:
-        return "frame"
-    if type(root) is type:
-        return "class"
-    return type_name(root)
-
-
-def chain_parts(chain: Sequence[Any]) -> list[tuple[str, str]]:
-    """The steps of ``[root, ..., target]``: ``(text, kind)`` of the root, then of each edge that reads as something.
-
-    An edge's kind is the class name of the object it leads to. ``"".join`` of the texts is the
-    one-line form, e.g. ``tests.test_cache.CACHE['user-42']``; a drawn graph labels its edges with
-    the texts and its nodes with the kinds.
-    """
-    parts = [(root_text(chain[0]), _root_kind(chain[0]))]
-    mode: Any = None
-    for parent, child in zip(chain, chain[1:], strict=False):
-        try:
-            edge, mode = edge_text(parent, child, mode)
-        except Exception:
-            edge, mode = f" -> <{type_name(child)}>", None
-        if edge:  # an object's namespace dict reads as nothing: its attribute is the next edge
-            parts.append((edge, type_name(child)))
-    return parts
-
-
-MAX_STEPS_SHOWN = 24
-"""A chain longer than this many steps is shown with its middle left out (a linked list of 5,000
-nodes would make a line of 15 KB)."""
-
-
-def path_text(parts: Sequence[tuple[str, str]]) -> str:
-    """The one-line form of a chain's steps (see :func:`chain_parts`), its middle left out where it
-    is long: ``test_it.HEAD.next.next ... 4,976 steps ... .next.payload``."""
-    texts = [text for text, _ in parts]
-    if len(texts) > MAX_STEPS_SHOWN:
-        keep = MAX_STEPS_SHOWN // 2
-        texts = [*texts[:keep], f" ... {len(texts) - 2 * keep:,} steps ... ", *texts[-keep:]]
-    return "".join(texts)
-
-
 def chain_text(chain: Sequence[Any]) -> str:
     """Render ``[root, ..., target]`` as one line, e.g. ``tests.test_cache.CACHE['user-42']``."""
-    return path_text(chain_parts(chain))
+    return holder_path(chain).render()
 
 
 def holder_paths(
@@ -816,8 +642,8 @@ def holder_paths(
     named: Sequence[NamedRoot] = (),
     collect: bool = True,
     known: tuple[set[int], list[Any]] | None = None,
-) -> list[list[tuple[str, str]] | None]:
-    """Per target, the :func:`chain_parts` of the chain of references that keeps it alive.
+) -> list[HolderPath | None]:
+    """Per target, the :class:`~.paths.HolderPath` of the chain of references that keeps it alive.
 
     None for a target that nothing visible to gc refers to: it is held from C++ (an autograd
     graph, a registry in an extension). ``known``: see :func:`find_chains`.
@@ -834,14 +660,10 @@ def holder_paths(
         )
     try:
         return [
-            (chain_parts(chain) if still_holds(chain) else [(CHANGED, "")]) if len(chain) > 1 else None
-            for chain in chains
+            (holder_path(chain) if still_holds(chain) else CHANGED_PATH) if len(chain) > 1 else None for chain in chains
         ]
     finally:
         chains.clear()
-
-
-CHANGED = "<its holders changed while they were searched (another thread at work?): not named>"
 
 
 def still_holds(chain: Sequence[Any]) -> bool:
@@ -851,7 +673,7 @@ def still_holds(chain: Sequence[Any]) -> bool:
         if type(parent) in (FrameLocal, NamedRoot):
             if parent.value is not child:
                 return False
-        elif _is_ndarray(parent):
+        elif is_ndarray(parent):
             continue  # followed by storage, not by reference
         elif not _refers_to(parent, child):
             return False
@@ -880,7 +702,7 @@ def name_holders(
 ) -> list[str | None]:
     """One line per target naming the chain of references that keeps it alive (see :func:`holder_paths`)."""
     paths = holder_paths(targets, max_depth=max_depth, exclude_types=exclude_types, frames=frames)
-    return [path_text(path) if path is not None else None for path in paths]
+    return [path.render() if path is not None else None for path in paths]
 
 
 def _python_holders(
@@ -996,7 +818,7 @@ def hook_holdings(modules: Sequence[Any]) -> dict[int, str]:
     and exact types, so no code of a module, a hook or a container runs."""
     held: dict[int, str] = {}
     for module in modules:
-        namespace = _instance_dict(module) or {}
+        namespace = instance_dict(module) or {}
         for attribute in _HOOK_ATTRIBUTES:
             hooks: Any = namespace.get(attribute)
             if not issubclass(type(hooks), dict):
@@ -1037,7 +859,7 @@ MAX_CYCLE_CANDIDATES = 64
 """How many holders of a tensor, nearest first, are tried as a point of its reference cycle."""
 
 
-def cycle_holding(garbage: Sequence[Any], target: Any) -> tuple[list[tuple[str, str]], str] | None:
+def cycle_holding(garbage: Sequence[Any], target: Any) -> HolderPath | None:
     """How a reference cycle kept ``target`` until a collection freed it, read from that collection's
     garbage (``gc.DEBUG_SAVEALL``): the path from the nearest object on a cycle to the target, as
     :func:`chain_parts` gives it with that object's class as its root (``Node.t``), and the cycle
@@ -1074,13 +896,12 @@ def cycle_holding(garbage: Sequence[Any], target: Any) -> tuple[list[tuple[str, 
     tried = 0
     while paths and tried < MAX_CYCLE_CANDIDATES:
         path = paths.popleft()
-        namespace = any(_instance_dict(parent) is path[0] for parent in parents.get(id(path[0]), ()))
+        namespace = any(instance_dict(parent) is path[0] for parent in parents.get(id(path[0]), ()))
         tried += 1
         loop = None if namespace else loop_through(path[0])  # an object's __dict__ is named as the object
         if loop is not None:
             name = type_name(path[0])
-            holder = [(name, name), *chain_parts(path)[1:]]
-            return holder, name + path_text(chain_parts(loop)[1:])
+            return HolderPath(Root("cycle", name, name), holder_path(path).edges, holder_path(loop).edges)
         for parent in parents.get(id(path[0]), ()):
             if id(parent) not in seen:
                 seen.add(id(parent))

@@ -20,7 +20,6 @@ import ctypes
 import datetime
 import gc
 import itertools
-import re
 import sys
 import types
 import weakref
@@ -51,23 +50,23 @@ from ..tracking.census import (
 )
 from ..tracking.sites import SiteSource, describe_stack
 from .diagnosis import diagnose
+from .paths import HELD_FROM_CPP, HELD_IN_CPP_PATH, Edge, HolderPath
 from .referrers import (
     NamedRoot,
     cycle_holding,
     holder_paths,
     hook_holdings,
     module_types,
-    path_text,
     type_name,
     without_python_holders,
 )
 
+__all__ = ["HELD_FROM_CPP", "Leak", "Snapshot", "TensorGroup", "describe", "describe_history", "diff", "take_snapshot"]
+
 MAX_CHAINS_PER_GROUP = 3
 MAX_HOOK_CHECKS = 3
-_HOOK_CHAIN = re.compile(r"\._\w*_hooks\[")
 STEP_FUNCTION = "the step function "
 """How a step check names the function given to ``check()`` where it holds a leak."""
-HELD_FROM_CPP = "<no Python reference: held from C++, e.g. by a hook or cache inside torch or an extension>"
 
 
 def _torch() -> Any:
@@ -144,10 +143,8 @@ class TensorGroup:
     device: str
     bytes: int = 0
     count: int = 0
-    held_by: list[str] = field(default_factory=list)
-    """Each chain of references that keeps a tensor of the group alive, as one line."""
-    held_by_paths: list[list[tuple[str, str]]] = field(default_factory=list)
-    """The same chains step by step: ``(text, kind)`` of the root, then of each edge (see :func:`referrers.chain_parts`)."""
+    holders: list[HolderPath] = field(default_factory=list)
+    """Each path of references that keeps a tensor of the group alive."""
     graph_bytes: int = 0
     """Bytes of tensors saved by autograd graphs that these tensors keep alive."""
     graph_tensors: int = 0
@@ -177,6 +174,23 @@ class TensorGroup:
     caller split them (see :func:`describe`)."""
     parts: list[TensorGroup] = field(default_factory=list, repr=False)
     """For a group :func:`merge_parts` made: the groups of each part it merges."""
+
+    @property
+    def held_by(self) -> list[str]:
+        """Each holder path as one line, as reports write it."""
+        return [path.render() for path in self.holders]
+
+    @property
+    def held_by_paths(self) -> list[list[tuple[str, str]]]:
+        """Each holder path step by step: ``(text, kind)`` of the root, then of each edge."""
+        return [path.parts() for path in self.holders]
+
+    def add_holder(self, path: HolderPath) -> bool:
+        """Add ``path`` unless the group lists it already; whether it was added."""
+        if path in self.holders:
+            return False
+        self.holders.append(path)
+        return True
 
     def title(self) -> str:
         """One line: what the tensors are, how many, how many bytes."""
@@ -352,7 +366,7 @@ def describe_history(
                     owner = owners.get(id(tensor))
                     found = through.get(id(owner)) if path is None and owner is not None else None
                     if found is not None:
-                        paths[index] = [*found, (".grad", "Tensor")]
+                        paths[index] = found.with_edge(GRADIENT)
         for (tensor, nodes), path in zip(roots, paths, strict=False):
             dtype, shape, where = tensor_key(tensor)
             group = TensorGroup(
@@ -366,15 +380,17 @@ def describe_history(
                 nodes=nodes,
             )
             group.grad_graph = id(tensor) in owners
-            path = path if path is not None else [(HELD_FROM_CPP, "")]
-            group.held_by.append(path_text(path))
-            group.held_by_paths.append(path)
+            group.holders.append(path if path is not None else HELD_IN_CPP_PATH)
             group.diagnoses = diagnose(group)
             groups.append(group)
     finally:
         tensors.clear()
         owners.clear()
     return groups
+
+
+GRADIENT = Edge("gradient", "grad", "Tensor")
+"""A tensor's ``.grad``: an edge gc does not show, named through the gradient's owner."""
 
 
 def _gradient_owners(tensors: list[Any]) -> dict[int, Any]:
@@ -431,7 +447,7 @@ def _is_graph_node_type(cls: type) -> bool:
 
 def _paths_through_graph_nodes(
     targets: list[Any], frames: Sequence[types.FrameType], named: Sequence[NamedRoot]
-) -> dict[int, list[tuple[str, str]]]:
+) -> dict[int, HolderPath]:
     """For tensors nothing in Python refers to: the chain to an autograd node (a ``grad_fn``) that
     Python holds and whose graph keeps the tensor (saved for backward, or the leaf it accumulates
     into). The node was kept, not a tensor."""
@@ -479,7 +495,7 @@ def _paths_through_graph_nodes(
         for ident, (node, kind) in found.items():
             path = node_paths.get(id(node))
             if path is not None:
-                paths[ident] = [*path, (f" -> autograd graph of {kind}", "Tensor")]
+                paths[ident] = path.with_edge(Edge("autograd node", kind, "Tensor"))
         return paths
     finally:
         nodes.clear()
@@ -511,7 +527,7 @@ def _capsule_data(capsule: Any) -> int | None:
     return data + ctypes.c_uint64.from_address(managed + _DLTENSOR_BYTE_OFFSET).value
 
 
-def _script_module_holds(torch: Any, objects: Sequence[Any], holds: Callable[[Any, int | None, str], None]) -> None:
+def _script_module_holds(torch: Any, objects: Sequence[Any], holds: Callable[[Any, int | None, Edge], None]) -> None:
     """Tell ``holds`` of the tensors a TorchScript module keeps in C++ (``to_mkldnn(model)``'s
     buffers): each attribute, and the tensors its autograd graph keeps (the dense weight behind
     ``weight.to_mkldnn()``). Read with ``nn.Module``'s own methods, never a subclass's."""
@@ -530,11 +546,12 @@ def _script_module_holds(torch: Any, objects: Sequence[Any], holds: Callable[[An
             visited: set[int] = set()
             keep: list[Any] = []
             for name, tensor in named:
-                reached = [(tensor, f".{name}")]
+                reached = [(tensor, Edge("attribute", name, "Tensor"))]
                 node = getattr(tensor, "grad_fn", None)
                 if node is not None:
-                    reached += [(saved, f".{name}.grad_fn") for saved in _graph_tensors(node, visited, keep)]
-                    reached += [(leaf, f".{name}.grad_fn") for leaf in graph_leaves(tensor, ())]
+                    graph = Edge("saved tensor", name, "Tensor")
+                    reached += [(saved, graph) for saved in _graph_tensors(node, visited, keep)]
+                    reached += [(leaf, graph) for leaf in graph_leaves(tensor, ())]
                 for held, what in reached:
                     for storage in tensor_storages(held):
                         facts = storage_facts(storage)
@@ -544,83 +561,30 @@ def _script_module_holds(torch: Any, objects: Sequence[Any], holds: Callable[[An
 
 def _paths_through_opaque_holders(
     targets: list[Any], frames: Sequence[types.FrameType], named: Sequence[NamedRoot]
-) -> dict[int, list[tuple[str, str]]]:
+) -> dict[int, HolderPath]:
     """For tensors nothing in Python refers to: the chain to an object Python holds that keeps the
     tensor's memory without a reference gc sees: a DLPack capsule (``to_dlpack``), a numpy array
     made from one (``np.from_dlpack``), a finished ``torch.futures.Future`` whose value it is.
     Capsules and arrays are not tracked by gc: every object's referents are read (one pass in C),
     so this runs only for what no cheaper search named."""
     torch = _torch()
-    spans: list[tuple[int, int, Any]] = []
-    with torch._C.DisableTorchFunction():
-        for target in targets:  # a tensor, or a storage object seen without one
-            for storage in tensor_storages(target) if is_tensor_type(type(target)) else [target]:
-                facts = storage_facts(storage)
-                if facts is not None:
-                    spans.append((facts[1], facts[1] + facts[2], target))
-    if not spans:
+    found = _Holdings(_spans(torch, targets))
+    if not found.spans:
         return {}
-    numpy = sys.modules.get("numpy")
-    ndarray = getattr(numpy, "ndarray", None)
-    future = getattr(torch._C, "Future", None)
-    kinds = {_CAPSULE, ndarray} - {None}
-    found = _Holdings()
-
-    def holds(holder: Any, address: int | None, what: str) -> None:
-        for start, end, target in spans:
-            if address is not None and start <= address < end:
-                found.setdefault(id(target), []).append((holder, what))
-
     with whole_heap():
         everything = gc.get_objects()
     try:
-        # (A container of only such objects is not tracked by gc either: a few levels of those.)
-        picked: list[Any] = []
-        level = everything
-        for _ in range(4):
-            referents = gc.get_referents(*level)
-            picked += itertools.compress(referents, map(kinds.__contains__, map(type, referents)))
-            level = [
-                obj
-                for obj in itertools.compress(referents, map(_CONTAINERS.__contains__, map(type, referents)))
-                if not gc.is_tracked(obj)
-            ]
-            del referents
-            if not level:
-                break
-        del level
-        for obj in picked:
-            try:
-                if type(obj) is ndarray:
-                    holds(
-                        obj, ndarray.__array_interface__.__get__(obj)["data"][0], " (a numpy array sharing its memory)"
-                    )
-                else:
-                    holds(obj, _capsule_data(obj), " (a DLPack capsule of it)")
-            except Exception:
-                continue
-        _script_module_holds(torch, everything, holds)
-        if future is not None:
-            with torch._C.DisableTorchFunction():
-                for obj in everything:
-                    if issubclass(type(obj), future) and future.done(obj):
-                        try:
-                            value = future.value(obj)
-                        except Exception:
-                            continue
-                        for tensor in value if type(value) in (list, tuple) else (value,):
-                            if is_tensor_type(type(tensor)):
-                                for storage in tensor_storages(tensor):
-                                    facts = storage_facts(storage)
-                                    holds(obj, facts[1] if facts is not None else None, ".value()")
-                        del value
+        _untracked_holds(_untracked_holders(everything), found.note)
+        _script_module_holds(torch, everything, found.note)
+        _future_holds(torch, everything, found.note)
     finally:
         del everything
+    found.spans.clear()
     if not found:
         return {}
     holders = list({id(holder): holder for candidates in found.values() for holder, _ in candidates}.values())
     holder_ids = [id(holder) for holder in holders]
-    # (this search's own record of candidates, reached through the closure that fills it, is no holder)
+    # (this search's own record of candidates, reached through the method that fills it, is no holder)
     paths = dict(
         zip(
             holder_ids,
@@ -631,17 +595,100 @@ def _paths_through_opaque_holders(
     holders.clear()
     chains = {}
     for ident, candidates in found.items():
-        for holder, what in candidates:  # the first candidate Python holds
+        for holder, edge in candidates:  # the first candidate Python holds
             path = paths.get(id(holder))
             if path is not None:
-                chains[ident] = [*path, (what, "Tensor")]
+                chains[ident] = path.with_edge(edge)
                 break
     found.clear()
     return chains
 
 
+def _spans(torch: Any, targets: list[Any]) -> list[tuple[int, int, Any]]:
+    """``(start, end, target)``: the memory of each target (a tensor, or a storage object seen without one)."""
+    spans: list[tuple[int, int, Any]] = []
+    with torch._C.DisableTorchFunction():
+        for target in targets:
+            for storage in tensor_storages(target) if is_tensor_type(type(target)) else [target]:
+                facts = storage_facts(storage)
+                if facts is not None:
+                    spans.append((facts[1], facts[1] + facts[2], target))
+    return spans
+
+
 class _Holdings(dict):  # type: ignore[type-arg]
     """Candidate holders by the id of the tensor they keep (:func:`_paths_through_opaque_holders`)."""
+
+    def __init__(self, spans: list[tuple[int, int, Any]]) -> None:
+        super().__init__()
+        self.spans = spans
+
+    def note(self, holder: Any, address: int | None, edge: Edge) -> None:
+        """``holder`` keeps the memory at ``address`` (through ``edge``): a candidate for the target there."""
+        for start, end, target in self.spans:
+            if address is not None and start <= address < end:
+                self.setdefault(id(target), []).append((holder, edge))
+
+
+def _untracked_holders(everything: list[Any]) -> list[Any]:
+    """The numpy arrays and capsules that objects gc tracks refer to (gc does not track them, nor a
+    container of only such objects: a few levels of those)."""
+    ndarray = getattr(sys.modules.get("numpy"), "ndarray", None)
+    kinds = {_CAPSULE, ndarray} - {None}
+    picked: list[Any] = []
+    level = everything
+    for _ in range(4):
+        referents = gc.get_referents(*level)
+        picked += itertools.compress(referents, map(kinds.__contains__, map(type, referents)))
+        level = [
+            obj
+            for obj in itertools.compress(referents, map(_CONTAINERS.__contains__, map(type, referents)))
+            if not gc.is_tracked(obj)
+        ]
+        del referents
+        if not level:
+            break
+    return picked
+
+
+_NUMPY_MEMORY = Edge("numpy memory", type_name="Tensor")
+_CAPSULE_MEMORY = Edge("dlpack capsule", type_name="Tensor")
+_FUTURE_VALUE = Edge("future value", type_name="Tensor")
+
+
+def _untracked_holds(picked: list[Any], holds: Callable[[Any, int | None, Edge], None]) -> None:
+    """Tell ``holds`` of the memory each numpy array or DLPack capsule in ``picked`` stands for."""
+    ndarray = getattr(sys.modules.get("numpy"), "ndarray", None)
+    for obj in picked:
+        try:
+            if type(obj) is ndarray:
+                holds(obj, ndarray.__array_interface__.__get__(obj)["data"][0], _NUMPY_MEMORY)
+            else:
+                holds(obj, _capsule_data(obj), _CAPSULE_MEMORY)
+        except Exception:
+            continue
+    picked.clear()
+
+
+def _future_holds(torch: Any, objects: list[Any], holds: Callable[[Any, int | None, Edge], None]) -> None:
+    """Tell ``holds`` of the tensors each finished ``torch.futures.Future`` among ``objects`` has as its value."""
+    future = getattr(torch._C, "Future", None)
+    if future is None:
+        return
+    with torch._C.DisableTorchFunction():
+        for obj in objects:
+            if not (issubclass(type(obj), future) and future.done(obj)):
+                continue
+            try:
+                value = future.value(obj)
+            except Exception:
+                continue
+            for tensor in value if type(value) in (list, tuple) else (value,):
+                if is_tensor_type(type(tensor)):
+                    for storage in tensor_storages(tensor):
+                        facts = storage_facts(storage)
+                        holds(obj, facts[1] if facts is not None else None, _FUTURE_VALUE)
+            del value
 
 
 def _list_heap() -> tuple[list[Any], list[Any]]:
@@ -801,164 +848,193 @@ def describe(
     holds it (``graph_bytes``); a gradient is named through the tensor it belongs to.
     """
     keys = list(dict.fromkeys(keys))  # the caller's order (oldest first) decides the order of the chains shown
-    located: dict[StorageKey, list[Found]] = {}
-    order = {key: index for index, key in enumerate(keys)}
-    groups: dict[tuple[Any, ...], TensorGroup] = {}
-    targets: list[Any] = []
-    target_groups: list[tuple[TensorGroup, str]] = []
-    owner_groups: dict[int, TensorGroup] = {}
-    primaries: list[Found] = []
-    counted: set[int] = set()
+    grouping = _Grouping(keys, sites, part)
+    targets = grouping.targets
     known: list[Any] = []
-    hooked: dict[int, str] = {}
     try:
-        listing, modules = _list_heap()
-        try:
-            hooked = hook_holdings(modules)
-            modules.clear()
-            orphans = _unheld_tensors(keys, listing, known)
-            # A graph shared by several tensors is credited to one of them; a tensor that only the
-            # graph itself keeps alive (an intermediate result) is a poor owner to show, so it goes last.
-            located = _locate(keys, device, orphans.owners, listing)
-        finally:
-            listing.clear()
-            modules.clear()
-        known_ids = orphans.asked
-        # (storage objects kept without a tensor, and tensors of classes defined meanwhile)
-        unasked = [
-            f.tensor
-            for finds in located.values()
-            for f in finds
-            if f.via in ("gc", "storage") and id(f.tensor) not in known_ids
-        ]
-        if unasked:
-            orphans.ids |= without_python_holders(unasked, exclude_types=(Found,))
-        del unasked
+        located, orphans, hooked = _find_storages(keys, device, known)
         primaries = [_primary(finds, orphans.ids) for finds in located.values()]
-        primaries.sort(key=lambda f: (f.via == "graph", order[f.key]))  # owners' groups first
-        for found in primaries:
-            if found.via == "graph":
-                group = owner_groups.get(id(found.owner))
-                if group is None:
-                    dtype, shape, where = tensor_key(found.owner)
-                    cls = tensor_class(found.owner)
-                    share = part(found.key) if part is not None else None
-                    group = groups.setdefault(
-                        (dtype, shape, where, "graph", cls, share),
-                        TensorGroup(dtype, shape, where, kind="graph", cls=cls, part=share),
-                    )
-                    owner_groups[id(found.owner)] = group
-                    group.count += 1
-                    targets.append(found.owner)
-                    target_groups.append((group, ""))
-                group.graph_bytes += found.nbytes
-                group.graph_tensors += 1
-                group.keys.append(found.key)
-                site = _allocation_site(sites, found, found.owner)
-                if group.kind == "graph" and site is not None and site not in group.allocated_at:
-                    group.allocated_at.append(site)
-                continue
-            dtype, shape, where = _group_key(found)
-            kind = "tensor" if found.via == "gc" else found.via
-            cls = tensor_class(found.tensor) if found.via != "storage" else ""
-            share = part(found.key) if part is not None else None
-            group = groups.setdefault(
-                (dtype, shape, where, kind, cls, share),
-                TensorGroup(dtype, shape, where, kind=kind, cls=cls, part=share),
-            )
-            group.bytes += found.nbytes
-            group.keys.append(found.key)
-            if id(found.tensor) in counted:  # a sparse or nested tensor: several storages, one tensor
-                continue
-            counted.add(id(found.tensor))
-            group.count += 1
-            owner_groups.setdefault(id(found.tensor), group)
-            if found.via == "grad" and not group.grad_graph:
-                group.grad_graph = _has_graph(found.tensor)
-            site = _allocation_site(sites, found)
-            if site is not None and site not in group.allocated_at and len(group.allocated_at) < MAX_CHAINS_PER_GROUP:
-                group.allocated_at.append(site)
-            ask = getattr(sites, "made_inside_library", None) if found.via in ("gc", "storage") else None
-            inside = ask(found.tensor) if ask is not None else None
-            if inside is not None:
-                group.made_inside_library = bool(inside) and group.made_inside_library is not False
-            if sum(1 for g, _ in target_groups if g is group) < MAX_CHAINS_PER_GROUP:
-                targets.append(found.tensor if found.via in ("gc", "storage") else found.owner)
-                target_groups.append((group, ".grad" if found.via == "grad" else ""))
-        if name and targets:
-            paths = holder_paths(
-                targets,
-                exclude_types=(Found,),
-                frames=frames,
-                named=named,
-                collect=not collected,
-                known=(known_ids, known),
-            )
-            if any(path is None for path in paths):
-                # Nothing in Python refers to these tensors: an autograd node Python holds may.
-                through_nodes = _paths_through_graph_nodes(
-                    [t for t, p in zip(targets, paths, strict=False) if p is None], frames, named
-                )
-                paths = [
-                    path if path is not None else through_nodes.get(id(target))
-                    for target, path in zip(targets, paths, strict=False)
-                ]
-            if any(path is None for path in paths):
-                # ... or an object that keeps its memory from C++: a DLPack capsule, a Future.
-                try:
-                    opaque = _paths_through_opaque_holders(
-                        [t for t, p in zip(targets, paths, strict=False) if p is None], frames, named
-                    )
-                except Exception:  # what cannot be read stays "held from C++"
-                    opaque = {}
-                paths = [
-                    path if path is not None else opaque.get(id(target))
-                    for target, path in zip(targets, paths, strict=False)
-                ]
-            for (group, suffix), path in zip(target_groups, paths, strict=False):
-                path = ([*path, (suffix, "Tensor")] if suffix else path) if path is not None else [(HELD_FROM_CPP, "")]
-                line = path_text(path)
-                if line not in group.held_by:
-                    group.held_by.append(line)
-                    group.held_by_paths.append(path)
-            # A hook that appends what it sees to a list the test also holds: the shortest chain
-            # is the test's local, but the hook is the cause.
-            checked: set[int] = set()
-            for target, (group, suffix) in zip(targets, target_groups, strict=False):
-                if (
-                    name
-                    and not suffix
-                    and id(group) not in checked
-                    and group.kind == "tensor"
-                    and len(checked) < MAX_HOOK_CHECKS
-                ):
-                    checked.add(id(group))
-                    # Only a closure can tie a container to a hook; a running frame's local is
-                    # where such a container is usually seen.
-                    # (a step function given to check() is the closure itself: no hook to look for)
-                    local = any(
-                        (" local '" in chain or "closure var" in chain) and not chain.startswith(STEP_FUNCTION)
-                        for chain in group.held_by
-                    )
-                    if local and not any(_HOOK_CHAIN.search(chain) for chain in group.held_by):
-                        group.hook = hooked.get(id(target), "")
-    finally:
         located.clear()
+        primaries.sort(key=lambda f: (f.via == "graph", grouping.order[f.key]))  # owners' groups first
+        for found in primaries:
+            grouping.add(found)
         primaries.clear()
+        if name and targets:
+            paths = _name_targets(targets, frames, named, collected, (orphans.asked, known))
+            grouping.name(paths, hooked)
+    finally:
         targets.clear()
-        owner_groups.clear()
+        grouping.owner_groups.clear()
         known.clear()
+    return _finish(list(grouping.groups.values()))
+
+
+def _find_storages(
+    keys: list[StorageKey], device: str, known: list[Any]
+) -> tuple[dict[StorageKey, list[Found]], _Unheld, dict[int, str]]:
+    """What holds each storage in ``keys`` (tensors, gradients, autograd graphs), which of the
+    tensors nothing in Python refers to, and what module hooks' closures hold (see
+    :func:`hook_holdings`): one listing of the heap. ``known``: see :func:`referrers.find_chains`."""
+    listing, modules = _list_heap()
+    try:
+        hooked = hook_holdings(modules)
+        modules.clear()
+        orphans = _unheld_tensors(keys, listing, known)
+        # A graph shared by several tensors is credited to one of them; a tensor that only the
+        # graph itself keeps alive (an intermediate result) is a poor owner to show, so it goes last.
+        located = _locate(keys, device, orphans.owners, listing)
+    finally:
+        listing.clear()
+        modules.clear()
+    # (storage objects kept without a tensor, and tensors of classes defined meanwhile)
+    unasked = [
+        f.tensor
+        for finds in located.values()
+        for f in finds
+        if f.via in ("gc", "storage") and id(f.tensor) not in orphans.asked
+    ]
+    if unasked:
+        orphans.ids |= without_python_holders(unasked, exclude_types=(Found,))
+    unasked.clear()
+    return located, orphans, hooked
+
+
+class _Grouping:
+    """The groups :func:`describe` builds, and the tensors whose holders name them (``targets``,
+    each with its group in ``target_groups``, and whether it is named through its owner's ``.grad``)."""
+
+    def __init__(self, keys: list[StorageKey], sites: SiteSource | None, part: Callable[[StorageKey], Any] | None):
+        self.order = {key: index for index, key in enumerate(keys)}
+        self.sites = sites
+        self.part = part
+        self.groups: dict[tuple[Any, ...], TensorGroup] = {}
+        self.targets: list[Any] = []
+        self.target_groups: list[tuple[TensorGroup, bool]] = []
+        self.owner_groups: dict[int, TensorGroup] = {}
+        self.counted: set[int] = set()
+
+    def add(self, found: Found) -> None:
+        """Count ``found`` in its group (what an autograd graph saved: in its owner's)."""
+        if found.via == "graph":
+            self._add_saved(found)
+        else:
+            self._add_held(found)
+
+    def _group(self, found: Found, key: tuple[str, tuple[int, ...], str], kind: str, cls: str) -> TensorGroup:
+        share = self.part(found.key) if self.part is not None else None
+        dtype, shape, where = key
+        return self.groups.setdefault(
+            (dtype, shape, where, kind, cls, share), TensorGroup(dtype, shape, where, kind=kind, cls=cls, part=share)
+        )
+
+    def _add_saved(self, found: Found) -> None:
+        group = self.owner_groups.get(id(found.owner))
+        if group is None:
+            group = self._group(found, tensor_key(found.owner), "graph", tensor_class(found.owner))
+            self.owner_groups[id(found.owner)] = group
+            group.count += 1
+            self.targets.append(found.owner)
+            self.target_groups.append((group, False))
+        group.graph_bytes += found.nbytes
+        group.graph_tensors += 1
+        group.keys.append(found.key)
+        site = _allocation_site(self.sites, found, found.owner)
+        if group.kind == "graph" and site is not None and site not in group.allocated_at:
+            group.allocated_at.append(site)
+
+    def _add_held(self, found: Found) -> None:
+        kind = "tensor" if found.via == "gc" else found.via
+        group = self._group(
+            found, _group_key(found), kind, tensor_class(found.tensor) if found.via != "storage" else ""
+        )
+        group.bytes += found.nbytes
+        group.keys.append(found.key)
+        if id(found.tensor) in self.counted:  # a sparse or nested tensor: several storages, one tensor
+            return
+        self.counted.add(id(found.tensor))
+        group.count += 1
+        self.owner_groups.setdefault(id(found.tensor), group)
+        if found.via == "grad" and not group.grad_graph:
+            group.grad_graph = _has_graph(found.tensor)
+        site = _allocation_site(self.sites, found)
+        if site is not None and site not in group.allocated_at and len(group.allocated_at) < MAX_CHAINS_PER_GROUP:
+            group.allocated_at.append(site)
+        ask = getattr(self.sites, "made_inside_library", None) if found.via in ("gc", "storage") else None
+        inside = ask(found.tensor) if ask is not None else None
+        if inside is not None:
+            group.made_inside_library = bool(inside) and group.made_inside_library is not False
+        if sum(1 for g, _ in self.target_groups if g is group) < MAX_CHAINS_PER_GROUP:
+            self.targets.append(found.tensor if found.via in ("gc", "storage") else found.owner)
+            self.target_groups.append((group, found.via == "grad"))
+
+    def name(self, paths: list[HolderPath], hooked: dict[int, str]) -> None:
+        """Give each target's group its holder path; where a module hook's closure holds the
+        container a tensor is kept in, say so (``hooked``: see :func:`hook_holdings`)."""
+        for (group, through_grad), path in zip(self.target_groups, paths, strict=False):
+            group.add_holder(path.with_edge(GRADIENT) if through_grad and path is not HELD_IN_CPP_PATH else path)
+        # A hook that appends what it sees to a list the test also holds: the shortest chain
+        # is the test's local, but the hook is the cause.
+        checked: set[int] = set()
+        for target, (group, through_grad) in zip(self.targets, self.target_groups, strict=False):
+            if through_grad or id(group) in checked or group.kind != "tensor" or len(checked) >= MAX_HOOK_CHECKS:
+                continue
+            checked.add(id(group))
+            if _may_be_hooked(group):
+                group.hook = hooked.get(id(target), "")
+
+
+def _may_be_hooked(group: TensorGroup) -> bool:
+    """Whether a module hook may hold the container that holds the group: it is held through a
+    running frame's local or a closure (where a hook's container is usually seen; a step function
+    given to check() is the closure itself), and through no hook dict already."""
+    local = any(
+        (path.through_local() or path.has("closure variable")) and path.root.kind != "step" for path in group.holders
+    )
+    return local and not any(path.hook_entries() for path in group.holders)
+
+
+def _name_targets(
+    targets: list[Any],
+    frames: Sequence[types.FrameType],
+    named: Sequence[NamedRoot],
+    collected: bool,
+    known: tuple[set[int], list[Any]],
+) -> list[HolderPath]:
+    """The holder path of each target: the references Python has to it; else an autograd node
+    Python holds whose graph keeps it; else an object that keeps its memory from C++ (a DLPack
+    capsule, a Future); else none (held from C++)."""
+    paths = holder_paths(
+        targets, exclude_types=(Found,), frames=frames, named=named, collect=not collected, known=known
+    )
+    for search in (_paths_through_graph_nodes, _paths_through_opaque_or_none):
+        if any(path is None for path in paths):
+            found = search([t for t, p in zip(targets, paths, strict=False) if p is None], frames, named)
+            paths = [path if path is not None else found.get(id(t)) for t, path in zip(targets, paths, strict=False)]
+    return [path if path is not None else HELD_IN_CPP_PATH for path in paths]
+
+
+def _paths_through_opaque_or_none(
+    targets: list[Any], frames: Sequence[types.FrameType], named: Sequence[NamedRoot]
+) -> dict[int, HolderPath]:
+    try:
+        return _paths_through_opaque_holders(targets, frames, named)
+    except Exception:  # what cannot be read stays "held from C++"
+        return {}
+
+
+def _finish(groups: list[TensorGroup]) -> list[TensorGroup]:
+    """The groups diagnosed, largest first."""
     # Gradients with graphs of their own (backward(create_graph=True)) keep the graphs they were
     # made by, through a cycle with their parameters: the graphs nothing in Python holds are theirs.
-    if any(group.grad_graph for group in groups.values()):
-        for group in groups.values():
-            if group.kind == "graph" and group.held_by and all(chain.startswith("<") for chain in group.held_by):
+    if any(group.grad_graph for group in groups):
+        for group in groups:
+            if group.kind == "graph" and group.holders and all(path.opaque for path in group.holders):
                 group.grad_graph = True
-    for group in groups.values():
+    for group in groups:
         if group.kind == "graph":
             group.bytes = group.graph_bytes
         group.diagnoses = diagnose(group)
-    return sorted(groups.values(), key=lambda g: -(g.bytes + (0 if g.kind == "graph" else g.graph_bytes)))
+    return sorted(groups, key=lambda g: -(g.bytes + (0 if g.kind == "graph" else g.graph_bytes)))
 
 
 def _has_graph(tensor: Any) -> bool:
@@ -991,7 +1067,7 @@ def held_in_cpp_groups(tensors: Sequence[Any], refs: Sequence[Any]) -> list[Tens
         cls = tensor_class(tensor)
         group = groups.setdefault(
             (dtype, shape, where, cls),
-            TensorGroup(dtype, shape, where, cls=cls, held_by=[HELD_FROM_CPP], held_by_paths=[[(HELD_FROM_CPP, "")]]),
+            TensorGroup(dtype, shape, where, cls=cls, holders=[HELD_IN_CPP_PATH]),
         )
         key = (ref.device, ref.pointer)
         if key not in group.keys:
@@ -1029,10 +1105,9 @@ def merge_parts(groups: Sequence[TensorGroup]) -> list[TensorGroup]:
         whole.keys += group.keys
         whole.hook = whole.hook or group.hook
         whole.grad_graph = whole.grad_graph or group.grad_graph
-        for chain, path in zip(group.held_by, group.held_by_paths, strict=False):
-            if chain not in whole.held_by and len(whole.held_by) < MAX_CHAINS_PER_GROUP:
-                whole.held_by.append(chain)
-                whole.held_by_paths.append(path)
+        for path in group.holders:
+            if len(whole.holders) < MAX_CHAINS_PER_GROUP:
+                whole.add_holder(path)
         for site in group.allocated_at:
             if site not in whole.allocated_at and len(whole.allocated_at) < MAX_CHAINS_PER_GROUP:
                 whole.allocated_at.append(site)
@@ -1065,22 +1140,14 @@ def describe_cycle_garbage(
         key, nbytes = found
         seen.add(key)  # a storage is counted once, whichever tensor of it comes first
         dtype, shape, where = tensor_key(obj)
-        holding = cycle_holding(garbage, obj)
-        if holding is None:
-            path, held = [(HELD_FROM_CPP, "")], HELD_FROM_CPP
-        else:
-            path, loop = holding
-            held = path_text(path)
-            held += f", on the reference cycle {loop} (back to the same {path[0][0]})"
+        path = cycle_holding(garbage, obj) or HELD_IN_CPP_PATH
         group = groups.setdefault(
-            (dtype, shape, where, tensor_class(obj), held), TensorGroup(dtype, shape, where, cls=tensor_class(obj))
+            (dtype, shape, where, tensor_class(obj), path), TensorGroup(dtype, shape, where, cls=tensor_class(obj))
         )
         group.bytes += nbytes
         group.count += 1
         group.keys.append(key)
-        if held not in group.held_by:
-            group.held_by.append(held)
-            group.held_by_paths.append(path)
+        group.add_holder(path)
         storages = tensor_storages(obj)
         site = sites.site_of(obj, storages[0]) if sites is not None and storages else None
         if site and (text := describe_stack(site)) not in group.allocated_at:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pytest_vramleak.holders.diagnosis import diagnose
+from pytest_vramleak.holders.paths import Edge, HolderPath, Root, RootKind
 from pytest_vramleak.holders.snapshot import TensorGroup
 
 COUNTING_CONFTEST = """
@@ -273,17 +274,39 @@ def test_an_autograd_node_only_the_plugin_lists_is_no_kept_grad_fn(pytester: pyt
     result.stdout.no_fnmatch_line(f"*{GRAD_FN_KEPT}*")
 
 
+def _node_path(kind: RootKind, label: str, first: Edge, node: str) -> HolderPath:
+    return HolderPath(Root(kind, label, kind), (first, Edge("item", "0", node), Edge("autograd node", node, "Tensor")))
+
+
 @pytest.mark.parametrize(
-    ("chain", "blamed"),
+    ("path", "blamed"),
     [
-        ("test_it.NODES[0] -> autograd graph of SumBackward0", True),
-        ("test_it:12 local 'nodes'[0] -> autograd graph of SumBackward0", True),
-        ("<list held outside Python's gc>[0] -> autograd graph of AddBackward0", False),
-        ("<SavedTensorHooks held outside Python's gc>.pack -> autograd graph of MulBackward0", False),
+        (_node_path("module", "test_it", Edge("attribute", "NODES", "list"), "SumBackward0"), True),
+        (
+            HolderPath(
+                Root("frame local", "test_it:12 local 'nodes'", "frame local", "nodes"),
+                (Edge("item", "0", "SumBackward0"), Edge("autograd node", "SumBackward0", "Tensor")),
+            ),
+            True,
+        ),
+        (
+            HolderPath(
+                Root("outside gc", "<list held outside Python's gc>", "list"),
+                (Edge("item", "0", "AddBackward0"), Edge("autograd node", "AddBackward0", "Tensor")),
+            ),
+            False,
+        ),
+        (
+            HolderPath(
+                Root("outside gc", "<SavedTensorHooks held outside Python's gc>", "SavedTensorHooks"),
+                (Edge("attribute", "pack", "function"), Edge("autograd node", "MulBackward0", "Tensor")),
+            ),
+            False,
+        ),
     ],
 )
-def test_a_kept_grad_fn_is_blamed_only_where_the_code_holds_the_node(chain: str, blamed: bool) -> None:
-    group = TensorGroup("float32", (8, 64), "cpu", bytes=2048, count=1, held_by=[chain])
+def test_a_kept_grad_fn_is_blamed_only_where_the_code_holds_the_node(path: HolderPath, blamed: bool) -> None:
+    group = TensorGroup("float32", (8, 64), "cpu", bytes=2048, count=1, holders=[path])
     assert any(GRAD_FN_KEPT in line for line in diagnose(group)) is blamed
 
 

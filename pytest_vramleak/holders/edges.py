@@ -1,0 +1,360 @@
+"""Name a chain of objects ``[root, ..., target]`` as a :class:`~.paths.HolderPath`: its root's kind and each edge's.
+
+Names come from exact-type checks and C-level descriptors, never from ``repr``, ``__getattr__`` or
+``__eq__`` of the objects on the way: naming a holder must not run the user's code. Each kind of
+parent has one small function, tried in the order of :data:`_EDGE_RULES`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import re
+import sys
+import types
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from ..tracking.census import is_tensor_type
+from .paths import Edge, EdgeKind, HolderPath, Root, RootKind
+
+_MODULE_NAMESPACES = ("_modules", "_parameters", "_buffers")
+_LRU_WRAPPER_NAME = "_lru_cache_wrapper"
+_MAX_KEY_TEXT = 60
+_MODULE_NAMESPACE: Any = vars(types.ModuleType)["__dict__"]
+"""A module's ``__dict__`` descriptor: its namespace, read without running any code of the module's."""
+_HOOK_DICT = re.compile(r"_\w*_hooks")
+PYTEST_WARNINGS = "the warnings pytest recorded"
+
+NamedKind = Literal["fixture", "parametrize", "pytest", "step", "value"]
+_ROLES: dict[str, RootKind] = {"fixture": "fixture", "parametrize": "parametrize", "step": "step", "value": "value"}
+
+
+class FrameLocal:
+    """A root: a local variable of a frame still running, e.g. the test body around a step loop.
+
+    A running frame's locals are not visible to ``gc.get_referrers``, so they are checked directly.
+    """
+
+    __slots__ = ("frame", "name", "value", "thread", "thread_id")
+
+    def __init__(self, frame: types.FrameType, name: str, value: Any, thread: str = "", thread_id: int = 0) -> None:
+        self.frame = frame
+        self.name = name
+        self.value = value
+        self.thread = thread
+        """The name of the thread the frame runs in, where it is not the one searching."""
+        self.thread_id = thread_id
+        """That thread's ident (``threading.get_ident()``)."""
+
+
+class NamedRoot:
+    """A root the caller names: a value a test runner keeps for the whole session, written as the
+    user wrote it (``fixture 'model' (module scope)``, ``parametrize value lr of test_fit[...]``)
+    rather than through the runner's internals."""
+
+    __slots__ = ("label", "value", "kind", "role")
+
+    def __init__(self, label: str, value: Any, kind: NamedKind = "value", role: RootKind | None = None) -> None:
+        self.label = label
+        self.value = value
+        self.kind = kind
+        """``fixture``, ``parametrize``, ``pytest``, ``step`` or ``value``: how a drawn graph labels it."""
+        self.role: RootKind = role if role is not None else _role(kind, label, value)
+        """The root's kind on a holder path, which decides the diagnosis."""
+
+
+def _role(kind: str, label: str, value: Any) -> RootKind:
+    """The root kind of a named value given without one: of what pytest keeps, its test's class
+    instance, the warnings it recorded (under the label pytest's layer names them by), or a
+    test's record_property values."""
+    if kind != "pytest":
+        return _ROLES.get(kind, "value")
+    if type(value) is not list:
+        return "pytest instance"
+    return "pytest warnings" if label == PYTEST_WARNINGS else "record_property"
+
+
+def type_name(obj: Any) -> str:
+    """The qualified name of ``obj``'s class, read without running any code of the object's."""
+    name = type.__dict__["__qualname__"].__get__(type(obj))
+    return name if type(name) is str else "?"
+
+
+def is_ndarray(obj: Any) -> bool:
+    cls = type(obj)
+    return cls.__name__ == "ndarray" and cls.__module__ == "numpy"
+
+
+def instance_dict(obj: Any) -> dict[str, Any] | None:
+    """``obj.__dict__`` read through its C descriptor, never through ``__getattribute__``."""
+    for klass in type(obj).__mro__:
+        descriptor = type.__dict__["__dict__"].__get__(klass).get("__dict__")
+        if descriptor is None:
+            continue
+        if type(descriptor) in (types.GetSetDescriptorType, types.MemberDescriptorType):
+            try:
+                value = descriptor.__get__(obj, type(obj))
+            except Exception:
+                return None
+            return value if type(value) is dict else None
+        return None
+    return None
+
+
+def _slot_name(obj: Any, child: Any) -> str | None:
+    for klass in type(obj).__mro__:
+        for name, descriptor in type.__dict__["__dict__"].__get__(klass).items():
+            if type(descriptor) is types.MemberDescriptorType and name != "__dict__":
+                try:
+                    if descriptor.__get__(obj, type(obj)) is child:
+                        return str(name)
+                except Exception:
+                    continue
+    return None
+
+
+def _key_of(mapping: dict[Any, Any], child: Any) -> tuple[bool, Any]:
+    for key, value in dict.items(mapping):
+        if value is child:
+            return True, key
+    return False, None
+
+
+def key_text(key: Any) -> str:
+    """A dict key as source text, for key types whose ``repr`` is the interpreter's own."""
+    if type(key) in (str, int, float, bool, bytes) or key is None:
+        text = repr(key)
+        return text if len(text) <= _MAX_KEY_TEXT else text[: _MAX_KEY_TEXT - 4] + "...'"
+    if type(key) is tuple:
+        return "(" + ", ".join(key_text(k) for k in key) + ("," if len(key) == 1 else "") + ")"
+    if type(key) is type:  # a class as a key (copyreg.dispatch_table, a registry): its name, read from C
+        name = type.__dict__["__qualname__"].__get__(key)
+        if type(name) is str:
+            return name
+    return f"<{type_name(key)} key>"
+
+
+def _is_nn_module(obj: Any) -> bool:
+    nn = sys.modules.get("torch.nn")
+    return nn is not None and issubclass(type(obj), nn.Module)
+
+
+def frame_text(frame: types.FrameType) -> str:
+    """``function:line`` of a frame, the place its locals belong to."""
+    return f"{frame.f_code.co_name}:{frame.f_lineno}"
+
+
+def _module_name(module: Any) -> str:
+    namespace = instance_dict(module) or {}
+    name = namespace.get("__name__")
+    return name if type(name) is str else "<module>"
+
+
+def root_of(root: Any) -> Root:
+    """The root a chain's first object is: a module, a running frame's local, a named value, or
+    the farthest holder found, which something outside gc keeps."""
+    if issubclass(type(root), types.ModuleType):
+        name = _module_name(root)
+        return Root("module", name, "module", name=name)
+    if type(root) is FrameLocal:
+        where = f"{frame_text(root.frame)} local '{root.name}'"
+        if root.thread:
+            label = f"thread '{root.thread}' {where}"
+            return Root("thread local", label, "frame local", root.name, root.thread, root.thread_id)
+        return Root("frame local", where, "frame local", root.name)
+    if type(root) is NamedRoot:
+        return Root(root.role, root.label, root.kind)
+    if type(root) is types.FrameType:
+        return Root("frame", f"frame {frame_text(root)}", "frame")
+    if type(root) is type:
+        return Root("class", f"class {root.__qualname__}", "class")
+    if type(root) is types.FunctionType:  # (a hook torch keeps in C++: which one is its name)
+        name = function_name(root)
+        return Root("outside gc", f"<function {name} held outside Python's gc>", "function", name=name)
+    return Root("outside gc", f"<{type(root).__qualname__} held outside Python's gc>", type_name(root))
+
+
+def function_name(function: types.FunctionType) -> str:
+    """``module.qualname`` of a function, read from its C attributes (no code of the function's runs)."""
+    module = vars(types.FunctionType)["__module__"].__get__(function)
+    qualname = vars(types.FunctionType)["__qualname__"].__get__(function)
+    return f"{module}.{qualname}" if type(module) is str and type(qualname) is str else "?"
+
+
+Mode = Any
+"""What the previous edge knew about the object it led to: that a dict is an object's namespace
+(``"attr"``), an ``nn.Module``'s (``"module-attr"``), a frame's locals (``"local"``), a
+function's closure (``("closure", function)``), or a closure's cell (``"cell"``)."""
+Named = tuple[EdgeKind | None, str, Mode]
+"""An edge's kind (None: it reads as nothing, the next edge says it), its name, and the next mode."""
+
+
+def _attribute(name: str) -> tuple[EdgeKind, str]:
+    return ("hook dict" if _HOOK_DICT.fullmatch(name) else "attribute"), name
+
+
+def _dict_edge(parent: Any, child: Any, mode: Mode) -> Named:
+    found, key = _key_of(parent, child)
+    if not found:
+        return "dict key", "", None
+    if mode == "module-attr" and key in _MODULE_NAMESPACES:
+        return None, "", "attr"
+    if mode in ("attr", "module-attr") and type(key) is str:
+        return (*_attribute(key), None)
+    if mode == "local" and type(key) is str:
+        return "local", key, None
+    return "item", key_text(key), None
+
+
+def _sequence_edge(parent: Any, child: Any, mode: Mode) -> Named:
+    if type(mode) is tuple and mode[0] == "closure":
+        names = mode[1].__code__.co_freevars
+        for index, cell in enumerate(parent):
+            if cell is child and index < len(names):
+                return "closure variable", names[index], "cell"
+    matches = list(map(operator.is_, parent, itertools.repeat(child)))
+    if True in matches:
+        return "item", str(matches.index(True)), None
+    return "container item", type(parent).__name__, None
+
+
+def _cell_edge(parent: Any, child: Any, mode: Mode) -> Named:
+    return (None if mode == "cell" else "cell contents"), "", None
+
+
+def _module_edge(parent: Any, child: Any, mode: Mode) -> Named:
+    if child is _MODULE_NAMESPACE.__get__(parent):
+        return None, "", "attr"
+    return "module state", "", None  # what a C module keeps outside its namespace
+
+
+def _class_edge(parent: Any, child: Any, mode: Mode) -> Named:
+    if child is type.__dict__["__dict__"].__get__(parent) or type(child) is dict:
+        return None, "", "attr"
+    return "class internals", "", None
+
+
+def _function_edge(parent: Any, child: Any, mode: Mode) -> Named:
+    if child is parent.__closure__:
+        return None, "", ("closure", parent)
+    for name in ("__defaults__", "__kwdefaults__", "__globals__"):
+        if getattr(parent, name) is child:
+            return "attribute", name, ("attr" if name == "__globals__" else None)
+    if child is instance_dict(parent):
+        return None, "", "attr"
+    return "function internals", "", None
+
+
+def _method_edge(parent: Any, child: Any, mode: Mode) -> Named:
+    return "attribute", ("__self__" if child is parent.__self__ else "__func__"), None
+
+
+def _frame_edge(parent: Any, child: Any, mode: Mode) -> Named:
+    try:
+        local_names = parent.f_locals
+    except Exception:
+        local_names = {}
+    if child is local_names:
+        return None, "", "local"
+    found, key = _key_of(local_names, child) if type(local_names) is dict else (False, None)
+    if found:
+        return "local", str(key), None
+    if child is parent.f_back:
+        return "calling frame", "", None
+    return "frame internals", "", None
+
+
+def _traceback_edge(parent: Any, child: Any, mode: Mode) -> Named:
+    if child is parent.tb_frame:
+        return "traceback frame", frame_text(child), None
+    return "next traceback", "", None
+
+
+def _exception_edge(parent: Any, child: Any, mode: Mode) -> Named | None:
+    for name in ("__traceback__", "__context__", "__cause__", "args"):
+        if BaseException.__dict__[name].__get__(parent, type(parent)) is child:
+            return ("traceback" if name == "__traceback__" else "attribute"), name, None
+    return None
+
+
+def _lru_edge(parent: Any, child: Any, mode: Mode) -> Named:
+    return ("lru_cache" if type(child) is dict else "lru_cache entry"), "", None
+
+
+def _object_edge(parent: Any, child: Any, mode: Mode) -> Named:
+    """An object's attribute (read from its ``__dict__`` or slots), a tensor's hooks, or a reference unnamed."""
+    if _tensor_hooks(parent, child):
+        return "tensor hooks", "_backward_hooks", None
+    namespace = instance_dict(parent)
+    if child is namespace:
+        return None, "", ("module-attr" if _is_nn_module(parent) else "attr")
+    if namespace is not None:
+        found, key = _key_of(namespace, child)
+        if found and type(key) is str:
+            return (*_attribute(key), None)
+    slot = _slot_name(parent, child)
+    if slot is not None:
+        return "attribute", slot, None
+    return "reference", type(parent).__qualname__, None
+
+
+def _tensor_hooks(parent: Any, child: Any) -> bool:
+    """Whether ``child`` is the hooks dict a tensor keeps in C (``register_hook``)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not is_tensor_type(type(parent)):
+        return False
+    try:
+        return torch._C.TensorBase._backward_hooks.__get__(parent) is child
+    except Exception:
+        return False
+
+
+def _is_lru_wrapper(kind: type) -> bool:
+    return kind.__name__ == _LRU_WRAPPER_NAME and kind.__module__ == "functools"
+
+
+_EDGE_RULES: list[tuple[Callable[[type], bool], Callable[[Any, Any, Mode], Named | None]]] = [
+    (lambda kind: kind is FrameLocal or kind is NamedRoot, lambda parent, child, mode: (None, "", None)),
+    (lambda kind: issubclass(kind, dict), _dict_edge),
+    (lambda kind: kind in (list, tuple), _sequence_edge),
+    (lambda kind: kind.__name__ == "ndarray" and kind.__module__ == "numpy", lambda p, c, m: ("array base", "", None)),
+    (lambda kind: kind is types.CellType, _cell_edge),
+    (lambda kind: kind in (set, frozenset), lambda parent, child, mode: ("set element", "", None)),
+    (lambda kind: issubclass(kind, types.ModuleType), _module_edge),
+    (lambda kind: issubclass(kind, type), _class_edge),
+    (lambda kind: kind is types.FunctionType, _function_edge),
+    (lambda kind: kind is types.MethodType, _method_edge),
+    (lambda kind: kind is types.FrameType, _frame_edge),
+    (lambda kind: kind is types.TracebackType, _traceback_edge),
+    (lambda kind: issubclass(kind, BaseException), _exception_edge),  # (other references: as any object's)
+    (_is_lru_wrapper, _lru_edge),
+]
+"""Which function names an edge, by the class of the object it leaves: the first that applies and
+names it; :func:`_object_edge` for the rest."""
+
+
+def name_edge(parent: Any, child: Any, mode: Mode) -> Named:
+    """How the reference ``parent -> child`` reads, and the mode for the next edge (see :data:`Mode`)."""
+    kind = type(parent)
+    for applies, name in _EDGE_RULES:
+        if applies(kind):
+            found = name(parent, child, mode)
+            if found is not None:
+                return found
+    return _object_edge(parent, child, mode)
+
+
+def holder_path(chain: Sequence[Any]) -> HolderPath:
+    """The path ``[root, ..., target]`` is: its root, then each edge that reads as something (an
+    object's namespace dict reads as nothing: its attribute is the next edge)."""
+    edges: list[Edge] = []
+    mode: Mode = None
+    for parent, child in zip(chain, chain[1:], strict=False):
+        try:
+            kind, name, mode = name_edge(parent, child, mode)
+        except Exception:
+            kind, name, mode = "reference", type_name(child), None
+        if kind is not None:
+            edges.append(Edge(kind, name, type_name(child)))
+    return HolderPath(root_of(chain[0]), tuple(edges))

@@ -1,0 +1,208 @@
+"""Holder paths as data: a root with a kind, then the edges from it to a leaked tensor, each with a kind.
+
+Every decision about what holds a leak (a diagnosis, memory set aside as PyTorch's own) reads these
+kinds and names; the one-line text (``tests.test_cache.CACHE['user-42']``) is rendered only where a
+report writes it out (:meth:`HolderPath.render`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+RootKind = Literal[
+    "module",  # a module in sys.modules
+    "frame local",  # a local of a frame running in the thread that searched (the test's)
+    "thread local",  # a local of a frame running in another thread
+    "frame",  # a frame nothing running refers to (kept by a traceback)
+    "class",  # a class nothing in gc refers to
+    "fixture",  # the value of a fixture wider than a test
+    "parametrize",  # a parametrize value pytest keeps for the session
+    "pytest instance",  # the class instance pytest keeps of a test
+    "record_property",  # the record_property values pytest keeps of a test
+    "pytest warnings",  # the warnings pytest recorded
+    "step",  # the step function given to a step check
+    "value",  # another value the caller names
+    "held from C++",  # nothing in Python refers to it
+    "outside gc",  # the farthest holder found, which nothing gc sees refers to
+    "changed",  # its holders changed while they were searched
+    "cycle",  # an object on a reference cycle the collector freed
+]
+"""What a holder path starts at."""
+
+EdgeKind = Literal[
+    "attribute",  # .name: an object's attribute, a slot, a function's __globals__
+    "item",  # [key]: a list's, tuple's or dict's entry
+    "local",  # local 'name' of a frame
+    "dict key",  # a key of a dict (not its value)
+    "container item",  # an entry of a list or tuple, not found again by identity
+    "closure variable",  # closure var 'name' of a function
+    "cell contents",
+    "set element",
+    "module state",  # what a C module keeps outside its namespace
+    "class internals",
+    "function internals",
+    "calling frame",
+    "frame internals",
+    "traceback",  # an exception's __traceback__
+    "traceback frame",  # a traceback entry's frame (name: function:line)
+    "next traceback",
+    "lru_cache",  # a functools.lru_cache wrapper's cache
+    "lru_cache entry",
+    "hook dict",  # an attribute named _*_hooks (a module's hooks)
+    "tensor hooks",  # the hooks dict a tensor keeps in C (register_hook)
+    "array base",  # a numpy array's base
+    "reference",  # a reference read through none of the above (name: the class it leads to)
+    "autograd node",  # a grad_fn Python holds whose graph keeps the tensor (name: the node's class)
+    "gradient",  # a tensor's .grad
+    "saved tensor",  # a TorchScript module attribute's autograd graph (name: the attribute)
+    "numpy memory",  # a numpy array sharing the tensor's memory, unseen by gc
+    "dlpack capsule",
+    "future value",  # a finished torch.futures.Future's value
+]
+"""How one object on a holder path refers to the next."""
+
+_EDGE_FORMS: dict[str, str] = {
+    "attribute": ".{name}",
+    "item": "[{name}]",
+    "local": " local '{name}'",
+    "dict key": " -> dict key",
+    "container item": " -> {name} item",
+    "closure variable": " -> closure var '{name}'",
+    "cell contents": " -> cell contents",
+    "set element": " -> set element",
+    "module state": " -> module state",
+    "class internals": " -> class internals",
+    "function internals": " -> function internals",
+    "calling frame": " -> calling frame",
+    "frame internals": " -> frame internals",
+    "traceback": ".__traceback__",
+    "traceback frame": ".tb_frame ({name})",
+    "next traceback": ".tb_next",
+    "lru_cache": " -> lru_cache",
+    "lru_cache entry": " -> lru_cache entry",
+    "hook dict": ".{name}",
+    "tensor hooks": ".{name}",
+    "array base": ".base",
+    "reference": " -> <{name}>",
+    "autograd node": " -> autograd graph of {name}",
+    "gradient": ".grad",
+    "saved tensor": ".{name}.grad_fn",
+    "numpy memory": " (a numpy array sharing its memory)",
+    "dlpack capsule": " (a DLPack capsule of it)",
+    "future value": ".value()",
+}
+
+OPAQUE_ROOTS: frozenset[RootKind] = frozenset({"held from C++", "outside gc", "changed"})
+"""Roots that name no holder in Python the test's code can reach."""
+LOCAL_ROOTS: frozenset[RootKind] = frozenset({"frame local", "thread local"})
+PYTEST_LISTS: frozenset[RootKind] = frozenset({"record_property", "pytest warnings"})
+"""pytest's lists that gain an entry with every run of a test."""
+
+MAX_STEPS_SHOWN = 24
+"""A path longer than this many steps is shown with its middle left out (a linked list of 5,000
+nodes would make a line of 15 KB)."""
+
+HELD_FROM_CPP = "<no Python reference: held from C++, e.g. by a hook or cache inside torch or an extension>"
+CHANGED = "<its holders changed while they were searched (another thread at work?): not named>"
+
+
+@dataclass(frozen=True)
+class Root:
+    """Where a holder path starts."""
+
+    kind: RootKind
+    label: str
+    """How it reads: a module's name, ``test_fit:12 local 'model'``, ``fixture 'model' (module scope)``."""
+    type_name: str = ""
+    """The kind a drawn graph gives its node (a class name, ``module``, ``frame local``)."""
+    name: str = ""
+    """A module's ``__name__``, a local's name."""
+    thread: str = ""
+    """For ``thread local``: the thread's name."""
+    thread_id: int = 0
+    """For ``thread local``: the thread's ident (names repeat: a test run again starts its thread again)."""
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One reference on a holder path."""
+
+    kind: EdgeKind
+    name: str = ""
+    """The attribute, local or closure variable, the key as source text, the class of a node."""
+    type_name: str = ""
+    """The class of the object it leads to."""
+
+    def text(self) -> str:
+        """How the edge reads after what it leaves: ``.cache``, ``['user-42']``, `` -> closure var 'seen'``."""
+        return _EDGE_FORMS[self.kind].format(name=self.name)
+
+
+@dataclass(frozen=True)
+class HolderPath:
+    """The references that keep a tensor alive: a root, then the edges from it to the tensor."""
+
+    root: Root
+    edges: tuple[Edge, ...] = ()
+    cycle: tuple[Edge, ...] | None = None
+    """For a ``cycle`` root: the edges that lead from it back to itself."""
+
+    def with_edge(self, edge: Edge) -> HolderPath:
+        return HolderPath(self.root, (*self.edges, edge), self.cycle)
+
+    def parts(self) -> list[tuple[str, str]]:
+        """``(text, kind)`` of the root, then of each edge: the form the JSON report and its graphs read."""
+        return [(self.root.label, self.root.type_name), *((edge.text(), edge.type_name) for edge in self.edges)]
+
+    def type_names(self) -> list[str]:
+        """The class of each object on the path, the root's kind first."""
+        return [self.root.type_name, *(edge.type_name for edge in self.edges)]
+
+    def render(self) -> str:
+        """One line, its middle left out where it is long: ``test_it.HEAD.next.next ... 4,976 steps ... .next.payload``."""
+        text = "".join(elided([text for text, _ in self.parts()]))
+        if self.cycle is not None:
+            loop = self.root.label + "".join(elided([edge.text() for edge in self.cycle]))
+            text += f", on the reference cycle {loop} (back to the same {self.root.label})"
+        return text
+
+    def __str__(self) -> str:
+        return self.render()
+
+    @property
+    def opaque(self) -> bool:
+        """Whether it names no holder in Python (held from C++, outside gc, or not named)."""
+        return self.root.kind in OPAQUE_ROOTS
+
+    def has(self, *kinds: EdgeKind) -> bool:
+        """Whether any edge is of one of ``kinds``."""
+        return any(edge.kind in kinds for edge in self.edges)
+
+    def through_local(self) -> bool:
+        """Whether a running frame's local is on the path."""
+        return self.root.kind in LOCAL_ROOTS or self.has("local")
+
+    def pairs(self) -> list[tuple[Edge, Edge | None]]:
+        """Each edge with the one after it (None after the last)."""
+        return list(zip(self.edges, (*self.edges[1:], None), strict=False))
+
+    def hook_entries(self) -> list[Edge]:
+        """The hook dicts whose entry the path passes through (``._forward_hooks[3]``)."""
+        return [
+            edge
+            for edge, after in self.pairs()
+            if edge.kind in ("hook dict", "tensor hooks") and after is not None and after.kind == "item"
+        ]
+
+
+def elided(texts: list[str]) -> list[str]:
+    """``texts`` with their middle left out where there are more than :data:`MAX_STEPS_SHOWN`."""
+    if len(texts) <= MAX_STEPS_SHOWN:
+        return texts
+    keep = MAX_STEPS_SHOWN // 2
+    return [*texts[:keep], f" ... {len(texts) - 2 * keep:,} steps ... ", *texts[-keep:]]
+
+
+HELD_IN_CPP_PATH = HolderPath(Root("held from C++", HELD_FROM_CPP))
+CHANGED_PATH = HolderPath(Root("changed", CHANGED))
