@@ -39,7 +39,8 @@ from .leftovers import FixtureMemory, fixture_leftovers, look_for_drift
 from .marker import parse_marker
 from .options import OptionError, Settings
 from .options import read_settings as read_options
-from .outputs import trace_folder, write_outputs
+from .outcomes import PytestOutcomes
+from .outputs import files_line, trace_folder, write_outputs
 from .runs import (
     checked,
     drop_last_error,
@@ -107,6 +108,10 @@ class VramleakSession:
         self.output_errors: list[str] = []
         self.not_written: list[str] = []
         """The files a run that ran no test left as they were."""
+        self.written: list[str] = []
+        """The files the run wrote, as the summary's last line names them."""
+        self.outcomes = PytestOutcomes()
+        """pytest's outcome of each test, written into its record as its teardown is logged."""
 
     # -- the session ----------------------------------------------------------------------------
 
@@ -374,7 +379,7 @@ class VramleakSession:
     def pytest_report_teststatus(self, report: pytest.TestReport, config: pytest.Config) -> tuple[str, str, Any] | None:
         outcome = getattr(report, "vramleak_outcome", None)
         if report.when == "teardown" and report.failed:  # a run another plugin ran: it fails as it tears down
-            outcome = (getattr(report, "vramleak", None) or {}).get("outcome")
+            outcome = (getattr(report, "vramleak", None) or {}).get("verdict")
         elif report.when != "call" or not report.failed:
             return None
         if outcome == "leaked":
@@ -383,10 +388,14 @@ class VramleakSession:
             return "failed", "B", status_word("OVER BUDGET")
         return None
 
+    @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Each test's record arrives on its teardown report, in the process that writes reports
-        (under pytest-xdist, from the workers, so the controller sees every worker's tests)."""
+        (under pytest-xdist, from the workers, so the controller sees every worker's tests); it
+        gets pytest's outcome before JUnit XML reads its properties."""
         self.ran = True
+        assert self.config is not None
+        self.outcomes.note(self.config, report)
         result = getattr(report, "vramleak", None)
         if report.when == "teardown" and result:
             self.results.append(result)
@@ -461,10 +470,9 @@ class VramleakSession:
                 f"{', '.join(idle)} had nothing to act on",
                 yellow=True,
             )
-        if self.not_written:
-            terminalreporter.write_line(
-                f"vramleak: no test ran, so no report was written ({', '.join(self.not_written)} left as they were)"
-            )
+        files = files_line(self.written, self.not_written, self.output_errors)
+        if files:
+            terminalreporter.write_line(files)
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:

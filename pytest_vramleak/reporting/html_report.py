@@ -12,9 +12,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .outcomes import PYTEST_ORDER, headline, verdict_of, why_passed
 from .report import leaked_figure, shape_text, size_text
 
-OUTCOME_ORDER = {"leaked": 0, "over_budget": 1, "passed": 2, "unchecked": 3}
+VERDICT_ORDER = {"leaked": 0, "over_budget": 1, "passed": 2, "unchecked": 3}
+OUTCOME_ORDER = {"failed": 0, "error": 1, "xpassed": 2, "passed": 3, "xfailed": 4, "skipped": 5}
+"""pytest's outcomes, failures first, as the table sorts them."""
+PASSING = ("passed", "xfailed", "skipped")
+"""pytest's outcomes that do not fail a run: a badge shows them green or grey, the others red."""
 CHAR_WIDTH = 7.3
 """Width of one character of the 12px monospace font the graphs use, in SVG units."""
 MAX_LABEL = 64
@@ -365,14 +370,15 @@ def _group_html(group: Mapping[str, Any], ident: str) -> str:
 
 def _has_details(result: Mapping[str, Any]) -> bool:
     return bool(
-        result["outcome"] in ("leaked", "over_budget")
+        verdict_of(result) in ("leaked", "over_budget")
+        or result.get("outcome") not in PASSING
         or result.get("steps")
         or result.get("repetitions")
         or result.get("peak_breakdown")
         or result.get("ranks")
         or result.get("tensors")
         or result.get("cycle_bytes")
-        or (result["outcome"] == "unchecked" and result.get("reason"))
+        or (verdict_of(result) == "unchecked" and result.get("reason"))
     )
 
 
@@ -380,13 +386,25 @@ def _outcome_text(outcome: str) -> str:
     return outcome.replace("_", " ")
 
 
+def _badges(result: Mapping[str, Any]) -> str:
+    """pytest's outcome and the leak verdict, as two badges: ``failed`` ``leaked``."""
+    outcome = str(result.get("outcome") or "not recorded")
+    verdict = verdict_of(result)
+    css = "pass" if outcome in PASSING else "fail" if outcome != "not recorded" else "unchecked"
+    return (
+        f'<span class="badge outcome {css}" title="pytest\'s outcome">{_escape(outcome)}</span> '
+        f'<span class="badge {verdict}" title="the leak check\'s verdict">{_escape(_outcome_text(verdict))}</span>'
+    )
+
+
 def _section(result: Mapping[str, Any], anchor: str) -> str:
-    outcome = result["outcome"]
     parts = [
-        f'<section class="test" id="{anchor}"><h2><span class="badge {outcome}">{_escape(_outcome_text(outcome))}</span> '
-        f"<code>{_escape(result['nodeid'])}</code></h2>",
+        f'<section class="test" id="{anchor}"><h2>{_badges(result)} <code>{_escape(result["nodeid"])}</code></h2>',
         f'<p class="figures">{_figures(result)}</p>',
     ]
+    passed = why_passed(result)
+    if passed:
+        parts.append(f'<p class="reason">{_escape(passed)}</p>')
     if result.get("reason"):
         parts.append(f'<p class="reason">{_escape(result["reason"])}</p>')
     if result.get("steps"):
@@ -456,6 +474,7 @@ _COLUMNS = (
     ("peak", "number"),
     ("leaked", "number"),
     ("growth", "number"),
+    ("outcome", "text"),
     ("verdict", "text"),
 )
 
@@ -465,7 +484,8 @@ def _row(result: Mapping[str, Any], anchor: str | None) -> str:
     name = f'<a href="#{anchor}">{nodeid}</a>' if anchor else nodeid
     if result.get("shard"):
         name += f' <span class="shard">{_escape(result["shard"])}</span>'
-    outcome = result["outcome"]
+    verdict = verdict_of(result)
+    outcome = str(result.get("outcome") or "not recorded")
     reason = f' title="{_escape(result["reason"])}"' if result.get("reason") else ""
     cells = [
         f'<td data-value="{nodeid}"><code>{name}</code></td>',
@@ -475,7 +495,11 @@ def _row(result: Mapping[str, Any], anchor: str | None) -> str:
         value = result.get(key)
         cells.append(f'<td class="number" data-value="{_signed_figure(value)}">{_escape(size_text(value))}</td>')
     cells.append(
-        f'<td data-value="{OUTCOME_ORDER.get(outcome, 9)}"{reason}><span class="badge {outcome}">{_escape(_outcome_text(outcome))}</span>'
+        f'<td data-value="{OUTCOME_ORDER.get(outcome, 9)}"><span class="badge outcome {"pass" if outcome in PASSING else "fail"}">'
+        f"{_escape(outcome)}</span></td>"
+    )
+    cells.append(
+        f'<td data-value="{VERDICT_ORDER.get(verdict, 9)}"{reason}><span class="badge {verdict}">{_escape(_outcome_text(verdict))}</span>'
         + (
             f' <span class="pattern">{_escape(result["pattern"].replace("_", " "))}</span>'
             if result.get("pattern")
@@ -483,7 +507,8 @@ def _row(result: Mapping[str, Any], anchor: str | None) -> str:
         )
         + "</td>"
     )
-    return f'<tr class="{outcome}">' + "".join(cells) + "</tr>"
+    failing = ' data-failing=""' if verdict in ("leaked", "over_budget") or outcome not in PASSING else ""
+    return f'<tr class="{verdict}"{failing}>' + "".join(cells) + "</tr>"
 
 
 def render_html(
@@ -500,22 +525,26 @@ def render_html(
     """
     results = sorted(results, key=lambda r: r["nodeid"])
     fixtures = list(fixtures)
-    checked = [r for r in results if r["outcome"] != "unchecked"]
-    counts = {outcome: sum(1 for r in results if r["outcome"] == outcome) for outcome in OUTCOME_ORDER}
-    leaked_total = sum(leaked_figure(r) for r in results if r["outcome"] == "leaked")
+    counts = {verdict: sum(1 for r in results if verdict_of(r) == verdict) for verdict in VERDICT_ORDER}
+    outcomes = {outcome: sum(1 for r in results if r.get("outcome") == outcome) for outcome in PYTEST_ORDER}
+    leaked_total = sum(leaked_figure(r) for r in results if verdict_of(r) == "leaked")
     anchors = {r["nodeid"]: f"test-{i}" for i, r in enumerate(results) if _has_details(r)}
     # Failures first, the largest leak first among them, as in the terminal summary.
     ordered = sorted(
         (r for r in results if r["nodeid"] in anchors),
-        key=lambda r: (OUTCOME_ORDER.get(r["outcome"], 9), -leaked_figure(r), r["nodeid"]),
+        key=lambda r: (
+            VERDICT_ORDER.get(verdict_of(r), 9),
+            OUTCOME_ORDER.get(str(r.get("outcome")), 9),
+            -leaked_figure(r),
+            r["nodeid"],
+        ),
     )
-    headline = (
-        f"{counts['leaked']} leaked, {counts['over_budget']} over budget of {len(checked)} checked tests"
-        if counts["leaked"] or counts["over_budget"]
-        else f"all {len(checked)} checked tests kept within their budgets"
-    )
-    cards = [
-        ("checked", len(checked), ""),
+    title = headline(results)
+    cards: list[tuple[str, int | str, str]] = [("checked tests", len(results), "")]
+    cards += [
+        (outcome, count, "failed" if outcome not in PASSING else "") for outcome, count in outcomes.items() if count
+    ]
+    cards += [
         ("leaked", counts["leaked"], "leaked"),
         ("over budget", counts["over_budget"], "over_budget"),
         ("unchecked", counts["unchecked"], "unchecked"),
@@ -526,9 +555,9 @@ def render_html(
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>vramleak report: {_escape(headline)}</title>",
+        f"<title>vramleak report: {_escape(title)}</title>",
         f"<style>{_STYLE}</style></head><body>",
-        f'<header><h1>vramleak report</h1><p class="headline">{_escape(headline)}</p><ul class="about">{about_items}</ul></header>',
+        f'<header><h1>vramleak report</h1><p class="headline">{_escape(title)}</p><ul class="about">{about_items}</ul></header>',
         '<div class="cards">'
         + "".join(
             f'<div class="card {css}"><b>{_escape(value)}</b><span>{_escape(label)}</span></div>'
@@ -537,7 +566,7 @@ def render_html(
         + "</div>",
         '<h2 class="part">Checked tests</h2>',
         '<p class="hint">Click a column to sort; a test with details links to them. '
-        '<label><input type="checkbox" id="only-failing"> only tests that leaked or went over budget</label></p>',
+        '<label><input type="checkbox" id="only-failing"> only tests that failed, leaked or went over budget</label></p>',
         '<table id="tests"><thead><tr>'
         + "".join(f'<th data-type="{kind}"><button type="button">{name}</button></th>' for name, kind in _COLUMNS)
         + "</tr></thead><tbody>"
@@ -616,7 +645,7 @@ _SCRIPT = """
   });
   document.getElementById("only-failing").addEventListener("change", function (event) {
     Array.prototype.forEach.call(table.tBodies[0].rows, function (row) {
-      row.hidden = event.target.checked && !row.classList.contains("leaked") && !row.classList.contains("over_budget");
+      row.hidden = event.target.checked && !row.hasAttribute("data-failing");
     });
   });
 })();
@@ -640,6 +669,7 @@ h1 { font-size: 22px; margin: 0; }
 .card b { display: block; font-size: 22px; }
 .card span { color: var(--muted); font-size: 12.5px; }
 .card.leaked { border-color: #fda29b; background: var(--leaked-bg); color: var(--leaked); }
+.card.failed { border-color: #fda29b; background: var(--leaked-bg); color: var(--leaked); }
 .card.over_budget { border-color: #fec84b; background: var(--over-bg); color: var(--over); }
 h2.part { font-size: 17px; margin: 28px 0 4px; border-bottom: 1px solid var(--line); padding-bottom: 4px; }
 .hint { color: var(--muted); font-size: 12.5px; margin: 0 0 8px; }
@@ -659,6 +689,8 @@ td a:hover { text-decoration: underline; }
 .badge.leaked { background: var(--leaked-bg); color: var(--leaked); border: 1px solid #fda29b; }
 .badge.over_budget { background: var(--over-bg); color: var(--over); border: 1px solid #fec84b; }
 .badge.passed { background: var(--passed-bg); color: var(--passed); border: 1px solid #abefc6; }
+.badge.outcome.pass { background: var(--soft); color: var(--passed); border: 1px solid var(--line); }
+.badge.outcome.fail { background: var(--leaked); color: #fff; border: 1px solid var(--leaked); }
 .badge.unchecked { background: var(--unchecked-bg); color: var(--unchecked); border: 1px solid var(--line); }
 section.test { border: 1px solid var(--line); border-radius: 8px; padding: 4px 18px 12px; margin: 16px 0; }
 section.test h2 { font-size: 15px; margin: 12px 0 4px; }
