@@ -16,7 +16,7 @@ from ..reporting.outcomes import headline
 from ..reporting.report import leaked_figure
 from ..tracking.tracker import COMPARED_PER_CHECK
 from .options import CHECK_ONLY, OPTIONS, Settings
-from .state import MARKER
+from .state import MARKER, import_torch
 
 SHOWN = 5
 """Tests listed under each heading of the summary, unless ``-vv`` lists them all."""
@@ -176,7 +176,16 @@ def _leak_kind(result: dict[str, Any]) -> str:
 def header_settings(settings: Settings) -> str:
     """The effective device and settings, e.g. ``device cpu, checking every test (--vramleak), step warm-up 2``."""
     scope = "every test (--vramleak)" if settings.every_test else f"tests marked {MARKER}"
-    torch = sys.modules.get("torch")  # not imported here only to say which device: it takes seconds
+    # Importing torch takes seconds: a run that only has the plugin installed is not made to pay
+    # them to say which device. A run that checks every test, or writes reports, imports it anyway,
+    # and its header then names the device its reports name.
+    torch = sys.modules.get("torch")
+    if (
+        torch is None
+        and settings.device == "auto"
+        and (settings.every_test or settings.report_paths or settings.markdown)
+    ):
+        torch = import_torch()
     try:
         device = resolve_device(settings.device, torch) if torch is not None else settings.device
     except (DeviceUnavailable, ValueError) as error:
