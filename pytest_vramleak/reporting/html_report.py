@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +37,12 @@ def _escape(text: object) -> str:
 
 
 def _clip(text: str, limit: int = MAX_LABEL) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    """``text`` within ``limit`` characters, cut in its middle: two long keys that differ at their
+    end (``['runs/2024-01-01/model-a']``, ``[...model-b']``) stay told apart."""
+    if len(text) <= limit:
+        return text
+    tail = (limit - 1) // 2
+    return text[: limit - 1 - tail] + "…" + text[len(text) - tail :]
 
 
 def _signed_figure(value: int | None) -> int:
@@ -55,8 +60,10 @@ def step_chart(
     title: str = "",
     unit: str = "step",
     above: str = "the warm-up baseline",
+    figure: Callable[[int], str] = size_text,
 ) -> str:
-    """An SVG line chart of memory above ``above`` after each step (or run: ``unit``), warm-up shaded."""
+    """An SVG line chart of memory above ``above`` after each step (or run: ``unit``), warm-up
+    shaded; ``figure`` writes a value (a size, by default; a count of autograd nodes)."""
     values = [*warmup_steps, *steps]
     if not values:
         return ""
@@ -89,7 +96,7 @@ def step_chart(
             f'<line class="{"zero" if tick == 0 else "grid"}" x1="{left}" x2="{left + plot_width}" y1="{y(tick):.1f}" y2="{y(tick):.1f}"/>'
         )
         parts.append(
-            f'<text class="tick" x="{left - 8}" y="{y(tick) + 4:.1f}" text-anchor="end">{_escape(size_text(tick))}</text>'
+            f'<text class="tick" x="{left - 8}" y="{y(tick) + 4:.1f}" text-anchor="end">{_escape(figure(tick))}</text>'
         )
     stride = max(1, (count + 11) // 12)
     for index in range(0, count, stride):
@@ -105,7 +112,7 @@ def step_chart(
         phase = f"warm-up {unit}" if index < warm else unit
         parts.append(
             f'<circle class="{"point warm" if index < warm else "point"}" cx="{x(index):.1f}" cy="{y(value):.1f}" r="3.5">'
-            f"<title>{phase} {index + 1}: {_escape(size_text(value))} above {_escape(above)}</title></circle>"
+            f"<title>{phase} {index + 1}: {_escape(figure(value))} above {_escape(above)}</title></circle>"
         )
     parts.append("</svg>")
     return "".join(parts)
@@ -368,6 +375,15 @@ def _group_html(group: Mapping[str, Any], ident: str) -> str:
     return "".join(parts)
 
 
+def _nodes(count: int) -> str:
+    return f"{count:,} nodes"
+
+
+def _per_step(series: Sequence[int]) -> str:
+    rate = (series[-1] - series[0]) / (len(series) - 1)
+    return f"{rate:,.0f}" if rate >= 10 or rate == int(rate) else f"{rate:,.1f}"
+
+
 def _has_details(result: Mapping[str, Any]) -> bool:
     return bool(
         verdict_of(result) in ("leaked", "over_budget")
@@ -405,6 +421,8 @@ def _section(result: Mapping[str, Any], anchor: str) -> str:
     passed = why_passed(result)
     if passed:
         parts.append(f'<p class="reason">{_escape(passed)}</p>')
+    if result.get("notes"):
+        parts.append('<ul class="notes">' + "".join(f"<li>{_escape(note)}</li>" for note in result["notes"]) + "</ul>")
     if result.get("reason"):
         parts.append(f'<p class="reason">{_escape(result["reason"])}</p>')
     if result.get("steps"):
@@ -413,6 +431,14 @@ def _section(result: Mapping[str, Any], anchor: str) -> str:
             f'<figure class="steps">{step_chart(warmup, result["steps"], title="memory after each step of " + result["nodeid"])}'
             f"<figcaption>memory above the warm-up baseline after each step; {len(warmup)} warm-up steps shaded, "
             f"{len(result['steps'])} measured</figcaption></figure>"
+        )
+    history = result.get("step_history_nodes") or []
+    if len(history) > 1 and history[-1] > history[0]:
+        parts.append(
+            f'<figure class="steps history">{step_chart([], history, title="autograd nodes kept after each step of " + result["nodeid"], unit="measured step", above="none", figure=_nodes)}'
+            f"<figcaption>autograd nodes made by earlier measured steps that tensors alive after each measured step keep: "
+            f"{', '.join(f'{n:,}' for n in history)}; the graph grew {_escape(_per_step(history))} nodes a step "
+            "(each step's graph linked to the one before)</figcaption></figure>"
         )
     if result.get("repetitions"):
         warm = int(result.get("repetition_warmup") or 0)
@@ -451,20 +477,27 @@ def _section(result: Mapping[str, Any], anchor: str) -> str:
             + (f", leaked {_escape(size_text(leaked))} on {_escape(rank.get('device'))}" if leaked else "")
             + "</h3>"
         )
+        rank_groups = rank.get("tensors") or []
         parts += [
-            _group_html(group, f"{anchor}-rank{index}-{i}")
-            for i, group in enumerate((rank.get("tensors") or [])[:MAX_GROUPS_DRAWN])
+            _group_html(group, f"{anchor}-rank{index}-{i}") for i, group in enumerate(rank_groups[:MAX_GROUPS_DRAWN])
         ]
+        parts += _more_groups(rank_groups)
     groups = result.get("tensors") or []
     parts += [_group_html(group, f"{anchor}-{i}") for i, group in enumerate(groups[:MAX_GROUPS_DRAWN])]
-    if len(groups) > MAX_GROUPS_DRAWN:
-        rest = groups[MAX_GROUPS_DRAWN:]
-        parts.append(
-            f'<p class="more">… and {len(rest)} more groups of tensors, {_escape(size_text(sum(int(g.get("bytes") or 0) for g in rest)))} '
-            "(all of them are in the JSON data of this page)</p>"
-        )
+    parts += _more_groups(groups)
     parts.append("</section>")
     return "".join(parts)
+
+
+def _more_groups(groups: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The line under groups cut at :data:`MAX_GROUPS_DRAWN`: how many are left out, and where they are."""
+    if len(groups) <= MAX_GROUPS_DRAWN:
+        return []
+    rest = groups[MAX_GROUPS_DRAWN:]
+    return [
+        f'<p class="more">… and {len(rest)} more groups of tensors, {_escape(size_text(sum(int(g.get("bytes") or 0) for g in rest)))} '
+        "(all of them are in the JSON data of this page, and in the JSON report)</p>"
+    ]
 
 
 _COLUMNS = (
@@ -698,7 +731,11 @@ section.test h2 { font-size: 15px; margin: 12px 0 4px; }
 .reason { font-style: italic; }
 .group { border-top: 1px dashed var(--line); padding-top: 6px; margin-top: 8px; }
 .group h3 { font-size: 14px; margin: 4px 0; }
-.graph-box { overflow-x: auto; padding: 4px 0; }
+.graph-box { padding: 4px 0; }
+.graph-box svg.graph { max-width: 100%; height: auto; }
+td.number { white-space: nowrap; }
+#tests td:first-child code { word-break: break-all; }
+ul.notes { margin: 0 0 8px; padding-left: 20px; color: var(--muted); }
 ul.held, ul.sites, ul.diagnoses { margin: 4px 0; padding-left: 20px; }
 ul.diagnoses li { color: var(--leaked); }
 .fixtures .diagnosis { color: var(--leaked); font-size: 12.5px; }

@@ -60,7 +60,10 @@ def render_groups(groups: Sequence[Any]) -> str:
             stated.add(finding)
     if len(groups) > MAX_GROUPS_SHOWN:
         rest = groups[MAX_GROUPS_SHOWN:]
-        lines.append(f"... and {len(rest)} more groups, {format_size(sum(g.bytes for g in rest))}")
+        lines.append(
+            f"... and {len(rest)} more groups, {format_size(sum(g.bytes for g in rest))} "
+            "(--vramleak-report=PATH.json or .html lists them all)"
+        )
     return "\n".join(lines)
 
 
