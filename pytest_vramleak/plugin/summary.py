@@ -222,7 +222,7 @@ def idle_options(config: pytest.Config, ran: bool, results: list[dict[str, Any]]
         "--" + option.ini.replace("_", "-") if config.getoption(option.ini) is not None else f"ini option {option.ini}"
         for option in OPTIONS
         if option.ini in CHECK_ONLY
-        and (config.getoption(option.ini) is not None or str(config.getini(option.ini)) != option.default)
+        and (config.getoption(option.ini) is not None or config.getini(option.ini) != option.ini_default)
     ]
     if not given or not ran or any(result["verdict"] != "unchecked" for result in results):
         return []
