@@ -78,8 +78,8 @@ class CheckResult:
         return self.graph.estimated_bytes if self.graph is not None else 0
 
     def figures(self) -> str:
-        """One line: memory before and after, what made the difference, the peak, and reserved
-        memory where there is some. Its terms add up: after = before + kept + fixtures' - garbage."""
+        """One line: memory before and after, what made the difference, the peak where it was
+        measured, and reserved memory where there is some. Its terms add up: after = before + kept + fixtures' - garbage."""
 
         def size(value: int | None) -> str:
             return "not measured" if value is None else format_size(value)
@@ -100,7 +100,8 @@ class CheckResult:
             terms.append(f"a full collection freed {format_size(garbage)} of older garbage")
         if terms:
             text += " (" + "; ".join(terms) + ")"
-        text += f", peak during the call {size(self.peak_bytes)}"
+        if self.peak_bytes is not None:  # (on CPU only a peak budget or a saved run asks for it)
+            text += f", peak during the call {format_size(self.peak_bytes)}"
         if "reserved_bytes" in self.details:
             text += f", reserved by the caching allocator {format_size(self.details['reserved_bytes'])}"
         return text

@@ -151,12 +151,16 @@ class StepResult:
     def _history_message(self) -> str:
         growth = self.history_verdict
         assert growth is not None
-        per_step = growth.per_step_bytes / NODE_BYTES
+        # The rate of the series printed beside it (0, 11, 22: 11 a step), where it has two figures.
+        history = self.history
+        per_step = (
+            (history[-1] - history[0]) / (len(history) - 1) if len(history) > 1 else growth.per_step_bytes / NODE_BYTES
+        )
         nodes = f"{per_step:,.0f}" if per_step >= 10 else f"{per_step:,.1f}".removesuffix(".0")
         noun = "node" if nodes == "1" else "nodes"
         return (
             f"the autograd history kept across steps grew {nodes} {noun} per step over {len(self.history)} measured steps "
-            f"(about {format_size(growth.per_step_bytes)} of host memory per step; {self.history[-1]:,} nodes after the last): "
+            f"(about {format_size(round(per_step * NODE_BYTES))} of host memory per step; {self.history[-1]:,} nodes after the last): "
             "a tensor that outlives its step links each step's graph to the one before, even where backward freed "
             "what the graph saved; keep loss.item() or loss.detach() instead"
         )

@@ -32,7 +32,7 @@ def one_torch_thread() -> Iterator[None]:
 def read_report(path: Path) -> dict[str, dict[str, Any]]:
     """The JSON report's tests by test name."""
     document = json.loads(path.read_text())
-    assert document["version"] == 1
+    assert document["version"] == 2
     return {entry["nodeid"].rsplit("::", 1)[-1]: entry for entry in document["tests"]}
 
 

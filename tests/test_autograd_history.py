@@ -30,7 +30,7 @@ def test_the_faqs_accumulated_loss_fails_as_growing_history(pytester: pytest.Pyt
     pytester.makepyfile(test_it=TRAINER.format(start=start, kept="loss"))
     result, report = run_checked("-p", "no:randomly", "--vramleak")
     entry = report["test_trains_a_few_steps"]
-    assert (entry["outcome"], entry["pattern"]) == ("leaked", "grows"), result.stdout.str()
+    assert (entry["verdict"], entry["pattern"]) == ("leaked", "grows"), result.stdout.str()
     result.stdout.fnmatch_lines(
         [
             "autograd history grew * nodes per run of the test over 3 measured runs on cpu*",
@@ -47,7 +47,7 @@ def test_the_faqs_accumulated_loss_grows_over_a_repeated_test(
     pytester.makepyfile(test_it=TRAINER.format(start=start, kept="loss"))
     result, report = run_checked("-p", "no:randomly", "--vramleak", "--vramleak-repeat=5")
     entry = report["test_trains_a_few_steps"]
-    assert (entry["outcome"], entry["pattern"]) == ("leaked", "grows"), result.stdout.str()
+    assert (entry["verdict"], entry["pattern"]) == ("leaked", "grows"), result.stdout.str()
     result.stdout.fnmatch_lines(
         [
             "autograd history grew 25 nodes per run of the test over 3 measured runs on cpu*",
@@ -62,7 +62,7 @@ def test_the_faqs_accumulated_loss_grows_over_a_repeated_test(
 def test_the_faqs_remedies_pass(pytester: pytest.Pytester, run_checked, start: str, kept: str) -> None:
     pytester.makepyfile(test_it=TRAINER.format(start=start, kept=kept))
     result, report = run_checked("-p", "no:randomly", "--vramleak")
-    assert report["test_trains_a_few_steps"]["outcome"] == "passed", result.stdout.str()
+    assert report["test_trains_a_few_steps"]["verdict"] == "passed", result.stdout.str()
 
 
 def test_an_output_kept_with_its_graph_and_replaced_each_run_is_kept_once(
@@ -81,7 +81,7 @@ def test_an_output_kept_with_its_graph_and_replaced_each_run_is_kept_once(
     )
     result, report = run_checked("-p", "no:randomly", "--vramleak")
     entry = report["test_keeps_its_latest_output"]
-    assert (entry["outcome"], entry["pattern"]) == ("passed", "kept_once"), result.stdout.str()
+    assert (entry["verdict"], entry["pattern"]) == ("passed", "kept_once"), result.stdout.str()
     result.stdout.fnmatch_lines(
         [
             "memory kept once, not growing*",
@@ -120,7 +120,7 @@ def test_the_faqs_accumulated_loss_fails_a_step_check_as_growing_history(
     pytester.makepyfile(test_it=STEP_LOOP.format(start=start, kept="loss"))
     result, report = run_checked("-p", "no:randomly")
     entry = report["test_steps"]
-    assert entry["outcome"] == "leaked", result.stdout.str()
+    assert entry["verdict"] == "leaked", result.stdout.str()
     assert entry["step_history_nodes"][0] == 0 and entry["step_history_nodes"][-1] == 8 * 7, entry  # 8 nodes a step
     result.stdout.fnmatch_lines(
         [
@@ -139,7 +139,7 @@ def test_the_faqs_remedies_pass_a_step_check(pytester: pytest.Pytester, run_chec
     pytester.makepyfile(test_it=STEP_LOOP.format(start=start, kept=kept))
     result, report = run_checked("-p", "no:randomly")
     entry = report["test_steps"]
-    assert entry["outcome"] == "passed", result.stdout.str()
+    assert entry["verdict"] == "passed", result.stdout.str()
     assert entry["step_history_nodes"] == [0] * 8, entry
 
 
@@ -164,7 +164,7 @@ def test_functional_sgd_that_never_detaches_its_parameters_fails_a_step_check(
     pytester.makepyfile(test_it=FUNCTIONAL_SGD.format(update="weight - 0.1 * grad"))
     result, report = run_checked("-p", "no:randomly")
     entry = report["test_steps"]
-    assert entry["outcome"] == "leaked" and entry["step_history_nodes"] == list(range(8)), result.stdout.str()
+    assert entry["verdict"] == "leaked" and entry["step_history_nodes"] == list(range(8)), result.stdout.str()
     result.stdout.fnmatch_lines(
         ["the autograd history kept across steps grew 1 node per step*", "    held by test_steps:* local 'weight'"]
     )
@@ -175,7 +175,7 @@ def test_functional_sgd_that_detaches_its_parameters_passes_a_step_check(
 ) -> None:
     pytester.makepyfile(test_it=FUNCTIONAL_SGD.format(update="(weight - 0.1 * grad).detach().requires_grad_()"))
     result, report = run_checked("-p", "no:randomly")
-    assert report["test_steps"]["outcome"] == "passed", result.stdout.str()
+    assert report["test_steps"]["verdict"] == "passed", result.stdout.str()
 
 
 def test_gradient_accumulation_over_a_few_steps_passes_a_step_check(pytester: pytest.Pytester, run_checked) -> None:
@@ -201,7 +201,7 @@ def test_gradient_accumulation_over_a_few_steps_passes_a_step_check(pytester: py
     )
     result, report = run_checked("-p", "no:randomly")
     entry = report["test_steps"]
-    assert entry["outcome"] == "passed", result.stdout.str()
+    assert entry["verdict"] == "passed", result.stdout.str()
     assert max(entry["step_history_nodes"]) > 0 and entry["step_history_nodes"][-1] <= max(
         entry["step_history_nodes"][:3]
     ), entry

@@ -130,6 +130,7 @@ def test_loop(vramleak):
             timeout=300,
         )
         assert result.returncode == pytest.ExitCode.TESTS_FAILED, result.stdout + result.stderr
+        (folder / "stdout.txt").write_text(result.stdout)
         return folder / "r.html"
     for shard, selection in (("shard-1", "cache or quiet"), ("shard-2", "hook or loop")):
         result = subprocess.run(
@@ -146,12 +147,41 @@ def test_loop(vramleak):
     return folder / "r.html"
 
 
+HEADLINE = "4 checked tests: 3 failed, 1 passed; 3 leaked"
+
+
 def test_report_loads_without_errors_or_requests(browser: Any, report_page: Path) -> None:
     browser.get(report_page.as_uri())
-    assert browser.title.startswith("vramleak report: 3 leaked")
+    assert browser.title == f"vramleak report: {HEADLINE}"
     assert errors(browser) == []
     # Self-contained: the page fetched nothing besides itself.
     assert browser.execute_script("return performance.getEntriesByType('resource').length") == 0
+
+
+def test_the_headline_is_the_terminals_in_the_same_words(browser: Any, report_page: Path) -> None:
+    """The page's headline, as the browser shows it, is the line the terminal's summary printed
+    (a merged page's too: its shards ran the same tests), and its cards count the same."""
+    from selenium.webdriver.common.by import By
+
+    browser.get(report_page.as_uri())
+    shown = browser.find_element(By.CSS_SELECTOR, "header .headline").text
+    assert shown == HEADLINE
+    terminal = report_page.parent / "stdout.txt"
+    if terminal.exists():
+        lines = terminal.read_text().splitlines()
+        summary = lines.index(next(line for line in lines if " vramleak summary " in line))
+        assert lines[summary + 1] == shown
+        assert lines[-1].startswith("3 failed, 1 passed in ")  # pytest's own count of the same tests
+    cards = {
+        card.find_element(By.TAG_NAME, "span").text: card.find_element(By.TAG_NAME, "b").text
+        for card in browser.find_elements(By.CSS_SELECTOR, ".cards .card")
+    }
+    assert {name: cards[name] for name in ("checked tests", "failed", "passed", "leaked")} == {
+        "checked tests": "4",
+        "failed": "3",
+        "passed": "1",
+        "leaked": "3",
+    }
 
 
 def test_step_chart_renders_with_warm_up_shaded(browser: Any, report_page: Path) -> None:

@@ -34,9 +34,9 @@ def test_a_reserved_budget_fails_a_test_that_reserves_more(
             "memory reserved by the caching allocator peaked at 64.0 MiB above its level at the start on cuda:0, allowed 16.0 MiB"
         ]
     )
-    assert report["test_reserves_a_big_segment"]["outcome"] == "over_budget"
+    assert report["test_reserves_a_big_segment"]["verdict"] == "over_budget"
     assert report["test_reserves_a_big_segment"]["details"]["reserved_peak_bytes"] == 64 * MIB
-    assert report["test_reserves_a_small_one"]["outcome"] == "passed"
+    assert report["test_reserves_a_small_one"]["verdict"] == "passed"
 
 
 def test_reserved_memory_that_grows_while_allocated_memory_does_not_is_fragmentation(
@@ -92,7 +92,7 @@ def test_pinned_host_memory_is_counted_and_budgeted(pytester: pytest.Pytester, f
         """
     )
     result, report = run_checked("-p", "no:randomly")
-    assert {name: entry["outcome"] for name, entry in report.items()} == {
+    assert {name: entry["verdict"] for name, entry in report.items()} == {
         "test_keeps_a_pinned_buffer": "leaked",
         "test_frees_its_pinned_buffer": "passed",
         "test_pins_too_much_at_once": "over_budget",
@@ -117,7 +117,7 @@ def test_reserved_and_pinned_budgets_are_not_checked_on_cpu(pytester: pytest.Pyt
     )
     result, report = run_checked()
     result.assert_outcomes(passed=1)
-    assert report["test_on_cpu"]["outcome"] == "passed"
+    assert report["test_on_cpu"]["verdict"] == "passed"
 
 
 def test_a_bad_reserved_budget_is_a_usage_error(pytester: pytest.Pytester) -> None:

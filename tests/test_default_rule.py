@@ -53,7 +53,7 @@ def test_only_growth_and_memory_kept_once_from_the_floor_fail_by_default(
     pytester.makepyfile(test_it=KEPT_AND_GROWING)
     result, report = run_checked("-p", "no:randomly", "--vramleak")
     result.assert_outcomes(passed=2, failed=2)
-    outcomes = {name: (entry["outcome"], entry["pattern"], entry["rule"]) for name, entry in report.items()}
+    outcomes = {name: (entry["verdict"], entry["pattern"], entry["rule"]) for name, entry in report.items()}
     assert outcomes == {
         "test_caches_a_result[metric0]": ("passed", "kept_once", "significant"),
         "test_appends_every_call": ("leaked", "grows", "significant"),
@@ -91,8 +91,8 @@ def test_only_growth_and_memory_kept_once_from_the_floor_fail_by_default(
     )
     # A floor of 4 MiB lets the table pass; growth fails at any size.
     result, report = run_checked("-p", "no:randomly", "--vramleak", "--vramleak-kept-floor=4MiB")
-    assert report["test_builds_a_big_table_once"]["outcome"] == "passed"
-    assert report["test_appends_every_call"]["outcome"] == "leaked"
+    assert report["test_builds_a_big_table_once"]["verdict"] == "passed"
+    assert report["test_appends_every_call"]["verdict"] == "leaked"
 
 
 def test_fail_on_any_restores_strict_single_run_verdicts(pytester: pytest.Pytester, run_checked) -> None:
@@ -120,7 +120,7 @@ def test_a_marker_keeps_its_explicit_budget(pytester: pytest.Pytester, run_check
     )
     result, report = run_checked("-p", "no:randomly", "--vramleak")
     result.assert_outcomes(passed=1, failed=1)
-    assert (report["test_keeps_a_little"]["outcome"], report["test_keeps_a_little"]["rule"]) == ("leaked", "any")
+    assert (report["test_keeps_a_little"]["verdict"], report["test_keeps_a_little"]["rule"]) == ("leaked", "any")
     result.stdout.fnmatch_lines(["LEAKED test_it.py::test_keeps_a_little - VramLeak: leaked 16 B on*"])
 
 
@@ -172,7 +172,7 @@ def test_a_run_again_never_becomes_the_users_failure(pytester: pytest.Pytester, 
     result.stdout.no_fnmatch_line(">*assert len(*")  # no traceback of a run again
     # Judged on its first run: 1 KiB kept, below the floor; the line says why the runs were not used.
     entry = report["test_counts_its_calls"]
-    assert (entry["outcome"], entry["pattern"]) == ("passed", None)
+    assert (entry["verdict"], entry["pattern"]) == ("passed", None)
     assert any(
         note.startswith(
             "the runs after the first were not used: run 2 of 4 failed in call (AssertionError: called 2 times"
@@ -181,7 +181,7 @@ def test_a_run_again_never_becomes_the_users_failure(pytester: pytest.Pytester, 
     )
     # Under a budget the first run's leak fails, as for a test run once, with the same line.
     entry = report["test_counts_its_calls_under_a_budget"]
-    assert entry["outcome"] == "leaked"
+    assert entry["verdict"] == "leaked"
     result.stdout.fnmatch_lines(
         [
             "leaked 1.0 KiB on cpu, allowed 0 B",
@@ -267,8 +267,8 @@ def test_a_module_fixture_torn_down_after_the_last_test_does_not_hide_its_leak(
         """
     )
     result, report = run_checked("-p", "no:randomly")
-    assert (report["test_last_leaks"]["outcome"], report["test_last_leaks"]["leaked_bytes"]) == ("leaked", 16384)
-    assert report["test_first"]["outcome"] == "passed"
+    assert (report["test_last_leaks"]["verdict"], report["test_last_leaks"]["leaked_bytes"]) == ("leaked", 16384)
+    assert report["test_first"]["verdict"] == "passed"
 
 
 TRACES_A_LOSS = """
@@ -295,13 +295,13 @@ def test_memory_only_pytorch_keeps_is_named_as_pytorchs_and_set_aside(pytester: 
     pytester.makepyfile(test_it=TRACES_A_LOSS.format(cases=["traced"]))
     result, report = run_checked("-p", "no:randomly", "--vramleak", "-W", "ignore")
     entry = report["test_traces[traced]"]
-    assert entry["outcome"] == "passed", result.stdout.str()
+    assert entry["verdict"] == "passed", result.stdout.str()
     assert entry["repetitions"] == [0, 0, 0, 0]  # less what was set aside: 16 B a run
     assert entry["notes"] == [
         "80 B held by PyTorch itself in C++: nothing in Python refers to it, so nothing the test can free (--vramleak-fail-on=any counts it): not counted"
     ]
     result, report = run_checked("-p", "no:randomly", "--vramleak", "--vramleak-fail-on=any", "-W", "ignore")
-    assert report["test_traces[traced]"]["outcome"] == "leaked"
+    assert report["test_traces[traced]"]["verdict"] == "leaked"
 
 
 def test_a_parametrized_case_keeping_what_an_earlier_case_showed_is_pytorchs_is_not_run_again(
@@ -311,14 +311,14 @@ def test_a_parametrized_case_keeping_what_an_earlier_case_showed_is_pytorchs_is_
     result, report = run_checked("-p", "no:randomly", "--vramleak", "-W", "ignore")
     assert report["test_traces[traced]"]["repetitions"] == [0, 0, 0, 0]
     again = report["test_traces[traced again]"]
-    assert (again["outcome"], again["leaked_bytes"], again["repetitions"]) == ("passed", 0, None)  # run once
+    assert (again["verdict"], again["leaked_bytes"], again["repetitions"]) == ("passed", 0, None)  # run once
     assert again["notes"] == [
         "16 B held by PyTorch itself in C++, as the runs of test_it.py::test_traces[traced] showed for the same storages "
         "(nothing in Python refers to them; this case was not run again; --vramleak-fail-on=any counts it): not counted"
     ]
     # Storages of the same sizes that Python holds are the case's own leak, judged in full.
     kept = report["test_traces[kept]"]
-    assert (kept["outcome"], kept["repetitions"]) == ("leaked", [16, 32, 48, 64]), result.stdout.str()
+    assert (kept["verdict"], kept["repetitions"]) == ("leaked", [16, 32, 48, 64]), result.stdout.str()
     assert [holder.rstrip("0123456789]") for holder in kept["tensors"][0]["held_by"]] == ["test_it.KEPT["] * 2
 
 
@@ -485,9 +485,9 @@ def test_a_test_that_fails_on_its_own_and_leaks_is_one_failure_with_both_reasons
     suite = ElementTree.parse(pytester.path / "junit.xml").getroot().find("testsuite")
     assert suite is not None and (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("3", "2", "0")
     tests = read_report(pytester.path / "r.json")
-    assert tests["test_fails_and_leaks"]["outcome"] == "leaked"
+    assert tests["test_fails_and_leaks"]["verdict"] == "leaked"
     assert tests["test_fails_and_leaks"]["leaked_bytes"] == 2 * 1024 * 1024
-    assert tests["test_fails_holding_big_locals"]["outcome"] == "passed"
+    assert tests["test_fails_holding_big_locals"]["verdict"] == "passed"
     assert tests["test_fails_holding_big_locals"]["leaked_bytes"] == 0
 
 
@@ -563,7 +563,7 @@ def test_a_slow_test_keeping_memory_only_in_its_parametrize_values_is_not_run_ag
     result, report = run_checked("-p", "no:randomly", "--vramleak")
     result.assert_outcomes(passed=2)
     entry = report["test_fit[callbacks0]"]
-    assert (entry["outcome"], entry["leaked_bytes"], entry["pattern"], entry["repetitions"]) == (
+    assert (entry["verdict"], entry["leaked_bytes"], entry["pattern"], entry["repetitions"]) == (
         "passed",
         32,
         "kept_once",
@@ -587,8 +587,8 @@ def test_memory_a_parametrize_value_holds_that_a_module_holds_too_runs_again(
     pytester.makepyfile(test_it=CALLBACKS.format(also="KEEP.append(callbacks[0].best)", runs=5))
     result, report = run_checked("-p", "no:randomly", "--vramleak")
     entry = report["test_fit[callbacks0]"]
-    assert (entry["outcome"], entry["pattern"]) == ("leaked", "grows"), result.stdout.str()
-    assert report["test_runs"]["outcome"] == "passed"  # 3 more runs, and 1 recording sites
+    assert (entry["verdict"], entry["pattern"]) == ("leaked", "grows"), result.stdout.str()
+    assert report["test_runs"]["verdict"] == "passed"  # 3 more runs, and 1 recording sites
 
 
 def test_a_test_its_marks_skip_is_not_measured(
@@ -625,7 +625,7 @@ def test_a_test_its_marks_skip_is_not_measured(
     result.assert_outcomes(passed=1, skipped=3)
     assert begun == ["test_it.py::test_skipped_by_a_condition", "test_it.py::test_runs"]
     for name in ("test_skipped", "test_skipped_if", "test_skipped_by_a_condition"):
-        assert (report[name]["outcome"], report[name]["reason"], report[name]["device"]) == (
+        assert (report[name]["verdict"], report[name]["reason"], report[name]["device"]) == (
             "unchecked",
             "the test was skipped",
             "cpu",

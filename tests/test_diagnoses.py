@@ -140,7 +140,7 @@ def test_a_gradient_with_a_graph_of_its_own_is_named_as_create_graphs_cycle(pyte
     )
     tests = read_report(pytester.path / "r.json")
     leak = tests["test_second_order_through_backward"]
-    assert leak["outcome"] == "leaked", result.stdout.str()
+    assert leak["verdict"] == "leaked", result.stdout.str()
     diagnosed = {holder: tensor["diagnoses"] for tensor in leak["tensors"] for holder in tensor["held_by"]}
     assert any(finding.startswith(CREATE_GRAPH) for finding in diagnosed["test_it.MODEL.weight.grad"])
     # the graphs the gradients were made by, which nothing in Python holds, get the same cause,
@@ -149,11 +149,11 @@ def test_a_gradient_with_a_graph_of_its_own_is_named_as_create_graphs_cycle(pyte
     assert graphs and all(any(f.startswith(CREATE_GRAPH) for f in findings) for findings in graphs)
     assert not any("instead of loss.grad_fn" in f for findings in diagnosed.values() for f in findings)
     # first-order gradients kept on a module's model are kept once, and not this cycle
-    assert tests["test_first_order"]["outcome"] == "passed"
+    assert tests["test_first_order"]["verdict"] == "passed"
     assert not any(
         f.startswith(CREATE_GRAPH) for tensor in tests["test_first_order"]["tensors"] for f in tensor["diagnoses"]
     )
-    assert tests["test_second_order_through_autograd_grad"]["outcome"] == "passed"
+    assert tests["test_second_order_through_autograd_grad"]["verdict"] == "passed"
 
 
 def _group(*paths: HolderPath, **fields: object) -> object:

@@ -19,7 +19,7 @@ def test_every_leak_in_the_examples_says_where_it_was_made_with_no_option(pytest
     )
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     tests = json.loads((pytester.path / "r.json").read_text())["tests"]
-    failing = {t["nodeid"].rpartition("::")[2]: t for t in tests if t["outcome"] != "passed"}
+    failing = {t["nodeid"].rpartition("::")[2]: t for t in tests if t["verdict"] != "passed"}
     assert sorted(failing) == [
         "test_embedding_cache_without_eviction",
         "test_hook_appends_activations",

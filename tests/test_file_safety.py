@@ -40,9 +40,11 @@ ignores_permissions = _ignores_permissions()
 # Each file the plugin writes at the end of a run: the option that names it, the path it is
 # written to, and how its new content begins.
 OUTPUTS = [
-    pytest.param("--vramleak-report=out.json", "out.json", '{\n  "version": 1', id="json report"),
+    pytest.param("--vramleak-report=out.json", "out.json", '{\n  "version": 2', id="json report"),
     pytest.param("--vramleak-report=out.html", "out.html", "<!DOCTYPE html>", id="html report"),
-    pytest.param("--vramleak-markdown=out.md", "out.md", "## vramleak: 1 of 1 checked tests leaked", id="markdown"),
+    pytest.param(
+        "--vramleak-markdown=out.md", "out.md", "## vramleak: 1 checked test: 1 failed; 1 leaked", id="markdown"
+    ),
     pytest.param("--vramleak-benchmark-json=out.json", "out.json", "[\n  {", id="benchmark json"),
     pytest.param("--vramleak-save=base", ".vramleak/base.json", '{\n  "version": 1', id="saved run"),
 ]
@@ -172,7 +174,7 @@ def test_a_replaced_report_keeps_its_permission_bits(pytester: pytest.Pytester, 
     if mode == 0o444 and not ignores_permissions:
         pytest.skip("only root may replace a read-only report (see test_a_read_only_report_is_refused_at_start)")
     run(pytester, "--vramleak-report=r.json").assert_outcomes(failed=1)
-    assert json.loads(report.read_text())["version"] == 1
+    assert json.loads(report.read_text())["version"] == 2
     assert stat.S_IMODE(report.stat().st_mode) == mode
 
 
@@ -223,7 +225,7 @@ def test_the_github_step_summary_is_appended_to_through_a_link(
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(pytester.path / "link.md"))
     run(pytester).assert_outcomes(failed=1)
     assert (pytester.path / "link.md").is_symlink()
-    assert summary.read_text().startswith("earlier step\n## vramleak: 1 of 1 checked tests leaked")
+    assert summary.read_text().startswith("earlier step\n## vramleak: 1 checked test: 1 failed; 1 leaked")
 
 
 @pytest.mark.parametrize(

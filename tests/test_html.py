@@ -100,11 +100,15 @@ def test_retention_graph_clips_long_labels_and_keeps_them_whole_in_a_tooltip() -
     assert graph.text["title"] == [name]
 
 
-def result(nodeid: str, outcome: str, **figures: object) -> dict[str, object]:
+PYTEST_OUTCOME = {"leaked": "failed", "over_budget": "failed", "passed": "passed", "unchecked": "skipped"}
+
+
+def result(nodeid: str, verdict: str, **figures: object) -> dict[str, object]:
     return {
         "nodeid": nodeid,
         "device": "cpu",
-        "outcome": outcome,
+        "outcome": PYTEST_OUTCOME[verdict],
+        "verdict": verdict,
         "budget": {"peak": None, "leak": 0},
         "tensors": [],
         **figures,
@@ -142,7 +146,7 @@ def test_page_table_has_a_sortable_row_per_test_and_links_to_details() -> None:
     ]
     page = Elements(render_html(results, about={"torch": "2.13.0"}))
     headers = page.all("th")
-    assert [h["data-type"] for h in headers] == ["text", "text", "number", "number", "number", "number", "text"]
+    assert [h["data-type"] for h in headers] == ["text", "text", "number", "number", "number", "number", "text", "text"]
     rows = page.all("tr", class_="leaked") + page.all("tr", class_="passed") + page.all("tr", class_="unchecked")
     assert len(rows) == 3
     leaked_cells = [a["data-value"] for a in page.all("td", class_="number")][2::4]
@@ -195,7 +199,7 @@ def test_ini_twin_takes_several_report_paths(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_it="import pytest\n\n@pytest.mark.vram_budget\ndef test_it():\n    pass\n")
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
     assert (pytester.path / "a.html").read_text().startswith("<!DOCTYPE html>")
-    assert json.loads((pytester.path / "b.json").read_text())["tests"][0]["outcome"] == "passed"
+    assert json.loads((pytester.path / "b.json").read_text())["tests"][0]["verdict"] == "passed"
 
 
 def test_fixture_leftovers_are_listed_with_their_holders() -> None:

@@ -368,11 +368,11 @@ def test_constants_of_an_inductor_graph_are_not_the_tests_leak(
         "ignore::DeprecationWarning",
     )
     report = read_report(path)
-    assert report["test_compiled"]["outcome"] == "passed", result.stdout.str()
+    assert report["test_compiled"]["verdict"] == "passed", result.stdout.str()
     assert report["test_compiled"]["leaked_bytes"] == 0
     assert any("held by caches PyTorch keeps itself" in note for note in report["test_compiled"]["notes"])
     leaked = report["test_compiled_and_leaks"]
-    assert (leaked["outcome"], leaked["leaked_bytes"]) == ("leaked", 6 * 4)  # the output, not the constant
+    assert (leaked["verdict"], leaked["leaked_bytes"]) == ("leaked", 6 * 4)  # the output, not the constant
     assert [[re.sub(r"\[\d+\]", "[i]", chain) for chain in group["held_by"]] for group in leaked["tensors"]] == [
         ["test_it.KEPT[i]"]
     ]

@@ -55,7 +55,7 @@ def test_merging_shards_gives_one_report_that_keeps_each_tests_shard(shards: Pat
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "pytest-vramleak merge: 3 tests from 2 reports"
     merged = json.loads((shards / "all.json").read_text())
-    assert {t["nodeid"].rsplit("::", 1)[1]: (t["shard"], t["outcome"]) for t in merged["tests"]} == {
+    assert {t["nodeid"].rsplit("::", 1)[1]: (t["shard"], t["verdict"]) for t in merged["tests"]} == {
         "test_leaks": ("shard-1", "leaked"),
         "test_clean": ("shard-2", "passed"),
         "test_also_clean": ("shard-2", "passed"),
@@ -88,8 +88,8 @@ def test_a_test_in_two_reports_with_different_figures_is_said(shards: Path) -> N
     done = run_merge(shards, "shard-1.json", "rerun.json", "--json", "all.json")
     assert done.returncode == 0
     assert (
-        "test_it.py::test_leaks is in shard-1 and rerun with different figures (leaked and leaked): kept the one from rerun"
-        in done.stderr
+        "test_it.py::test_leaks is in shard-1.json and rerun.json with different figures (leaked_bytes 1024 and 2048): "
+        "kept the one from rerun.json" in done.stderr
     )
     merged = json.loads((shards / "all.json").read_text())
     assert [t["leaked_bytes"] for t in merged["tests"]] == [2048]
@@ -98,7 +98,10 @@ def test_a_test_in_two_reports_with_different_figures_is_said(shards: Path) -> N
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        ('{"version": 2, "tests": []}', "bad.json: report format version 2, this pytest-vramleak reads version 1*"),
+        (
+            '{"version": 3, "tests": []}',
+            "bad.json: report format version 3, this pytest-vramleak reads versions 1 and 2: merge reports written by one of those",
+        ),
         ("[1, 2]", "bad.json: not a pytest-vramleak JSON report (no 'tests' list)"),
         ("{", "bad.json: not a JSON report: *"),
     ],

@@ -194,7 +194,7 @@ def test_a_step_loop_in_a_test_with_a_peak_budget_is_explained_with_its_timeline
     )
     result, report = run_checked()
     entry = report["test_loop"]
-    assert entry["outcome"] == "over_budget"
+    assert entry["verdict"] == "over_budget"
     assert entry["steps"] == [0, 0, 0, 0]  # the loop itself does not grow
     breakdown = entry["peak_breakdown"]
     assert breakdown["categories"]["optimizer state"] > 0 and breakdown["categories"]["gradients"] > 0

@@ -78,7 +78,7 @@ def test_a_failing_test_keeps_its_own_failure(pytester: pytest.Pytester, run_che
         ]
     )
     result.stdout.no_fnmatch_line("*VramLeak*")
-    assert report["test_it"]["outcome"] == "leaked"
+    assert report["test_it"]["verdict"] == "leaked"
     assert report["test_it"]["leaked_bytes"] == 4096
 
 
@@ -137,11 +137,11 @@ def test_leak_budget_and_peak_budget(pytester: pytest.Pytester, run_checked) -> 
             "OVER BUDGET test_it.py::test_over_peak - VramLeak: peaked at 4.0 MiB*",
         ]
     )
-    assert report["test_within_leak_budget"]["outcome"] == "passed"
+    assert report["test_within_leak_budget"]["verdict"] == "passed"
     assert report["test_within_leak_budget"]["leaked_bytes"] == 4096
-    assert report["test_over_peak"]["outcome"] == "over_budget"
+    assert report["test_over_peak"]["verdict"] == "over_budget"
     assert report["test_over_peak"]["peak_bytes"] == 4 * 1024**2
-    assert report["test_within_peak"]["outcome"] == "passed"
+    assert report["test_within_peak"]["verdict"] == "passed"
 
 
 def test_json_report_schema(pytester: pytest.Pytester) -> None:
@@ -164,12 +164,14 @@ def test_json_report_schema(pytester: pytest.Pytester) -> None:
     assert set(document["tests"][0]["details"]) <= {"older_garbage_freed_bytes"}
     assert document["tests"][0]["notes"] == []
     assert document == {
-        "version": 1,
+        "version": 2,
         "tests": [
             {
                 "nodeid": "test_it.py::test_leaks",
                 "device": "cpu",
-                "outcome": "leaked",
+                "outcome": "failed",
+                "verdict": "leaked",
+                "step_verdict": None,
                 "baseline_bytes": document["tests"][0]["baseline_bytes"],
                 # the collection that confirms a leak frees older garbage too (earlier inline runs')
                 "end_bytes": document["tests"][0]["baseline_bytes"] + 4096 - garbage,
@@ -415,7 +417,7 @@ def test_internal_error_becomes_a_message_on_the_test(
     result, report = run_checked()
     result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines(["vramleak could not check this test: RuntimeError: census exploded"])
-    assert report["test_one"]["outcome"] == "unchecked"
+    assert report["test_one"]["verdict"] == "unchecked"
     assert report["test_one"]["reason"] == "vramleak internal error: RuntimeError: census exploded"
 
 
@@ -706,7 +708,7 @@ def test_a_strict_cycles_failure_names_each_cycle_its_holder_and_where_the_tenso
     assert [tensor["held_by"] for tensor in reports["test_makes_a_self_cycle"]["tensors"]] == [
         ["Node.payload, on the reference cycle Node.me (back to the same Node)"]
     ]
-    assert reports["test_keeps_no_cycle"]["outcome"] == "passed"
+    assert reports["test_keeps_no_cycle"]["verdict"] == "passed"
     assert reports["test_keeps_no_cycle"]["cycle_bytes"] in (None, 0)
 
 
@@ -731,7 +733,8 @@ def test_figures_are_junit_xml_properties(pytester: pytest.Pytester) -> None:
     properties = {p.get("name"): p.get("value") for p in cases["test_leaks"].iter("property")}
     # growth: what the measured runs added in all (the test ran 4 times: it grows)
     assert properties == {
-        "vramleak_outcome": "leaked",
+        "vramleak_outcome": "failed",
+        "vramleak_verdict": "leaked",
         "vramleak_leaked_bytes": "4096",
         "vramleak_peak_bytes": "4096",
         "vramleak_growth_bytes": "12288",
@@ -767,7 +770,9 @@ def test_summary_lists_top_offenders_only_when_there_is_something_to_say(pyteste
     result = pytester.runpytest("-p", "no:cacheprovider", "-v")
     result.stdout.fnmatch_lines(["highest peaks above baseline:", "     4.0 MiB  test_it.py::test_big_leak (cpu)"])
     pytester.makepyfile(test_it="import torch\ndef test_clean():\n    torch.ones(3)\n")
-    pytester.runpytest("-p", "no:cacheprovider", "--vramleak").stdout.no_fnmatch_line("*vramleak summary*")
+    result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak")
+    result.stdout.fnmatch_lines(["*= vramleak summary =*", "1 checked test: 1 passed; none leaked or went over budget"])
+    result.stdout.no_fnmatch_line("largest leaks*")
 
 
 MARKDOWN_SUITE = """
@@ -789,11 +794,11 @@ def test_markdown_summary_to_a_path(pytester: pytest.Pytester, monkeypatch: pyte
     pytester.makepyfile(test_it=MARKDOWN_SUITE)
     pytester.runpytest("-p", "no:cacheprovider", "--vramleak-markdown=out/summary.md")
     assert (pytester.path / "out" / "summary.md").read_text() == (
-        "## vramleak: 1 of 2 checked tests leaked or went over budget\n"
+        "## vramleak: 2 checked tests: 1 failed, 1 passed; 1 leaked\n"
         "\n"
-        "| test | device | outcome | leaked | peak |\n"
-        "| --- | --- | --- | --- | --- |\n"
-        "| `test_it.py::test_leaks` | cpu | leaked | 4.0 KiB | — |\n"
+        "| test | outcome | verdict | device | leaked | peak |\n"
+        "| --- | --- | --- | --- | --- | --- |\n"
+        "| `test_it.py::test_leaks` | failed | leaked | cpu | 4.0 KiB | — |\n"
         "\n"
         "<details><summary>What holds the leaked tensors</summary>\n"
         "\n"
@@ -812,8 +817,11 @@ def test_markdown_summary_appends_to_the_github_step_summary(
     pytester.makepyfile(
         test_it="import pytest, torch\n@pytest.mark.vram_budget\ndef test_clean():\n    torch.ones(3)\n"
     )
-    pytester.runpytest("-p", "no:cacheprovider")
-    assert summary.read_text() == "earlier step\n## vramleak: all 1 checked tests kept within their budgets\n"
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert (
+        summary.read_text() == "earlier step\n## vramleak: 1 checked test: 1 passed; none leaked or went over budget\n"
+    )
+    result.stdout.fnmatch_lines(["vramleak: wrote $GITHUB_STEP_SUMMARY (appended)"])
     pytester.makeini("[pytest]\nvramleak_markdown = ini.md\n")
     pytester.runpytest("-p", "no:cacheprovider")
     assert (pytester.path / "ini.md").exists()
@@ -958,7 +966,7 @@ def test_a_default_leak_budget_for_tests_checked_by_vramleak(pytester: pytest.Py
     )
     # Every leak past the budget fails (--vramleak-fail-on=any): the budget decides alone.
     result, report = run_checked("-p", "no:randomly", "--vramleak", "--vramleak-leak=64 B", "--vramleak-fail-on=any")
-    assert {name: entry["outcome"] for name, entry in report.items()} == {
+    assert {name: entry["verdict"] for name, entry in report.items()} == {
         "test_caches_a_result": "passed",
         "test_leaks": "leaked",
         "test_marked": "leaked",
@@ -966,11 +974,11 @@ def test_a_default_leak_budget_for_tests_checked_by_vramleak(pytester: pytest.Py
     assert report["test_caches_a_result"]["budget"] == {"peak": None, "leak": 64}
     pytester.makeini("[pytest]\nvramleak = true\nvramleak_leak = 8 KiB\nvramleak_fail_on = any\n")
     result, report = run_checked("-p", "no:randomly")
-    assert report["test_leaks"]["outcome"] == "passed"
+    assert report["test_leaks"]["verdict"] == "passed"
     # By default a test without a marker fails for memory kept once only from the floor on.
     pytester.makeini("[pytest]\nvramleak = true\n")
     result, report = run_checked("-p", "no:randomly", "--vramleak-leak=64 B")
-    assert (report["test_leaks"]["outcome"], report["test_leaks"]["pattern"]) == ("passed", "kept_once")
+    assert (report["test_leaks"]["verdict"], report["test_leaks"]["pattern"]) == ("passed", "kept_once")
 
 
 def test_the_headline_agrees_with_the_tensors_listed(pytester: pytest.Pytester) -> None:
@@ -1109,8 +1117,8 @@ def test_the_markdown_table_survives_any_test_id(pytester: pytest.Pytester) -> N
     pytester.runpytest("-p", "no:cacheprovider", f"--vramleak-markdown={path}")
     rows = [line for line in path.read_text().splitlines() if line.startswith("| ") and "test_leaks" in line]
     assert len(rows) == 3
-    for row in rows:  # five cells each: the id's own '|' is escaped, its backtick fenced, its newline gone
-        assert len([cell for cell in re.split(r"(?<!\\)\|", row)[1:-1]]) == 5, row
+    for row in rows:  # six cells each: the id's own '|' is escaped, its backtick fenced, its newline gone
+        assert len([cell for cell in re.split(r"(?<!\\)\|", row)[1:-1]]) == 6, row
 
 
 def test_an_interrupted_run_keeps_the_saved_run(pytester: pytest.Pytester) -> None:

@@ -44,7 +44,7 @@ def test_destroys_its_group(world):
 def test_a_group_left_alive_fails_and_a_destroyed_one_passes(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_it=GROUPS)
     result, report = outcomes(pytester)
-    assert {name: entry["outcome"] for name, entry in report.items()} == {
+    assert {name: entry["verdict"] for name, entry in report.items()} == {
         "test_leaks_a_new_group": "leaked",
         "test_destroys_its_group": "passed",
     }
@@ -78,7 +78,7 @@ def test_the_default_group_counts_too(pytester: pytest.Pytester, tmp_path) -> No
         """
     )
     result, report = outcomes(pytester)
-    assert {name: entry["outcome"] for name, entry in report.items()} == {
+    assert {name: entry["verdict"] for name, entry in report.items()} == {
         "test_never_destroys_it": "leaked",
         "test_destroys_it": "passed",
     }
@@ -111,7 +111,7 @@ def test_dataloader_workers_left_alive_are_reported_and_a_normal_dataloader_is_n
         """
     )
     result, report = outcomes(pytester)
-    assert {name: entry["outcome"] for name, entry in report.items()} == {
+    assert {name: entry["verdict"] for name, entry in report.items()} == {
         "test_keeps_a_persistent_iterator": "leaked",
         "test_normal_loader": "passed",
     }
@@ -152,8 +152,8 @@ def test_a_subprocess_left_running_is_reported_and_a_waited_one_is_not(pytester:
         """
     )
     result, report = outcomes(pytester)
-    assert report["test_leaves_it_running"]["outcome"] == "leaked"
-    assert report["test_waits_for_it"]["outcome"] == "passed"
+    assert report["test_leaves_it_running"]["verdict"] == "leaked"
+    assert report["test_waits_for_it"]["verdict"] == "passed"
     result.stdout.fnmatch_lines(
         ["    process pid * (sleep 30, * resident)", "    diagnosis: a process the test started still runs*"]
     )

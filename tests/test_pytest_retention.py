@@ -30,7 +30,7 @@ def test_log_records_pytest_drops_after_teardown_are_no_leak(pytester: pytest.Py
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", f"--vramleak-report={path}")
     result.assert_outcomes(passed=2)
     report = read_report(path)
-    assert {name: entry["outcome"] for name, entry in report.items()} == {
+    assert {name: entry["verdict"] for name, entry in report.items()} == {
         "test_logs_a_tensor": "passed",
         "test_caplog_keeps_it": "passed",
     }
@@ -90,4 +90,4 @@ def test_what_pytest_keeps_once_per_run_is_kept_once_not_growth(pytester: pytest
     result, report = run_checked("-p", "no:randomly", "-W", "default", "--vramleak")
     result.assert_outcomes(passed=3)
     for name in ("test_sets_self", "test_records_a_property", "test_warns_with_a_tensor"):
-        assert (report[name]["outcome"], report[name]["pattern"]) == ("passed", "kept_once"), name
+        assert (report[name]["verdict"], report[name]["pattern"]) == ("passed", "kept_once"), name

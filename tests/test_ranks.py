@@ -63,7 +63,7 @@ def test_a_leaking_rank_fails_the_test_that_spawned_it(pytester: pytest.Pytester
     result.stdout.no_fnmatch_line("*rank 0 (pid*")
     result.stdout.no_fnmatch_line("*child process*")  # multiprocessing's resource tracker is not the test's
     tests = {t["nodeid"].rsplit("::", 1)[1]: t for t in json.loads((pytester.path / "r.json").read_text())["tests"]}
-    assert tests["test_no_rank_leaks"]["outcome"] == "passed"
+    assert tests["test_no_rank_leaks"]["verdict"] == "passed"
     assert sorted((rank["rank"], rank["outcome"]) for rank in tests["test_rank_1_leaks"]["ranks"]) == [
         (0, "passed"),
         (1, "leaked"),

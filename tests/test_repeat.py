@@ -79,7 +79,7 @@ PATTERNS = {
 
 
 def classes(report: dict[str, dict]) -> dict[str, tuple[str | None, str]]:
-    return {name: (entry["pattern"], entry["outcome"]) for name, entry in report.items()}
+    return {name: (entry["pattern"], entry["verdict"]) for name, entry in report.items()}
 
 
 def test_repeated_runs_classify_what_each_test_left(pytester: pytest.Pytester, run_checked) -> None:
@@ -157,11 +157,11 @@ def test_confirm_reruns_only_tests_over_their_budget(pytester: pytest.Pytester, 
         "test_metric_caches_its_result[metric0]",
         "test_lookup_table_built_lazily",
     ):
-        assert (report[name]["pattern"], report[name]["outcome"]) == ("kept_once", "passed")
+        assert (report[name]["pattern"], report[name]["verdict"]) == ("kept_once", "passed")
     # The cache filled during the first two re-runs and held through the third.
     assert (
         report["test_cache_fills_for_three_calls"]["pattern"],
-        report["test_cache_fills_for_three_calls"]["outcome"],
+        report["test_cache_fills_for_three_calls"]["verdict"],
     ) == ("settled", "passed")
     assert report["test_leaks_every_third_call"]["repetitions"] is None  # its first call left nothing
 
@@ -240,7 +240,7 @@ def test_a_failing_run_keeps_its_failure_and_stops(pytester: pytest.Pytester, ru
     result.assert_outcomes(passed=2)
     result.stdout.no_fnmatch_line("*AssertionError: call 3*")
     entry = report["test_fails_on_third_call"]
-    assert entry["outcome"] == "passed"
+    assert entry["verdict"] == "passed"
     assert any(
         note.startswith("the runs after the first were not used: run 3 of 6 failed in call (AssertionError: call 3")
         for note in entry["notes"]
@@ -278,7 +278,7 @@ def test_skips_xfails_and_unittest_tests_behave_as_without_repeats(pytester: pyt
     result, report = run_checked("--vramleak", "--vramleak-repeat=4", "-p", "no:randomly")
     result.assert_outcomes(passed=1, skipped=1, xfailed=1, failed=1)
     assert report["test_unit_leaks"]["pattern"] == "grows"
-    assert report["test_skipped"]["outcome"] == "unchecked"
+    assert report["test_skipped"]["verdict"] == "unchecked"
 
 
 def test_every_test_appears_once_in_the_reports(pytester: pytest.Pytester) -> None:
@@ -324,7 +324,7 @@ def test_repeated_runs_give_the_same_classes_under_xdist(pytester: pytest.Pytest
             *extra,
         )
         tests = json.loads((pytester.path / f"{name}.json").read_text())["tests"]
-        found[name] = {t["nodeid"]: (t["pattern"], t["outcome"], t["repetitions"]) for t in tests}
+        found[name] = {t["nodeid"]: (t["pattern"], t["verdict"], t["repetitions"]) for t in tests}
     assert found["parallel"] == found["plain"]
     assert len(found["plain"]) == len(PATTERNS)
 

@@ -113,12 +113,19 @@ def test_a_run_that_runs_no_test_leaves_every_report_as_it_was(
     result = pytester.runpytest("--vramleak", *outputs, *args)
     result.stdout.fnmatch_lines(
         [
-            "vramleak: no test ran, so no report was written (r.json, r.html, bench.json, summary.md, *last.json left as they were)"
+            "vramleak: no test ran, so no file was written: r.json, r.html, bench.json, summary.md, .vramleak/last.json "
+            "are from an earlier run, left as they were"
         ]
     )
+    result.stdout.no_fnmatch_line("vramleak: wrote*")
     assert {name: (pytester.path / name).read_text() for name in files} == files
     assert saved.read_text() == "the last saved run\n"
-    # a run that runs a test writes them
-    pytester.runpytest("--vramleak", *outputs, "test_it.py").assert_outcomes(passed=1)
+    # a run that runs a test writes them, and its summary's last line names each, with -q too
+    result = pytester.runpytest("--vramleak", *outputs, "-q", "test_it.py")
+    result.assert_outcomes(passed=1)
+    lines = result.stdout.lines
+    wrote = "vramleak: wrote summary.md, .vramleak/last.json, r.json, r.html, bench.json"
+    assert lines[lines.index(wrote) - 1] == "1 checked test: 1 passed; none leaked or went over budget"
+    assert lines[lines.index(wrote) + 1].startswith("1 passed")  # pytest's own line comes next
     assert (pytester.path / "r.json").read_text().startswith("{")
     assert saved.read_text().startswith("{")

@@ -231,7 +231,7 @@ LEAKS = {
 def test_leak_is_seen(pytester: pytest.Pytester, run_checked, kind: str, every_test: bool) -> None:
     pytester.makepyfile(test_it="import pytest, torch\n" + textwrap.dedent(LEAKS[kind]))
     result, report = run_checked("-p", "no:randomly", *(["--vramleak"] if every_test else []))
-    assert report["test_it"]["outcome"] == "leaked", result.stdout.str()
+    assert report["test_it"]["verdict"] == "leaked", result.stdout.str()
     assert report["test_it"]["leaked_bytes"] > 0
 
 
@@ -305,7 +305,7 @@ NOT_LEAKS = {
 def test_non_leak_passes(pytester: pytest.Pytester, run_checked, kind: str) -> None:
     pytester.makepyfile(test_it="import pytest, torch\n" + textwrap.dedent(NOT_LEAKS[kind]))
     result, report = run_checked()
-    assert report["test_it"]["outcome"] == "passed", result.stdout.str()
+    assert report["test_it"]["verdict"] == "passed", result.stdout.str()
 
 
 @pytest.mark.parametrize("age", ["young", "old"])
@@ -340,7 +340,7 @@ def test_garbage_from_an_earlier_test_cannot_mask_a_leak(pytester: pytest.Pytest
         """
     )
     result, report = run_checked("-p", "no:randomly")
-    assert report["test_it"]["outcome"] == "leaked"
+    assert report["test_it"]["verdict"] == "leaked"
     assert report["test_it"]["leaked_bytes"] == 4096
     result.stdout.fnmatch_lines(["*held by test_it.CACHE[[]*]"])
 
@@ -377,10 +377,10 @@ def test_a_suite_that_froze_its_heap_is_checked_in_full(pytester: pytest.Pyteste
         """
     )
     result, report = run_checked("-p", "no:randomly")
-    assert report["test_leaks"]["outcome"] == "leaked", result.stdout.str()
+    assert report["test_leaks"]["verdict"] == "leaked", result.stdout.str()
     assert report["test_leaks"]["leaked_bytes"] == 4096
     assert report["test_leaks"]["baseline_bytes"] >= 64 * 1024  # the frozen tensors are counted
-    assert report["test_replaces_an_entry"]["outcome"] == "passed"
+    assert report["test_replaces_an_entry"]["verdict"] == "passed"
     assert report["test_grows_a_frozen_tensor"]["leaked_bytes"] == 3 * 1024
     result.stdout.fnmatch_lines(["*held by test_it.KEPT[[]*]"])
 
@@ -469,7 +469,7 @@ def test_sparse_leaks_are_named(pytester: pytest.Pytester, run_checked, layout: 
         """
     )
     result, report = run_checked()
-    assert report["test_it"]["outcome"] == "leaked"
+    assert report["test_it"]["verdict"] == "leaked"
     result.stdout.fnmatch_lines(["*held by test_it.KEPT[[]*]*"])
 
 
@@ -503,10 +503,10 @@ def test_nested_tensors_are_checked_named_and_stepped(pytester: pytest.Pytester,
         """
     )
     result, report = run_checked("-p", "no:randomly")
-    assert report["test_leaks"]["outcome"] == "leaked"
+    assert report["test_leaks"]["verdict"] == "leaked"
     assert report["test_leaks"]["tensors"][0]["dtype"] == "nested float32"
-    assert report["test_clean"]["outcome"] == "passed"
-    assert report["test_steps"]["outcome"] == "leaked"
+    assert report["test_clean"]["verdict"] == "passed"
+    assert report["test_steps"]["verdict"] == "leaked"
     result.stdout.fnmatch_lines(["nested float32[[]2] on cpu: 1 tensor, *", "*held by test_it.KEPT[[]*]*"])
     result.stdout.fnmatch_lines(["*vramleak: what filled the memory*", "largest tensors:"])
     result.stdout.no_fnmatch_line("*could not be read*")
@@ -555,12 +555,12 @@ def test_what_a_thread_running_since_before_the_test_holds_is_not_charged(
         """
     )
     result, report = run_checked("-p", "no:randomly")
-    assert report["test_clean"]["outcome"] == "passed", result.stdout.str()
+    assert report["test_clean"]["verdict"] == "passed", result.stdout.str()
     assert (
         "16.0 KiB held by threads that were running before the test began: not counted" in report["test_clean"]["notes"]
     )
     own = report["test_starts_its_own_thread_that_keeps_memory"]
-    assert own["outcome"] == "leaked"
+    assert own["verdict"] == "leaked"
     (chain,) = own["tensors"][0]["held_by"]
     assert chain.startswith("thread 'holder' hold:") and chain.endswith(" local 'kept'")
     result.stdout.no_fnmatch_line("*held from C++*")
@@ -635,7 +635,7 @@ def test_a_gradient_given_to_one_of_many_older_leaves_is_charged_to_the_test(
             """)
     )
     result, report = run_checked()
-    assert report["test_it"]["outcome"] == "leaked", result.stdout.str()
+    assert report["test_it"]["verdict"] == "leaked", result.stdout.str()
     assert report["test_it"]["leaked_bytes"] == (64 * 64 + 64) * 4  # the weight's and the bias's gradients
 
 

@@ -314,7 +314,7 @@ def everything_run(tmp_path: Path) -> Path:
 def test_the_report_schema_is_valid_json_schema_and_ships_in_the_package() -> None:
     from jsonschema import Draft202012Validator
 
-    for name in ("report", "saved-run"):
+    for name in ("report", "report-v1", "saved-run"):
         text = (
             resources.files("pytest_vramleak")
             .joinpath("reporting", "schemas", f"{name}.schema.json")
@@ -329,10 +329,12 @@ BROKEN_FIELDS = [
     ("test_leaks", ("nodeid",), "DELETE", "$.tests[{i}] has no 'nodeid'"),
     (
         "test_leaks",
-        ("outcome",),
+        ("verdict",),
         "fine",
-        '$.tests[{i}].outcome is the string "fine", expected one of "passed", "leaked", "over_budget", "unchecked"',
+        '$.tests[{i}].verdict is the string "fine", expected one of "passed", "leaked", "over_budget", "unchecked"',
     ),
+    ("test_leaks", ("outcome",), 1, "$.tests[{i}].outcome is the number 1, expected a string or null"),
+    ("test_leaks", ("verdict",), "DELETE", "$.tests[{i}] has no 'verdict'"),
     (
         "test_leaks",
         ("leaked_bytes",),
@@ -379,7 +381,7 @@ def test_a_real_report_with_every_part_follows_the_schema(everything_run: Path) 
     assert tests["test_steps_settle"]["settled_after_step"] is not None
     assert tests["test_repeated"]["pattern"] == "grows" and tests["test_repeated"]["repetitions"]
     assert tests["test_over_its_peak"]["peak_breakdown"]["timeline"]["times_us"]
-    assert tests["test_fails_in_set_up"]["outcome"] == "unchecked"
+    assert tests["test_fails_in_set_up"]["verdict"] == "unchecked"
     assert tests["test_cycle"]["cycle_bytes"] > 0
     assert [(rank["rank"], rank["outcome"]) for rank in tests["test_ranks"]["ranks"]] == [(1, "leaked")]
     assert [(f["fixture"], f["worker"] in ("gw0", "gw1")) for f in report["fixtures"]] == [("table", True)]
@@ -437,13 +439,18 @@ def test_a_report_that_breaks_the_format_is_refused_by_merge_in_one_line(
     assert not (tmp_path / "all.json").exists() and not (tmp_path / "all.html").exists()
 
 
-def test_a_report_with_only_the_required_fields_merges_into_both_outputs(tmp_path: Path) -> None:
-    """What the schema lets through, the merge can render: only ``nodeid`` and ``outcome`` are needed."""
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_report_with_only_the_required_fields_merges_into_both_outputs(tmp_path: Path, version: int) -> None:
+    """What the schema lets through, the merge can render: only ``nodeid``, ``outcome`` and
+    ``verdict`` are needed (in version 1, ``nodeid`` and ``outcome``, which was the verdict)."""
+    pytests = {"passed": "passed", "leaked": "failed", "over_budget": "failed", "unchecked": "skipped"}
     report = {
-        "version": 1,
+        "version": version,
         "tests": [
-            {"nodeid": f"test_a.py::test_{outcome}", "outcome": outcome}
-            for outcome in ("passed", "leaked", "over_budget", "unchecked")
+            {"nodeid": f"test_a.py::test_{verdict}", "outcome": verdict}
+            if version == 1
+            else {"nodeid": f"test_a.py::test_{verdict}", "outcome": pytests[verdict], "verdict": verdict}
+            for verdict in ("passed", "leaked", "over_budget", "unchecked")
         ],
         "fixtures": [{"fixture": "model", "scope": "module", "where": "test_a.py", "bytes": 4096}],
         "between_checks": [{"where": "test_a.py::test_leaked", "device": "cpu", "bytes": 64}],
@@ -452,7 +459,14 @@ def test_a_report_with_only_the_required_fields_merges_into_both_outputs(tmp_pat
     done = run_merge(tmp_path, "few.json", "--json", "all.json", "--html", "all.html")
     assert done.returncode == 0, done.stderr
     assert "test_a.py::test_over_budget" in (tmp_path / "all.html").read_text()
-    assert first_problem(json.loads((tmp_path / "all.json").read_text()), "report") is None
+    merged = json.loads((tmp_path / "all.json").read_text())
+    assert first_problem(merged, "report") is None
+    assert [(t["outcome"], t["verdict"]) for t in merged["tests"]] == [
+        (None if version == 1 else pytests[verdict], verdict)
+        for verdict in ("leaked", "over_budget", "passed", "unchecked")
+    ]
+    if version == 1:  # pytest's outcome was not recorded in version 1: the merge says so
+        assert "few.json is a version 1 report: its tests' 'outcome' was the leak verdict" in done.stderr
 
 
 # -- two budgets on one test ---------------------------------------------------------------------------
@@ -546,7 +560,7 @@ def test_inherits_the_module_budget():
     )
     result, report = run_checked()
     outer_outcome = "passed" if "MiB" in outer else "leaked"
-    assert {name: entry["outcome"] for name, entry in report.items()} == {
+    assert {name: entry["verdict"] for name, entry in report.items()} == {
         "test_method": outcome,
         "test_inherits_the_class_budget": outer_outcome,
         "test_inherits_the_module_budget": outer_outcome,

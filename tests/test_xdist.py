@@ -19,7 +19,7 @@ def verdicts(pytester: pytest.Pytester, report: str, *args: str) -> dict[str, st
     tests = json.loads((pytester.path / report).read_text())["tests"]
     nodeids = [t["nodeid"] for t in tests]
     assert len(nodeids) == len(set(nodeids))
-    return {t["nodeid"]: t["outcome"] for t in tests}
+    return {t["nodeid"]: (t["outcome"], t["verdict"]) for t in tests}
 
 
 def test_examples_give_the_same_verdicts_under_xdist(pytester: pytest.Pytester) -> None:
@@ -27,12 +27,14 @@ def test_examples_give_the_same_verdicts_under_xdist(pytester: pytest.Pytester) 
     plain = verdicts(pytester, "plain.json", "examples")
     parallel = verdicts(pytester, "parallel.json", "-n", "2", "--vramleak-report=parallel.html", "examples")
     assert parallel == plain
-    assert sorted(set(plain.values())) == ["leaked", "passed"]
+    assert sorted(set(plain.values())) == [("failed", "leaked"), ("passed", "passed")]
     # The HTML page, written by the controller, lists every worker's tests once each.
     page = (pytester.path / "parallel.html").read_text()
-    rows = re.findall(r'<tr class="(\w+)"><td data-value="([^"]+)">', page)
+    rows = re.findall(r'<tr class="(\w+)"(?: data-failing="")?><td data-value="([^"]+)">', page)
     assert sorted(html.unescape(nodeid) for _, nodeid in rows) == sorted(plain)
-    assert {html.unescape(nodeid): outcome for outcome, nodeid in rows} == plain
+    assert {html.unescape(nodeid): verdict for verdict, nodeid in rows} == {
+        nodeid: verdict for nodeid, (_, verdict) in plain.items()
+    }
 
 
 def test_fixture_leftovers_from_every_worker_reach_the_report(pytester: pytest.Pytester) -> None:

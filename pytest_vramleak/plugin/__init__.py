@@ -33,10 +33,7 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
         else:
             action = "append" if option.repeat else "store"
             group.addoption(option.cli, action=action, default=None, metavar=option.metavar, help=option.cli_help)
-        if option.repeat:
-            parser.addini(option.ini, option.help, type="args", default=[])
-        else:
-            parser.addini(option.ini, option.help, type="string", default=option.default)
+        parser.addini(option.ini, option.help, type=option.ini_type, default=option.ini_default)  # type: ignore[arg-type]
     # Registered as the module is, so that its hooks are heard where the module's would be: after a
     # conftest's (one that runs tests itself, or adds markers as it collects).
     pluginmanager.register(VramleakSession(), "vramleak-session")

@@ -78,9 +78,11 @@ class VramLeakFixture:
 @pytest.fixture
 def vramleak(request: pytest.FixtureRequest) -> VramLeakFixture:
     """Check repeated training or inference steps for memory that keeps growing.
-
-    ``for i in vramleak.steps(n, warmup=2): ...`` or ``vramleak.check(step_fn, steps=n)``; the
-    first ``warmup`` steps are not measured, and the test fails when memory grows across the rest.
+    ``for i in vramleak.steps(n, warmup=k, max_steps=m): train_step()`` runs n steps, measures
+    memory after each past the first k (default: ini vramleak_warmup, 2) and fails the test if it
+    grows across them; where the n steps leave it undecided, up to m run in all.
+    ``vramleak.check(step, steps=10, warmup=k, max_steps=m)`` calls ``step(i)`` (or ``step()``)
+    the same way and returns the check's figures. ``vramleak.results`` holds every check so far.
     """
     session = session_of(request.config)
     settings = session.settings

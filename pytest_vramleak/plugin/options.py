@@ -46,6 +46,17 @@ class Option:
         return "--" + self.ini.replace("_", "-")
 
     @property
+    def ini_type(self) -> str:
+        """The ini option's type, as ``pytest --help`` prints it: ``bool`` for a switch, ``args``
+        for several words, else ``string`` (read and checked here, naming the option)."""
+        return "bool" if self.flag else "args" if self.repeat else "string"
+
+    @property
+    def ini_default(self) -> str | bool | list[str]:
+        """The ini option's value where the ini file does not set it, of its :attr:`ini_type`."""
+        return self.default.strip().lower() in _TRUE if self.flag else [] if self.repeat else self.default
+
+    @property
     def cli_help(self) -> str:
         """The help text as argparse wants it: argparse formats command-line help with ``%``
         (``%(default)s``), so a literal ``%`` is written ``%%``; ini help is printed as it is."""
@@ -75,7 +86,8 @@ OPTIONS = (
     ),
     Option(
         "vramleak_warmup",
-        f"unmeasured warm-up steps of the vramleak fixture (default {DEFAULT_WARMUP})",
+        f"warm-up steps of the vramleak fixture, not measured, and warm-up runs of a test run N times (--vramleak-repeat, "
+        f"a marker's repeat=), not judged (default {DEFAULT_WARMUP})",
         str(DEFAULT_WARMUP),
         metavar="N",
     ),
@@ -225,6 +237,24 @@ _TRUE = ("true", "yes", "on", "1", "y", "t")
 _FALSE = ("false", "no", "off", "0", "n", "f", "")
 
 
+def _naming_bad_switches(get: Getter) -> Getter:
+    """``get``, where a switch's ini value that pytest cannot read as true or false (it reads
+    ``bool`` ini options itself, raising a usage error from a ValueError that names no option) is
+    an :class:`OptionError` naming the option."""
+
+    def reading(name: str) -> tuple[Any, str]:
+        try:
+            return get(name)
+        except Exception as error:
+            if not isinstance(error.__cause__ or error, ValueError):
+                raise
+            bad = re.search(r"'(.*)'", str(error))
+            got = repr(bad.group(1)) if bad else str(error)
+            raise OptionError(f"ini option {name}: expected true or false, got {got}") from None
+
+    return reading
+
+
 def _switch(get: Getter, name: str) -> bool:
     value, source = get(name)
     if isinstance(value, bool):
@@ -287,6 +317,7 @@ def read_settings(get: Getter, rootpath: Path, environ: Mapping[str, str] | None
     ``environ`` (``os.environ`` by default) gives ``$GITHUB_STEP_SUMMARY``.
     """
     environ = os.environ if environ is None else environ
+    get = _naming_bad_switches(get)
     every_test = _switch(get, "vramleak")
     device, source = get("vramleak_device")
     try:

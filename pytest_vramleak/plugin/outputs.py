@@ -50,27 +50,43 @@ def run_about(settings: Settings) -> dict[str, str]:
     return about
 
 
-def write_markdown(path: str | None, results: list[dict[str, Any]]) -> None:
-    """The Markdown summary, to ``--vramleak-markdown`` or appended to ``$GITHUB_STEP_SUMMARY``."""
+def write_markdown(path: str | None, results: list[dict[str, Any]]) -> str | None:
+    """The Markdown summary, to ``--vramleak-markdown`` or appended to ``$GITHUB_STEP_SUMMARY``;
+    where it went (None: nowhere)."""
     if not results:
-        return
+        return None
     if path:
         write_text_atomically(path, render_markdown(results))
-    elif os.environ.get("GITHUB_STEP_SUMMARY"):
+        return path
+    if os.environ.get("GITHUB_STEP_SUMMARY"):
         with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as stream:  # other steps append there too
             stream.write(render_markdown(results))
+        return "$GITHUB_STEP_SUMMARY (appended)"
+    return None
+
+
+def shown_path(path: str | os.PathLike[str], invoked: Path) -> str:
+    """A file's path as the summary prints it: relative to where pytest was invoked, where it is
+    under that folder, else absolute."""
+    full = Path(os.path.abspath(path))
+    try:
+        return str(full.relative_to(invoked))
+    except ValueError:
+        return str(full)
 
 
 def write_outputs(session: pytest.Session, owner: SessionState) -> None:
     """Write every file the run asked for (the Markdown summary, the saved run, the reports, the
     benchmark figures), each on its own: one that fails is said in the summary, the others are
-    written, and the run's exit status says so. A run that ran no test writes none."""
+    written, and the run's exit status says so. A run that ran no test writes none. What was
+    written is noted in ``owner.written``, what was not in ``owner.not_written``."""
     config, settings, leftovers = session.config, owner.settings, owner.leftovers
     assert settings is not None
     results = latest(owner.results)
     drift = owner.drift
-    outputs: list[tuple[str, Callable[[], None]]] = [
-        ("the Markdown summary", lambda: write_markdown(settings.markdown, results))
+    invoked = config.invocation_params.dir
+    outputs: list[tuple[str, str | None, Callable[[], str | None]]] = [
+        ("the Markdown summary", None, lambda: write_markdown(settings.markdown, results))
     ]
     if settings.save and session.exitstatus == pytest.ExitCode.INTERRUPTED:
         owner.output_errors.append(f"the run was interrupted: the saved run {settings.save!r} was left as it was")
@@ -78,12 +94,13 @@ def write_outputs(session: pytest.Session, owner: SessionState) -> None:
         figures = {
             r["nodeid"]: {name: r[name] for name in ("device", "peak_bytes", "end_bytes", "leaked_bytes")}
             for r in results
-            if r["outcome"] != "unchecked"
+            if r["verdict"] != "unchecked"
         }
         path = saved_run_path(config.rootpath, settings.save)
         outputs.append(
             (
                 f"the saved run to {path}",
+                str(path),
                 lambda: write_text_atomically(path, json.dumps({"version": 1, "tests": figures}, indent=2) + "\n"),
             )
         )
@@ -92,6 +109,7 @@ def write_outputs(session: pytest.Session, owner: SessionState) -> None:
             outputs.append(
                 (
                     f"the HTML report to {report}",
+                    report,
                     functools.partial(write_html, settings, report, results, leftovers, drift),
                 )
             )
@@ -100,12 +118,13 @@ def write_outputs(session: pytest.Session, owner: SessionState) -> None:
             write_report = functools.partial(
                 write_json, report, results, fixtures=leftovers, between_checks=drift, about=about
             )
-            outputs.append((f"the JSON report to {report}", write_report))
+            outputs.append((f"the JSON report to {report}", report, write_report))
     if settings.benchmark_json:
         benchmark = json.dumps(benchmark_entries(results), indent=2) + "\n"
         outputs.append(
             (
                 f"the benchmark figures to {settings.benchmark_json}",
+                settings.benchmark_json,
                 functools.partial(write_text_atomically, settings.benchmark_json, benchmark),
             )
         )
@@ -114,16 +133,35 @@ def write_outputs(session: pytest.Session, owner: SessionState) -> None:
         files = [*settings.report_paths, settings.benchmark_json, settings.markdown]
         if settings.save:
             files.append(str(saved_run_path(config.rootpath, settings.save)))
-        owner.not_written = [str(file) for file in files if file]
+        owner.not_written = [shown_path(file, invoked) for file in files if file]
         return
     errors = owner.output_errors
-    for what, write in outputs:
+    for what, target, write in outputs:
         try:
-            write()
+            went = write()
         except Exception as error:  # the others are still written; the summary says what failed
             errors.append(f"could not write {what}: {type(error).__name__}: {error}")
+            continue
+        where = target if target is not None else went
+        if where is not None:
+            owner.written.append(where if where.startswith("$") else shown_path(where, invoked))
     if errors and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
+
+
+def files_line(written: list[str], not_written: list[str], errors: list[str]) -> str | None:
+    """The summary's last line: every file the run wrote, or that it wrote none, and why."""
+    if not_written:
+        return (
+            f"vramleak: no test ran, so no file was written: {', '.join(not_written)} "
+            f"{'is' if len(not_written) == 1 else 'are'} from an earlier run, left as "
+            f"{'it was' if len(not_written) == 1 else 'they were'}"
+        )
+    if written:
+        return f"vramleak: wrote {', '.join(written)}"
+    if errors:
+        return "vramleak: wrote no file"
+    return None
 
 
 def trace_folder(settings: Settings, rootpath: Path) -> Path:

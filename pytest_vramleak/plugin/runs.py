@@ -24,6 +24,7 @@ from ..tracking.census import StorageKey
 from ..tracking.sites import FRAMES_FOR_CPP_HELD, FRAMES_TRACED, SiteRecorder, Sites, SiteSource, StorageSites
 from ..tracking.tracker import NODE_BYTES, StorageRef, Tracker
 from .options import Settings
+from .outcomes import step_verdict, verdict_properties
 from .protocol import RandomState, failed_call_report, failure_line, finish_teardown, run_once, why_stopped
 from .state import Check, VramLeak, pasteable, session_of
 
@@ -729,7 +730,7 @@ def finish_result(item: pytest.Item, runs: TestRuns, verdict: Verdict | None) ->
     result = TestResult(
         nodeid=item.nodeid,
         device=first.meter.name if first.meter else None,
-        outcome="unchecked",
+        verdict="unchecked",
         budget={"peak": budget.peak, "leak": budget.leak},
     )
     engine = first.engine.result if first.engine is not None and first.started else None
@@ -742,7 +743,7 @@ def finish_result(item: pytest.Item, runs: TestRuns, verdict: Verdict | None) ->
         result.rule = runs.rule.fail_on
     if verdict is not None and engine is not None:
         decision = verdict.decision
-        result.outcome = decision.outcome
+        result.verdict = decision.outcome
         result.end_bytes = engine.end_bytes
         result.leaked_bytes = max(0, (engine.leaked_bytes or 0) - (verdict.adjust[0] if verdict.adjust else 0))
         result.details = dict(engine.details)
@@ -785,20 +786,21 @@ def finish_result(item: pytest.Item, runs: TestRuns, verdict: Verdict | None) ->
 
 def _step_figures(check: Check, result: TestResult) -> None:
     """A test's step checks: the figures of the one that grew (else the last)."""
-    if check.step_leaked and result.outcome == "unchecked":
-        result.outcome = "leaked"
+    result.step_verdict = step_verdict(check.steps, check.step_leaked)
+    if check.step_leaked and result.verdict == "unchecked":
+        result.verdict = "leaked"
     if not check.steps:
         return
     last = next((step for step in reversed(check.steps) if step.grows), check.steps[-1])
     if check.step_leaked:
-        result.outcome = "leaked"
+        result.verdict = "leaked"
     elif (
-        result.outcome == "unchecked"
+        result.verdict == "unchecked"
         and check.budget is None
         and any(step.verdict is not None and not step.undecided for step in check.steps)
         and check.unchecked_reason is None
     ):
-        result.outcome = "passed"  # checked through the fixture alone
+        result.verdict = "passed"  # checked through the fixture alone
     result.steps = list(last.steps)
     result.warmup_steps = list(last.warmup_steps)
     result.step_history_nodes = list(last.history) if last.history else None
@@ -810,7 +812,7 @@ def _step_figures(check: Check, result: TestResult) -> None:
         result.notes.append(last.describe())
     result.device = result.device or last.device
     undecided = [step.undecided for step in check.steps if step.undecided]
-    if result.outcome == "unchecked" and result.reason is None:
+    if result.verdict == "unchecked" and result.reason is None:
         result.reason = next((step.reason for step in check.steps if step.reason), None) or next(iter(undecided), None)
     elif undecided and not check.step_leaked:
         result.notes += undecided
@@ -900,7 +902,7 @@ def _final_reports(
     if failure is not None and call is not None and call.passed and not hasattr(call, "wasxfail"):
         index = reports.index(call)
         reports[index] = failed_call_report(item, call, VramLeak(failure, pytrace=False))
-        reports[index].vramleak_outcome = result.outcome  # type: ignore[attr-defined]
+        reports[index].vramleak_outcome = result.verdict  # type: ignore[attr-defined]
     elif failure is not None and call is not None and call.failed:  # one failure, both reasons
         call.sections.append(("vramleak: the test also leaked", failure))
     teardown = reports[-1]
@@ -910,8 +912,9 @@ def _final_reports(
 
 
 def record_properties(teardown: pytest.TestReport, result: TestResult) -> None:
-    """JUnit XML writes a test's teardown properties: CI dashboards read the figures there."""
-    teardown.user_properties.append(("vramleak_outcome", result.outcome))
+    """JUnit XML writes a test's teardown properties: CI dashboards read the figures there (pytest's
+    outcome, ``vramleak_outcome``, is added as the teardown is logged: see :mod:`.outcomes`)."""
+    teardown.user_properties += verdict_properties(result)
     for name in ("leaked_bytes", "peak_bytes", "growth_bytes"):
         value = getattr(result, name)
         if value is not None:

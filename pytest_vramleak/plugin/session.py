@@ -39,7 +39,7 @@ from .leftovers import fixture_leftovers, look_for_drift
 from .marker import parse_marker
 from .options import OptionError, Settings
 from .options import read_settings as read_options
-from .outputs import trace_folder, write_outputs
+from .outputs import files_line, trace_folder, write_outputs
 from .runs import (
     TEST,
     CheckedTest,
@@ -327,7 +327,7 @@ class VramleakSession(SessionState):
     def pytest_report_teststatus(self, report: pytest.TestReport, config: pytest.Config) -> tuple[str, str, Any] | None:
         outcome = getattr(report, "vramleak_outcome", None)
         if report.when == "teardown" and report.failed:  # a run another plugin ran: it fails as it tears down
-            outcome = (getattr(report, "vramleak", None) or {}).get("outcome")
+            outcome = (getattr(report, "vramleak", None) or {}).get("verdict")
         elif report.when != "call" or not report.failed:
             return None
         if outcome == "leaked":
@@ -336,10 +336,14 @@ class VramleakSession(SessionState):
             return "failed", "B", status_word("OVER BUDGET")
         return None
 
+    @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Each test's record arrives on its teardown report, in the process that writes reports
-        (under pytest-xdist, from the workers, so the controller sees every worker's tests)."""
+        (under pytest-xdist, from the workers, so the controller sees every worker's tests); it
+        gets pytest's outcome before JUnit XML reads its properties."""
         self.ran = True
+        assert self.config is not None
+        self.outcomes.note(self.config, report)
         result = getattr(report, "vramleak", None)
         if report.when == "teardown" and result:
             self.results.append(result)
@@ -413,10 +417,9 @@ class VramleakSession(SessionState):
                 f"{', '.join(idle)} had nothing to act on",
                 yellow=True,
             )
-        if self.not_written:
-            terminalreporter.write_line(
-                f"vramleak: no test ran, so no report was written ({', '.join(self.not_written)} left as they were)"
-            )
+        files = files_line(self.written, self.not_written, self.output_errors)
+        if files:
+            terminalreporter.write_line(files)
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:

@@ -12,10 +12,14 @@ import pytest
 
 from ..judging.sizes import format_size
 from ..meters.devices import DeviceUnavailable, resolve_device
+from ..reporting.outcomes import headline
 from ..reporting.report import leaked_figure
 from ..tracking.tracker import COMPARED_PER_CHECK
 from .options import CHECK_ONLY, OPTIONS, Settings
-from .state import MARKER
+from .state import MARKER, import_torch
+
+SHOWN = 5
+"""Tests listed under each heading of the summary, unless ``-vv`` lists them all."""
 
 MAX_CHAINS = 3
 """Holder chains shown per test or fixture."""
@@ -39,7 +43,8 @@ def summary_lines(
 ) -> list[str]:
     """Every line of the summary (none where there is nothing to say). ``shown_id`` turns a test
     id into the one printed: relative to where pytest was invoked, so it can be pasted back."""
-    lines = offenders(results, verbosity, shown_id)
+    lines = [headline(results)] if results else []
+    lines += offenders(results, verbosity, shown_id)
     count, released = releases
     if count:
         lines.append(
@@ -75,36 +80,51 @@ def summary_lines(
     least = 1 if verbosity > 0 else CYCLE_NOTE_BYTES
     # (a test failing --vramleak-strict-cycles says it in its failure)
     cycles = sorted(
-        (r for r in results if (r.get("cycle_bytes") or 0) >= least and r.get("outcome") == "passed"),
+        (r for r in results if (r.get("cycle_bytes") or 0) >= least and r.get("verdict") == "passed"),
         key=lambda r: -r["cycle_bytes"],
     )
-    for result in cycles[:5]:
+    shown = None if verbosity > 1 else SHOWN
+    for result in cycles[:shown]:
         lines.append(
             f"{shown_id(result['nodeid'])}: {format_size(result['cycle_bytes'])} lived in reference cycles until garbage "
             "collection (not a leak; on a GPU it raises the peak until collected)"
         )
-    if len(cycles) > 5:
-        lines.append(f"... and {len(cycles) - 5} more tests left tensors to the cycle collector")
+    lines += left_out(
+        len(cycles),
+        shown,
+        ("test left tensors to the cycle collector", "tests left tensors to the cycle collector"),
+        indent="",
+    )
     return lines
+
+
+def left_out(count: int, shown: int | None, what: tuple[str, str], *, indent: str = "  ") -> list[str]:
+    """The line that closes a list cut at ``shown`` entries: how many it left out (``what``: the
+    words for one and for several), and how to see them."""
+    if shown is None or count <= shown:
+        return []
+    rest = count - shown
+    return [f"{indent}... and {rest} more {what[0] if rest == 1 else what[1]} (-vv lists them all)"]
 
 
 def offenders(results: Sequence[dict[str, Any]], verbosity: int, shown_id: Callable[[str], str] = _same) -> list[str]:
     """The tests that leaked most, and with ``-v`` the highest peaks: five of each, all with ``-vv``."""
-    shown = None if verbosity > 1 else 5
+    shown = None if verbosity > 1 else SHOWN
     lines = []
     leaks = sorted(
-        (r for r in results if r["outcome"] == "leaked" and leaked_figure(r)), key=lambda r: -leaked_figure(r)
+        (r for r in results if r["verdict"] == "leaked" and leaked_figure(r)), key=lambda r: -leaked_figure(r)
     )
     if leaks:
         lines.append("largest leaks:")
         lines += [
             f"  {format_size(leaked_figure(r)):>10}  {shown_id(r['nodeid'])} ({_leak_kind(r)})" for r in leaks[:shown]
         ]
+        lines += left_out(len(leaks), shown, ("test that leaked", "tests that leaked"))
     # (what the other runs' figures set aside as PyTorch's or pytest's leaves some with nothing to show)
     kept = [
         r
         for r in results
-        if r["outcome"] != "leaked"
+        if r["verdict"] != "leaked"
         and r.get("pattern") in ("kept_once", "settled")
         and (r.get("leaked_bytes") or _history_nodes(r))
     ]
@@ -118,14 +138,18 @@ def offenders(results: Sequence[dict[str, Any]], verbosity: int, shown_id: Calla
             )
             holders = [chain for group in r.get("tensors", []) for chain in group.get("held_by", [])]
             lines += [f"              held by {chain}" for chain in holders[:MAX_CHAINS]]
-        if len(kept) > (shown or len(kept)):
-            lines.append(f"  ... and {len(kept) - (shown or 0)} more (-vv lists them all)")
+            if len(holders) > MAX_CHAINS:
+                lines.append(
+                    f"              ... and {len(holders) - MAX_CHAINS} more holders (the JSON and HTML reports list them all)"
+                )
+        lines += left_out(len(kept), shown, ("test that kept memory once", "tests that kept memory once"))
     peaks = sorted((r for r in results if r.get("peak_bytes")), key=lambda r: -r["peak_bytes"])
     if peaks and verbosity > 0:
         lines.append("highest peaks above baseline:")
         lines += [
             f"  {format_size(r['peak_bytes']):>10}  {shown_id(r['nodeid'])} ({r['device']})" for r in peaks[:shown]
         ]
+        lines += left_out(len(peaks), shown, ("test with a peak", "tests with a peak"))
     return lines
 
 
@@ -135,7 +159,7 @@ def _history_nodes(result: dict[str, Any]) -> int:
 
 def _why_kept_passes(results: Sequence[dict[str, Any]]) -> str:
     rules = {
-        r.get("rule") for r in results if r.get("pattern") in ("kept_once", "settled") and r["outcome"] != "leaked"
+        r.get("rule") for r in results if r.get("pattern") in ("kept_once", "settled") and r["verdict"] != "leaked"
     }
     if rules == {"growth"}:
         return "--vramleak-fail-on=growth"
@@ -152,7 +176,16 @@ def _leak_kind(result: dict[str, Any]) -> str:
 def header_settings(settings: Settings) -> str:
     """The effective device and settings, e.g. ``device cpu, checking every test (--vramleak), step warm-up 2``."""
     scope = "every test (--vramleak)" if settings.every_test else f"tests marked {MARKER}"
-    torch = sys.modules.get("torch")  # not imported here only to say which device: it takes seconds
+    # Importing torch takes seconds: a run that only has the plugin installed is not made to pay
+    # them to say which device. A run that checks every test, or writes reports, imports it anyway,
+    # and its header then names the device its reports name.
+    torch = sys.modules.get("torch")
+    if (
+        torch is None
+        and settings.device == "auto"
+        and (settings.every_test or settings.report_paths or settings.markdown)
+    ):
+        torch = import_torch()
     try:
         device = resolve_device(settings.device, torch) if torch is not None else settings.device
     except (DeviceUnavailable, ValueError) as error:
@@ -189,9 +222,9 @@ def idle_options(config: pytest.Config, ran: bool, results: list[dict[str, Any]]
         "--" + option.ini.replace("_", "-") if config.getoption(option.ini) is not None else f"ini option {option.ini}"
         for option in OPTIONS
         if option.ini in CHECK_ONLY
-        and (config.getoption(option.ini) is not None or str(config.getini(option.ini)) != option.default)
+        and (config.getoption(option.ini) is not None or config.getini(option.ini) != option.ini_default)
     ]
-    if not given or not ran or any(result["outcome"] != "unchecked" for result in results):
+    if not given or not ran or any(result["verdict"] != "unchecked" for result in results):
         return []
     return given
 

@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .outcomes import PYTEST_ORDER, headline, verdict_of, why_passed
 from .report import leaked_figure, shape_text, size_text
 
-OUTCOME_ORDER = {"leaked": 0, "over_budget": 1, "passed": 2, "unchecked": 3}
+VERDICT_ORDER = {"leaked": 0, "over_budget": 1, "passed": 2, "unchecked": 3}
+OUTCOME_ORDER = {"failed": 0, "error": 1, "xpassed": 2, "passed": 3, "xfailed": 4, "skipped": 5}
+"""pytest's outcomes, failures first, as the table sorts them."""
+PASSING = ("passed", "xfailed", "skipped")
+"""pytest's outcomes that do not fail a run: a badge shows them green or grey, the others red."""
 CHAR_WIDTH = 7.3
 """Width of one character of the 12px monospace font the graphs use, in SVG units."""
 MAX_LABEL = 64
@@ -32,7 +37,12 @@ def _escape(text: object) -> str:
 
 
 def _clip(text: str, limit: int = MAX_LABEL) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    """``text`` within ``limit`` characters, cut in its middle: two long keys that differ at their
+    end (``['runs/2024-01-01/model-a']``, ``[...model-b']``) stay told apart."""
+    if len(text) <= limit:
+        return text
+    tail = (limit - 1) // 2
+    return text[: limit - 1 - tail] + "…" + text[len(text) - tail :]
 
 
 def _signed_figure(value: int | None) -> int:
@@ -50,8 +60,10 @@ def step_chart(
     title: str = "",
     unit: str = "step",
     above: str = "the warm-up baseline",
+    figure: Callable[[int], str] = size_text,
 ) -> str:
-    """An SVG line chart of memory above ``above`` after each step (or run: ``unit``), warm-up shaded."""
+    """An SVG line chart of memory above ``above`` after each step (or run: ``unit``), warm-up
+    shaded; ``figure`` writes a value (a size, by default; a count of autograd nodes)."""
     values = [*warmup_steps, *steps]
     if not values:
         return ""
@@ -84,7 +96,7 @@ def step_chart(
             f'<line class="{"zero" if tick == 0 else "grid"}" x1="{left}" x2="{left + plot_width}" y1="{y(tick):.1f}" y2="{y(tick):.1f}"/>'
         )
         parts.append(
-            f'<text class="tick" x="{left - 8}" y="{y(tick) + 4:.1f}" text-anchor="end">{_escape(size_text(tick))}</text>'
+            f'<text class="tick" x="{left - 8}" y="{y(tick) + 4:.1f}" text-anchor="end">{_escape(figure(tick))}</text>'
         )
     stride = max(1, (count + 11) // 12)
     for index in range(0, count, stride):
@@ -100,7 +112,7 @@ def step_chart(
         phase = f"warm-up {unit}" if index < warm else unit
         parts.append(
             f'<circle class="{"point warm" if index < warm else "point"}" cx="{x(index):.1f}" cy="{y(value):.1f}" r="3.5">'
-            f"<title>{phase} {index + 1}: {_escape(size_text(value))} above {_escape(above)}</title></circle>"
+            f"<title>{phase} {index + 1}: {_escape(figure(value))} above {_escape(above)}</title></circle>"
         )
     parts.append("</svg>")
     return "".join(parts)
@@ -363,16 +375,26 @@ def _group_html(group: Mapping[str, Any], ident: str) -> str:
     return "".join(parts)
 
 
+def _nodes(count: int) -> str:
+    return f"{count:,} nodes"
+
+
+def _per_step(series: Sequence[int]) -> str:
+    rate = (series[-1] - series[0]) / (len(series) - 1)
+    return f"{rate:,.0f}" if rate >= 10 or rate == int(rate) else f"{rate:,.1f}"
+
+
 def _has_details(result: Mapping[str, Any]) -> bool:
     return bool(
-        result["outcome"] in ("leaked", "over_budget")
+        verdict_of(result) in ("leaked", "over_budget")
+        or result.get("outcome") not in PASSING
         or result.get("steps")
         or result.get("repetitions")
         or result.get("peak_breakdown")
         or result.get("ranks")
         or result.get("tensors")
         or result.get("cycle_bytes")
-        or (result["outcome"] == "unchecked" and result.get("reason"))
+        or (verdict_of(result) == "unchecked" and result.get("reason"))
     )
 
 
@@ -380,13 +402,27 @@ def _outcome_text(outcome: str) -> str:
     return outcome.replace("_", " ")
 
 
+def _badges(result: Mapping[str, Any]) -> str:
+    """pytest's outcome and the leak verdict, as two badges: ``failed`` ``leaked``."""
+    outcome = str(result.get("outcome") or "not recorded")
+    verdict = verdict_of(result)
+    css = "pass" if outcome in PASSING else "fail" if outcome != "not recorded" else "unchecked"
+    return (
+        f'<span class="badge outcome {css}" title="pytest\'s outcome">{_escape(outcome)}</span> '
+        f'<span class="badge {verdict}" title="the leak check\'s verdict">{_escape(_outcome_text(verdict))}</span>'
+    )
+
+
 def _section(result: Mapping[str, Any], anchor: str) -> str:
-    outcome = result["outcome"]
     parts = [
-        f'<section class="test" id="{anchor}"><h2><span class="badge {outcome}">{_escape(_outcome_text(outcome))}</span> '
-        f"<code>{_escape(result['nodeid'])}</code></h2>",
+        f'<section class="test" id="{anchor}"><h2>{_badges(result)} <code>{_escape(result["nodeid"])}</code></h2>',
         f'<p class="figures">{_figures(result)}</p>',
     ]
+    passed = why_passed(result)
+    if passed:
+        parts.append(f'<p class="reason">{_escape(passed)}</p>')
+    if result.get("notes"):
+        parts.append('<ul class="notes">' + "".join(f"<li>{_escape(note)}</li>" for note in result["notes"]) + "</ul>")
     if result.get("reason"):
         parts.append(f'<p class="reason">{_escape(result["reason"])}</p>')
     if result.get("steps"):
@@ -395,6 +431,14 @@ def _section(result: Mapping[str, Any], anchor: str) -> str:
             f'<figure class="steps">{step_chart(warmup, result["steps"], title="memory after each step of " + result["nodeid"])}'
             f"<figcaption>memory above the warm-up baseline after each step; {len(warmup)} warm-up steps shaded, "
             f"{len(result['steps'])} measured</figcaption></figure>"
+        )
+    history = result.get("step_history_nodes") or []
+    if len(history) > 1 and history[-1] > history[0]:
+        parts.append(
+            f'<figure class="steps history">{step_chart([], history, title="autograd nodes kept after each step of " + result["nodeid"], unit="measured step", above="none", figure=_nodes)}'
+            f"<figcaption>autograd nodes made by earlier measured steps that tensors alive after each measured step keep: "
+            f"{', '.join(f'{n:,}' for n in history)}; the graph grew {_escape(_per_step(history))} nodes a step "
+            "(each step's graph linked to the one before)</figcaption></figure>"
         )
     if result.get("repetitions"):
         warm = int(result.get("repetition_warmup") or 0)
@@ -433,20 +477,27 @@ def _section(result: Mapping[str, Any], anchor: str) -> str:
             + (f", leaked {_escape(size_text(leaked))} on {_escape(rank.get('device'))}" if leaked else "")
             + "</h3>"
         )
+        rank_groups = rank.get("tensors") or []
         parts += [
-            _group_html(group, f"{anchor}-rank{index}-{i}")
-            for i, group in enumerate((rank.get("tensors") or [])[:MAX_GROUPS_DRAWN])
+            _group_html(group, f"{anchor}-rank{index}-{i}") for i, group in enumerate(rank_groups[:MAX_GROUPS_DRAWN])
         ]
+        parts += _more_groups(rank_groups)
     groups = result.get("tensors") or []
     parts += [_group_html(group, f"{anchor}-{i}") for i, group in enumerate(groups[:MAX_GROUPS_DRAWN])]
-    if len(groups) > MAX_GROUPS_DRAWN:
-        rest = groups[MAX_GROUPS_DRAWN:]
-        parts.append(
-            f'<p class="more">… and {len(rest)} more groups of tensors, {_escape(size_text(sum(int(g.get("bytes") or 0) for g in rest)))} '
-            "(all of them are in the JSON data of this page)</p>"
-        )
+    parts += _more_groups(groups)
     parts.append("</section>")
     return "".join(parts)
+
+
+def _more_groups(groups: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The line under groups cut at :data:`MAX_GROUPS_DRAWN`: how many are left out, and where they are."""
+    if len(groups) <= MAX_GROUPS_DRAWN:
+        return []
+    rest = groups[MAX_GROUPS_DRAWN:]
+    return [
+        f'<p class="more">… and {len(rest)} more groups of tensors, {_escape(size_text(sum(int(g.get("bytes") or 0) for g in rest)))} '
+        "(all of them are in the JSON data of this page, and in the JSON report)</p>"
+    ]
 
 
 _COLUMNS = (
@@ -456,6 +507,7 @@ _COLUMNS = (
     ("peak", "number"),
     ("leaked", "number"),
     ("growth", "number"),
+    ("outcome", "text"),
     ("verdict", "text"),
 )
 
@@ -465,7 +517,8 @@ def _row(result: Mapping[str, Any], anchor: str | None) -> str:
     name = f'<a href="#{anchor}">{nodeid}</a>' if anchor else nodeid
     if result.get("shard"):
         name += f' <span class="shard">{_escape(result["shard"])}</span>'
-    outcome = result["outcome"]
+    verdict = verdict_of(result)
+    outcome = str(result.get("outcome") or "not recorded")
     reason = f' title="{_escape(result["reason"])}"' if result.get("reason") else ""
     cells = [
         f'<td data-value="{nodeid}"><code>{name}</code></td>',
@@ -475,7 +528,11 @@ def _row(result: Mapping[str, Any], anchor: str | None) -> str:
         value = result.get(key)
         cells.append(f'<td class="number" data-value="{_signed_figure(value)}">{_escape(size_text(value))}</td>')
     cells.append(
-        f'<td data-value="{OUTCOME_ORDER.get(outcome, 9)}"{reason}><span class="badge {outcome}">{_escape(_outcome_text(outcome))}</span>'
+        f'<td data-value="{OUTCOME_ORDER.get(outcome, 9)}"><span class="badge outcome {"pass" if outcome in PASSING else "fail"}">'
+        f"{_escape(outcome)}</span></td>"
+    )
+    cells.append(
+        f'<td data-value="{VERDICT_ORDER.get(verdict, 9)}"{reason}><span class="badge {verdict}">{_escape(_outcome_text(verdict))}</span>'
         + (
             f' <span class="pattern">{_escape(result["pattern"].replace("_", " "))}</span>'
             if result.get("pattern")
@@ -483,7 +540,8 @@ def _row(result: Mapping[str, Any], anchor: str | None) -> str:
         )
         + "</td>"
     )
-    return f'<tr class="{outcome}">' + "".join(cells) + "</tr>"
+    failing = ' data-failing=""' if verdict in ("leaked", "over_budget") or outcome not in PASSING else ""
+    return f'<tr class="{verdict}"{failing}>' + "".join(cells) + "</tr>"
 
 
 def render_html(
@@ -500,22 +558,26 @@ def render_html(
     """
     results = sorted(results, key=lambda r: r["nodeid"])
     fixtures = list(fixtures)
-    checked = [r for r in results if r["outcome"] != "unchecked"]
-    counts = {outcome: sum(1 for r in results if r["outcome"] == outcome) for outcome in OUTCOME_ORDER}
-    leaked_total = sum(leaked_figure(r) for r in results if r["outcome"] == "leaked")
+    counts = {verdict: sum(1 for r in results if verdict_of(r) == verdict) for verdict in VERDICT_ORDER}
+    outcomes = {outcome: sum(1 for r in results if r.get("outcome") == outcome) for outcome in PYTEST_ORDER}
+    leaked_total = sum(leaked_figure(r) for r in results if verdict_of(r) == "leaked")
     anchors = {r["nodeid"]: f"test-{i}" for i, r in enumerate(results) if _has_details(r)}
     # Failures first, the largest leak first among them, as in the terminal summary.
     ordered = sorted(
         (r for r in results if r["nodeid"] in anchors),
-        key=lambda r: (OUTCOME_ORDER.get(r["outcome"], 9), -leaked_figure(r), r["nodeid"]),
+        key=lambda r: (
+            VERDICT_ORDER.get(verdict_of(r), 9),
+            OUTCOME_ORDER.get(str(r.get("outcome")), 9),
+            -leaked_figure(r),
+            r["nodeid"],
+        ),
     )
-    headline = (
-        f"{counts['leaked']} leaked, {counts['over_budget']} over budget of {len(checked)} checked tests"
-        if counts["leaked"] or counts["over_budget"]
-        else f"all {len(checked)} checked tests kept within their budgets"
-    )
-    cards = [
-        ("checked", len(checked), ""),
+    title = headline(results)
+    cards: list[tuple[str, int | str, str]] = [("checked tests", len(results), "")]
+    cards += [
+        (outcome, count, "failed" if outcome not in PASSING else "") for outcome, count in outcomes.items() if count
+    ]
+    cards += [
         ("leaked", counts["leaked"], "leaked"),
         ("over budget", counts["over_budget"], "over_budget"),
         ("unchecked", counts["unchecked"], "unchecked"),
@@ -526,9 +588,9 @@ def render_html(
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>vramleak report: {_escape(headline)}</title>",
+        f"<title>vramleak report: {_escape(title)}</title>",
         f"<style>{_STYLE}</style></head><body>",
-        f'<header><h1>vramleak report</h1><p class="headline">{_escape(headline)}</p><ul class="about">{about_items}</ul></header>',
+        f'<header><h1>vramleak report</h1><p class="headline">{_escape(title)}</p><ul class="about">{about_items}</ul></header>',
         '<div class="cards">'
         + "".join(
             f'<div class="card {css}"><b>{_escape(value)}</b><span>{_escape(label)}</span></div>'
@@ -537,7 +599,7 @@ def render_html(
         + "</div>",
         '<h2 class="part">Checked tests</h2>',
         '<p class="hint">Click a column to sort; a test with details links to them. '
-        '<label><input type="checkbox" id="only-failing"> only tests that leaked or went over budget</label></p>',
+        '<label><input type="checkbox" id="only-failing"> only tests that failed, leaked or went over budget</label></p>',
         '<table id="tests"><thead><tr>'
         + "".join(f'<th data-type="{kind}"><button type="button">{name}</button></th>' for name, kind in _COLUMNS)
         + "</tr></thead><tbody>"
@@ -616,7 +678,7 @@ _SCRIPT = """
   });
   document.getElementById("only-failing").addEventListener("change", function (event) {
     Array.prototype.forEach.call(table.tBodies[0].rows, function (row) {
-      row.hidden = event.target.checked && !row.classList.contains("leaked") && !row.classList.contains("over_budget");
+      row.hidden = event.target.checked && !row.hasAttribute("data-failing");
     });
   });
 })();
@@ -640,6 +702,7 @@ h1 { font-size: 22px; margin: 0; }
 .card b { display: block; font-size: 22px; }
 .card span { color: var(--muted); font-size: 12.5px; }
 .card.leaked { border-color: #fda29b; background: var(--leaked-bg); color: var(--leaked); }
+.card.failed { border-color: #fda29b; background: var(--leaked-bg); color: var(--leaked); }
 .card.over_budget { border-color: #fec84b; background: var(--over-bg); color: var(--over); }
 h2.part { font-size: 17px; margin: 28px 0 4px; border-bottom: 1px solid var(--line); padding-bottom: 4px; }
 .hint { color: var(--muted); font-size: 12.5px; margin: 0 0 8px; }
@@ -659,6 +722,8 @@ td a:hover { text-decoration: underline; }
 .badge.leaked { background: var(--leaked-bg); color: var(--leaked); border: 1px solid #fda29b; }
 .badge.over_budget { background: var(--over-bg); color: var(--over); border: 1px solid #fec84b; }
 .badge.passed { background: var(--passed-bg); color: var(--passed); border: 1px solid #abefc6; }
+.badge.outcome.pass { background: var(--soft); color: var(--passed); border: 1px solid var(--line); }
+.badge.outcome.fail { background: var(--leaked); color: #fff; border: 1px solid var(--leaked); }
 .badge.unchecked { background: var(--unchecked-bg); color: var(--unchecked); border: 1px solid var(--line); }
 section.test { border: 1px solid var(--line); border-radius: 8px; padding: 4px 18px 12px; margin: 16px 0; }
 section.test h2 { font-size: 15px; margin: 12px 0 4px; }
@@ -666,7 +731,11 @@ section.test h2 { font-size: 15px; margin: 12px 0 4px; }
 .reason { font-style: italic; }
 .group { border-top: 1px dashed var(--line); padding-top: 6px; margin-top: 8px; }
 .group h3 { font-size: 14px; margin: 4px 0; }
-.graph-box { overflow-x: auto; padding: 4px 0; }
+.graph-box { padding: 4px 0; }
+.graph-box svg.graph { max-width: 100%; height: auto; }
+td.number { white-space: nowrap; }
+#tests td:first-child code { word-break: break-all; }
+ul.notes { margin: 0 0 8px; padding-left: 20px; color: var(--muted); }
 ul.held, ul.sites, ul.diagnoses { margin: 4px 0; padding-left: 20px; }
 ul.diagnoses li { color: var(--leaked); }
 .fixtures .diagnosis { color: var(--leaked); font-size: 12.5px; }

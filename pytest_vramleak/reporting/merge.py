@@ -6,9 +6,11 @@ different tests.
 Each test keeps the shard that ran it (``shard``: the report's file name without its suffix, or
 what an earlier merge recorded, so merging merged reports changes nothing). A test found in two
 reports with the same figures is listed once; with different figures, the later report on the
-command line wins and the merge says so. Reports of another format version are refused, and so
-is a report that does not follow the format (``schemas/report.schema.json``), naming the file and
-its first problem. The outputs are checked before anything is read or written.
+command line wins and the merge says which figures differ. A report of format version 1 is read
+as version 2 (its ``outcome`` was the leak verdict: it becomes ``verdict``, and pytest's outcome,
+which it did not record, is null), and the merge says so; reports of another format version are
+refused, and so is a report that does not follow its format (``schemas/report.schema.json``),
+naming the file and its first problem. The outputs are checked before anything is read or written.
 """
 
 from __future__ import annotations
@@ -30,9 +32,14 @@ class MergeError(ValueError):
     """A report that cannot be merged; the message names the file."""
 
 
-def read_report(path: Path) -> dict[str, Any]:
-    """The report at ``path``, checked whole against the report format; :class:`MergeError` says
-    what is wrong with it."""
+READS = (1, REPORT_VERSION)
+"""The report format versions a merge reads."""
+
+
+def read_report(path: Path) -> tuple[dict[str, Any], str | None]:
+    """The report at ``path``, checked whole against the report format of its version, in the
+    current version's form (see :func:`migrate`), and what to say of its version where it is an
+    earlier one; :class:`MergeError` says what is wrong with it."""
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
     except OSError as error:
@@ -41,31 +48,70 @@ def read_report(path: Path) -> dict[str, Any]:
         raise MergeError(f"{path}: not a JSON report: {error}") from None
     if not isinstance(document, dict) or not isinstance(document.get("tests"), list):
         raise MergeError(f"{path}: not a pytest-vramleak JSON report (no 'tests' list)")
-    if document.get("version") != REPORT_VERSION:
+    version = document.get("version")
+    if version not in READS:
         raise MergeError(
-            f"{path}: report format version {document.get('version')!r}, this pytest-vramleak reads version {REPORT_VERSION}: "
-            "merge reports written by the same version"
+            f"{path}: report format version {version!r}, this pytest-vramleak reads versions "
+            f"{' and '.join(str(known) for known in READS)}: merge reports written by one of those"
         )
-    problem = first_problem(document, "report")
+    problem = first_problem(document, "report" if version == REPORT_VERSION else f"report-v{version}")
     if problem:
         raise MergeError(f"{path}: not a pytest-vramleak JSON report: {problem}")
+    return migrate(document), migrated_note(str(path), document)
+
+
+def migrate(document: dict[str, Any]) -> dict[str, Any]:
+    """A report of an earlier format version in the current version's form. Version 1's
+    ``outcome`` was the leak verdict; pytest's outcome it did not record (null)."""
+    if document.get("version") == 1:
+        tests = [{**entry, "verdict": entry["outcome"], "outcome": None} for entry in document["tests"]]
+        document = {**document, "version": REPORT_VERSION, "tests": tests}
     return document
+
+
+def migrated_note(name: str, document: dict[str, Any]) -> str | None:
+    """What the merge says of a version 1 report it read."""
+    if document.get("version") != 1:
+        return None
+    return (
+        f"{name} is a version 1 report: its tests' 'outcome' was the leak verdict, kept as 'verdict'; "
+        "pytest's outcome was not recorded there (null)"
+    )
+
+
+def differences(earlier: dict[str, Any], later: dict[str, Any]) -> str:
+    """The fields two entries of one test disagree on, with both values: ``verdict passed and
+    leaked, leaked_bytes 0 and 4096``."""
+    keys = [key for key in {**earlier, **later} if key != "shard" and earlier.get(key) != later.get(key)]
+    shown = [f"{key} {_short(earlier.get(key))} and {_short(later.get(key))}" for key in keys[:4]]
+    if len(keys) > 4:
+        shown.append(f"{len(keys) - 4} more fields ({', '.join(keys[4:])})")
+    return ", ".join(shown)
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _without_shard(entry: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in entry.items() if key != "shard"}
 
 
-def merge(documents: Sequence[tuple[str, dict[str, Any]]]) -> tuple[dict[str, Any], list[str]]:
-    """The merged document of ``(shard name, report)`` pairs, and what the merge has to say."""
+def merge(
+    documents: Sequence[tuple[str, dict[str, Any]]], files: Sequence[str] | None = None
+) -> tuple[dict[str, Any], list[str]]:
+    """The merged document of ``(shard name, report)`` pairs, and what the merge has to say
+    (naming each report by its file, from ``files``, where given)."""
     tests: dict[str, dict[str, Any]] = {}
     origin: dict[str, str] = {}
     fixtures: dict[str, dict[str, Any]] = {}
     between: dict[str, dict[str, Any]] = {}
     messages: list[str] = []
     shards: list[str] = []
-    for name, document in documents:
+    for index, (name, document) in enumerate(documents):
         shards.append(name)
+        file = files[index] if files is not None else name
         for entry in document["tests"]:
             entry = dict(entry)
             entry.setdefault("shard", name)
@@ -73,12 +119,12 @@ def merge(documents: Sequence[tuple[str, dict[str, Any]]]) -> tuple[dict[str, An
             earlier = tests.get(nodeid)
             if earlier is not None and _without_shard(earlier) != _without_shard(entry):
                 messages.append(
-                    f"{nodeid} is in {origin[nodeid]} and {name} with different figures "
-                    f"({earlier['outcome']} and {entry['outcome']}): kept the one from {name}"
+                    f"{nodeid} is in {origin[nodeid]} and {file} with different figures "
+                    f"({differences(earlier, entry)}): kept the one from {file}"
                 )
             if earlier is None or _without_shard(earlier) != _without_shard(entry):
                 tests[nodeid] = entry
-                origin[nodeid] = name
+                origin[nodeid] = file
         for fixture in document.get("fixtures", []):
             fixture = dict(fixture)
             fixture.setdefault("shard", name)
@@ -98,7 +144,8 @@ def merge(documents: Sequence[tuple[str, dict[str, Any]]]) -> tuple[dict[str, An
 
 
 def shard_names(paths: Sequence[Path]) -> list[str]:
-    """Each report's shard name: its file name without ``.json``, with its folder where two share a name."""
+    """Each report's shard name: its file name without ``.json`` (a name with another extension
+    keeps it: ``out.txt``), with its folder where two share a name."""
     stems = [path.name.removesuffix(".json") for path in paths]
     return [
         f"{path.parent.name}/{stem}" if stems.count(stem) > 1 else stem
@@ -120,13 +167,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("say where to write the merged report: --json PATH, --html PATH, or both")
     try:
         check_outputs(options.json, options.html)
-        documents = [
-            (name, read_report(path)) for name, path in zip(shard_names(options.reports), options.reports, strict=False)
-        ]
+        documents, notes = [], []
+        for name, path in zip(shard_names(options.reports), options.reports, strict=False):
+            document, note = read_report(path)
+            documents.append((name, document))
+            notes += [note] if note else []
     except MergeError as error:
         print(f"pytest-vramleak merge: {error}", file=sys.stderr)
         return 2
-    merged, messages = merge(documents)
+    merged, messages = merge(documents, [str(path) for path in options.reports])
+    messages = notes + messages
     for message in messages:
         print(f"pytest-vramleak merge: {message}", file=sys.stderr)
     try:

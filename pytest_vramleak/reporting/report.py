@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..judging.sizes import format_size
+from .outcomes import headline, verdict_of
 
-REPORT_VERSION = 1
+REPORT_VERSION = 2
 MAX_GROUPS_SHOWN = 10
 
 
@@ -59,7 +60,10 @@ def render_groups(groups: Sequence[Any]) -> str:
             stated.add(finding)
     if len(groups) > MAX_GROUPS_SHOWN:
         rest = groups[MAX_GROUPS_SHOWN:]
-        lines.append(f"... and {len(rest)} more groups, {format_size(sum(g.bytes for g in rest))}")
+        lines.append(
+            f"... and {len(rest)} more groups, {format_size(sum(g.bytes for g in rest))} "
+            "(--vramleak-report=PATH.json or .html lists them all)"
+        )
     return "\n".join(lines)
 
 
@@ -69,8 +73,13 @@ class TestResult:
 
     nodeid: str
     device: str | None
-    outcome: str
-    """``passed``, ``leaked``, ``over_budget`` or ``unchecked``."""
+    verdict: str
+    """The leak check's verdict: ``passed``, ``leaked``, ``over_budget`` or ``unchecked``."""
+    outcome: str | None = None
+    """pytest's outcome of the test, in its words (``passed``, ``failed``, ``skipped``, ``xfailed``,
+    ``xpassed``, ``error``; see :mod:`~pytest_vramleak.reporting.outcomes`), set as its reports are logged."""
+    step_verdict: str | None = None
+    """What the ``vramleak`` fixture's step checks found: ``passed``, ``leaked`` or ``undecided`` (None: none ran)."""
     baseline_bytes: int | None = None
     end_bytes: int | None = None
     leaked_bytes: int | None = None
@@ -144,7 +153,7 @@ def benchmark_entries(results: Iterable[Mapping[str, Any]]) -> list[dict[str, An
     ``customSmallerIsBetter``)."""
     entries = []
     for result in sorted(results, key=lambda r: r["nodeid"]):
-        if result["outcome"] == "unchecked":
+        if verdict_of(result) == "unchecked":
             continue
         device = result.get("device") or "?"
         for key, what in (("peak_bytes", "peak"), ("leaked_bytes", "leaked")):
@@ -155,25 +164,26 @@ def benchmark_entries(results: Iterable[Mapping[str, Any]]) -> list[dict[str, An
 
 
 def render_markdown(results: Sequence[dict[str, Any]]) -> str:
-    """A summary for a CI job page: a headline, the tests that leaked or went over budget, and holders."""
-    checked = [r for r in results if r["outcome"] != "unchecked"]
-    failing = sorted(
-        (r for r in checked if r["outcome"] in ("leaked", "over_budget")), key=lambda r: -(r.get("leaked_bytes") or 0)
+    """A summary for a CI job page: the headline the terminal prints, the checked tests that leaked,
+    went over budget or did not pass (pytest's outcome beside the leak verdict), and holders."""
+    listed = sorted(
+        (r for r in results if verdict_of(r) in ("leaked", "over_budget") or r.get("outcome") in NOT_PASSING),
+        key=lambda r: (verdict_of(r) not in ("leaked", "over_budget"), -(r.get("leaked_bytes") or 0), r["nodeid"]),
     )
-    if not failing:
-        return f"## vramleak: all {len(checked)} checked tests kept within their budgets\n"
-
-    lines = [
-        f"## vramleak: {len(failing)} of {len(checked)} checked tests leaked or went over budget",
+    lines = [f"## vramleak: {headline(results)}"]
+    if not listed:
+        return lines[0] + "\n"
+    lines += [
         "",
-        "| test | device | outcome | leaked | peak |",
-        "| --- | --- | --- | --- | --- |",
+        "| test | outcome | verdict | device | leaked | peak |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     lines += [
-        f"| {_code(r['nodeid'])} | {r['device']} | {r['outcome'].replace('_', ' ')} | {size_text(r.get('leaked_bytes'))} | {size_text(r.get('peak_bytes'))} |"
-        for r in failing
+        f"| {_code(r['nodeid'])} | {r.get('outcome') or 'not recorded'} | {verdict_of(r).replace('_', ' ')} | {r['device']} "
+        f"| {size_text(r.get('leaked_bytes'))} | {size_text(r.get('peak_bytes'))} |"
+        for r in listed
     ]
-    holders = [(r["nodeid"], group) for r in failing for group in r.get("tensors", [])]
+    holders = [(r["nodeid"], group) for r in listed for group in r.get("tensors", [])]
     if holders:
         lines += ["", "<details><summary>What holds the leaked tensors</summary>", ""]
         for nodeid, group in holders:
@@ -183,6 +193,10 @@ def render_markdown(results: Sequence[dict[str, Any]]) -> str:
             )
         lines += ["", "</details>"]
     return "\n".join(lines) + "\n"
+
+
+NOT_PASSING = ("failed", "error", "xpassed")
+"""pytest's outcomes that the Markdown summary lists whatever the verdict (a test that failed on its own)."""
 
 
 def _code(text: str) -> str:

@@ -140,11 +140,14 @@ def name_frames(stack: Sequence[tuple[str, int, Any]]) -> tuple[Site, ...]:
 
 
 def _short_path(filename: str) -> str:
+    """A file's name relative to the working folder (where pytest was invoked), as pytest's own
+    tracebacks write it: ``../src/pkg/model.py`` run from ``tests/``. A file far from it (more
+    than two folders up: an installed library) keeps its absolute name."""
     try:
         relative = os.path.relpath(filename)
     except ValueError:
         return filename
-    return filename if relative.startswith("..") else relative
+    return filename if relative.split(os.sep)[:3] == [os.pardir] * 3 else relative
 
 
 def frame_kind_of_file(filename: str) -> str:

@@ -185,7 +185,7 @@ def test_an_inline_loop_the_steps_cannot_decide_is_unchecked_with_the_reason(
     pytester.makepyfile(test_it=INLINE.format(max_steps="", keep="pass"))
     result, report = run_checked("-p", "no:randomly")
     entry = report["test_padded_batches"]
-    assert (entry["outcome"], entry["reason"][:40]) == ("unchecked", "undecided: memory rose 64 B over 4 measu"), (
+    assert (entry["verdict"], entry["reason"][:40]) == ("unchecked", "undecided: memory rose 64 B over 4 measu"), (
         result.stdout.str()
     )
     result.assert_outcomes(passed=1)
@@ -200,7 +200,7 @@ def test_max_steps_lets_an_inline_loop_run_on_until_it_is_decided(pytester: pyte
     pytester.makepyfile(test_it=INLINE.format(max_steps=", max_steps=48", keep="pass"))
     result, report = run_checked("-p", "no:randomly")
     entry = report["test_padded_batches"]
-    assert entry["outcome"] == "passed" and len(entry["steps"]) > 4, entry
+    assert entry["verdict"] == "passed" and len(entry["steps"]) > 4, entry
 
 
 def test_an_inline_loop_keeping_a_small_tensor_a_step_under_the_noise_fails(
@@ -208,7 +208,7 @@ def test_an_inline_loop_keeping_a_small_tensor_a_step_under_the_noise_fails(
 ) -> None:
     pytester.makepyfile(test_it=INLINE.format(max_steps="", keep="kept.append(loss.detach().reshape(1).repeat(32))"))
     result, report = run_checked("-p", "no:randomly")
-    assert report["test_padded_batches"]["outcome"] == "leaked", result.stdout.str()
+    assert report["test_padded_batches"]["verdict"] == "leaked", result.stdout.str()
     result.stdout.fnmatch_lines(
         [
             "memory grew 128 B per step over 4 measured steps (512 B in total) on cpu*",

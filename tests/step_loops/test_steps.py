@@ -167,10 +167,10 @@ def test_step_figures_in_json(pytester: pytest.Pytester, run_checked) -> None:
     result, report = run_checked()
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["largest leaks:", "     5.0 KiB  test_it.py::test_grows (cpu, grew across steps)"])
-    assert report["test_grows"]["outcome"] == "leaked"
+    assert report["test_grows"]["verdict"] == "leaked"
     assert report["test_grows"]["steps"] == [1024, 2048, 3072, 4096, 5120]
     assert report["test_grows"]["growth_bytes"] == 5120
-    assert report["test_flat"]["outcome"] == "passed"
+    assert report["test_flat"]["verdict"] == "passed"
     assert report["test_flat"]["steps"] == [0, 0]
 
 
@@ -277,7 +277,7 @@ def test_a_loop_left_early_is_judged_on_the_steps_it_measured(pytester: pytest.P
     result.stdout.fnmatch_lines(
         ["memory grew 1.0 KiB per step over 4 measured steps * (the loop was left early: 4 of 8 steps measured)"]
     )
-    assert report["test_it"]["outcome"] == "leaked"
+    assert report["test_it"]["verdict"] == "leaked"
     assert report["test_it"]["steps"] == [1024 * n for n in range(1, 5)]
 
 
@@ -294,7 +294,7 @@ def test_a_loop_left_before_two_steps_were_measured_is_unchecked(pytester: pytes
     )
     result, report = run_checked()
     result.assert_outcomes(passed=1)
-    assert report["test_it"]["outcome"] == "unchecked"
+    assert report["test_it"]["verdict"] == "unchecked"
     assert (
         report["test_it"]["reason"]
         == "not checked: the loop was left early, with 0 of 8 steps measured (at least 2 are needed)"
@@ -390,7 +390,7 @@ def test_memory_that_settles_inside_the_window_passes_and_is_reported(pytester: 
     )
     result, report = run_checked()
     result.assert_outcomes(passed=1)
-    assert report["test_it"]["outcome"] == "passed"
+    assert report["test_it"]["verdict"] == "passed"
     assert report["test_it"]["settled_after_step"] == 5
     result.stdout.fnmatch_lines(
         [

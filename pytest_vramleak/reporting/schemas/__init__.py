@@ -1,8 +1,9 @@
 """JSON Schemas of the files the plugin reads back, and a check of a document against one.
 
 ``report.schema.json`` describes the JSON report (``--vramleak-report``), which
-``python -m pytest_vramleak merge`` reads; ``saved-run.schema.json`` a saved run
-(``--vramleak-save``), which ``--vramleak-compare`` reads. Both are JSON Schema 2020-12 and ship
+``python -m pytest_vramleak merge`` reads (``report-v1.schema.json``: its first version, which it
+reads too); ``saved-run.schema.json`` a saved run (``--vramleak-save``), which
+``--vramleak-compare`` reads. All are JSON Schema 2020-12 and ship
 in the package, for other tools to use too. Checking uses the jsonschema library, imported only
 when a file is read back.
 """
@@ -15,7 +16,7 @@ from collections.abc import Iterable
 from importlib import resources
 from typing import Any
 
-SCHEMAS = ("report", "saved-run")
+SCHEMAS = ("report", "report-v1", "saved-run")
 
 
 @functools.cache
