@@ -39,7 +39,7 @@ from .census import (
     untyped_storage_types,
 )
 from .ledger import Ledger
-from .refs import NO_GRAD, Entry, StorageRef, TensorRef
+from .refs import NO_GRAD, Entry, StorageRef, TensorRef, call
 
 
 def grad_fn_reader() -> Any:
@@ -87,7 +87,7 @@ class Kinds:
             entries = list(self.capable.values())
             self._grad_lists = (
                 list(map(_ENTRY_REF, entries)),
-                list(map(id, map(operator.call, map(_ENTRY_GRAD, entries)))),
+                list(map(id, map(call, map(_ENTRY_GRAD, entries)))),
             )
         return self._grad_lists
 
