@@ -40,6 +40,7 @@ from .census import (
 )
 from .ledger import Ledger
 from .refs import NO_GRAD, Entry, StorageRef, TensorRef, call
+from .torch_api import objects_referring_to
 
 
 def grad_fn_reader() -> Any:
@@ -190,7 +191,7 @@ class Index:
         torch = _torch()
         tensor_classes = tensor_types()
         storage_classes = untyped_storage_types()
-        found = gc.get_referrers(*tensor_classes, *storage_classes, *markers)
+        found = objects_referring_to((*tensor_classes, *storage_classes, *markers))
         tensors = set(tensor_classes)
         storages = set(storage_classes)
         marked = set(markers)
