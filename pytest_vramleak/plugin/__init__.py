@@ -79,7 +79,7 @@ from .state import (
     skipped_by_mark,
     why_unavailable,
 )
-from .summary import header_settings, idle_options, latest, status_word, summary_lines
+from .summary import header_notes, header_settings, idle_options, latest, status_word, summary_lines
 
 vramleak = fixture.vramleak
 """The ``vramleak`` fixture (see :mod:`pytest_vramleak.plugin.fixture`): pytest finds fixtures in the plugin's module."""
@@ -152,11 +152,11 @@ def _torch_missing() -> str | None:
     return None if found else "torch is not installed"
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def pytest_report_header(config: pytest.Config) -> str | list[str]:
     missing = config.stash.get(TORCH_MISSING, None)
     if missing is not None:
         return f"vramleak: {missing}: tests marked {MARKER} and the vramleak fixture run unchecked"
-    return "vramleak: " + header_settings(config)
+    return ["vramleak: " + header_settings(config), *header_notes(config)]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
