@@ -109,11 +109,31 @@ def _other_threads_frames() -> list[tuple[str, types.FrameType]]:
     return found
 
 
+def _frame_locals_view() -> type | None:
+    """The type of a function frame's ``f_locals`` where it is a view of the frame (Python 3.13,
+    PEP 667), not a snapshot dict; None before."""
+    kind = type(sys._getframe().f_locals)
+    return None if kind is dict else kind
+
+
+FRAME_LOCALS_VIEW = _frame_locals_view()
+
+
+def frame_locals(frame: types.FrameType) -> Any:
+    """A frame's variables as a plain dict (a copy of 3.13's view, read in C), or what else ``f_locals`` is."""
+    local_values = frame.f_locals
+    return (
+        dict(local_values)
+        if FRAME_LOCALS_VIEW is not None and type(local_values) is FRAME_LOCALS_VIEW
+        else local_values
+    )
+
+
 def _running_locals(frames: Sequence[types.FrameType], thread: str = "") -> dict[int, FrameLocal]:
     found: dict[int, FrameLocal] = {}
     for frame in frames:
         try:
-            local_values = frame.f_locals
+            local_values = frame_locals(frame)
         except Exception:
             continue
         if type(local_values) is not dict or local_values is frame.f_globals:
@@ -699,7 +719,7 @@ def edge_text(parent: Any, child: Any, mode: Any) -> tuple[str, Any]:  # noqa: C
         return ".__func__", None
     if kind is types.FrameType:
         try:
-            local_names = parent.f_locals
+            local_names = frame_locals(parent)
         except Exception:
             local_names = {}
         if child is local_names:
