@@ -92,7 +92,7 @@ def version_notes(torch: Any, device: str) -> list[str]:
     if minor is not None and minor > NEWEST_TESTED:
         notes.append(
             f"torch {version} is newer than the newest tested ({'.'.join(map(str, NEWEST_TESTED))}): "
-            "a check that torch no longer supports is left out with a note"
+            "where its internals changed, a check that cannot read them says so on its test"
         )
     elif minor is not None and minor < OLDEST_TESTED:
         notes.append(f"torch {version} is older than the oldest supported ({'.'.join(map(str, OLDEST_TESTED))})")
