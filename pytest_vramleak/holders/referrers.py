@@ -749,6 +749,8 @@ def edge_text(parent: Any, child: Any, mode: Any) -> tuple[str, Any]:  # noqa: C
     if namespace is not None:
         found, key = _key_of(namespace, child)
         if found and type(key) is str:
+            if key in _MODULE_NAMESPACES and _is_nn_module(parent):
+                return "", "attr"  # Python 3.13 keeps attributes inline: gc shows no namespace dict between
             return f".{key}", None
     slot = _slot_name(parent, child)
     if slot is not None:
