@@ -135,6 +135,26 @@ def key_text(key: Any) -> str:
     return f"<{type_name(key)} key>"
 
 
+def _frame_locals_view() -> type | None:
+    """The type of a function frame's ``f_locals`` where it is a view of the frame (Python 3.13,
+    PEP 667), not a snapshot dict; None before."""
+    kind = type(sys._getframe().f_locals)
+    return None if kind is dict else kind
+
+
+FRAME_LOCALS_VIEW = _frame_locals_view()
+
+
+def frame_locals(frame: types.FrameType) -> Any:
+    """A frame's variables as a plain dict (a copy of 3.13's view, read in C), or what else ``f_locals`` is."""
+    local_values = frame.f_locals
+    return (
+        dict(local_values)
+        if FRAME_LOCALS_VIEW is not None and type(local_values) is FRAME_LOCALS_VIEW
+        else local_values
+    )
+
+
 def _is_nn_module(obj: Any) -> bool:
     nn = sys.modules.get("torch.nn")
     return nn is not None and issubclass(type(obj), nn.Module)
@@ -252,7 +272,7 @@ def _method_edge(parent: Any, child: Any, mode: Mode) -> Named:
 
 def _frame_edge(parent: Any, child: Any, mode: Mode) -> Named:
     try:
-        local_names = parent.f_locals
+        local_names = frame_locals(parent)
     except Exception:
         local_names = {}
     if child is local_names:
@@ -292,6 +312,8 @@ def _object_edge(parent: Any, child: Any, mode: Mode) -> Named:
     if namespace is not None:
         found, key = _key_of(namespace, child)
         if found and type(key) is str:
+            if key in _MODULE_NAMESPACES and _is_nn_module(parent):
+                return None, "", "attr"  # Python 3.13 keeps attributes inline: gc shows no namespace dict between
             return (*_attribute(key), None)
     slot = _slot_name(parent, child)
     if slot is not None:

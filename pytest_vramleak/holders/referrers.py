@@ -30,6 +30,7 @@ from .edges import (
     _MODULE_NAMESPACE,
     FrameLocal,
     NamedRoot,
+    frame_locals,
     holder_path,
     instance_dict,
     is_ndarray,
@@ -104,7 +105,7 @@ def _running_locals(frames: Sequence[types.FrameType], thread: str = "", thread_
     found: dict[int, FrameLocal] = {}
     for frame in frames:
         try:
-            local_values = frame.f_locals
+            local_values = frame_locals(frame)
         except Exception:
             continue
         if type(local_values) is not dict or local_values is frame.f_globals:

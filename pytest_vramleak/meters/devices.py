@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Protocol
 
 from ..judging.sizes import format_size
 from ..tracking.census import take_census
+from ..tracking.torch_api import default_device
 from .peaks import PeakBreakdown, breakdown
 
 _CPU_OUT_OF_MEMORY = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
@@ -90,16 +91,7 @@ def resolve_device(spec: str | None, torch: Any) -> str:
     """
     spec = (spec or "auto").strip().lower()
     if spec == "auto":
-        accelerator = getattr(torch, "accelerator", None)
-        if accelerator is None:  # torch older than 2.6
-            return f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
-        if accelerator.is_available():
-            kind = accelerator.current_accelerator().type
-            try:
-                return f"{kind}:{accelerator.current_device_index()}" if kind != "mps" else "mps"
-            except RuntimeError:  # it is there but cannot start (no driver): the tests run on the CPU
-                return "cpu"
-        return "cpu"
+        return default_device(torch)
     if spec == "cpu":
         return "cpu"
     kind, _, index_text = spec.partition(":")

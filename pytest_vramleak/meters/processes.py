@@ -267,15 +267,20 @@ TORCH_HELPERS = ("torch_shm_manager",)
 """Processes torch starts once and keeps for the session: its shared-memory manager (started the
 first time a tensor is shared with the ``file_system`` strategy)."""
 
+TORCH_HELPER_SCRIPTS = ("torch/_inductor/compile_worker/__main__.py",)
+"""Python scripts of torch's that run as such helpers: inductor's pool of compile workers, which
+torch.compile starts at its first compile in releases such as 2.4 and keeps for the session."""
+
 
 def _torch_helper(pid: int) -> bool:
     """Whether a child is one of torch's own helpers (read from ``/proc``; False elsewhere)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as file:
-            program = file.read().split(b"\0", 1)[0].decode(errors="replace")
+            arguments = file.read().decode(errors="replace").split("\0")
     except OSError:
         return False
-    return os.path.basename(program) in TORCH_HELPERS
+    script = arguments[1].replace(os.sep, "/") if len(arguments) > 1 else ""
+    return os.path.basename(arguments[0]) in TORCH_HELPERS or script.endswith(TORCH_HELPER_SCRIPTS)
 
 
 def _dataloader_workers() -> set[int]:

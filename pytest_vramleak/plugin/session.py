@@ -73,7 +73,7 @@ from .state import (
     skipped_by_mark,
     why_unavailable,
 )
-from .summary import header_settings, idle_options, latest, status_word, summary_lines
+from .summary import header_notes, header_settings, idle_options, latest, status_word, summary_lines
 
 
 class VramleakSession(SessionState):
@@ -109,11 +109,11 @@ class VramleakSession(SessionState):
             if torch is not None:
                 pin_worker(str(workerinput.get("workerid", "")), torch, os.environ)
 
-    def pytest_report_header(self, config: pytest.Config) -> str:
+    def pytest_report_header(self, config: pytest.Config) -> str | list[str]:
         if self.torch_missing is not None:
             return f"vramleak: {self.torch_missing}: tests marked {MARKER} and the vramleak fixture run unchecked"
         assert self.settings is not None
-        return "vramleak: " + header_settings(self.settings)
+        return ["vramleak: " + header_settings(self.settings), *header_notes(self.settings)]
 
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         settings = self.settings

@@ -18,6 +18,7 @@ from ..steps import StepResult
 from ..tracking.census import StorageKey
 from ..tracking.tracker import StorageRef, Tracker
 from .options import Settings
+from .outcomes import PytestOutcomes
 
 MARKER = "vram_budget"
 EXEMPT_MARKER = "allow_vram_leak"
@@ -98,6 +99,10 @@ class SessionState:
     output_errors: list[str] = field(default_factory=list)
     not_written: list[str] = field(default_factory=list)
     """The files a run that ran no test left as they were."""
+    written: list[str] = field(default_factory=list)
+    """The files the run wrote, as the summary's last line names them."""
+    outcomes: PytestOutcomes = field(default_factory=PytestOutcomes)
+    """pytest's outcome of each test, written into its record as its teardown is logged."""
 
 
 SESSION = pytest.StashKey[SessionState]()

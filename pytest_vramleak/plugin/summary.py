@@ -14,6 +14,7 @@ from ..judging.sizes import format_size
 from ..meters.devices import DeviceUnavailable, resolve_device
 from ..reporting.outcomes import headline
 from ..reporting.report import leaked_figure
+from ..tracking.torch_api import version_notes
 from ..tracking.tracker import COMPARED_PER_CHECK
 from .options import CHECK_ONLY, OPTIONS, Settings
 from .state import MARKER, import_torch
@@ -192,6 +193,19 @@ def header_settings(settings: Settings) -> str:
         device = f"{settings.device} ({error})"
     report = f", report {', '.join(settings.report_paths)}" if settings.report_paths else ""
     return f"device {device}, checking {scope}, {rule_text(settings)}, step warm-up {settings.warmup}{report}"
+
+
+def header_notes(settings: Settings) -> list[str]:
+    """The header's lines on this torch, one each: a release newer than the newest tested, a feature the
+    device in use needs that this torch lacks (see :func:`~pytest_vramleak.tracking.torch_api.version_notes`)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return []
+    try:
+        device = resolve_device(settings.device, torch)
+    except (DeviceUnavailable, ValueError):
+        device = "cpu"
+    return [f"vramleak: {note}" for note in version_notes(torch, device)]
 
 
 def rule_text(settings: Settings) -> str:

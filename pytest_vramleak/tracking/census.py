@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from .torch_api import objects_referring_to
+
 StorageKey = tuple[str, int]
 """A storage's identity while it lives: its device (``"cpu"``, ``"cuda:0"``) and data pointer."""
 
@@ -133,11 +135,12 @@ def live_tensors() -> list[Any]:
 
     An instance of a class defined in Python refers to its class, so the tensors are among the
     referrers of the tensor classes; that traversal runs in C, where a Python loop over every
-    object in the heap is several times slower.
+    object in the heap is several times slower (the fallback where torch hides that reference:
+    see :func:`~pytest_vramleak.tracking.torch_api.objects_referring_to`).
     """
     classes = tensor_types()
     exact = set(classes)
-    referrers = gc.get_referrers(*classes)
+    referrers = objects_referring_to(tuple(classes))
     try:
         return [obj for obj in referrers if type(obj) in exact]
     finally:
@@ -365,7 +368,7 @@ def walk(
         with torch._C.DisableTorchFunction():
             # Tensors and storage objects refer to their classes: finding them among the classes'
             # referrers runs in C, where a Python loop over every object of the heap would not.
-            for obj in gc.get_referrers(*tensor_classes, *storage_classes) if objects is None else objects:
+            for obj in objects_referring_to((*tensor_classes, *storage_classes)) if objects is None else objects:
                 cls = type(obj)
                 if cls in storage_classes:
                     storage = storage_of_storage_object(obj)

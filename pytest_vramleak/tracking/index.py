@@ -39,7 +39,8 @@ from .census import (
     untyped_storage_types,
 )
 from .ledger import Ledger
-from .refs import NO_GRAD, Entry, StorageRef, TensorRef
+from .refs import NO_GRAD, Entry, StorageRef, TensorRef, call
+from .torch_api import objects_referring_to
 
 
 def grad_fn_reader() -> Any:
@@ -87,7 +88,7 @@ class Kinds:
             entries = list(self.capable.values())
             self._grad_lists = (
                 list(map(_ENTRY_REF, entries)),
-                list(map(id, map(operator.call, map(_ENTRY_GRAD, entries)))),
+                list(map(id, map(call, map(_ENTRY_GRAD, entries)))),
             )
         return self._grad_lists
 
@@ -190,7 +191,7 @@ class Index:
         torch = _torch()
         tensor_classes = tensor_types()
         storage_classes = untyped_storage_types()
-        found = gc.get_referrers(*tensor_classes, *storage_classes, *markers)
+        found = objects_referring_to((*tensor_classes, *storage_classes, *markers))
         tensors = set(tensor_classes)
         storages = set(storage_classes)
         marked = set(markers)

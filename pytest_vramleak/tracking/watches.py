@@ -43,7 +43,7 @@ from typing import Any
 from .backward import BackwardWatch
 from .census import _torch
 from .index import Index, grad_fn_reader, version_reader
-from .refs import Entry, StorageRef
+from .refs import Entry, StorageRef, call
 
 COMPARED_PER_CHECK = 2_000
 """Up to this many indexed storages (or leaves that can take a gradient), each check compares all
@@ -168,11 +168,11 @@ class Watches:
         """The tensors of a comparison list and what was read of them; where some died since,
         forget those (their entries leave the list, which is then made again)."""
         refs, known = lists()
-        tensors = list(map(operator.call, refs))
+        tensors = list(map(call, refs))
         if any(map(operator.is_, tensors, itertools.repeat(None))):
             self.index.forget_dead(kept)
             refs, known = lists()
-            tensors = list(map(operator.call, refs))
+            tensors = list(map(call, refs))
         return tensors, known
 
     def compare_versions(self) -> None:
@@ -206,7 +206,7 @@ class Watches:
         if self.index.opaque:  # an opaque tensor's size is fixed, and it has no storage to read
             refs = [ref for ref in refs if ref.ident not in self.index.opaque]
         try:
-            storages = list(map(operator.call, refs))
+            storages = list(map(call, refs))
             sizes = list(map(_nbytes(), storages))
         except TypeError:  # a storage died meanwhile (on another thread): go one by one
             storages = [ref() for ref in refs]
@@ -250,7 +250,7 @@ class Watches:
         """Read again the tensors a backward pass may have given a gradient, where it changed."""
         touched, self._touched = self._touched, {}
         new, self._touched_new = self._touched_new, []
-        tensors = [tensor for tensor in map(operator.call, list(new)) if tensor is not None]
+        tensors = [tensor for tensor in map(call, list(new)) if tensor is not None]
         self.index.reread(tensors)
         tensors.clear()
         self._read_changed_gradients(touched)  # it copies the dict first: a backward on another thread may still add
