@@ -135,3 +135,24 @@ def test_the_diagnosis_names_the_mechanism_and_its_fix(entry: tuple[Mechanism, d
     diagnoses = " | ".join(_largest_group(result)["diagnoses"])
     missing = [word for word in mechanism.diagnosis if word.lower() not in diagnoses.lower()]
     assert not missing, f"missing {missing} in: {diagnoses or '(no diagnosis)'}"
+
+
+def test_the_warnings_registry_keeps_text_not_tensors(pytester: pytest.Pytester) -> None:
+    # python/cpython#97557 and POSYDON-code/POSYDON#364: each distinct warning text adds a key to the
+    # module's __warningregistry__ for the life of the process. The key is the message's text, never
+    # the tensor the text was made from, so a loss printed into a warning keeps no tensor memory.
+    pytester.makepyfile(
+        test_it="""
+        import itertools, warnings
+        import torch
+
+        STEP = itertools.count()
+
+        def test_it():
+            loss = torch.rand(2048).sum() * next(STEP)
+            warnings.warn(f"loss spiked to {loss}", UserWarning)
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak", "-W", "default::UserWarning")
+    result.assert_outcomes(passed=1, warnings=1)
+    result.stdout.no_fnmatch_line("*LEAKED*")
