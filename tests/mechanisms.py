@@ -231,12 +231,12 @@ CATALOGUE: list[Mechanism] = [
         holder="*_LOCAL.masks[[]*",
         diagnosis=("threading.local", "clear"),
     ),
-    # wandb/wandb#354 and the TensorBoard writers that register their flush with atexit: a callback
-    # registered on every run keeps what it closes over until the interpreter exits
+    # ponty/EasyProcess#1 (a shutdown closure registered with atexit on every start is kept, with what
+    # it closes over, until the process exits) and wandb/wandb#354 (logged tensors kept, .item() fixed it)
     Mechanism(
         name="atexit_closure",
         kind="atexit",
-        source="wandb/wandb#354",
+        source="ponty/EasyProcess#1",
         leak="""
         import atexit
 
@@ -261,12 +261,13 @@ CATALOGUE: list[Mechanism] = [
         holder="*atexit*closure var 'value'*",
         diagnosis=("atexit", "unregister"),
     ),
-    # huggingface/accelerate#2715 and wandb-style run objects: an object that registers its own
-    # bound method with atexit (to flush at exit) lives, with everything it buffers, until exit
+    # datalab-to/marker#419 (atexit.register(self.cleanup_pdf_doc) per document), ARM-software/devlib#676
+    # and jupyter/jupyter_client#264: an object that registers its own bound method with atexit lives,
+    # with everything it buffers, until exit; unregister it (or register a function) to let it go
     Mechanism(
         name="atexit_bound_method",
         kind="atexit",
-        source="huggingface/accelerate#2715",
+        source="datalab-to/marker#419",
         leak="""
         import atexit
 
@@ -439,12 +440,12 @@ CATALOGUE: list[Mechanism] = [
         holder="*OFFLOAD.storage[[]*",
         diagnosis=("saved_tensors_hooks", "backward"),
     ),
-    # pytorch/pytorch#115255 (saved_tensors_hooks inside torch.utils.checkpoint: the checkpointed
-    # activations kept alive) and pytorch/pytorch#78752 (non-reentrant checkpoint kept its storage)
+    # pytorch/pytorch#78752 (non-reentrant checkpoint's saved-tensor hooks kept every activation in
+    # their storage); here the user keeps checkpointed outputs, never run backward, with their graphs
     Mechanism(
         name="checkpointed_outputs_kept_without_backward",
         kind="saved-tensor hooks and checkpoint",
-        source="pytorch/pytorch#115255",
+        source="pytorch/pytorch#78752",
         leak="""
         from torch.utils.checkpoint import checkpoint
 
@@ -470,7 +471,6 @@ CATALOGUE: list[Mechanism] = [
         holder="*LOSSES[[]*",
         diagnosis=("checkpoint", "backward"),
     ),
-    # pytorch/pytorch#115255: an identity saved_tensors_hooks pair used to switch checkpointing off
     # pytorch/pytorch#115255 (an identity saved_tensors_hooks pair inside a non-reentrant checkpoint,
     # used to switch checkpointing off for part of the block: a forward run without backward, as in an
     # evaluation outside torch.no_grad(), is never freed)
@@ -530,7 +530,6 @@ CATALOGUE: list[Mechanism] = [
         holder="*checkpoint*saved_tensors_hooks*",
         diagnosis=("checkpoint", "saved_tensors_hooks", "no_grad"),
     ),
-    # pytorch/pytorch#86136 and ecmwf/anemoi-core#134 (autocast caches the low-precision casts of
     # pytorch/pytorch#86136 and ecmwf/anemoi-core#134 (autocast caches the low-precision casts of
     # weights that require grad until the outermost autocast region exits; a region entered by a
     # helper and never exited keeps a cast, and through its grad_fn the weight, for every new model)
@@ -610,7 +609,6 @@ CATALOGUE: list[Mechanism] = [
         holder="*autocast*inference-server*",
         diagnosis=("autocast", "thread"),
     ),
-    # pytorch/pytorch#104095 and #119607 (a compiled model's weights are kept by dynamo's cache on the
     # pytorch/pytorch#105181 and #104095 (compiled models kept after the user is done with them; on
     # torch 2.13 dynamo's own cache no longer keeps a deleted module): a cache of compiled models, one
     # per batch-size bucket, that is never evicted
@@ -1510,7 +1508,6 @@ CATALOGUE: list[Mechanism] = [
         holder="logging.*[[]'stats'[]].handlers[[]*].model.weight",
         diagnosis=("handler", "removeHandler"),
     ),
-    # python/cpython#97557 and POSYDON-code/POSYDON#364 (what a warning carries is kept by the
     # python/cpython#97557 and POSYDON-code/POSYDON#364 (what a warning carries stays with whatever
     # records it); a trainer that collects the warnings of each fit, one built with the tensor itself
     Mechanism(
