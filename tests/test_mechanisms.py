@@ -74,9 +74,9 @@ def entry(request: pytest.FixtureRequest, runs_folder: Path) -> tuple[Mechanism,
     return mechanism, run_entry(runs_folder, mechanism)
 
 
-def _outcome(result: dict[str, Any], file: str) -> str:
+def _verdict(result: dict[str, Any], file: str) -> str:
     test = result["tests"].get(file)
-    return test["outcome"] if test else "not run"
+    return test["verdict"] if test else "not run"
 
 
 def _largest_group(result: dict[str, Any]) -> dict[str, Any]:
@@ -106,13 +106,13 @@ def test_the_catalogue_covers_every_kind() -> None:
 @pytest.mark.parametrize("entry", _params("caught"), indirect=True)
 def test_the_leak_is_caught(entry: tuple[Mechanism, dict[str, Any]]) -> None:
     mechanism, result = entry
-    assert _outcome(result, "test_leak.py") == "leaked", result["output"]
+    assert _verdict(result, "test_leak.py") == "leaked", result["output"]
 
 
 @pytest.mark.parametrize("entry", _params("fixed"), indirect=True)
 def test_the_fixed_twin_passes(entry: tuple[Mechanism, dict[str, Any]]) -> None:
     mechanism, result = entry
-    assert _outcome(result, "test_fixed.py") == "passed", result["output"]
+    assert _verdict(result, "test_fixed.py") == "passed", result["output"]
 
 
 @pytest.mark.parametrize("entry", _params("holder"), indirect=True)
