@@ -9,9 +9,13 @@ from .sizes import parse_size
 
 Outcome = Literal["passed", "leaked", "over_budget"]
 """What a check, or a test's runs, come to: within every budget, leaked, or over another budget."""
-TestOutcome = Literal["passed", "leaked", "over_budget", "unchecked"]
-"""A test's record: an outcome, or ``unchecked`` where nothing could be measured (it failed, was
-skipped, or the plugin could not check it)."""
+Verdict = Literal["passed", "leaked", "over_budget", "unchecked"]
+"""A test's leak verdict in its record (beside pytest's outcome): an outcome, or ``unchecked``
+where nothing could be measured (it failed, was skipped, or the plugin could not check it)."""
+VERDICTS: tuple[Verdict, ...] = get_args(Verdict)
+StepVerdict = Literal["passed", "leaked", "undecided"]
+"""What a test's step checks came to: all passed, one grew, or none could decide."""
+STEP_VERDICTS: tuple[StepVerdict, ...] = get_args(StepVerdict)
 Pattern = Literal["grows", "kept_once", "settled"]
 """What a test's runs show of the memory it leaves (see :mod:`~pytest_vramleak.judging.repeats`)."""
 FailOn = Literal["significant", "growth", "any"]

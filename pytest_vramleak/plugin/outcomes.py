@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
+from ..judging.words import StepVerdict
 from ..reporting.outcomes import outcome_of_phases
 from ..reporting.report import TestResult
 
 
-def step_verdict(steps: Sequence[Any], step_leaked: bool) -> str | None:
+def step_verdict(steps: Sequence[Any], step_leaked: bool) -> StepVerdict | None:
     """What a test's step checks found: ``leaked`` (one grew), ``undecided`` (one could not tell
     growth from noise), ``passed``; None where none was measured."""
     if step_leaked or any(step.grows for step in steps):

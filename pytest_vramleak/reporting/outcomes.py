@@ -13,13 +13,7 @@ sentence (:func:`headline`).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal
-
-Verdict = Literal["passed", "leaked", "over_budget", "unchecked"]
-StepVerdict = Literal["passed", "leaked", "undecided"]
-
-VERDICTS: tuple[Verdict, ...] = ("passed", "leaked", "over_budget", "unchecked")
-STEP_VERDICTS: tuple[StepVerdict, ...] = ("passed", "leaked", "undecided")
+from typing import Any
 
 PYTEST_ORDER = ("failed", "passed", "skipped", "xfailed", "xpassed", "error")
 """pytest's outcomes in the order its summary line counts them (``2 failed, 5 passed, 1 error``)."""

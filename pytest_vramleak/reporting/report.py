@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..judging.sizes import format_size
+from ..judging.words import StepVerdict, Verdict
 from .outcomes import headline, verdict_of
 
 REPORT_VERSION = 2
@@ -73,12 +74,12 @@ class TestResult:
 
     nodeid: str
     device: str | None
-    verdict: str
+    verdict: Verdict
     """The leak check's verdict: ``passed``, ``leaked``, ``over_budget`` or ``unchecked``."""
     outcome: str | None = None
     """pytest's outcome of the test, in its words (``passed``, ``failed``, ``skipped``, ``xfailed``,
     ``xpassed``, ``error``; see :mod:`~pytest_vramleak.reporting.outcomes`), set as its reports are logged."""
-    step_verdict: str | None = None
+    step_verdict: StepVerdict | None = None
     """What the ``vramleak`` fixture's step checks found: ``passed``, ``leaked`` or ``undecided`` (None: none ran)."""
     baseline_bytes: int | None = None
     end_bytes: int | None = None
