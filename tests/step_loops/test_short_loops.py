@@ -27,8 +27,7 @@ def test_explain_false_gives_the_same_verdict_without_looking_for_holders(monkey
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("explain=False looked for holders or recorded sites")
 
-    monkeypatch.setattr(steps_module, "describe", refuse)
-    monkeypatch.setattr(steps_module, "describe_history", refuse)
+    monkeypatch.setattr(steps_module, "name_storages", refuse)
     monkeypatch.setattr(steps_module.SiteRecorder, "start", refuse)
     plain = StepWatcher("cpu", warmup=2, explain=False).check(step, steps=8)
     kept.clear()
