@@ -90,10 +90,6 @@ class Snapshot:
     offsets a leak. Through a tracker that cannot tell ages every storage counts as young; in a
     snapshot taken without a tracker, none does."""
 
-    @property
-    def storage_keys(self) -> frozenset[StorageKey]:
-        return frozenset(self.storages)
-
     def new_since(self, earlier: Snapshot) -> set[StorageKey]:
         """Keys of storages alive here that were not alive at ``earlier``."""
         return {key for key in self.storages if not earlier.holds_same(key, self)}
@@ -272,7 +268,7 @@ def take_snapshot(device: str | None = "auto", *, meter: Meter | None = None, se
         meter.settle()  # collects garbage
     census = take_census(meter.name, identify=True)
     storages, identities = census.storages, census.identities
-    allocated = sum(storages.values()) if meter.name == "cpu" else meter.allocated_bytes()
+    allocated = meter.allocated_bytes() if meter.keeps_counters else sum(storages.values())
     return Snapshot(meter.name, allocated, storages, meter.details(), identities)
 
 
