@@ -1,0 +1,236 @@
+"""The plugin in a user's session: an absent device or torch, its own errors, no warnings and no
+reference kept, turning it off, a test's own modes and profilers, a test reported twice."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_absent_device_skips_with_reason(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest
+
+        @pytest.mark.vram_budget(device="cuda:7")
+        def test_it():
+            pass
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-rs")
+    result.assert_outcomes(skipped=1)
+    # the device asked for, and the test's own place (not the plugin's)
+    result.stdout.fnmatch_lines(
+        ["SKIPPED [[]1] test_it.py:3: vramleak: device cuda:7 is not available in this process (no cuda device)"]
+    )
+
+
+def test_runs_without_warnings_and_keeps_no_reference(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import gc, weakref
+        import pytest, torch
+        CACHE = {}
+        REFS = []
+
+        @pytest.mark.vram_budget
+        def test_leaks():
+            CACHE["x"] = torch.ones(1024)
+            REFS.append(weakref.ref(CACHE["x"]))
+
+        def test_leaked_tensor_is_freed_once_dropped():
+            CACHE.clear()
+            gc.collect()
+            assert REFS[0]() is None
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-W", "error", "-p", "no:randomly")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.no_fnmatch_line("*warnings summary*")
+    result.stdout.no_fnmatch_line("*Warning*")
+
+
+def test_internal_error_becomes_a_message_on_the_test(
+    pytester: pytest.Pytester, run_checked, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_vramleak.tracking.tracker import Tracker
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("census exploded")
+
+    monkeypatch.setattr(Tracker, "observe", broken)
+    pytester.makepyfile(
+        test_it="""
+        import pytest
+
+        @pytest.mark.vram_budget
+        def test_one():
+            pass
+
+        def test_two():
+            pass
+        """
+    )
+    result, report = run_checked()
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["vramleak could not check this test: RuntimeError: census exploded"])
+    assert report["test_one"]["verdict"] == "unchecked"
+    assert report["test_one"]["reason"] == "vramleak internal error: RuntimeError: census exploded"
+
+
+def test_without_torch_tests_run_unchecked_and_the_header_says_so(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest("import sys\nsys.modules['torch'] = None\n")
+    pytester.makepyfile(
+        test_it="""
+        import pytest
+
+        @pytest.mark.vram_budget("1 GiB")
+        def test_marked():
+            pass
+
+        def test_fixture(vramleak):
+            assert list(vramleak.steps(4)) == [0, 1, 2, 3]
+
+        def test_plain():
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rs")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(
+        ["vramleak: torch is not installed: tests marked vram_budget and the vramleak fixture run unchecked"]
+    )
+    result.stdout.no_fnmatch_line("*plugin.py*")
+
+
+def test_without_torch_vramleak_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    # A CI job asked to check every test must not pass having checked none.
+    pytester.makeconftest("import sys\nsys.modules['torch'] = None\n")
+    pytester.makepyfile(test_it="def test_plain():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["ERROR: --vramleak checks tensor memory, and torch is not installed: install torch, or run without --vramleak"]
+    )
+
+
+def test_a_device_option_for_an_absent_device_stops_the_run(pytester: pytest.Pytester) -> None:
+    # A GPU job that lands on a CPU runner must not go green having run nothing.
+    pytester.makepyfile(test_it="def test_plain():\n    pass\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak", "--vramleak-device=cuda")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            "ERROR: --vramleak-device=cuda: device cuda is not available in this process (no cuda device); torch * sees: cpu"
+        ]
+    )
+    pytester.makeini("[pytest]\nvramleak_device = cuda:1\n")
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["ERROR: ini option vramleak_device=cuda:1: device cuda:1 is not available*; torch * sees: cpu"]
+    )
+
+
+def test_plugin_can_be_disabled(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        CACHE = []
+
+        @pytest.mark.vram_budget
+        def test_it():
+            CACHE.append(torch.ones(1024))
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:vramleak")
+    result.assert_outcomes(passed=1)
+
+
+def test_a_mode_the_test_leaves_entered_stays_and_the_site_recorder_leaves(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        from torch.overrides import TorchFunctionMode
+
+        class Counting(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                return func(*args, **(kwargs or {}))
+
+        @pytest.mark.vram_budget
+        def test_enters_a_mode_and_keeps_it():
+            Counting().__enter__()
+            torch.ones(2)
+
+        def test_the_mode_is_still_there_and_alone():
+            stack = torch.overrides._get_current_function_mode_stack()
+            assert [type(mode).__name__ for mode in stack] == ["Counting"]
+        """
+    )
+    import torch
+
+    depth = len(torch.overrides._get_current_function_mode_stack())
+    try:
+        result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
+    finally:
+        while len(torch.overrides._get_current_function_mode_stack()) > depth:
+            torch.overrides._pop_mode()  # the test's own mode, which it never left
+    result.assert_outcomes(passed=2)
+
+
+@pytest.mark.parametrize("options", [(), ("--vramleak-save=base",)], ids=["peak budget", "save"])
+def test_a_test_that_runs_its_own_profiler_gets_no_peak(
+    pytester: pytest.Pytester, run_checked, options: tuple[str, ...]
+) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+
+        @pytest.mark.vram_budget("1 MiB")
+        def test_profiles():
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as profiler:
+                torch.ones(1024).sum()
+            assert profiler.key_averages()
+
+        @pytest.mark.vram_budget("1 MiB")
+        def test_profiles_with_the_autograd_profiler():
+            with torch.autograd.profiler.profile(profile_memory=True):
+                torch.ones(1024).sum()
+
+        @pytest.mark.vram_budget("1 MiB")
+        def test_after():
+            torch.ones(1024).sum()
+        """
+    )
+    result, report = run_checked("-p", "no:randomly", *options)
+    result.assert_outcomes(passed=3)
+    assert report["test_profiles"]["peak_bytes"] is None
+    assert report["test_profiles_with_the_autograd_profiler"]["peak_bytes"] is None
+    assert report["test_after"]["peak_bytes"] is not None  # the plugin's own profiler works again
+
+
+def test_a_test_reported_twice_is_summarised_once(pytester: pytest.Pytester) -> None:
+    # What a rerun plugin does: run a test's protocol again and report it again.
+    pytester.makeconftest(
+        """
+        from _pytest.runner import runtestprotocol
+
+        def pytest_runtest_protocol(item, nextitem):
+            for _ in range(2):
+                item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+                runtestprotocol(item, nextitem=nextitem)
+                item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+            return True
+        """
+    )
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        CACHE = []
+
+        @pytest.mark.vram_budget
+        def test_leaks():
+            CACHE.append(torch.ones(1024))
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.stdout.str().count("  test_it.py::test_leaks (cpu)") == 1
