@@ -1919,12 +1919,6 @@ CATALOGUE: list[Mechanism] = [
 
 # What the plugin says today where it falls short, by entry and part.
 GAPS: dict[str, dict[Part, str]] = {
-    "thread_frame_local": {
-        "diagnosis": "diagnosis: (none)",
-    },
-    "prefetch_thread_blocked_on_a_full_queue": {
-        "diagnosis": "diagnosis: (none)",
-    },
     "threading_local_cache": {
         "holder": "held by test_leak._LOCAL -> <_local>[<ReferenceType key>]['masks'][4]",
         "diagnosis": "diagnosis: (none)",
@@ -1937,9 +1931,6 @@ GAPS: dict[str, dict[Part, str]] = {
         "holder": "held by <method held outside Python's gc>.__self__.pending[0]",
         "diagnosis": "diagnosis: (none)",
     },
-    "weakref_finalize_bound_method": {
-        "diagnosis": "diagnosis: (none)",
-    },
     "weakref_finalize_closure_over_self": {
         "holder": "held by <its holders changed while they were searched (another thread at work?): not named>",
         "diagnosis": "diagnosis: (none)",
@@ -1950,7 +1941,6 @@ GAPS: dict[str, dict[Part, str]] = {
     "checkpointed_outputs_kept_without_backward": {
         "holder": "held by <function held outside Python's gc> -> closure var 'frame'.recomputed[...].data[<ReferenceType key>] | ...",
         "site": "allocated at (none)",
-        "diagnosis": "diagnosis: a closure (a callback, a logger) captured it and lives on: drop the callback when done, or capture a detac...",
     },
     "saved_tensors_hooks_under_checkpoint": {
         "holder": "held by <no Python reference: held from C++, e.g. by a hook or cache inside torch or an extension>",
@@ -1988,9 +1978,6 @@ GAPS: dict[str, dict[Part, str]] = {
     },
     "memoized_getitem": {
         "diagnosis": "diagnosis: a closure (a callback, a logger) captured it and lives on: drop the callback when done, or capture a detac...",
-    },
-    "lru_cache_on_a_method": {
-        "diagnosis": "diagnosis: functools.lru_cache / functools.cache keeps every result it returned: give it a maxsize, call .cache_clear...",
     },
     "lru_cache_keyed_by_a_model": {
         "diagnosis": "diagnosis: functools.lru_cache / functools.cache keeps every result it returned: give it a maxsize, call .cache_clear...",
