@@ -352,9 +352,7 @@ def read_settings(get: Getter, rootpath: Path, environ: Mapping[str, str] | None
             f"{get('vramleak_confirm')[1]}: at least 2 re-runs are needed to tell growth from memory kept once, got 1"
         )
     fail_on_text, source = get("vramleak_fail_on")
-    fail_on = next((word for word in FAIL_ON if word == str(fail_on_text or "").strip().lower()), None)
-    if fail_on is None and str(fail_on_text or "").strip():
-        raise OptionError(f"{source}: expected significant, growth or any, got {fail_on_text!r}")
+    fail_on = _fail_on(fail_on_text, source)
     if fail_on in ("growth", "significant") and confirm == 0 and repeat == 1:
         raise OptionError(
             f"{source}={fail_on} tells growth from memory kept once by running a leaking test again, and "
@@ -472,3 +470,14 @@ def _count(get: Getter, name: str, *, minimum: int, what: str) -> int:
     except ValueError:
         raise OptionError(f"{source}: expected a whole number of {what} >= {minimum}, got {text!r}") from None
     return value
+
+
+def _fail_on(text: Any, source: str) -> FailOn | None:
+    """The rule an option's text names (None where it is empty), or an error naming its source."""
+    given = str(text or "").strip().lower()
+    for word in FAIL_ON:
+        if word == given:
+            return word
+    if given:
+        raise OptionError(f"{source}: expected significant, growth or any, got {text!r}")
+    return None
