@@ -27,7 +27,13 @@ _HOOK_DICT = re.compile(r"_\w*_hooks")
 PYTEST_WARNINGS = "the warnings pytest recorded"
 
 NamedKind = Literal["fixture", "parametrize", "pytest", "step", "value"]
-_ROLES: dict[str, RootKind] = {"fixture": "fixture", "parametrize": "parametrize", "step": "step", "value": "value"}
+_ROLES: dict[str, RootKind] = {
+    "fixture": "fixture",
+    "parametrize": "parametrize",
+    "step": "step",
+    "value": "value",
+    "pytest": "value",
+}
 
 
 class FrameLocal:
@@ -60,19 +66,9 @@ class NamedRoot:
         self.value = value
         self.kind = kind
         """``fixture``, ``parametrize``, ``pytest``, ``step`` or ``value``: how a drawn graph labels it."""
-        self.role: RootKind = role if role is not None else _role(kind, label, value)
-        """The root's kind on a holder path, which decides the diagnosis."""
-
-
-def _role(kind: str, label: str, value: Any) -> RootKind:
-    """The root kind of a named value given without one: of what pytest keeps, its test's class
-    instance, the warnings it recorded (under the label pytest's layer names them by), or a
-    test's record_property values."""
-    if kind != "pytest":
-        return _ROLES.get(kind, "value")
-    if type(value) is not list:
-        return "pytest instance"
-    return "pytest warnings" if label == PYTEST_WARNINGS else "record_property"
+        self.role: RootKind = role if role is not None else _ROLES[kind]
+        """The root's kind on a holder path, which decides the diagnosis (what pytest keeps is
+        given its own: its test's class instance, the warnings it recorded, record_property values)."""
 
 
 def type_name(obj: Any) -> str:
