@@ -4,16 +4,18 @@
 :class:`~pytest_vramleak.judging.verdict.Budget` and its :class:`Rules`: what leaked (memory and
 kept autograd history, past the leak budget), what peaked past a budget, what a saved run's peak
 says, and what only the cycle collector freed. It reads no tensor and runs no code of the user's.
+:func:`verdict_with_steps` joins a test's step checks to it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from .sizes import format_size
 from .verdict import Budget, Increase, judge_budget, judge_increase
-from .words import Outcome
+from .words import Outcome, StepVerdict, Verdict
 
 
 @dataclass(frozen=True)
@@ -169,3 +171,51 @@ def _beyond_budgets(
             )
         )
     return broken, notes
+
+
+class StepFigures(Protocol):
+    """What the verdict reads of one step check (a :class:`~pytest_vramleak.steps.StepResult`)."""
+
+    @property
+    def grows(self) -> bool: ...
+    @property
+    def undecided(self) -> str | None:
+        """Why it could not tell growth from noise (None where it could)."""
+
+    @property
+    def verdict(self) -> object | None:
+        """Its growth verdict, None where it measured nothing."""
+
+
+def step_verdict(steps: Sequence[StepFigures]) -> StepVerdict | None:
+    """What a test's step checks found: ``leaked`` (one grew), ``undecided`` (one could not tell
+    growth from noise), ``passed``; None where none was measured."""
+    if any(step.grows for step in steps):
+        return "leaked"
+    if any(step.undecided for step in steps):
+        return "undecided"
+    return "passed" if any(step.verdict is not None for step in steps) else None
+
+
+def verdict_with_steps(
+    verdict: Verdict, steps: Sequence[StepFigures], *, budget_checked: bool, unchecked: bool
+) -> Verdict:
+    """A test's verdict with its step checks (``verdict``: its whole-test check's;
+    ``budget_checked``: it had a budget to check; ``unchecked``: something kept it from being
+    checked, such as its failure):
+
+    =========================================  ===========================================
+    the step checks                            the test's verdict
+    =========================================  ===========================================
+    one grew                                   leaked
+    one decided, the test had no budget, and   passed (checked through the fixture alone)
+    nothing kept it from being checked
+    otherwise                                  the whole-test check's
+    =========================================  ===========================================
+    """
+    if step_verdict(steps) == "leaked":
+        return "leaked"
+    decided = any(step.verdict is not None and not step.undecided for step in steps)
+    if verdict == "unchecked" and decided and not budget_checked and not unchecked:
+        return "passed"
+    return verdict

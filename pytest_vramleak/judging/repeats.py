@@ -26,7 +26,7 @@ Everything here is plain logic: the pytest side (running a test again) is in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -187,6 +187,63 @@ class Repetitions:
         return f"{head}\n{text}"
 
 
+def run_made(clocks: Sequence[int], born: int) -> int | None:
+    """Which run made a storage first seen at the tracker's clock ``born``, the runs having begun at
+    ``clocks`` (None: before the first)."""
+    return max((index for index, clock in enumerate(clocks) if clock <= born), default=None)
+
+
+def set_aside_per_run(clocks: Sequence[int], kept: Iterable[tuple[int, int]], *, first_run_too: bool) -> list[int]:
+    """Bytes to take off each run's figure for storages set aside (``kept``: each one's clock of
+    birth and size), charged to the run that made it:
+
+    ==============  ============================================================
+    made by         set aside from
+    ==============  ============================================================
+    the first run   that run where ``first_run_too`` (held by PyTorch itself), else
+                    nowhere (what pytest keeps of a test run once is kept once)
+    a later run     that run
+    no run          nowhere
+    ==============  ============================================================
+    """
+    adjust = [0] * len(clocks)
+    for born, nbytes in kept:
+        index = run_made(clocks, born)
+        if index is not None and (first_run_too or index > 0):
+            adjust[index] += nbytes
+    return adjust
+
+
+def settled_credit(clocks: Sequence[int], settled: Iterable[tuple[int, int]]) -> list[int]:
+    """Bytes each run freed of an earlier run's garbage on reference cycles, freed only by a full
+    collection (``settled``: each storage's clock of birth and size). An object a run made on a
+    cycle that the next run replaced is credited to the next run, as if it had freed it; garbage of
+    the last run, or of no run, is credited to none."""
+    credit = [0] * len(clocks)
+    for born, nbytes in settled:
+        made = run_made(clocks, born)
+        if made is not None and made + 1 < len(clocks):
+            credit[made + 1] += nbytes
+    return credit
+
+
+def kept_once_already(runs: Sequence[Run]) -> bool:
+    """Whether re-runs that confirm a leak may stop: at least three runs, and every run after the
+    second added nothing at all (no byte, no autograd node; the second may still finish what the
+    first began), so memory was kept once, whatever further runs would show. (A test that grows
+    only every third run or less often then reads as kept once.)"""
+    return len(runs) >= 3 and all(
+        run.leaked_bytes <= 0 and run.history_nodes <= before.history_nodes
+        for before, run in zip(runs[1:], runs[2:], strict=False)
+    )
+
+
+def last_growing_run(series: Sequence[int], warmup: int) -> int | None:
+    """The last measured run after which more memory was left than before it (None: none was)."""
+    leaving = [index for index in range(warmup, len(series)) if series[index] > (series[index - 1] if index else 0)]
+    return leaving[-1] if leaving else None
+
+
 @dataclass(frozen=True)
 class Decision:
     """The verdict on a test's runs: outcome, pattern, failure sentence (empty when it passes)."""
@@ -200,6 +257,8 @@ class Decision:
     """What the runs keep, above the first run's start (memory and estimated autograd history)."""
     grows_history: bool = False
     growth_bytes: int | None = None
+    opens_with_growth: bool = False
+    """The failure's first sentence is the storage's growth per run (not the first run's verdict)."""
 
 
 class FirstRun(Protocol):
@@ -259,39 +318,59 @@ def decide(
     bytes per run set aside as not the test's (held by PyTorch itself); ``node_bytes``: the
     estimated size of one kept autograd node."""
     pattern, verdict, history = repetitions.classify(rule.tolerance, rule.leak_budget, device, adjust)
-    series = repetitions.series(adjust)
-    nodes = repetitions.node_series()
-    kept = (series[-1] if series else 0) + (nodes[-1] if nodes else 0) * node_bytes
-    first_kept = (series[0] if series else 0) + (nodes[0] if nodes else 0) * node_bytes
-    if pattern is None and repetitions.rerun_failed:
-        kept = first_kept  # the runs after the first are not used
     grows = pattern == "grows"
+    kept, first_kept = _kept(repetitions, adjust, node_bytes, classified=pattern is not None)
     about = (
         repetitions.describe(pattern, verdict, device, history=history, adjust=adjust)
         if len(repetitions.runs) > 1 or repetitions.rerun_failed
         else ""
     )
-    growth = (
-        series[-1] - (series[repetitions.warmup - 1] if repetitions.warmup else 0)
-        if grows and not history and series
-        else None
-    )
+    growth = _growth_bytes(repetitions, adjust) if grows and not history else None
     fails = memory_fails(rule, first, grows=grows, kept=kept, first_kept=first_kept)
-    left_behind = bool(first.left_behind)
-    outcome: Outcome = "leaked" if fails or left_behind else "over_budget" if first.over_budget else "passed"
+    outcome: Outcome = "leaked" if fails or first.left_behind else "over_budget" if first.over_budget else "passed"
     if outcome == "passed":
         return Decision(outcome, pattern, "", about, kept, history, growth)
-    messages = [
-        _memory_message(repetitions, first, rule, verdict if grows else None, history, fails, kept, device, node_bytes)
-    ]
-    if (left_behind or first.over_budget) and first.message not in messages:
+    judged_first = _first_run_judged(repetitions, first, rule, grows=grows, fails=fails)
+    opening = (
+        first.message
+        if judged_first
+        else _memory_message(
+            repetitions, first, rule, verdict if grows else None, history, fails, kept, device, node_bytes
+        )
+    )
+    messages = [opening]
+    if (first.left_behind or first.over_budget) and first.message != opening:
         messages.append(first.message)
     if grows and rule.strict and repetitions.mode == "repeat" and first.outcome != "passed" and first.message:
         if first.message not in messages:
             about = f"{about}\nfirst run: {first.message}"
-    return Decision(
-        outcome, pattern, "; ".join(message for message in messages if message), about, kept, history, growth
-    )
+    message = "; ".join(message for message in messages if message)
+    opens_with_growth = grows and not history and not judged_first
+    return Decision(outcome, pattern, message, about, kept, history, growth, opens_with_growth)
+
+
+def _kept(repetitions: Repetitions, adjust: Sequence[int], node_bytes: int, *, classified: bool) -> tuple[int, int]:
+    """What the runs keep after the last run and after the first (memory and estimated autograd
+    history), above the first run's start; after the first alone where a run after it failed and
+    the runs could not be classified (they are not used)."""
+    series, nodes = repetitions.series(adjust), repetitions.node_series()
+    kept = (series[-1] if series else 0) + (nodes[-1] if nodes else 0) * node_bytes
+    first_kept = (series[0] if series else 0) + (nodes[0] if nodes else 0) * node_bytes
+    return (first_kept if not classified and repetitions.rerun_failed else kept), first_kept
+
+
+def _growth_bytes(repetitions: Repetitions, adjust: Sequence[int]) -> int | None:
+    """How much memory grew over the measured runs (None where no run was measured)."""
+    series = repetitions.series(adjust)
+    if not series:
+        return None
+    return series[-1] - (series[repetitions.warmup - 1] if repetitions.warmup else 0)
+
+
+def _first_run_judged(repetitions: Repetitions, first: FirstRun, rule: Rule, *, grows: bool, fails: bool) -> bool:
+    """Whether the failure opens with the first run's verdict: a strict rule judges the first run
+    as a test run once is, unless runs repeated as planned grew (they then say how)."""
+    return fails and rule.strict and not (grows and repetitions.mode == "repeat") and bool(first.message)
 
 
 def _memory_message(
@@ -305,12 +384,10 @@ def _memory_message(
     device: str,
     node_bytes: int,
 ) -> str:
-    """The failure's first sentence: the first run's verdict where a strict rule judges it (runs
-    repeated as planned that grow say how), the growth per run (``growth``: the verdict of runs
-    that grow), or what was kept once."""
+    """The failure's first sentence where the first run's verdict does not open it (see
+    :func:`_first_run_judged`): the growth per run (``growth``: the verdict of runs that grow), or
+    what was kept once."""
     grows = growth is not None and fails
-    if fails and rule.strict and not (grows and repetitions.mode == "repeat"):
-        return first.message  # the budget's verdict on the first run; the runs say more below
     if grows:
         assert growth is not None
         measured = len(repetitions.runs) - repetitions.warmup

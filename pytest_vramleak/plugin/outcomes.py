@@ -10,24 +10,12 @@ pytest-xdist this runs in the controller too, which logs every worker's reports.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
-from ..judging.words import StepVerdict
 from ..reporting.outcomes import outcome_of_phases
 from ..reporting.report import TestResult
-
-
-def step_verdict(steps: Sequence[Any], step_leaked: bool) -> StepVerdict | None:
-    """What a test's step checks found: ``leaked`` (one grew), ``undecided`` (one could not tell
-    growth from noise), ``passed``; None where none was measured."""
-    if step_leaked or any(step.grows for step in steps):
-        return "leaked"
-    if any(step.undecided for step in steps):
-        return "undecided"
-    return "passed" if any(step.verdict is not None for step in steps) else None
 
 
 def verdict_properties(result: TestResult) -> list[tuple[str, Any]]:

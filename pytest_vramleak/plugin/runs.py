@@ -4,7 +4,6 @@ PyTorch or pytest keeps set aside, and the reports pytest gets, once."""
 
 from __future__ import annotations
 
-import functools
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -16,7 +15,19 @@ from ..check import CPP_HELD, CheckResult, NamedLeak, name_leak
 from ..holders.diagnosis import PYTEST_WARNINGS
 from ..holders.referrers import NamedRoot, held_only_inside, without_python_holders
 from ..holders.snapshot import held_in_cpp_groups, merge_parts
-from ..judging.repeats import Decision, Repetitions, Rule, Run, decide
+from ..judging.outcome import step_verdict, verdict_with_steps
+from ..judging.repeats import (
+    Decision,
+    Repetitions,
+    Rule,
+    Run,
+    decide,
+    kept_once_already,
+    last_growing_run,
+    run_made,
+    set_aside_per_run,
+    settled_credit,
+)
 from ..judging.sizes import format_size
 from ..judging.verdict import Budget
 from ..reporting.report import TestResult, render_groups
@@ -24,7 +35,7 @@ from ..tracking.census import StorageKey
 from ..tracking.sites import FRAMES_FOR_CPP_HELD, FRAMES_TRACED, SiteRecorder, Sites, SiteSource, StorageSites
 from ..tracking.tracker import NODE_BYTES, StorageRef, Tracker
 from .options import Settings
-from .outcomes import step_verdict, verdict_properties
+from .outcomes import verdict_properties
 from .protocol import RandomState, failed_call_report, failure_line, finish_teardown, run_once, why_stopped
 from .state import Check, VramLeak, pasteable, session_of
 
@@ -73,6 +84,16 @@ class TestRuns:
     """The tracker's clock as the run that recorded sites after the verdict began (not one of the
     runs judged: what it left is named, and not counted)."""
     result: TestResult | None = None
+
+    @property
+    def clocks(self) -> list[int]:
+        """The tracker's clock as each measured run began."""
+        return [run.begin_clock for run in self.repetitions.runs]
+
+    def made_recording_sites(self, born: int) -> bool:
+        """Whether a storage first seen at ``born`` was made by the run that recorded sites after
+        the verdict (not one of the runs judged)."""
+        return self.extra_begin is not None and born >= self.extra_begin
 
 
 @dataclass
@@ -195,77 +216,41 @@ def _usable(check: Check | None) -> bool:
     )
 
 
-def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns) -> list[pytest.TestReport]:
-    repetitions = runs.repetitions
-    parent = item.parent if runs.may_rerun else nextitem
-    spent: dict[str, float] = {}
+@dataclass
+class _Runner:
+    """Runs a checked test's phases once more each call, keeping each run's check and adding up
+    the time each phase took over the runs."""
 
-    def run() -> list[pytest.TestReport]:
-        repetitions.started += 1
-        reports = run_once(item, parent)
+    item: pytest.Item
+    runs: TestRuns
+    parent: pytest.Item | pytest.Collector | None
+    """What the runs tear down to: the test's parent where it may run again, else the next test."""
+    spent: dict[str, float] = field(default_factory=dict)
+
+    def __call__(self) -> list[pytest.TestReport]:
+        self.runs.repetitions.started += 1
+        reports = run_once(self.item, self.parent)
         for report in reports:
-            spent[report.when] = spent.get(report.when, 0.0) + report.duration
-        check = current_check(item)
+            self.spent[report.when] = self.spent.get(report.when, 0.0) + report.duration
+        check = current_check(self.item)
         if check is not None:
-            runs.checks.append(check)
+            self.runs.checks.append(check)
         return reports
 
+    @property
+    def seconds(self) -> float:
+        return sum(self.spent.values())
+
+
+def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns) -> list[pytest.TestReport]:
+    """Run the test, again where its first run must be confirmed or as planned, judge the runs,
+    name what they keep where it fails, and hand back the first run's reports with the verdict."""
+    run = _Runner(item, runs, item.parent if runs.may_rerun else nextitem)
     first_reports = run()
-    first = current_check(item)
-    last_reports = first_reports
-    if _usable(first):
-        assert first is not None and first.engine is not None
-        runs.first_begin = first.engine.begin_clock
-        repetitions.runs.append(_run_record(first))
-        if (
-            repetitions.mode == "confirm"
-            and runs.may_rerun
-            and first.engine.suspected
-            and not first.call_failed
-            and not _ending(item)
-        ):
-            runs.as_in = _kept_as_in_an_earlier_case(item, runs)
-            runs.in_parameters = runs.as_in is None and _kept_in_its_parameters(item, runs, sum(spent.values()))
-            repetitions.planned = 1 if runs.as_in or runs.in_parameters else 1 + runs.confirm
-    else:
-        repetitions.stopped = why_stopped(first_reports) or "not checked"
-    random_state = RandomState() if repetitions.wants_more and not _ending(item) else None
-    while repetitions.wants_more and not _ending(item):
-        # Planned runs (repeat=N): the last records where tensors are made. Re-runs that confirm
-        # a leak do not: a test that fails runs once more for that (below).
-        recording = (
-            repetitions.mode == "repeat"
-            and repetitions.started + 1 == repetitions.planned
-            and _checked_records_sites(item)
-        )
-        reports = _recording_run(item, runs, run) if recording else run()
-        last_reports = reports
-        check = current_check(item)
-        stopped = why_stopped(reports) or (None if _usable(check) else "was not checked")
-        if stopped:
-            line = failure_line(reports)
-            repetitions.stopped = (
-                f"run {repetitions.started} of {repetitions.planned} {stopped.removeprefix('the test ')}"
-                + (f" ({line})" if line else "")
-            )
-            repetitions.rerun_failed = True
-            drop_last_error()
-            break
-        assert check is not None
-        repetitions.runs.append(_run_record(check, runs))
-        if repetitions.mode == "confirm" and _kept_once_already(repetitions):
-            repetitions.planned = repetitions.started
-    verdict = _judge(item, runs)
-    if verdict is not None and runs.as_in is not None:
-        _set_aside_as_in(runs, verdict)
-    if verdict is not None and verdict.failing:
-        _credit_cycles_first(item, runs, verdict)
-    if verdict is not None and runs.in_parameters:
-        names = ", ".join(item.callspec.params)  # type: ignore[attr-defined]
-        verdict.notes.append(
-            f"kept only in its parametrize values ({names}), which pytest keeps for the session and no other run of this case "
-            f"adds to: kept once, not run again (its run took {sum(spent.values()):.1f} s)"
-        )
+    _after_first_run(item, runs, first_reports, run.seconds)
+    random_state = RandomState() if runs.repetitions.wants_more and not _ending(item) else None
+    last_reports = _run_again(item, runs, run) or first_reports
+    verdict = _judge_runs(item, runs, run.seconds)
     # --vramleak-fail-on=growth lists what tests keep once, with its holders: named too.
     listed = (
         verdict is not None and runs.rule.fail_on == "growth" and verdict.decision.pattern in ("kept_once", "settled")
@@ -276,25 +261,120 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
         # keeps is set aside (naming walks the heap: once, not before and after the recording run).
         if _wants_sites(item, runs, verdict):
             random_state = random_state or RandomState()
-            reports = _recording_run(item, runs, run)
-            stopped = why_stopped(reports) or (None if _usable(current_check(item)) else "was not checked")
-            if stopped:
-                verdict.notes.append(
-                    f"where the tensors were made is not known: the run that records it {stopped.removeprefix('the test ')}"
-                )
-                drop_last_error()
-            else:
-                last_reports = reports
-                runs.extra_begin = runs.checks[-1].engine.begin_clock if runs.checks[-1].engine is not None else None
+            last_reports = _run_recording_sites(item, runs, run, verdict) or last_reports
         _name_runs(item, runs, verdict, listing=listed)
     if random_state is not None:  # the tests after it draw the numbers they would without the plugin
         random_state.restore()
-    if parent is not nextitem:
-        finish_teardown(item, nextitem, last_reports[-1])
-        if last_reports is not first_reports and last_reports[-1].failed and not first_reports[-1].failed:
-            first_reports[-1].outcome, first_reports[-1].longrepr = "failed", last_reports[-1].longrepr
+    if run.parent is not nextitem:
+        _tear_down_last(item, nextitem, first_reports, last_reports)
     result = finish_result(item, runs, verdict)
-    return _final_reports(item, runs, first_reports, result, verdict, spent)
+    return _final_reports(item, runs, first_reports, result, verdict, run.spent)
+
+
+def _after_first_run(item: pytest.Item, runs: TestRuns, reports: list[pytest.TestReport], seconds: float) -> None:
+    """Record what the first run left, and plan the runs that confirm a suspected leak (none where
+    what it kept is known already to be PyTorch's, or to be held by its parametrize values)."""
+    first, repetitions = current_check(item), runs.repetitions
+    if not _usable(first):
+        repetitions.stopped = why_stopped(reports) or "not checked"
+        return
+    assert first is not None and first.engine is not None
+    runs.first_begin = first.engine.begin_clock
+    repetitions.runs.append(_run_record(first))
+    if (
+        repetitions.mode == "confirm"
+        and runs.may_rerun
+        and first.engine.suspected
+        and not first.call_failed
+        and not _ending(item)
+    ):
+        runs.as_in = _kept_as_in_an_earlier_case(item, runs)
+        runs.in_parameters = runs.as_in is None and _kept_in_its_parameters(item, runs, seconds)
+        repetitions.planned = 1 if runs.as_in or runs.in_parameters else 1 + runs.confirm
+
+
+def _run_again(item: pytest.Item, runs: TestRuns, run: _Runner) -> list[pytest.TestReport] | None:
+    """The runs after the first, as planned (the last of planned repeats records where tensors are
+    made; re-runs that confirm a leak do not: a test that fails runs once more for that). The last
+    run's reports, None where none ran; a run that fails stops them, and they are not used."""
+    repetitions, last = runs.repetitions, None
+    while repetitions.wants_more and not _ending(item):
+        recording = (
+            repetitions.mode == "repeat"
+            and repetitions.started + 1 == repetitions.planned
+            and _checked_records_sites(item)
+        )
+        last = _recording_run(item, runs, run) if recording else run()
+        stopped = _why_run_stopped(item, last)
+        if stopped:
+            line = failure_line(last)
+            repetitions.stopped = (
+                f"run {repetitions.started} of {repetitions.planned} {stopped.removeprefix('the test ')}"
+                + (f" ({line})" if line else "")
+            )
+            repetitions.rerun_failed = True
+            drop_last_error()
+            break
+        check = current_check(item)
+        assert check is not None
+        repetitions.runs.append(_run_record(check, runs))
+        if repetitions.mode == "confirm" and kept_once_already(repetitions.runs):
+            repetitions.planned = repetitions.started
+    return last
+
+
+def _why_run_stopped(item: pytest.Item, reports: list[pytest.TestReport]) -> str | None:
+    """Why a run's figures cannot be used (it failed, skipped, or was not checked); None where they can."""
+    return why_stopped(reports) or (None if _usable(current_check(item)) else "was not checked")
+
+
+def _judge_runs(item: pytest.Item, runs: TestRuns, seconds: float) -> Verdict | None:
+    """The verdict on the runs, with what is known before naming set aside: what an earlier case
+    showed to be PyTorch's, and garbage on reference cycles a full collection frees."""
+    verdict = _judge(item, runs)
+    if verdict is None:
+        return None
+    if runs.as_in is not None:
+        _set_aside_as_in(runs, verdict)
+    if verdict.failing:
+        _credit_cycles_first(item, runs, verdict)
+    if runs.in_parameters:
+        names = ", ".join(item.callspec.params)  # type: ignore[attr-defined]
+        verdict.notes.append(
+            f"kept only in its parametrize values ({names}), which pytest keeps for the session and no other run of this case "
+            f"adds to: kept once, not run again (its run took {seconds:.1f} s)"
+        )
+    return verdict
+
+
+def _run_recording_sites(
+    item: pytest.Item, runs: TestRuns, run: _Runner, verdict: Verdict
+) -> list[pytest.TestReport] | None:
+    """One more run of a failing test, recording where its tensors are made: its reports, or None
+    (with a note saying so) where it could not be used."""
+    reports = _recording_run(item, runs, run)
+    stopped = _why_run_stopped(item, reports)
+    if stopped:
+        verdict.notes.append(
+            f"where the tensors were made is not known: the run that records it {stopped.removeprefix('the test ')}"
+        )
+        drop_last_error()
+        return None
+    last = runs.checks[-1].engine
+    runs.extra_begin = last.begin_clock if last is not None else None
+    return reports
+
+
+def _tear_down_last(
+    item: pytest.Item,
+    nextitem: pytest.Item | None,
+    first_reports: list[pytest.TestReport],
+    last_reports: list[pytest.TestReport],
+) -> None:
+    """Tear down what the runs shared down to the next test; a failure there fails the test."""
+    finish_teardown(item, nextitem, last_reports[-1])
+    if last_reports is not first_reports and last_reports[-1].failed and not first_reports[-1].failed:
+        first_reports[-1].outcome, first_reports[-1].longrepr = "failed", last_reports[-1].longrepr
 
 
 def _function_key(item: pytest.Item) -> str | None:
@@ -362,20 +442,9 @@ def _set_aside_as_in(runs: TestRuns, verdict: Verdict) -> None:
     engine = verdict.first.engine
     assert engine is not None
     verdict.decision = _decide(runs, engine.result, verdict.adjust)
-    verdict.notes.append(
+    verdict.set_aside_notes.append(
         f"{format_size(kept)} held by PyTorch itself in C++, as the runs of {runs.as_in} showed for the same storages "
         "(nothing in Python refers to them; this case was not run again; --vramleak-fail-on=any counts it): not counted"
-    )
-
-
-def _kept_once_already(repetitions: Repetitions) -> bool:
-    """Confirming re-runs stop once two in a row after the first added nothing at all (no byte,
-    no autograd node): memory kept once, whatever the runs left would follow. (A test that grows
-    only every third run or less often then reads as kept once.)"""
-    runs = repetitions.runs
-    return len(runs) >= 3 and all(
-        run.leaked_bytes <= 0 and run.history_nodes <= before.history_nodes
-        for before, run in zip(runs[1:], runs[2:], strict=False)
     )
 
 
@@ -419,12 +488,18 @@ class Verdict:
     groups: list[Any] = field(default_factory=list)
     set_aside: list[tuple[str, list[Any]]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    set_aside_notes: list[str] = field(default_factory=list)
+    """What was set aside as not the test's, and how much ("...: not counted"), after the notes."""
     shown: str = ""
     """The one run whose tensors ``groups`` are, where they are not all the runs': "run 3 of 4"."""
 
     @property
     def failing(self) -> bool:
         return self.decision.outcome in ("leaked", "over_budget")
+
+    @property
+    def all_notes(self) -> list[str]:
+        return [*self.notes, *self.set_aside_notes]
 
 
 def _decide(runs: TestRuns, first: CheckResult, adjust: Sequence[int] = ()) -> Decision:
@@ -546,42 +621,53 @@ def _held_from_cpp_only(tracker: Tracker, since: int) -> bool:
         tensors.clear()
 
 
+def _leak_to_name(decision: Decision, first: CheckResult) -> bool:
+    """Whether the runs leaked memory or autograd history (not only another budget) to name."""
+    return decision.outcome == "leaked" and bool(
+        decision.pattern is not None or first.memory_leaked or first.history_bytes > 0
+    )
+
+
 def _name_runs(item: pytest.Item, runs: TestRuns, verdict: Verdict, *, listing: bool = False) -> None:
     """Name what the runs keep, set aside what is not the test's, and judge again without it."""
-    first = verdict.first
-    assert first.engine is not None
-    engine = first.engine.result
-    leaked = verdict.decision.outcome == "leaked" and (
-        engine.memory_leaked or verdict.decision.pattern is not None or engine.history_bytes
-    )
-    if not (leaked or listing):
+    first = verdict.first.engine
+    assert first is not None
+    if not (_leak_to_name(verdict.decision, first.result) or listing):
         return
     if len(runs.checks) == 1:
-        if not engine.named:
-            first.engine.explain()  # a test run once whose check left naming to runs that did not happen
-        verdict.groups, verdict.named = list(engine.groups), True
-        if runs.repetitions.runs:
-            runs.repetitions.runs[0].leaked_bytes = engine.leaked_bytes or 0  # less what explaining set aside
-        verdict.decision = _decide(runs, engine)
-        return
-    device = engine.device
-    last = runs.checks[-1]
-    if (
-        not first.engine.readings.names_each_storage
-    ):  # the last run's check named what it left, while the allocator's index was at hand
-        if last.engine is not None:
-            verdict.groups, verdict.named = list(last.engine.result.groups), True
-        return
-    tracker = _tracker(item)
-    roots: list[Any] = []
-    for check in reversed(runs.checks):
-        graph = check.engine.result.graph if check.engine is not None else None
-        if graph is not None and graph.roots:
-            roots = list(graph.roots)
-            break
+        _name_single_run(runs, verdict)
+    elif not first.readings.names_each_storage:  # the last run's check named what it left, with the allocator's index
+        last = runs.checks[-1].engine
+        if last is not None:
+            verdict.groups, verdict.named = list(last.result.groups), True
+    else:
+        _name_kept(item, runs, verdict)
+
+
+def _name_single_run(runs: TestRuns, verdict: Verdict) -> None:
+    """A test run once: its check names what it left, where it left naming to runs that did not
+    happen, and the verdict is taken again without what naming set aside."""
+    engine = verdict.first.engine
+    assert engine is not None
+    if not engine.result.named:
+        engine.explain()
+    verdict.groups, verdict.named = list(engine.result.groups), True
+    if runs.repetitions.runs:
+        runs.repetitions.runs[0].leaked_bytes = engine.result.leaked_bytes or 0  # less what explaining set aside
+    verdict.decision = _decide(runs, engine.result)
+
+
+def _name_kept(item: pytest.Item, runs: TestRuns, verdict: Verdict) -> None:
+    """Name, in one walk of the heap, what every run keeps (each group told by the run that made
+    it), set aside what is PyTorch's or pytest's in every run, judge again, and show one run's
+    tensors where memory grows."""
+    tracker, first = _tracker(item), verdict.first.engine
+    assert first is not None
+    device = first.result.device
+    roots = _last_graph_roots(runs)
     # (A test whose run again failed is judged on its first run: what the others made is not named.)
     second = runs.checks[1].engine if runs.repetitions.rerun_failed else None
-    until = second.begin_clock if second is not None else None
+    refs = tracker.alive_since(device, runs.first_begin, second.begin_clock if second is not None else None)
     # What only PyTorch keeps, made by torch's own code (tracing constants), is set aside without
     # the collection and the walks of the heap that naming takes.
     pytorchs = None
@@ -592,104 +678,117 @@ def _name_runs(item: pytest.Item, runs: TestRuns, verdict: Verdict, *, listing: 
         and second is None
         and not verdict.decision.grows_history
     ):
-        pytorchs = _pytorchs_own(tracker, runs, tracker.alive_since(device, runs.first_begin))
-    clocks = [run.begin_clock for run in runs.repetitions.runs]
-    credit = list(runs.credit) if runs.credit is not None else [0] * len(clocks)
+        pytorchs = _pytorchs_own(tracker, runs, refs)
+    credit = list(runs.credit) if runs.credit is not None else [0] * len(runs.repetitions.runs)
     if pytorchs is None:
         tracker.settle()
         credit = [a + b for a, b in zip(credit, _settled_credit(tracker, runs, device), strict=False)]
-    sources: list[SiteSource] = [
-        *(runs.sites.sources if runs.sites is not None else ()),
-        *([first.engine.sites] if first.engine.sites else []),
-    ]
-    name = functools.partial(
-        name_leak,
-        tracker,
-        device,
-        sites=Sites(sources) if sources else None,
-        named=named_roots(item),
-        collected=True,
-        threads_before=first.engine._threads_before,
-        count_cpp_held=runs.rule.strict,
-    )
-    # Everything the runs keep is named once, to set aside what is PyTorch's in every run ...
-    refs = tracker.alive_since(device, runs.first_begin, until)
-    # Named per run, in one walk of the heap: the run shown below is one of them.
-    starts = [*clocks, *([runs.extra_begin] if runs.extra_begin is not None else [])]
-    births = {(ref.device, ref.pointer): ref.born for ref in refs}
-    run_of = functools.partial(_run_index, starts, births)
-    if pytorchs is not None:
-        named = NamedLeak([], [], [(CPP_HELD, pytorchs)])
+        named = _name_in_one_walk(item, runs, verdict, refs, roots)
     else:
-        named = name(refs if not verdict.decision.grows_history else [], roots, part=run_of)
+        named = NamedLeak([], [], [(CPP_HELD, pytorchs)])
     verdict.groups, verdict.named = merge_parts(named.groups) + named.history, True
     verdict.set_aside = named.set_aside
-    verdict.notes = [note for note in verdict.notes if not note.endswith(": not counted")]
-    if named.set_aside or named.kept_by_pytest or any(credit):
-        by_key = {(ref.device, ref.pointer): ref for ref in refs}
-        adjust = list(credit)
-
-        def take_out(groups: list[Any], *, first_run_too: bool) -> None:
-            for group in groups:
-                for key in group.keys:
-                    ref = by_key.get(key)
-                    if ref is None or (runs.extra_begin is not None and ref.born >= runs.extra_begin):
-                        continue  # made by the run that recorded sites: not one of the runs judged
-                    index = max((i for i, clock in enumerate(clocks) if clock <= ref.born), default=None)
-                    if index is not None and (first_run_too or index > 0):
-                        adjust[index] += ref.nbytes
-
-        for holders, groups in named.set_aside:
-            take_out(groups, first_run_too=True)
-            verdict.notes.append(f"{format_size(sum(group.bytes for group in groups))} {holders}: not counted")
-        # What pytest keeps of each run for the session (a warning, a record_property value) is
-        # kept once by a test run once: the runs after the first do not add it up to growth.
-        take_out(named.kept_by_pytest, first_run_too=False)
-        verdict.adjust = adjust
-        verdict.decision = _decide(runs, engine, adjust)
+    _set_aside(runs, verdict, named, refs, credit)
     key = _function_key(item)
     if pytorchs is not None and not verdict.failing and key is not None and runs.first_kept:
         session_of(item.config).pytorchs_own.setdefault(key, (pasteable(item.config, item.nodeid), runs.first_kept))
-    # ... and, for memory that grows, what the last measured run that left any left is shown.
+    _show_growing_run(runs, verdict, named)
+
+
+def _last_graph_roots(runs: TestRuns) -> list[Any]:
+    """The roots of the autograd graph the last run that kept one keeps."""
+    for check in reversed(runs.checks):
+        graph = check.engine.result.graph if check.engine is not None else None
+        if graph is not None and graph.roots:
+            return list(graph.roots)
+    return []
+
+
+def _name_in_one_walk(
+    item: pytest.Item, runs: TestRuns, verdict: Verdict, refs: list[StorageRef], roots: list[Any]
+) -> NamedLeak:
+    """Name the storages ``refs`` (none where autograd history grows: the graph is the leak) and the
+    graph at ``roots``, each group told by the run that made it (the run that recorded sites counts
+    as one more)."""
+    first = verdict.first.engine
+    assert first is not None
+    sources: list[SiteSource] = [
+        *(runs.sites.sources if runs.sites is not None else ()),
+        *([first.sites] if first.sites else []),
+    ]
+    starts = [*runs.clocks, *([runs.extra_begin] if runs.extra_begin is not None else [])]
+    births = {(ref.device, ref.pointer): ref.born for ref in refs}
+
+    def part(key: StorageKey) -> int | None:
+        born = births.get(key)
+        return None if born is None else run_made(starts, born)
+
+    return name_leak(
+        _tracker(item),
+        first.result.device,
+        refs if not verdict.decision.grows_history else [],
+        roots,
+        sites=Sites(sources) if sources else None,
+        named=named_roots(item),
+        collected=True,
+        threads_before=first._threads_before,
+        count_cpp_held=runs.rule.strict,
+        part=part,
+    )
+
+
+def _set_aside(runs: TestRuns, verdict: Verdict, named: NamedLeak, refs: list[StorageRef], credit: list[int]) -> None:
+    """Take off each run what naming set aside (what PyTorch holds in every run, what pytest keeps
+    of the runs after the first) and the garbage credited to it, and judge the runs again."""
+    verdict.set_aside_notes = []
+    if not (named.set_aside or named.kept_by_pytest or any(credit)):
+        return
+    by_key = {(ref.device, ref.pointer): ref for ref in refs}
+
+    def kept(groups: list[Any]) -> list[tuple[int, int]]:
+        found = (by_key.get(key) for group in groups for key in group.keys)
+        return [(ref.born, ref.nbytes) for ref in found if ref is not None and not runs.made_recording_sites(ref.born)]
+
+    parts = [credit]
+    for holders, groups in named.set_aside:
+        parts.append(set_aside_per_run(runs.clocks, kept(groups), first_run_too=True))
+        verdict.set_aside_notes.append(f"{format_size(sum(group.bytes for group in groups))} {holders}: not counted")
+    # What pytest keeps of each run for the session (a warning, a record_property value) is kept
+    # once by a test run once: the runs after the first do not add it up to growth.
+    parts.append(set_aside_per_run(runs.clocks, kept(named.kept_by_pytest), first_run_too=False))
+    verdict.adjust = [sum(per_run) for per_run in zip(*parts, strict=True)]
+    engine = verdict.first.engine
+    assert engine is not None
+    verdict.decision = _decide(runs, engine.result, verdict.adjust)
+
+
+def _show_growing_run(runs: TestRuns, verdict: Verdict, named: NamedLeak) -> None:
+    """For memory that grows, show what one run left: the run that recorded sites where it grew
+    too (its tensors have them), else the last measured run that left any."""
     decision, repetitions = verdict.decision, runs.repetitions
-    if decision.pattern == "grows" and not decision.grows_history and verdict.failing:
-        series = repetitions.series(verdict.adjust)
-        leaving = [
-            index
-            for index in range(repetitions.warmup, len(series))
-            if series[index] > (series[index - 1] if index else 0)
-        ]
-        shown: list[Any] = []
-        if runs.extra_begin is not None:  # the run that recorded sites, where it grew too: its tensors have them
-            shown, which = (
-                [group for group in named.groups if group.part == len(clocks)],
-                "the run that recorded where tensors are made",
-            )
-        if not shown and leaving:
-            shown, which = (
-                [group for group in named.groups if group.part == leaving[-1]],
-                f"run {leaving[-1] + 1} of {len(repetitions.runs)}",
-            )
-        if shown:  # (where a run's tensors were all set aside, what all runs keep stands)
-            verdict.groups, verdict.shown = merge_parts(shown) + named.history, which
+    if decision.pattern != "grows" or decision.grows_history or not verdict.failing:
+        return
+    shown: list[Any] = []
+    if runs.extra_begin is not None:
+        shown = [group for group in named.groups if group.part == len(repetitions.runs)]
+        which = "the run that recorded where tensors are made"
+    growing = last_growing_run(repetitions.series(verdict.adjust), repetitions.warmup)
+    if not shown and growing is not None:
+        shown = [group for group in named.groups if group.part == growing]
+        which = f"run {growing + 1} of {len(repetitions.runs)}"
+    if shown:  # (where a run's tensors were all set aside, what all runs keep stands)
+        verdict.groups, verdict.shown = merge_parts(shown) + named.history, which
 
 
 def _settled_credit(tracker: Tracker, runs: TestRuns, device: str) -> list[int]:
     """After a full collection (:meth:`Tracker.settle`): the bytes each run freed that an earlier
-    run made on a reference cycle. An object a run made on a cycle, which the next run replaced,
-    is freed only by a full collection: it counts as freed by the run after the one that made it."""
-    clocks = [run.begin_clock for run in runs.repetitions.runs]
-    credit = [0] * len(clocks)
-    for born, nbytes, where in tracker.settled:
-        made = max((index for index, clock in enumerate(clocks) if clock <= born), default=None)
-        if (
-            where == device
-            and made is not None
-            and made + 1 < len(clocks)
-            and not (runs.extra_begin is not None and born >= runs.extra_begin)
-        ):
-            credit[made + 1] += nbytes
-    return credit
+    run made on a reference cycle (see :func:`~pytest_vramleak.judging.repeats.settled_credit`)."""
+    settled = [
+        (born, nbytes)
+        for born, nbytes, where in tracker.settled
+        if where == device and not runs.made_recording_sites(born)
+    ]
+    return settled_credit(runs.clocks, settled)
 
 
 def _credit_cycles_first(item: pytest.Item, runs: TestRuns, verdict: Verdict) -> None:
@@ -715,12 +814,6 @@ def _credit_cycles_first(item: pytest.Item, runs: TestRuns, verdict: Verdict) ->
         verdict.decision = _decide(runs, engine, verdict.adjust)
 
 
-def _run_index(starts: list[int], born: dict[StorageKey, int], key: StorageKey) -> int | None:
-    """Which run (by the clocks the runs began at) made the storage at ``key``."""
-    clock = born.get(key)
-    return None if clock is None else max((index for index, start in enumerate(starts) if start <= clock), default=None)
-
-
 def finish_result(item: pytest.Item, runs: TestRuns, verdict: Verdict | None) -> TestResult:
     """The JSON record of a checked test, from its first run and the verdict on all of them."""
     first = runs.checks[0] if runs.checks else current_check(item)
@@ -738,69 +831,74 @@ def finish_result(item: pytest.Item, runs: TestRuns, verdict: Verdict | None) ->
         result.baseline_bytes = engine.baseline_bytes
         result.peak_bytes = engine.peak_bytes
         result.peak_breakdown = engine.peak_breakdown.to_json() if engine.peak_breakdown is not None else None
-    repetitions = runs.repetitions
     if first.budget is not None:
         result.rule = runs.rule.fail_on
     if verdict is not None and engine is not None:
-        decision = verdict.decision
-        result.verdict = decision.outcome
-        result.end_bytes = engine.end_bytes
-        result.leaked_bytes = max(0, (engine.leaked_bytes or 0) - (verdict.adjust[0] if verdict.adjust else 0))
-        result.details = dict(engine.details)
-        if engine.graph is not None and engine.graph.nodes:
-            result.details["history_nodes"] = engine.graph.nodes
-        result.cycle_bytes = engine.cycle_bytes
-        result.trace = engine.trace
-        result.notes = [note for note in engine.notes if note] + list(engine.left_behind) + verdict.notes
-        result.ranks = [{key: value for key, value in rank.items() if key != "report"} for rank in engine.ranks]
-        result.tensors = [group.to_json() for group in verdict.groups]
-        result.tensors += [group.to_json() for groups in engine.other_groups.values() for group in groups]
-        if engine.cycles_failed:
-            result.tensors += [group.to_json() for group in _cycle_groups(runs, engine)]
-        if len(repetitions.runs) > 1 or repetitions.rerun_failed:
-            result.pattern = decision.pattern
-            result.repetitions = repetitions.series(verdict.adjust)
-            result.repetition_warmup = repetitions.warmup
-            result.growth_bytes = decision.growth_bytes
-        elif runs.in_parameters:
-            result.pattern = decision.pattern
-        if repetitions.rerun_failed and repetitions.stopped:
-            result.notes.append(
-                f"the runs after the first were not used: {repetitions.stopped}; judged on the first run"
-            )
+        _judged_figures(result, runs, verdict, engine)
     else:
-        check = first
-        result.reason = (
-            check.error
-            and f"vramleak internal error: {check.error}"
-            or check.unchecked_reason
-            or next((step.reason for step in check.steps if step.reason), None)
-        )
-        if repetitions.stopped and repetitions.started > 1 and result.reason:
-            result.reason += f" (run {repetitions.started} of {repetitions.planned})"
+        result.reason = _unchecked_reason(first, runs.repetitions)
     if runs.why_once:
         result.notes.append(runs.why_once)
     _step_figures(first, result)
     return result
 
 
+def _judged_figures(result: TestResult, runs: TestRuns, verdict: Verdict, engine: CheckResult) -> None:
+    """The record's verdict, figures, notes and tensors, from the first run and the verdict on the runs."""
+    decision, repetitions = verdict.decision, runs.repetitions
+    result.verdict = decision.outcome
+    result.end_bytes = engine.end_bytes
+    result.leaked_bytes = max(0, (engine.leaked_bytes or 0) - (verdict.adjust[0] if verdict.adjust else 0))
+    result.details = dict(engine.details)
+    if engine.graph is not None and engine.graph.nodes:
+        result.details["history_nodes"] = engine.graph.nodes
+    result.cycle_bytes = engine.cycle_bytes
+    result.trace = engine.trace
+    result.notes = [note for note in engine.notes if note] + list(engine.left_behind) + verdict.all_notes
+    result.ranks = [{key: value for key, value in rank.items() if key != "report"} for rank in engine.ranks]
+    result.tensors = [group.to_json() for group in verdict.groups]
+    result.tensors += [group.to_json() for groups in engine.other_groups.values() for group in groups]
+    if engine.cycles_failed:
+        result.tensors += [group.to_json() for group in _cycle_groups(runs, engine)]
+    if len(repetitions.runs) > 1 or repetitions.rerun_failed:
+        result.pattern = decision.pattern
+        result.repetitions = repetitions.series(verdict.adjust)
+        result.repetition_warmup = repetitions.warmup
+        result.growth_bytes = decision.growth_bytes
+    elif runs.in_parameters:
+        result.pattern = decision.pattern
+    if repetitions.rerun_failed and repetitions.stopped:
+        result.notes.append(f"the runs after the first were not used: {repetitions.stopped}; judged on the first run")
+
+
+def _unchecked_reason(check: Check, repetitions: Repetitions) -> str | None:
+    """Why a test's first run could not be judged (an error of the plugin's own, a reason its check
+    or a step check gave), and at which run it stopped."""
+    reason = (
+        check.error
+        and f"vramleak internal error: {check.error}"
+        or check.unchecked_reason
+        or next((step.reason for step in check.steps if step.reason), None)
+    )
+    if repetitions.stopped and repetitions.started > 1 and reason:
+        reason += f" (run {repetitions.started} of {repetitions.planned})"
+    return reason
+
+
 def _step_figures(check: Check, result: TestResult) -> None:
-    """A test's step checks: the figures of the one that grew (else the last)."""
-    result.step_verdict = step_verdict(check.steps, check.step_leaked)
-    if check.step_leaked and result.verdict == "unchecked":
-        result.verdict = "leaked"
+    """A test's step checks: its verdict with them (see
+    :func:`~pytest_vramleak.judging.outcome.verdict_with_steps`), and the figures of the one that
+    grew (else the last)."""
+    result.step_verdict = step_verdict(check.steps)
+    result.verdict = verdict_with_steps(
+        result.verdict,
+        check.steps,
+        budget_checked=check.budget is not None,
+        unchecked=check.unchecked_reason is not None,
+    )
     if not check.steps:
         return
     last = next((step for step in reversed(check.steps) if step.grows), check.steps[-1])
-    if check.step_leaked:
-        result.verdict = "leaked"
-    elif (
-        result.verdict == "unchecked"
-        and check.budget is None
-        and any(step.verdict is not None and not step.undecided for step in check.steps)
-        and check.unchecked_reason is None
-    ):
-        result.verdict = "passed"  # checked through the fixture alone
     result.steps = list(last.steps)
     result.warmup_steps = list(last.warmup_steps)
     result.step_history_nodes = list(last.history) if last.history else None
@@ -814,7 +912,7 @@ def _step_figures(check: Check, result: TestResult) -> None:
     undecided = [step.undecided for step in check.steps if step.undecided]
     if result.verdict == "unchecked" and result.reason is None:
         result.reason = next((step.reason for step in check.steps if step.reason), None) or next(iter(undecided), None)
-    elif undecided and not check.step_leaked:
+    elif undecided and result.step_verdict != "leaked":
         result.notes += undecided
 
 
@@ -833,38 +931,39 @@ def _failure_text(runs: TestRuns, verdict: Verdict) -> str:
     engine = verdict.first.engine
     assert engine is not None
     first = engine.result
-    lines = [decision.message, first.figures(), *[note for note in first.notes if note], *verdict.notes]
+    lines = [decision.message, first.figures(), *[note for note in first.notes if note], *verdict.all_notes]
     if first.peak_over and first.peak_breakdown is not None:
         lines.append(first.peak_breakdown.render())
     lines += first.left_behind
     if first.cycles_failed:
         lines += ["tensors freed only by the cycle collector:", render_groups(_cycle_groups(runs, first))]
-    growth_first = (
-        decision.pattern == "grows" and not decision.grows_history and not decision.message.startswith("leaked ")
-    )
-    if decision.about and growth_first:  # the runs, then what the last of them that grew left
+    # Growth shows the runs first, then what the last of them that grew left; other leaks the
+    # tensors the test keeps, then what its runs showed.
+    if decision.opens_with_growth:
         lines.append(decision.about)
-    leaked = decision.outcome == "leaked" and (
-        decision.pattern is not None or first.memory_leaked or first.history_bytes > 0
-    )
-    if leaked and verdict.named and (verdict.groups or not first.cycles_failed):
-        groups = verdict.groups
-        if growth_first:
-            heading = "tensors left by the last measured run that left any:"
-        elif verdict.shown:
-            heading = f"leaked tensors, as one run leaves them ({verdict.shown}):"
-        else:
-            heading = "leaked tensors:"
-        lines += [heading, render_groups(groups)]
-        stored = [group for group in groups if group.kind != "history"]
-        if stored and not any(group.allocated_at for group in stored) and runs.sites is not None:
-            lines.append(
-                "allocated at: not recorded: the run that records where tensors are made made none of these (made by an "
-                "earlier run only: --vramleak-sites=on records the first run too)"
-            )
-    if decision.about and not growth_first:  # the tensors the test keeps, then what its runs showed
+    if _leak_to_name(decision, first) and verdict.named and (verdict.groups or not first.cycles_failed):
+        lines += _leaked_tensor_lines(runs, verdict)
+    if not decision.opens_with_growth:
         lines.append(decision.about)
     return "\n".join(line for line in lines if line)
+
+
+def _leaked_tensor_lines(runs: TestRuns, verdict: Verdict) -> list[str]:
+    """The leaked tensors, under a heading that says which run's they are, and why none has a site."""
+    if verdict.decision.opens_with_growth:
+        heading = "tensors left by the last measured run that left any:"
+    elif verdict.shown:
+        heading = f"leaked tensors, as one run leaves them ({verdict.shown}):"
+    else:
+        heading = "leaked tensors:"
+    lines = [heading, render_groups(verdict.groups)]
+    stored = [group for group in verdict.groups if group.kind != "history"]
+    if stored and not any(group.allocated_at for group in stored) and runs.sites is not None:
+        lines.append(
+            "allocated at: not recorded: the run that records where tensors are made made none of these (made by an "
+            "earlier run only: --vramleak-sites=on records the first run too)"
+        )
+    return lines
 
 
 def judge_foreign_run(item: pytest.Item, runs: TestRuns, check: Check) -> None:
@@ -933,17 +1032,22 @@ def named_roots(item: pytest.Item) -> list[NamedRoot]:
     if instance is not None:
         named.append(
             NamedRoot(
-                f"self (the {type(instance).__name__} instance pytest keeps until the session ends)", instance, "pytest"
+                f"self (the {type(instance).__name__} instance pytest keeps until the session ends)",
+                instance,
+                "pytest",
+                role="pytest instance",
             )
         )
     if getattr(item, "user_properties", None):
-        named.append(NamedRoot(f"record_property values of {item.name}", item.user_properties, "pytest"))
+        named.append(
+            NamedRoot(f"record_property values of {item.name}", item.user_properties, "pytest", role="record_property")
+        )
     # Warnings pytest catches while the test runs, then keeps for the session in its hook's history.
     catching = getattr(getattr(sys.modules.get("warnings"), "_showwarnmsg_impl", None), "__self__", None)
     recorded = getattr(getattr(item.config.hook, "pytest_warning_recorded", None), "_call_history", None)
     for warnings_kept in (catching, recorded):
         if type(warnings_kept) is list and warnings_kept:
-            named.append(NamedRoot(PYTEST_WARNINGS, warnings_kept, "pytest"))
+            named.append(NamedRoot(PYTEST_WARNINGS, warnings_kept, "pytest", role="pytest warnings"))
     for fixturedef in session_of(item.config).fixture_defs.values():
         cached = fixturedef.cached_result
         if cached is not None and cached[0] is not None:
