@@ -285,6 +285,33 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         ),
         _group(module("test_it", attr("last_traceback", "list"), item("0"))),
     ),
+    "pytest-rerunfailures": (
+        diagnosis.rerunfailures_failure,
+        "pytest-rerunfailures keeps each failure's traceback on its test item",
+        _group(
+            module(
+                "_pytest.main",
+                attr("items", "list"),
+                item("1", "Function"),
+                attr("_rerun_condition_excinfos", "dict"),
+                item("'call'", "list"),
+                item("0", "ExceptionInfo"),
+                attr("_traceback", "Traceback"),
+                edge("traceback frame", "test_fit:12", "frame"),
+                edge("local", "batch"),
+            )
+        ),
+        _group(
+            module(
+                "test_it",
+                attr("ERRORS", "list"),
+                item("0", "RuntimeError"),
+                edge("traceback", to="traceback"),
+                edge("traceback frame", "test_fit:12", "frame"),
+                edge("local", "batch"),
+            )
+        ),
+    ),
     "stored exception": (
         diagnosis.stored_exception,
         "a stored exception keeps its traceback",

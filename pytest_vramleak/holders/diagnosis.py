@@ -117,6 +117,16 @@ def _carried_by_loop(group: Group) -> bool:
     )
 
 
+_RERUN_FAILURES = "_rerun_condition_excinfos"
+"""The attribute on which pytest-rerunfailures keeps a test item's failures (``ExceptionInfo``s)."""
+
+
+def _kept_by_rerunfailures(group: Group) -> bool:
+    return any(
+        edge.kind == "attribute" and edge.name == _RERUN_FAILURES for path in group.holders for edge in path.edges
+    )
+
+
 def _traceback_kept(group: Group) -> bool:
     return _any_edge(group, "traceback", "traceback frame") or any(_sys_last(path) for path in group.holders)
 
@@ -295,9 +305,20 @@ def last_error(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
+def rerunfailures_failure(group: Group, found: Sequence[str]) -> str | None:
+    """A failed test's traceback that pytest-rerunfailures keeps on its test item."""
+    if not _kept_by_rerunfailures(group):
+        return None
+    return (
+        "pytest-rerunfailures keeps each failure's traceback on its test item (item._rerun_condition_excinfos) until "
+        "the test is set up again, for the session where it is not run again, and with it the failed test's frames "
+        "and their local tensors: the failure's, freed when the session ends (-p no:rerunfailures runs without it)"
+    )
+
+
 def stored_exception(group: Group, found: Sequence[str]) -> str | None:
     """A stored exception whose traceback keeps its frames' locals."""
-    if not _traceback_kept(group) or any(_sys_last(path) for path in group.holders):
+    if not _traceback_kept(group) or any(_sys_last(path) for path in group.holders) or _kept_by_rerunfailures(group):
         return None
     return (
         "a stored exception keeps its traceback, whose frames keep their local tensors: "
@@ -537,6 +558,7 @@ RULES: list[Rule] = [
     hook_keeps,
     lru_cache,
     last_error,
+    rerunfailures_failure,
     stored_exception,
     closure,
     thread_frame,
