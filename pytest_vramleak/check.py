@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .holders.naming import (
+    held_by_the_failure,
     held_by_threads,
     held_by_torch_cache,
     held_in_cpp_only,
@@ -150,9 +151,11 @@ class LeakCheck:
                 if isinstance(self.meter, CpuMeter):
                     self.result.peak_breakdown = self.meter.peak_breakdown
 
-    def finish(self, confirm: Callable[[], None] | None = None) -> CheckResult:
+    def finish(self, confirm: Callable[[], None] | None = None, *, settle: bool = False) -> CheckResult:
         """Measure after teardown and decide. ``confirm`` drops what the caller still holds for the
-        code checked (pytest's fixture values) before a suspected leak is measured again."""
+        code checked (pytest's fixture values) before a suspected leak is measured again; ``settle``
+        confirms a suspected leak now even where the check was made to leave that to its caller
+        (see ``settle_leaks``)."""
         try:
             finishing = Finishing(
                 self.result,
@@ -160,7 +163,7 @@ class LeakCheck:
                 self.begin_clock,
                 self.begin_graphs,
                 confirm,
-                self.settle_leaks,
+                self.settle_leaks or settle,
                 self.clear_caches,
             )
             self.readings.finish(finishing)
@@ -339,6 +342,10 @@ CPP_HELD = (
     "(--vramleak-fail-on=any counts it)"
 )
 OLDER_THREADS = "held by threads that were running before the test began"
+FAILURE_KEPT = (
+    "held only by the frames of the test's own failure, kept with its traceback (by pytest, or a plugin such as "
+    "pytest-rerunfailures, which keeps a failure's traceback on the test item)"
+)
 
 
 def name_leak(
@@ -357,15 +364,19 @@ def name_leak(
     """Group and name ``refs`` (storages) and the tensors in ``graph_roots`` (weak references with
     the autograd nodes each keeps) (see :func:`~pytest_vramleak.holders.naming.name_storages`), and
     set aside what no test is charged for: what only PyTorch's own caches hold, what nothing in
-    Python reaches (held by PyTorch in C++; unless ``count_cpp_held``), and what only threads
-    running since before the check hold.
+    Python reaches (held by PyTorch in C++; unless ``count_cpp_held``), what only threads
+    running since before the check hold, and what only the frames of the test's own failure hold
+    (given among ``named``, with the root kind ``failure``).
 
     With ``part`` (see :func:`~pytest_vramleak.holders.snapshot.describe`), the groups are those of each
     part, and what is set aside is decided on the parts joined."""
     groups, history = name_storages(
         tracker, device, refs, graph_roots, sites=sites, named=named, collected=collected, part=part
     )
-    keepers: list[tuple[str, Callable[[TensorGroup], bool]]] = [(TORCH_CACHES, held_by_torch_cache)]
+    keepers: list[tuple[str, Callable[[TensorGroup], bool]]] = [
+        (TORCH_CACHES, held_by_torch_cache),
+        (FAILURE_KEPT, held_by_the_failure),
+    ]
     if not count_cpp_held:
         keepers.append((CPP_HELD, held_in_cpp_only))
     if threads_before:

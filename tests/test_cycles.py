@@ -64,13 +64,24 @@ def test_fixture_kept_by_the_last_failed_tests_traceback_is_diagnosed(pytester: 
         """
     )
     # In a process of its own: an inline run's recorder would keep the failed test's report too.
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak")
+    # (pytest-rerunfailures, where installed, keeps the failure too: the test after this one.)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:rerunfailures", "--vramleak")
     result.assert_outcomes(failed=1, passed=1)
     result.stdout.fnmatch_lines(
         [
             "fixture 'model' (module scope, test_it.py) still holds 257.0 KiB it allocated, after its teardown",
             "    held by sys.last_*(test_fails:*) local 'model'.weight",
             "    diagnosis: sys.last_traceback / sys.last_value keep the last reported error's frames*(pytest sets them for a failed test*",
+        ]
+    )
+    pytest.importorskip("pytest_rerunfailures")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "rerunfailures", "--vramleak")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "fixture 'model' (module scope, test_it.py) still holds 257.0 KiB it allocated, after its teardown",
+            "    held by *._rerun_condition_excinfos*(test_fails:*) local 'model'.weight",
+            "    diagnosis: pytest-rerunfailures keeps each failure's traceback on its test item*",
         ]
     )
 

@@ -91,3 +91,41 @@ def test_what_pytest_keeps_once_per_run_is_kept_once_not_growth(pytester: pytest
     result.assert_outcomes(passed=3)
     for name in ("test_sets_self", "test_records_a_property", "test_warns_with_a_tensor"):
         assert (report[name]["verdict"], report[name]["pattern"]) == ("passed", "kept_once"), name
+
+
+FAILING = """
+import pytest, torch
+CACHE = []
+
+@pytest.mark.vram_budget
+def test_fails_holding_a_batch():
+    batch = torch.ones(300_000)
+    assert batch.sum() == 0
+
+@pytest.mark.vram_budget
+def test_fails_and_leaks():
+    CACHE.append(torch.ones(300_000))
+    assert False, "the body failed"
+"""
+
+
+@pytest.mark.parametrize("rerunfailures", ["-p no:rerunfailures", "-p rerunfailures"])
+def test_what_only_a_failures_traceback_holds_is_not_a_leak_whoever_keeps_it(
+    pytester: pytest.Pytester, rerunfailures: str
+) -> None:
+    # pytest-rerunfailures keeps each failure's traceback on its test item, for the session: the
+    # failing test's frames and their locals stay alive. That is the failure's, not a leak.
+    if "no:" not in rerunfailures:
+        pytest.importorskip("pytest_rerunfailures")
+    pytester.makepyfile(test_it=FAILING)
+    path = pytester.path / "r.json"
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:randomly", *rerunfailures.split(), f"--vramleak-report={path}"
+    )
+    result.assert_outcomes(failed=2)
+    report = read_report(path)
+    assert report["test_fails_holding_a_batch"]["verdict"] == "passed"
+    assert report["test_fails_and_leaks"]["verdict"] == "leaked"  # its own leak is shown beside its failure
+    output = result.stdout.str()
+    assert output.count("vramleak: the test also leaked") == 1
+    assert "held by test_it.CACHE[0]" in output

@@ -3,6 +3,8 @@ reference kept, turning it off, a test's own modes and profilers, a test reporte
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 
@@ -234,3 +236,35 @@ def test_a_test_reported_twice_is_summarised_once(pytester: pytest.Pytester) -> 
     )
     result = pytester.runpytest("-p", "no:cacheprovider")
     assert result.stdout.str().count("  test_it.py::test_leaks (cpu)") == 1
+
+
+def test_each_run_pytest_rerunfailures_makes_is_judged_alone(pytester: pytest.Pytester) -> None:
+    pytest.importorskip("pytest_rerunfailures")
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        CACHE = []
+
+        @pytest.mark.vram_budget
+        def test_leaks():
+            CACHE.append(torch.ones(1024))
+
+        @pytest.mark.vram_budget
+        def test_clean():
+            torch.ones(1024).sum()
+        """
+    )
+    report_path = pytester.path / "r.json"
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "-p", "no:randomly", "--reruns", "1", f"--vramleak-report={report_path}"
+    )
+    # The leak fails each of its runs as it tears down: run again once, then reported failed (each
+    # run's call passed, and pytest counts those as it does beside a teardown that fails).
+    outcomes = result.parseoutcomes()
+    assert (outcomes["failed"], outcomes["rerun"]) == (1, 1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    output = result.stdout.str()
+    assert "LEAKED test_it.py::test_leaks - VramLeak: leaked 4.0 KiB on cpu, allowed 0 B" in output
+    assert "held by test_it.CACHE[1]" in output  # the run reported: the second, its tensor the second
+    records = {record["nodeid"].rsplit("::", 1)[1]: record for record in json.loads(report_path.read_text())["tests"]}
+    assert records["test_leaks"]["verdict"] == "leaked" and records["test_clean"]["verdict"] == "passed"

@@ -18,6 +18,7 @@ __all__ = [
     "held_by_threads",
     "held_by_torch_cache",
     "held_in_cpp_only",
+    "held_by_the_failure",
     "kept_by_pytest_lists",
     "name_storages",
 ]
@@ -90,6 +91,12 @@ def held_by_threads(group: TensorGroup, threads: set[int]) -> bool:
     return bool(group.holders) and all(
         path.root.kind == "thread local" and path.root.thread_id in threads for path in group.holders
     )
+
+
+def held_by_the_failure(group: TensorGroup) -> bool:
+    """Whether only the frames of the test's own failure hold the group (kept with its traceback,
+    by pytest or a plugin: a failing test is judged on what remains once its traceback is let go)."""
+    return bool(group.holders) and all(path.root.kind == "failure" for path in group.holders)
 
 
 def kept_by_pytest_lists(group: TensorGroup) -> bool:

@@ -21,6 +21,7 @@ RootKind = Literal[
     "pytest instance",  # the class instance pytest keeps of a test
     "record_property",  # the record_property values pytest keeps of a test
     "pytest warnings",  # the warnings pytest recorded
+    "failure",  # a frame of the test's own failure, kept with its traceback
     "step",  # the step function given to a step check
     "value",  # another value the caller names
     "held from C++",  # nothing in Python refers to it

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -67,8 +67,6 @@ class TestRuns:
     """``held_in_cpp`` was read as the runs were judged (before the run that records sites)."""
     held_in_cpp: bool = False
     """Nothing in Python referred to any tensor the runs kept before the run that records sites."""
-    foreign: bool = False
-    """Another plugin runs the test's phases: the run is judged as it tears down, and fails there."""
     first_kept: list[int] | None = None
     """The sizes of the storages the first run kept, where it may run again (sorted)."""
     credit: list[int] | None = None
@@ -90,10 +88,50 @@ class TestRuns:
         """The tracker's clock as each measured run began."""
         return [run.begin_clock for run in self.repetitions.runs]
 
+    judged_after_the_runs: ClassVar[bool] = True
+    """This plugin runs the test's phases, and judges its runs after the last (a failing call is
+    judged too, its leak shown beside its failure)."""
+
+    def run_torn_down(self, item: pytest.Item, check: Check) -> None:
+        """A run's check has finished as it tore down: the runs are judged after the last."""
+
+    def teardown_reported(self, item: pytest.Item, report: pytest.TestReport) -> None:
+        """A run's teardown report is made: the record goes on the first run's, after the last."""
+
     def made_recording_sites(self, born: int) -> bool:
         """Whether a storage first seen at ``born`` was made by the run that recorded sites after
         the verdict (not one of the runs judged)."""
         return self.extra_begin is not None and born >= self.extra_begin
+
+
+@dataclass
+class RunsOfAnotherPlugin(TestRuns):
+    """The single run of a test whose phases another plugin runs (pytest-rerunfailures, for a test
+    it may run again): judged alone as it tears down, failing its teardown, where its record goes
+    too. Each of that plugin's runs is another such run."""
+
+    judged_after_the_runs: ClassVar[bool] = False
+
+    def run_torn_down(self, item: pytest.Item, check: Check) -> None:
+        self.checks = [check]
+        if _usable(check):
+            self.repetitions.runs = [_run_record(check)]
+        verdict = _judge(item, self)
+        if verdict is not None and verdict.failing:
+            _name_runs(item, self, verdict)
+        self.result = finish_result(item, self, verdict)
+        if verdict is not None and verdict.failing:
+            raise VramLeak(_failure_text(self, verdict), pytrace=False)
+
+    def teardown_reported(self, item: pytest.Item, report: pytest.TestReport) -> None:
+        result = self.result or finish_result(item, self, None)
+        report.vramleak = result.to_json()  # type: ignore[attr-defined]
+        record_properties(report, result)
+        test = test_of(item)
+        assert test is not None
+        test.runs = None
+        for check in self.checks:
+            check.failure = None
 
 
 @dataclass
@@ -169,6 +207,12 @@ def plan(item: pytest.Item, settings: Settings) -> TestRuns:
     return TestRuns(Repetitions(planned=1, warmup=1, mode="confirm"), rule, may_rerun, settings.confirm, why_once)
 
 
+def runs_of_another_plugin(item: pytest.Item, settings: Settings) -> RunsOfAnotherPlugin:
+    """The run of a checked test another plugin runs (see :class:`RunsOfAnotherPlugin`)."""
+    planned = plan(item, settings)
+    return RunsOfAnotherPlugin(Repetitions(planned=1, warmup=1, mode="confirm"), planned.rule, may_rerun=False)
+
+
 def run_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
     """Run a checked test (again where a leak must be classified) and report it once."""
     if not checked(item) or _run_by_another_plugin(item):
@@ -181,6 +225,9 @@ def run_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None
         reports = _run_checked(item, nextitem, runs)
     finally:
         test.runs = None
+        for check in (*runs.checks, test.current):
+            if check is not None:
+                check.failure = None
     for report in reports:
         item.ihook.pytest_runtest_logreport(report=report)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
@@ -966,19 +1013,6 @@ def _leaked_tensor_lines(runs: TestRuns, verdict: Verdict) -> list[str]:
     return lines
 
 
-def judge_foreign_run(item: pytest.Item, runs: TestRuns, check: Check) -> None:
-    """A run another plugin runs: judged alone, failing its teardown (where the record goes too)."""
-    runs.checks = [check]
-    if _usable(check):
-        runs.repetitions.runs = [_run_record(check)]
-    verdict = _judge(item, runs)
-    if verdict is not None and verdict.failing:
-        _name_runs(item, runs, verdict)
-    runs.result = finish_result(item, runs, verdict)
-    if verdict is not None and verdict.failing:
-        raise VramLeak(_failure_text(runs, verdict), pytrace=False)
-
-
 def _final_reports(
     item: pytest.Item,
     runs: TestRuns,
@@ -1048,8 +1082,22 @@ def named_roots(item: pytest.Item) -> list[NamedRoot]:
     for warnings_kept in (catching, recorded):
         if type(warnings_kept) is list and warnings_kept:
             named.append(NamedRoot(PYTEST_WARNINGS, warnings_kept, "pytest", role="pytest warnings"))
+    named += _failure_frames(item)
     for fixturedef in session_of(item.config).fixture_defs.values():
         cached = fixturedef.cached_result
         if cached is not None and cached[0] is not None:
             named.append(NamedRoot(f"fixture '{fixturedef.argname}' ({fixturedef.scope} scope)", cached[0], "fixture"))
     return named
+
+
+def _failure_frames(item: pytest.Item) -> list[NamedRoot]:
+    """The frames of the test's own failure, where its call failed and its exception is alive."""
+    check = current_check(item)
+    traceback = check.failure.__traceback__ if check is not None and check.failure is not None else None
+    frames = []
+    while traceback is not None:
+        frame = traceback.tb_frame
+        where = f"{frame.f_code.co_name}:{traceback.tb_lineno}"
+        frames.append(NamedRoot(f"the frame {where} of the failure of {item.name}", frame, "pytest", role="failure"))
+        traceback = traceback.tb_next
+    return frames

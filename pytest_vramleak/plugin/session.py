@@ -48,12 +48,9 @@ from .runs import (
     current_check,
     current_runs,
     drop_last_error,
-    finish_result,
-    judge_foreign_run,
     named_roots,
-    plan,
-    record_properties,
     run_protocol,
+    runs_of_another_plugin,
     test_of,
 )
 from .state import (
@@ -160,8 +157,7 @@ class VramleakSession(SessionState):
         test = test_of(item)
         runs = test.runs if test is not None else None
         if test is not None and runs is None and checked(item):
-            runs = test.runs = plan(item, settings)  # another plugin runs the test: each run is judged alone
-            runs.may_rerun, runs.foreign = False, True
+            runs = test.runs = runs_of_another_plugin(item, settings)
         if test is None or runs is None:  # not checked: this test runs untracked, the index is rebuilt after it
             tracker.stale = True
             return
@@ -255,15 +251,11 @@ class VramleakSession(SessionState):
             return report
         if report.when == "call" and call.excinfo is not None:
             self._what_filled_the_memory(check, call.excinfo.value, report)
+            check.failure = call.excinfo.value if report.failed else None
         runs = current_runs(item)
-        _note_phase(check, report, call, judged_with_its_failure=runs is not None and not runs.foreign)
-        if report.when == "teardown" and runs is not None and runs.foreign:
-            result = runs.result or finish_result(item, runs, None)
-            report.vramleak = result.to_json()  # type: ignore[attr-defined]
-            record_properties(report, result)
-            test = test_of(item)
-            assert test is not None
-            test.runs = None
+        _note_phase(check, report, call, judged_with_its_failure=runs is not None and runs.judged_after_the_runs)
+        if report.when == "teardown" and runs is not None:
+            runs.teardown_reported(item, report)
         return report
 
     def _what_filled_the_memory(self, check: Check, error: BaseException, report: pytest.TestReport) -> None:
@@ -303,17 +295,16 @@ class VramleakSession(SessionState):
                 # Checked on this run alone, as a test run once is: a suspected leak is confirmed by a
                 # full collection, which frees those frames where an observation during the call froze
                 # them with the heap (they were alive then: the error was being raised).
-                check.engine.settle_leaks = True
             try:
-                check.engine.finish(confirm=functools.partial(drop_fixture_values, item))
+                check.engine.finish(confirm=functools.partial(drop_fixture_values, item), settle=check.call_failed)
             except Exception as error:
                 check.error = f"{type(error).__name__}: {error}"
                 raise VramLeak(
                     f"vramleak could not check this test: {type(error).__name__}: {error}", pytrace=False
                 ) from None
             runs = current_runs(item)
-            if runs is not None and runs.foreign:
-                judge_foreign_run(item, runs, check)
+            if runs is not None:
+                runs.run_torn_down(item, check)
             return outcome
         finally:
             self.active = None

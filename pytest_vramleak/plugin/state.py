@@ -47,6 +47,9 @@ class Check:
     """A step loop left early that grew: it fails the test as it tears down."""
     call_failed: bool = False
     """The test's call failed on its own: checked once, on what remains once its traceback is let go."""
+    failure: BaseException | None = None
+    """The call's exception, while the test's runs are judged (dropped once they are): what only
+    its traceback's frames hold is the failure's, not a leak."""
 
 
 @dataclass
