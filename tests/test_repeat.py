@@ -97,9 +97,9 @@ def test_repeated_runs_classify_what_each_test_left(pytester: pytest.Pytester, r
             "memory grew 1.0 KiB per run of the test over 8 measured runs on cpu, tolerance 0 B",
             "ran 10 times (2 warm-up)*",
             "pattern: grows: *",
-            "tensors left by the last measured run that left any:",
+            "tensors left by run 10 of 10, the last measured run that left any:",
             "float32?256? on cpu: 1 tensor, 1.0 KiB",
-            "    held by test_it.KEPT?9?",
+            "    held by test_it.KEPT?9?",  # the 10th run's: the list's 10th entry
         ]
     )
     result.stdout.fnmatch_lines(

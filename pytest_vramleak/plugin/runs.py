@@ -818,13 +818,20 @@ def _show_growing_run(runs: TestRuns, verdict: Verdict, named: NamedLeak) -> Non
     shown: list[Any] = []
     if runs.extra_begin is not None:
         shown = [group for group in named.groups if group.part == len(repetitions.runs)]
-        which = "the run that recorded where tensors are made"
+        which = _recording_run_text(repetitions)
     growing = last_growing_run(repetitions.series(verdict.adjust), repetitions.warmup)
     if not shown and growing is not None:
         shown = [group for group in named.groups if group.part == growing]
-        which = f"run {growing + 1} of {len(repetitions.runs)}"
+        which = f"run {growing + 1} of {len(repetitions.runs)}, the last measured run that left any"
     if shown:  # (where a run's tensors were all set aside, what all runs keep stands)
         verdict.groups, verdict.shown = merge_parts(shown) + named.history, which
+
+
+def _recording_run_text(repetitions: Repetitions) -> str:
+    """Which run the run that recorded sites after the verdict was: one more than those judged
+    (its tensors' indices in a list the test appends to are that run's)."""
+    judged = len(repetitions.runs)
+    return f"run {judged + 1}, which recorded where tensors are made after the {judged} above"
 
 
 def _settled_credit(tracker: Tracker, runs: TestRuns, device: str) -> list[int]:
@@ -998,7 +1005,7 @@ def _failure_text(runs: TestRuns, verdict: Verdict) -> str:
 def _leaked_tensor_lines(runs: TestRuns, verdict: Verdict) -> list[str]:
     """The leaked tensors, under a heading that says which run's they are, and why none has a site."""
     if verdict.decision.opens_with_growth:
-        heading = "tensors left by the last measured run that left any:"
+        heading = f"tensors left by {verdict.shown}:" if verdict.shown else "tensors left by the runs:"
     elif verdict.shown:
         heading = f"leaked tensors, as one run leaves them ({verdict.shown}):"
     else:
