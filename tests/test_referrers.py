@@ -200,7 +200,10 @@ def test_object_nothing_refers_to() -> None:
         ((1, "b"), "(1, 'b')"),
         ((1,), "(1,)"),
         (b"x", "b'x'"),
-        ("x" * 100, "'" + "x" * 55 + "...'"),
+        ("x" * 100, "'" + "x" * 27 + "..." + "x" * 28 + "'"),  # 60 characters, the middle left out
+        # keys that differ at their end stay apart
+        ("/data/" + "shards/" * 10 + "0001.pt", "'/data/shards/shards/shards/...shards/shards/shards/0001.pt'"),
+        ("/data/" + "shards/" * 10 + "0002.pt", "'/data/shards/shards/shards/...shards/shards/shards/0002.pt'"),
     ],
 )
 def test_key_text(key: Any, text: str) -> None:

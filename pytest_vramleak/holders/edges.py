@@ -121,7 +121,11 @@ def key_text(key: Any) -> str:
     """A dict key as source text, for key types whose ``repr`` is the interpreter's own."""
     if type(key) in (str, int, float, bool, bytes) or key is None:
         text = repr(key)
-        return text if len(text) <= _MAX_KEY_TEXT else text[: _MAX_KEY_TEXT - 4] + "...'"
+        if len(text) <= _MAX_KEY_TEXT:
+            return text
+        # cut in the middle: keys that differ at their end (file paths, ids) stay apart
+        head = (_MAX_KEY_TEXT - 3) // 2
+        return text[:head] + "..." + text[len(text) - (_MAX_KEY_TEXT - 3 - head) :]
     if type(key) is tuple:
         return "(" + ", ".join(key_text(k) for k in key) + ("," if len(key) == 1 else "") + ")"
     if type(key) is type:  # a class as a key (copyreg.dispatch_table, a registry): its name, read from C
