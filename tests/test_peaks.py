@@ -63,10 +63,14 @@ def test_evaluation():
     )
     result, report = run_checked()
     breakdown = report["test_evaluation"]["peak_breakdown"]
-    assert breakdown["categories"]["activations"] == 0
+    categories = breakdown["categories"]
+    assert categories["activations"] == 0
     assert breakdown["dominant"] == "temporaries"
+    assert {name for name, size in categories.items() if size} <= {"temporaries", "uncategorized"}
     result.stdout.no_fnmatch_line("  activations *")
-    result.stdout.fnmatch_lines(["  temporaries *100.0%"])
+    # torch 2.4's memory profiler leaves the output of one operation of the layer unrecorded
+    # (uncategorized, 28.6%); later versions record it, and temporaries fill the whole peak
+    result.stdout.fnmatch_lines(["  temporaries *" + ("100.0%" if not categories["uncategorized"] else "")])
 
 
 def test_an_adam_step_shows_optimizer_state(pytester: pytest.Pytester, run_checked) -> None:
