@@ -248,6 +248,65 @@ def test_a_failing_run_keeps_its_failure_and_stops(pytester: pytest.Pytester, ru
     assert entry["repetitions"] == [0, 0]
 
 
+def test_a_run_again_that_fails_in_its_teardown_leaves_the_test_reported_once(
+    pytester: pytest.Pytester, run_checked
+) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        CACHE, CALLS = [], []
+
+        @pytest.fixture
+        def flaky_teardown():
+            yield
+            CALLS.append(1)
+            if len(CALLS) == 2:
+                raise RuntimeError("teardown failed on the second run")
+
+        def test_leaks(flaky_teardown):
+            CACHE.append(torch.ones(300_000))
+
+        def test_after():
+            pass
+        """
+    )
+    junit = pytester.path / "junit.xml"
+    result, report = run_checked("--vramleak", "-p", "no:randomly", f"--junitxml={junit}")
+    # The teardown of a run the plugin made is not the test's: one failure, the leak's, which says
+    # why the runs after the first were not used.
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.no_fnmatch_line("*RuntimeError: teardown failed on the second run")
+    result.stdout.fnmatch_lines(
+        ["the runs after the first were not used: run 2 of 4 failed in teardown (RuntimeError: teardown failed*"]
+    )
+    assert junit.read_text().count("<testcase ") == 2
+    assert report["test_leaks"]["verdict"] == "leaked"
+
+
+def test_a_wider_fixtures_teardown_after_the_runs_fails_the_test_as_in_pytest(
+    pytester: pytest.Pytester, run_checked
+) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        CACHE = []
+
+        @pytest.fixture(scope="module")
+        def resource():
+            yield
+            raise RuntimeError("the module's teardown failed")
+
+        def test_leaks(resource):
+            CACHE.append(torch.ones(300_000))
+        """
+    )
+    result, report = run_checked("--vramleak", "-p", "no:randomly")
+    # torn down once, after the runs: pytest's error of a teardown, beside the leak's failure
+    result.assert_outcomes(failed=1, errors=1)
+    result.stdout.fnmatch_lines(["LEAKED test_it.py::test_leaks - VramLeak: memory grew *"])
+    result.stdout.fnmatch_lines(["ERROR test_it.py::test_leaks - teardown of fixtures after the test*"])
+
+
 def test_skips_xfails_and_unittest_tests_behave_as_without_repeats(pytester: pytest.Pytester, run_checked) -> None:
     pytester.makepyfile(
         test_it="""

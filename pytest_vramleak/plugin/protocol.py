@@ -85,16 +85,16 @@ def run_once(item: pytest.Item, toward: pytest.Item | pytest.Collector | None) -
     return reports
 
 
-def finish_teardown(item: pytest.Item, nextitem: pytest.Item | None, report: pytest.TestReport) -> None:
-    """Tear down what the next test does not need, after runs torn down towards the test's parent;
-    a failure there is the teardown's, as in pytest."""
+def finish_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> str | None:
+    """Tear down what the next test does not need, after runs torn down towards the test's parent:
+    the failure there, which is the test's teardown's as in pytest (None where it passed)."""
     if item.session.shouldfail or item.session.shouldstop:
         nextitem = None
     try:
         item.session._setupstate.teardown_exact(nextitem)
     except Exception as error:
-        report.outcome = "failed"
-        report.longrepr = f"teardown of fixtures after the test: {type(error).__name__}: {error}"
+        return f"teardown of fixtures after the test: {type(error).__name__}: {error}"
+    return None
 
 
 def why_stopped(reports: Iterable[pytest.TestReport]) -> str | None:

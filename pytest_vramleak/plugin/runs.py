@@ -111,6 +111,8 @@ class RunsOfAnotherPlugin(TestRuns):
     too. Each of that plugin's runs is another such run."""
 
     judged_after_the_runs: ClassVar[bool] = False
+    failed_teardown: bool = False
+    """The run's leak failed its teardown (a fixture's teardown may fail it too)."""
 
     def run_torn_down(self, item: pytest.Item, check: Check) -> None:
         self.checks = [check]
@@ -121,10 +123,13 @@ class RunsOfAnotherPlugin(TestRuns):
             _name_runs(item, self, verdict)
         self.result = finish_result(item, self, verdict)
         if verdict is not None and verdict.failing:
+            self.failed_teardown = True
             raise VramLeak(_failure_text(self, verdict), pytrace=False)
 
     def teardown_reported(self, item: pytest.Item, report: pytest.TestReport) -> None:
         result = self.result or finish_result(item, self, None)
+        if report.failed and self.failed_teardown:  # its status reads LEAKED (or OVER BUDGET)
+            report.vramleak_outcome = result.verdict  # type: ignore[attr-defined]
         report.vramleak = result.to_json()  # type: ignore[attr-defined]
         record_properties(report, result)
         test = test_of(item)
@@ -313,7 +318,7 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
     if random_state is not None:  # the tests after it draw the numbers they would without the plugin
         random_state.restore()
     if run.parent is not nextitem:
-        _tear_down_last(item, nextitem, first_reports, last_reports)
+        _tear_down_last(item, nextitem, first_reports[-1])
     result = finish_result(item, runs, verdict)
     return _final_reports(item, runs, first_reports, result, verdict, run.spent)
 
@@ -412,16 +417,13 @@ def _run_recording_sites(
     return reports
 
 
-def _tear_down_last(
-    item: pytest.Item,
-    nextitem: pytest.Item | None,
-    first_reports: list[pytest.TestReport],
-    last_reports: list[pytest.TestReport],
-) -> None:
-    """Tear down what the runs shared down to the next test; a failure there fails the test."""
-    finish_teardown(item, nextitem, last_reports[-1])
-    if last_reports is not first_reports and last_reports[-1].failed and not first_reports[-1].failed:
-        first_reports[-1].outcome, first_reports[-1].longrepr = "failed", last_reports[-1].longrepr
+def _tear_down_last(item: pytest.Item, nextitem: pytest.Item | None, teardown: pytest.TestReport) -> None:
+    """Tear down what the runs shared, down to the next test: a failure there fails the teardown
+    pytest gets (the first run's). A run again that failed in its own teardown is the plugin's
+    doing: it stops the runs, and the failure says so, but it is not the test's teardown."""
+    failure = finish_teardown(item, nextitem)
+    if failure is not None and not teardown.failed:
+        teardown.outcome, teardown.longrepr = "failed", failure
 
 
 def _function_key(item: pytest.Item) -> str | None:

@@ -316,10 +316,8 @@ class VramleakSession(SessionState):
             look_for_drift(self, due=True)
 
     def pytest_report_teststatus(self, report: pytest.TestReport, config: pytest.Config) -> tuple[str, str, Any] | None:
-        outcome = getattr(report, "vramleak_outcome", None)
-        if report.when == "teardown" and report.failed:  # a run another plugin ran: it fails as it tears down
-            outcome = (getattr(report, "vramleak", None) or {}).get("verdict")
-        elif report.when != "call" or not report.failed:
+        outcome = getattr(report, "vramleak_outcome", None)  # (a run another plugin ran fails as it tears down)
+        if report.when == "setup" or not report.failed:
             return None
         if outcome == "leaked":
             return "failed", "L", status_word("LEAKED")
