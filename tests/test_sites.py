@@ -164,3 +164,27 @@ def test_tracing_leaves_the_raw_allocator_as_it_was_and_hooks_the_object_allocat
     assert raw == before[0]  # threads without the GIL never wait in tracemalloc
     assert objects != before[1]  # tracemalloc's hook, where sites are read from
     assert allocators() == before
+
+
+@pytest.mark.parametrize("sites", ["auto", "on"])
+def test_a_test_that_stops_tracemalloc_is_told_why_its_sites_are_missing(pytester: pytest.Pytester, sites: str) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import tracemalloc
+        import torch
+        KEPT = []
+
+        def test_stops_tracing():
+            KEPT.append(torch.ones(300_000))
+            tracemalloc.stop()
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak", f"--vramleak-sites={sites}")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "    held by test_it.KEPT[[]4[]]",
+            "allocated at: not recorded: the test called tracemalloc.stop(), which ended the tracing that records *",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*--vramleak-sites=on records the first run too*")

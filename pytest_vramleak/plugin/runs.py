@@ -78,6 +78,10 @@ class TestRuns:
     as_in: str | None = None
     """The earlier case of the same test function whose runs showed that what this case's first
     run kept, the same storages, is PyTorch's own: this case was not run again."""
+    sites_lost: bool = False
+    """The test stopped tracemalloc while the run that records sites ran: they are not known."""
+    sites_on_first_run: bool = False
+    """``--vramleak-sites=on``: the first run records sites too."""
     extra_begin: int | None = None
     """The tracker's clock as the run that recorded sites after the verdict began (not one of the
     runs judged: what it left is named, and not counted)."""
@@ -207,9 +211,12 @@ def plan(item: pytest.Item, settings: Settings) -> TestRuns:
     if (repeat > 1 or settings.confirm) and budget is not None and _is_doctest(item):
         repeat, why_once = 1, "doctests are not run again (doctest clears a doctest's globals after it runs)"
     if repeat > 1:
-        return TestRuns(Repetitions(planned=repeat, warmup=settings.warmup), rule, True)
-    may_rerun = budget is not None and settings.confirm > 0 and why_once is None
-    return TestRuns(Repetitions(planned=1, warmup=1, mode="confirm"), rule, may_rerun, settings.confirm, why_once)
+        runs = TestRuns(Repetitions(planned=repeat, warmup=settings.warmup), rule, True)
+    else:
+        may_rerun = budget is not None and settings.confirm > 0 and why_once is None
+        runs = TestRuns(Repetitions(planned=1, warmup=1, mode="confirm"), rule, may_rerun, settings.confirm, why_once)
+    runs.sites_on_first_run = settings.sites == "on"
+    return runs
 
 
 def runs_of_another_plugin(item: pytest.Item, settings: Settings) -> RunsOfAnotherPlugin:
@@ -613,6 +620,7 @@ def _recording_run(
             tracker.pairs(alive) + [(storage, storage) for storage in (ref() for ref in alive) if storage is not None]
         )
         recorder.stop()
+        runs.sites_lost = runs.sites_lost or recorder.stopped_by_others
         runs.naming_run = False
 
 
@@ -1015,11 +1023,20 @@ def _leaked_tensor_lines(runs: TestRuns, verdict: Verdict) -> list[str]:
     lines = [heading, render_groups(verdict.groups)]
     stored = [group for group in verdict.groups if group.kind != "history"]
     if stored and not any(group.allocated_at for group in stored) and runs.sites is not None:
-        lines.append(
-            "allocated at: not recorded: the run that records where tensors are made made none of these (made by an "
-            "earlier run only: --vramleak-sites=on records the first run too)"
-        )
+        lines.append(f"allocated at: not recorded: {_why_no_sites(runs)}")
     return lines
+
+
+def _why_no_sites(runs: TestRuns) -> str:
+    """Why the run that recorded sites knows none of the tensors listed."""
+    if runs.sites_lost:
+        return "the test called tracemalloc.stop(), which ended the tracing that records where tensors are made"
+    if runs.sites_on_first_run:
+        return "the runs that record where tensors are made made none of these"
+    return (
+        "the run that records where tensors are made made none of these (made by an earlier run only: "
+        "--vramleak-sites=on records the first run too)"
+    )
 
 
 def _final_reports(

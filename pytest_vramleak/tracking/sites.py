@@ -389,6 +389,8 @@ class SiteRecorder:
         self._inside_library: dict[int, bool] = {}
         """By id of each object captured: whether library code (torch) made it, not the user's."""
         self._owns_tracing = False
+        self.stopped_by_others = False
+        """Tracing it started was stopped by other code (the test's ``tracemalloc.stop()``)."""
 
     @property
     def tracing(self) -> bool:
@@ -405,10 +407,13 @@ class SiteRecorder:
             self._owns_tracing = False
             if tracemalloc.is_tracing():
                 tracemalloc.stop()
+            else:
+                self.stopped_by_others = True
 
     def capture(self, pairs: list[tuple[Any, Any]]) -> None:
         """Note now, while tracing runs, where each ``(tensor, storage)`` pair's tensor was made."""
         if not tracemalloc.is_tracing():
+            self.stopped_by_others = self.stopped_by_others or self._owns_tracing
             return
         for tensor, storage in pairs:
             frames = _frames_of(tensor)
