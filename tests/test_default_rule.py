@@ -72,6 +72,9 @@ def test_only_growth_and_memory_kept_once_from_the_floor_fail_by_default(
             "    held by test_it.KEPT[[]4[]]",
         ]
     )
+    assert report["test_appends_every_call"]["tensors_from"] == (
+        "run 5, which recorded where tensors are made after the 4 above"
+    )
     result.stdout.fnmatch_lines(
         [
             "*_ test_builds_a_big_table_once _*",

@@ -225,3 +225,14 @@ def test_a_test_with_many_leaked_groups_draws_the_largest_and_counts_the_rest() 
     page = render_html([result("t.py::test_it", "leaked", leaked_bytes=1860, tensors=groups)])
     assert len(Elements(page).all("svg", class_="graph")) == 20
     assert "… and 10 more groups of tensors, 220 B" in page
+
+
+def test_a_tests_card_says_which_run_left_the_tensors_it_draws() -> None:
+    group = {"dtype": "float32", "shape": [4], "bytes": 16, "held_by_paths": [[["t", "module"], [".KEPT", "list"]]]}
+    which = "run 5, which recorded where tensors are made after the 4 above"
+    page = Elements(
+        render_html([result("t.py::test_it", "leaked", leaked_bytes=16, tensors=[group], tensors_from=which)])
+    )
+    assert page.all("p", class_="from") and f"tensors left by {which}:" in page.text["p"]
+    page = Elements(render_html([result("t.py::test_it", "leaked", leaked_bytes=16, tensors=[group])]))
+    assert page.all("p", class_="from") == []

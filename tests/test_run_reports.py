@@ -72,6 +72,7 @@ def test_json_report_schema(pytester: pytest.Pytester) -> None:
                         "nodes": 0,
                     }
                 ],
+                "tensors_from": None,  # every run keeps the one tensor: no run's apart
                 "reason": None,
                 "trace": None,
                 "cycle_bytes": 0,

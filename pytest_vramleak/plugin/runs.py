@@ -921,6 +921,7 @@ def _judged_figures(result: TestResult, runs: TestRuns, verdict: Verdict, engine
     result.notes = [note for note in engine.notes if note] + list(engine.left_behind) + verdict.all_notes
     result.ranks = [{key: value for key, value in rank.items() if key != "report"} for rank in engine.ranks]
     result.tensors = [group.to_json() for group in verdict.groups]
+    result.tensors_from = verdict.shown or None
     result.tensors += [group.to_json() for groups in engine.other_groups.values() for group in groups]
     if engine.cycles_failed:
         result.tensors += [group.to_json() for group in _cycle_groups(runs, engine)]

@@ -483,6 +483,8 @@ def _section(result: Mapping[str, Any], anchor: str) -> str:
         ]
         parts += _more_groups(rank_groups)
     groups = result.get("tensors") or []
+    if groups and result.get("tensors_from"):
+        parts.append(f'<p class="from">tensors left by {_escape(str(result["tensors_from"]))}:</p>')
     parts += [_group_html(group, f"{anchor}-{i}") for i, group in enumerate(groups[:MAX_GROUPS_DRAWN])]
     parts += _more_groups(groups)
     parts.append("</section>")

@@ -97,6 +97,9 @@ class TestResult:
     settled_after_step: int | None = None
     """Where a step check's memory rose and then stayed flat: the step after which it did."""
     tensors: list[dict[str, Any]] = field(default_factory=list)
+    tensors_from: str | None = None
+    """Which run left the tensors listed, where they are one run's of several (their indices in a
+    list the test appends to are that run's): ``run 5, which recorded where tensors are made after the 4 above``."""
     reason: str | None = None
     """Why a test is unchecked, or the plugin's own error."""
     trace: str | None = None
