@@ -209,3 +209,14 @@ def test_markers_and_fixture_are_documented(pytester: pytest.Pytester) -> None:
     pytester.runpytest("--fixtures").stdout.fnmatch_lines(
         ["vramleak -- *", "    Check repeated training or inference steps*"]
     )
+
+
+def test_the_header_says_what_auto_will_be_where_torch_is_not_imported_yet(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_it="def test_it():\n    pass\n")
+    # (a process of its own: this one imported torch long ago)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(
+        ["vramleak: device auto (the current accelerator, else cpu, as the first checked test runs), checking *"]
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak")
+    result.stdout.fnmatch_lines(["vramleak: device cpu, checking every test (--vramleak), *"])

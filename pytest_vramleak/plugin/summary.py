@@ -188,11 +188,16 @@ def header_settings(settings: Settings) -> str:
     ):
         torch = import_torch()
     try:
-        device = resolve_device(settings.device, torch) if torch is not None else settings.device
+        device = resolve_device(settings.device, torch) if torch is not None else _unresolved(settings.device)
     except (DeviceUnavailable, ValueError) as error:
         device = f"{settings.device} ({error})"
     report = f", report {', '.join(settings.report_paths)}" if settings.report_paths else ""
     return f"device {device}, checking {scope}, {rule_text(settings)}, step warm-up {settings.warmup}{report}"
+
+
+def _unresolved(device: str) -> str:
+    """The device setting where torch is not imported yet (``auto`` says what it will be)."""
+    return "auto (the current accelerator, else cpu, as the first checked test runs)" if device == "auto" else device
 
 
 def header_notes(settings: Settings) -> list[str]:
