@@ -206,3 +206,30 @@ def test_a_step_loop_in_a_test_with_a_peak_budget_is_explained_with_its_timeline
     assert len(timeline["times_us"]) > 10
     assert all(len(values) == len(timeline["times_us"]) for values in timeline["categories"].values())
     result.stdout.fnmatch_lines(["memory at the peak (* above the start), by kind*", "  optimizer state *"])
+
+
+def test_a_src_layout_packages_files_read_alike_in_every_part_of_a_failure(pytester: pytest.Pytester) -> None:
+    # PyTorch's profiler names files relative to their sys.path entry (mlkit/__init__.py), where
+    # tracemalloc gives them whole (src/mlkit/__init__.py): both are written from where pytest runs.
+    package = pytester.path / "src" / "mlkit"
+    package.mkdir(parents=True)
+    package.joinpath("__init__.py").write_text(
+        "import torch\nCACHE = []\n\ndef make(n):\n    x = torch.ones(n, 256)\n    CACHE.append(x)\n    return x.relu()\n"
+    )
+    pytester.makeini("[pytest]\npythonpath = src\n")
+    pytester.makepyfile(
+        test_kit="""
+        import pytest
+        from mlkit import make
+
+        @pytest.mark.vram_budget(peak="16 KiB")
+        def test_make():
+            make(64)
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    output = result.stdout.str()
+    assert "made by aten::ones, from src/mlkit/__init__.py:5 in make()" in output
+    assert "allocated at src/mlkit/__init__.py:5 in make(), called from test_kit.py:6 in test_make()" in output
+    assert " mlkit/__init__.py" not in output

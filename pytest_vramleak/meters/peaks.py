@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..judging.sizes import format_size
-from ..tracking.sites import site_text
+from ..tracking.sites import found_on_path, site_text
 
 CATEGORIES = (
     "activations",
@@ -232,7 +232,7 @@ def _describe(event: Any, nbytes: int) -> str:
             callsite = fields.callsite  # the function entered, at its first line
             if site is None and _is_users(callsite.file_name):
                 line = below.typed[1].caller.line_number if below is not None else callsite.line_number
-                site = site_text((callsite.file_name, line, callsite.function_name))
+                site = site_text((found_on_path(callsite.file_name), line, callsite.function_name))
             below = parent
         elif parent.typed[0] == _EventType.PyCCall:  # a C function (torch.ones_like) called from Python
             below = parent

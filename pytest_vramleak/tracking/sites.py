@@ -74,6 +74,19 @@ Site = tuple[str, int, str]
 """A place in the user's code: file name, line, function (empty where not known)."""
 
 
+def found_on_path(filename: str) -> str:
+    """The file a name relative to a ``sys.path`` entry (as PyTorch's profiler names files:
+    ``mlkit/model.py`` for ``src/mlkit/model.py``) is, found on ``sys.path``; the name as given
+    where it is absolute or found nowhere."""
+    if os.path.isabs(filename):
+        return filename
+    for entry in sys.path:
+        candidate = os.path.join(entry or os.getcwd(), filename)
+        if os.path.isfile(candidate):
+            return candidate
+    return filename
+
+
 def site_text(site: Site) -> str:
     """``file:line in function()``, or ``file:line`` where the function is not known."""
     filename, line, function = site
