@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .holders.naming import (
+    held_by_pytest_warnings,
     held_by_the_failure,
     held_by_threads,
     held_by_torch_cache,
@@ -342,6 +343,10 @@ CPP_HELD = (
     "(--vramleak-fail-on=any counts it)"
 )
 OLDER_THREADS = "held by threads that were running before the test began"
+PYTEST_WARNINGS_KEPT = (
+    "held only by the warnings pytest recorded, which it keeps with their arguments for the warnings summary "
+    "(warn with a string, f'{t.shape}', to let the tensor go)"
+)
 FAILURE_KEPT = (
     "held only by the frames of the test's own failure, kept with its traceback (by pytest, or a plugin such as "
     "pytest-rerunfailures, which keeps a failure's traceback on the test item)"
@@ -365,8 +370,9 @@ def name_leak(
     the autograd nodes each keeps) (see :func:`~pytest_vramleak.holders.naming.name_storages`), and
     set aside what no test is charged for: what only PyTorch's own caches hold, what nothing in
     Python reaches (held by PyTorch in C++; unless ``count_cpp_held``), what only threads
-    running since before the check hold, and what only the frames of the test's own failure hold
-    (given among ``named``, with the root kind ``failure``).
+    running since before the check hold, what only the frames of the test's own failure hold
+    (given among ``named``, with the root kind ``failure``), and what only the warnings pytest
+    recorded hold.
 
     With ``part`` (see :func:`~pytest_vramleak.holders.snapshot.describe`), the groups are those of each
     part, and what is set aside is decided on the parts joined."""
@@ -376,6 +382,7 @@ def name_leak(
     keepers: list[tuple[str, Callable[[TensorGroup], bool]]] = [
         (TORCH_CACHES, held_by_torch_cache),
         (FAILURE_KEPT, held_by_the_failure),
+        (PYTEST_WARNINGS_KEPT, held_by_pytest_warnings),
     ]
     if not count_cpp_held:
         keepers.append((CPP_HELD, held_in_cpp_only))

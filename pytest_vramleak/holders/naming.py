@@ -18,6 +18,7 @@ __all__ = [
     "held_by_threads",
     "held_by_torch_cache",
     "held_in_cpp_only",
+    "held_by_pytest_warnings",
     "held_by_the_failure",
     "kept_by_pytest_lists",
     "name_storages",
@@ -97,6 +98,12 @@ def held_by_the_failure(group: TensorGroup) -> bool:
     """Whether only the frames of the test's own failure hold the group (kept with its traceback,
     by pytest or a plugin: a failing test is judged on what remains once its traceback is let go)."""
     return bool(group.holders) and all(path.root.kind == "failure" for path in group.holders)
+
+
+def held_by_pytest_warnings(group: TensorGroup) -> bool:
+    """Whether only the warnings pytest recorded hold the group (a warning the test raised with a
+    tensor among its arguments, kept for the warnings summary: pytest's, as its log records are)."""
+    return bool(group.holders) and all(path.root.kind == "pytest warnings" for path in group.holders)
 
 
 def kept_by_pytest_lists(group: TensorGroup) -> bool:
