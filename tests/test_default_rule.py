@@ -634,3 +634,55 @@ def test_a_test_its_marks_skip_is_not_measured(
             "the test was skipped",
             "cpu",
         )
+
+
+LAZY_TABLE = """
+import pytest, torch
+_TABLE = None
+KEPT = []
+
+def table():
+    global _TABLE
+    if _TABLE is None:
+        _TABLE = torch.ones(512, 1024)
+    return _TABLE
+"""
+
+
+def test_state_a_module_builds_on_first_use_is_told_with_the_ways_to_declare_it(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it=LAZY_TABLE
+        + """
+def test_a():
+    assert table().sum() > 0
+
+def test_grows():
+    KEPT.append(torch.ones(512, 1024))
+"""
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak")
+    result.assert_outcomes(failed=2)
+    output = result.stdout.str()
+    # the rule stands (2 MiB kept once fails), and the failure says how to keep it on purpose
+    assert output.count("kept once by module-level state built on first use") == 1  # test_a's, not the growth's
+    result.stdout.fnmatch_lines(
+        ["*_ test_a _*", "kept 2.0 MiB on cpu that it did not let go*", "*", "*", "*held by test_it._TABLE", "*"]
+    )
+    result.stdout.fnmatch_lines(
+        ["kept once by module-level state built on first use*session-scoped fixture*@pytest.mark.allow_vram_leak"]
+    )
+
+
+@pytest.mark.parametrize(
+    "declared",
+    [
+        '@pytest.fixture(scope="session")\ndef built():\n    return table()\n\ndef test_a(built):\n',
+        "@pytest.mark.allow_vram_leak\ndef test_a():\n",
+    ],
+    ids=["session fixture", "marker"],
+)
+def test_state_built_once_on_purpose_passes_where_declared_as_the_failure_says(
+    pytester: pytest.Pytester, declared: str
+) -> None:
+    pytester.makepyfile(test_it=LAZY_TABLE + declared + "    assert table().sum() > 0\n")
+    pytester.runpytest("-p", "no:cacheprovider", "--vramleak").assert_outcomes(passed=1)

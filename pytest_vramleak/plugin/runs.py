@@ -1010,7 +1010,29 @@ def _failure_text(runs: TestRuns, verdict: Verdict) -> str:
         lines += _leaked_tensor_lines(runs, verdict)
     if not decision.opens_with_growth:
         lines.append(decision.about)
+    if _built_once_in_a_module(verdict):
+        lines.append(BUILT_ONCE)
     return "\n".join(line for line in lines if line)
+
+
+BUILT_ONCE = (
+    "kept once by module-level state built on first use (a table, a model or a cache a module builds lazily): "
+    "whichever test touches it first keeps it. Where it is meant to stay, build it before the checks, in a "
+    "session-scoped fixture the tests use (what a wider fixture makes as it sets up is not the test's), or mark "
+    "the test that builds it with @pytest.mark.allow_vram_leak"
+)
+
+
+def _built_once_in_a_module(verdict: Verdict) -> bool:
+    """Whether a failing test kept memory once (its runs again added nothing), all of it held
+    from modules' globals: lazily built state, not a leak that grows."""
+    stored = [group for group in verdict.groups if group.kind != "history"]
+    return (
+        verdict.failing
+        and verdict.decision.pattern == "kept_once"
+        and bool(stored)
+        and all(group.holders and all(path.root.kind == "module" for path in group.holders) for group in stored)
+    )
 
 
 def _leaked_tensor_lines(runs: TestRuns, verdict: Verdict) -> list[str]:
