@@ -188,10 +188,10 @@ def untracked_referents(sources: Sequence[Any], kinds: set[Any]) -> tuple[list[A
         )
         del referents
         found = list(itertools.compress(untracked, map(kinds.__contains__, map(type, untracked))))
-        picked.update(zip(map(id, found), found))
+        picked.update(zip(map(id, found), found, strict=True))
         found = list(itertools.compress(untracked, map(_UNTRACKED_CONTAINERS.__contains__, map(type, untracked))))
         untracked.clear()
-        new = dict(zip(map(id, found), found))
+        new = dict(zip(map(id, found), found, strict=True))
         found.clear()
         for seen in new.keys() & containers.keys():
             del new[seen]
