@@ -29,6 +29,25 @@ def one_torch_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+BIG_HEAP_OBJECTS = 100_000
+"""More objects than the holder search once walked from the user's modules for what gc does not
+see (a numpy array over a tensor) before it gave up: the heap of a worker that ran a whole suite."""
+
+BIG_HEAP: list[object] = []
+
+
+@pytest.fixture(params=["small heap", "big heap"])
+def heap_size(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run a test as it runs alone, then beside a module that holds many objects, as in a worker
+    that ran many test modules before it: what the holder search finds must not depend on it."""
+    if request.param == "big heap":
+        BIG_HEAP.extend(object() for _ in range(BIG_HEAP_OBJECTS))
+    try:
+        yield request.param
+    finally:
+        BIG_HEAP.clear()
+
+
 def read_report(path: Path) -> dict[str, dict[str, Any]]:
     """The JSON report's tests by test name."""
     document = json.loads(path.read_text())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import weakref
 
-import pytest
 import torch
 
 from pytest_vramleak import Snapshot, StepWatcher, diff, take_snapshot
@@ -133,12 +132,7 @@ def test_memory_only_cpp_holds_is_told_without_naming_and_anything_python_reache
     HELD_IN_CPP_MODULE.clear()
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="order-dependent since the holder rewrite: passes alone, but in a full-suite xdist worker the numpy "
-    "array a module keeps is not met and the tensor reads as held from C++ (under investigation)",
-)
-def test_a_tensor_a_numpy_array_in_a_module_keeps_is_not_held_from_cpp() -> None:
+def test_a_tensor_a_numpy_array_in_a_module_keeps_is_not_held_from_cpp(heap_size: str) -> None:
     import gc
 
     from pytest_vramleak.holders.snapshot import held_in_cpp_groups

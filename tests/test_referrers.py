@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import functools
+import gc
 import sys
 import types
 from typing import Any
 
+import numpy
 import pytest
 import torch
 
@@ -113,6 +115,51 @@ def test_running_frame_local() -> None:
     kept = [torch.ones(2)]
     line = sys._getframe().f_lineno + 1
     assert holder_of(lambda: kept[0]) == f"test_running_frame_local:{line} local 'kept'[0]"
+
+
+ARRAYS: list[Any] = []
+ARRAYS_BY_NAME: dict[str, Any] = {}
+
+
+def keep_array_in_a_list() -> tuple[Any, Any, str]:
+    ARRAYS.append(torch.ones(8).numpy())
+    return ARRAYS, lambda: ARRAYS[0].base, f"{HERE}.ARRAYS[0].base"
+
+
+def keep_array_in_a_dict() -> tuple[Any, Any, str]:
+    ARRAYS_BY_NAME["batch"] = torch.ones(8).numpy()  # a dict of arrays only: gc does not track it
+    return ARRAYS_BY_NAME, lambda: ARRAYS_BY_NAME["batch"].base, f"{HERE}.ARRAYS_BY_NAME['batch'].base"
+
+
+def keep_array_in_a_tuple() -> tuple[Any, Any, str]:
+    ARRAYS.append((torch.ones(8).numpy(), numpy.zeros(2)))
+    gc.collect()  # which stops tracking a tuple of arrays only
+    return ARRAYS[0], lambda: ARRAYS[0][0].base, f"{HERE}.ARRAYS[0][0].base"
+
+
+@pytest.mark.parametrize("keep", [keep_array_in_a_list, keep_array_in_a_dict, keep_array_in_a_tuple])
+def test_a_numpy_array_over_a_tensor_is_named_through_its_base_whatever_the_heap_holds(
+    keep: Any, heap_size: str
+) -> None:
+    # gc sees neither the array nor the tensor it keeps as its base: nothing gc tracks refers to
+    # the tensor, and a walk from the modules meets the array later the more the process holds
+    container, get_base, expected = keep()
+    try:
+        assert keep is keep_array_in_a_list or not gc.is_tracked(container)
+        del container
+        assert holder_of(get_base) == expected
+    finally:
+        ARRAYS.clear()
+        ARRAYS_BY_NAME.clear()
+
+
+def test_a_numpy_array_a_running_frame_has_as_a_local_is_named_through_its_base(heap_size: str) -> None:
+    array = torch.ones(8).numpy()
+    base_id = id(array.base)  # (a closure over ``array`` would hold it in a cell gc sees)
+    line = sys._getframe().f_lineno + 1
+    assert holder_of(lambda: next(o for o in gc.get_objects() if id(o) == base_id)) == (
+        f"{sys._getframe().f_code.co_name}:{line} local 'array'.base"
+    )
 
 
 class Slotted:

@@ -51,6 +51,7 @@ __all__ = [
     "key_text",
     "name_holders",
     "type_name",
+    "untracked_referents",
     "without_python_holders",
 ]
 
@@ -159,6 +160,52 @@ def _referents(node: Any, by_storage: dict[int, Any]) -> list[Any]:
     return gc.get_referents(node)
 
 
+UNTRACKED_LEVELS = 4
+"""Levels of containers gc does not track (a tuple or dict of numpy arrays) looked through below
+the objects it does."""
+
+_UNTRACKED_CONTAINERS = frozenset({dict, list, tuple, set, frozenset})
+"""Containers gc may not track (a tuple or a dict while it holds only objects gc does not track)."""
+
+
+def untracked_referents(sources: Sequence[Any], kinds: set[Any]) -> tuple[list[Any], list[Any]]:
+    """What ``sources`` (gc's listing of the heap) refer to that gc does not track: the objects of
+    ``kinds`` (a numpy array, a capsule), and the tuples and dicts gc stopped tracking because they
+    hold only such objects, a few levels of them. One pass over the heap in C, whatever its size:
+    what holds an object gc does not see is found without a walk that gives up on a big heap.
+    Clear both lists once done."""
+    picked: dict[int, Any] = {}
+    containers: dict[int, Any] = {}
+    wanted = frozenset(kinds) | _UNTRACKED_CONTAINERS
+    level = sources
+    for _ in range(UNTRACKED_LEVELS):
+        # (picked by exact type and gc.is_tracked, in C: no object's code runs)
+        referents = gc.get_referents(*level)
+        untracked = list(
+            itertools.filterfalse(
+                gc.is_tracked, itertools.compress(referents, map(wanted.__contains__, map(type, referents)))
+            )
+        )
+        del referents
+        found = list(itertools.compress(untracked, map(kinds.__contains__, map(type, untracked))))
+        picked.update(zip(map(id, found), found, strict=True))
+        found = list(itertools.compress(untracked, map(_UNTRACKED_CONTAINERS.__contains__, map(type, untracked))))
+        untracked.clear()
+        new = dict(zip(map(id, found), found, strict=True))
+        found.clear()
+        for seen in new.keys() & containers.keys():
+            del new[seen]
+        level = list(new.values())
+        containers.update(new)
+        new.clear()
+        if not level:
+            break
+    objects, untracked = list(picked.values()), list(containers.values())
+    picked.clear()
+    containers.clear()
+    return objects, untracked
+
+
 def _storage_ids(obj: Any) -> list[int]:
     from ..tracking.census import _torch, tensor_storages
 
@@ -171,9 +218,7 @@ def _storage_ids(obj: Any) -> list[int]:
 
 FORWARD_LIMIT = 200_000
 """Objects the forward search visits at most (a few tenths of a second). It looks for where the
-backward search stopped (found within a few levels of the roots) and for targets nothing in gc
-refers to (a numpy array over a tensor is found near the roots too); a target held only from C++
-would otherwise have it walk every object reachable from the modules to learn that."""
+backward search stopped, found within a few levels of the roots."""
 
 
 def _search_forward(
@@ -370,6 +415,24 @@ def _roots_in_frames(named: Sequence[NamedRoot], frames: Sequence[types.FrameTyp
     return running_locals
 
 
+def _array_holders(ndarray: type, arrays: list[Any], tensors: list[Any]) -> list[tuple[Any, list[Any]]]:
+    """Which of ``arrays`` hold which of ``tensors``: as their base, or through a base tensor that
+    shares a tensor's storage."""
+    ids = {id(tensor) for tensor in tensors}
+    by_storage = {storage: tensor for tensor in tensors for storage in _storage_ids(tensor)}
+    found = []
+    for array in arrays:
+        base = ndarray.base.__get__(array)  # type: ignore[attr-defined]  # the C attribute: no code of the array's runs
+        if id(base) in ids:
+            found.append((array, [base]))
+            continue
+        shared = [by_storage[storage] for storage in _storage_ids(base) if storage in by_storage]
+        if shared:
+            found.append((array, shared[:1]))
+    by_storage.clear()
+    return found
+
+
 class _Backward:
     """The state of the backward search, level by level from the targets. It keeps the objects
     it meets only in its own containers, whose ids the search ignores: none is taken for a holder."""
@@ -386,6 +449,7 @@ class _Backward:
         "exclude_types",
         "max_frontier",
         "limited",
+        "untracked",
     )
 
     def __init__(
@@ -406,6 +470,7 @@ class _Backward:
         self.exclude_types = exclude_types
         self.max_frontier = max_frontier
         self.limited = False
+        self.untracked: tuple[list[Any], list[Any]] | None = None  # numpy arrays, containers gc does not track
         self.ignore = own | {
             id(self),
             id(self.held_by),
@@ -441,10 +506,15 @@ class _Backward:
             if held:
                 has_holder.update(id(h) for h in held)
                 self._record(holder, held, next_level)
+        del referrers
+        unheld = [obj for obj in frontier if id(obj) not in has_holder]
+        for holder, held in self._untracked_holders(unheld):
+            has_holder.update(id(h) for h in held)
+            self._record(holder, held, next_level)
+        unheld.clear()
         for obj in frontier:
             if id(obj) not in has_holder:
                 self.dead_ends[id(obj)] = obj
-        del referrers
         # Holders that lead only to targets already rooted need not be followed further.
         return tuple(h for h in next_level if self.origins[id(h)] & self.unrooted)
 
@@ -459,6 +529,33 @@ class _Backward:
             namespace = _MODULE_NAMESPACE.__get__(holder)
             held = [h for h in held if h is namespace]
         return held
+
+    def _untracked_holders(self, unheld: list[Any]) -> list[tuple[Any, list[Any]]]:
+        """The holders gc does not see of the objects in ``unheld`` (nothing gc tracks refers to
+        them): a numpy array whose base is a tensor among them or shares its memory, and a tuple or
+        dict gc does not track that holds such an array. The heap is listed for them once per
+        search, and only where numpy is loaded."""
+        ndarray = getattr(sys.modules.get("numpy"), "ndarray", None)
+        tensors = [obj for obj in unheld if is_tensor_type(type(obj))]
+        # (a tuple or dict gc does not track holds only objects gc does not track either)
+        others = {id(obj) for obj in unheld if type(obj) is ndarray or not gc.is_tracked(obj)}
+        if ndarray is None or not (tensors or others):
+            return []
+        if self.untracked is None:
+            with whole_heap():
+                everything = gc.get_objects()
+            everything += [local.value for local in self.running_locals.values()]
+            self.untracked = untracked_referents(everything, {ndarray})
+            everything.clear()
+            self.ignore.update(id(found) for found in self.untracked)
+        arrays, containers = self.untracked
+        found = _array_holders(ndarray, arrays, tensors) if tensors else []
+        for container in containers if others else ():
+            held = [obj for obj in gc.get_referents(container) if id(obj) in others]
+            if held:
+                found.append((container, held))
+        tensors.clear()
+        return found
 
     def _record(self, holder: Any, held: list[Any], next_level: list[Any]) -> None:
         self.held_by.setdefault(id(holder), []).extend(held)
@@ -492,6 +589,8 @@ class _Backward:
         return frontier
 
     def clear(self) -> None:
+        for found in self.untracked or ():
+            found.clear()
         self.held_by.clear()
         self.roots.clear()
         self.dead_ends.clear()
@@ -505,12 +604,10 @@ def _meet_forward(
     chains_by_target: dict[int, list[Any]],
     exclude_types: tuple[type, ...],
 ) -> None:
-    """Forward from the roots to where the backward search stopped (or to the targets
-    themselves: a numpy array keeps its tensor without telling gc), then down its edges: the
-    chains of the targets it left without a root, added to ``chains_by_target``."""
+    """Forward from the roots to where the backward search stopped, then down its edges: the
+    chains of the targets it left without a root, added to ``chains_by_target``. Where it stopped
+    at no holder (nothing in Python, seen by gc or not, holds the targets) there is nothing to meet."""
     ignore, unrooted = search.ignore, search.unrooted
-    module_roots = [m for m in list(sys.modules.values()) if is_module_root(m)]
-    starts = module_roots + list(search.running_locals.values())
     wanted = {id(t) for t in targets}
     remaining = wanted - chains_by_target.keys()
     # where the backward search stopped: its last level, and the holders nothing in gc holds
@@ -520,6 +617,10 @@ def _meet_forward(
         for holder in (*frontier, *search.dead_ends.values())
         if id(holder) not in wanted and search.origins.get(id(holder), 0) & unrooted
     }
+    if not meeting:
+        return
+    module_roots = [m for m in list(sys.modules.values()) if is_module_root(m)]
+    starts = module_roots + list(search.running_locals.values())
     covers = {ident: search.origins.get(ident, 0) for ident in (*remaining, *meeting)}
     ignore.update((id(module_roots), id(starts), id(wanted), id(remaining), id(meeting), id(covers)))
     by_storage = {storage: target for target in targets if id(target) in remaining for storage in _storage_ids(target)}
@@ -532,10 +633,6 @@ def _meet_forward(
     users = _users_modules(module_roots) + list(search.running_locals.values())
     others = {id(module) for module in module_roots} - {id(module) for module in users}
     ignore.update((id(users), id(others), id(by_storage)))
-    # With no holder to meet (nothing in gc holds the targets: PyTorch keeps them in C++, or a
-    # numpy array made by tensor.numpy(), which gc does not see, found near the roots), the
-    # walk looks for the targets alone, a few levels deep.
-    limit = FORWARD_LIMIT if meeting else FORWARD_LIMIT // 10
     for group, skip in ((users, ignore | others), (starts, ignore)):
         forward = _search_forward(
             remaining | meeting.keys(),
@@ -543,7 +640,6 @@ def _meet_forward(
             skip,
             exclude_types,
             by_storage,
-            limit=limit,
             covers=covers,
             needed=unrooted,
         )

@@ -58,6 +58,7 @@ from .referrers import (
     hook_holdings,
     module_types,
     type_name,
+    untracked_referents,
     without_python_holders,
 )
 
@@ -500,7 +501,6 @@ def _paths_through_graph_nodes(
 
 _CAPSULE = type(datetime.datetime_CAPI)
 """Python's capsule type (``types.CapsuleType`` from 3.13 on)."""
-_CONTAINERS = {dict, list, tuple, set, frozenset}
 _DLTENSOR = b"dltensor"
 """The name of a DLPack capsule nobody has consumed yet: it owns its ``DLManagedTensor``."""
 _DLTENSOR_BYTE_OFFSET = 40
@@ -630,20 +630,8 @@ def _untracked_holders(everything: list[Any]) -> list[Any]:
     """The numpy arrays and capsules that objects gc tracks refer to (gc does not track them, nor a
     container of only such objects: a few levels of those)."""
     ndarray = getattr(sys.modules.get("numpy"), "ndarray", None)
-    kinds = {_CAPSULE, ndarray} - {None}
-    picked: list[Any] = []
-    level = everything
-    for _ in range(4):
-        referents = gc.get_referents(*level)
-        picked += itertools.compress(referents, map(kinds.__contains__, map(type, referents)))
-        level = [
-            obj
-            for obj in itertools.compress(referents, map(_CONTAINERS.__contains__, map(type, referents)))
-            if not gc.is_tracked(obj)
-        ]
-        del referents
-        if not level:
-            break
+    picked, containers = untracked_referents(everything, {_CAPSULE, ndarray} - {None})
+    containers.clear()
     return picked
 
 
@@ -1045,8 +1033,8 @@ def _has_graph(tensor: Any) -> bool:
 
 def held_in_cpp_groups(tensors: Sequence[Any], refs: Sequence[Any]) -> list[TensorGroup] | None:
     """The groups of ``tensors`` (each with its storage's ``refs`` entry: ``pointer``, ``device``,
-    ``nbytes``) where nothing in Python reaches any of them: no holder gc sees, no numpy array met
-    from the modules, no autograd node Python holds; None where anything does. Cheaper than
+    ``nbytes``) where nothing in Python reaches any of them: no holder gc sees, no numpy array over
+    one of them, no autograd node Python holds; None where anything does. Cheaper than
     :func:`describe`, which names holders of every kind. (Not looked for here: a graph of an
     older tensor Python holds that saved one of them; the caller's tensors are all new, made by
     torch's own code, with no holder gc sees.)"""
