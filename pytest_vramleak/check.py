@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .holders.diagnosis import diagnose
 from .holders.naming import (
     held_by_pytest_warnings,
     held_by_the_failure,
@@ -35,6 +36,7 @@ from .holders.naming import (
     kept_by_pytest_lists,
     name_storages,
 )
+from .holders.paths import AUTOCAST_CACHE_PATH
 from .holders.referrers import NamedRoot
 from .holders.snapshot import TensorGroup, merge_parts, meter_for
 from .judging.outcome import CheckFigures, Rules, judge_check
@@ -293,6 +295,7 @@ class LeakCheck:
                 collected=self._settled,
                 threads_before=self._threads_before,
                 count_cpp_held=self.rules.count_cpp_held,
+                autocast_open=bool(result.details.get("autocast_regions_left")),
             )
             if main:
                 result.groups = found.groups + found.history
@@ -353,6 +356,14 @@ FAILURE_KEPT = (
 )
 
 
+def _held_by_the_autocast_cache(groups: list[TensorGroup]) -> None:
+    """Name the groups C++ alone holds as held by an open autocast region's cast cache."""
+    for group in groups:
+        if group.holders and all(path.root.kind == "held from C++" and not path.edges for path in group.holders):
+            group.holders = [AUTOCAST_CACHE_PATH]
+            group.diagnoses = diagnose(group)
+
+
 def name_leak(
     tracker: Tracker,
     device: str,
@@ -365,6 +376,7 @@ def name_leak(
     threads_before: set[int],
     count_cpp_held: bool,
     part: Callable[[StorageKey], Any] | None = None,
+    autocast_open: bool = False,
 ) -> NamedLeak:
     """Group and name ``refs`` (storages) and the tensors in ``graph_roots`` (weak references with
     the autograd nodes each keeps) (see :func:`~pytest_vramleak.holders.naming.name_storages`), and
@@ -372,13 +384,17 @@ def name_leak(
     Python reaches (held by PyTorch in C++; unless ``count_cpp_held``), what only threads
     running since before the check hold, what only the frames of the test's own failure hold
     (given among ``named``, with the root kind ``failure``), and what only the warnings pytest
-    recorded hold.
+    recorded hold. With ``autocast_open`` (the check left an autocast region open), what C++ alone
+    holds is named as the region's cast cache, and counted.
 
     With ``part`` (see :func:`~pytest_vramleak.holders.snapshot.describe`), the groups are those of each
     part, and what is set aside is decided on the parts joined."""
     groups, history = name_storages(
         tracker, device, refs, graph_roots, sites=sites, named=named, collected=collected, part=part
     )
+    if autocast_open:  # what C++ alone holds is most likely the open region's cast cache: the test's
+        count_cpp_held = True
+        _held_by_the_autocast_cache(groups)
     keepers: list[tuple[str, Callable[[TensorGroup], bool]]] = [
         (TORCH_CACHES, held_by_torch_cache),
         (FAILURE_KEPT, held_by_the_failure),

@@ -1,4 +1,5 @@
-"""What a checked block leaves running besides memory: process groups, child processes, ranks' leaks.
+"""What a checked block leaves running besides memory: process groups, child processes, autocast
+regions left open (:mod:`pytest_vramleak.meters.autocast`), ranks' leaks.
 
 A check notes the ``torch.distributed`` process groups and the child processes alive as it begins
 (:mod:`pytest_vramleak.meters.processes`), and tells rank processes started from then on where to report
@@ -16,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .meters.autocast import autocast_on, describe_regions
 from .meters.processes import Children, ProcessGroups, describe_children, describe_groups
 from .meters.rank_reports import RANKS_ENV, collect
 from .meters.rank_reports import describe as describe_ranks
@@ -34,11 +36,13 @@ class LeftBehind:
         self.children = Children()
         self._ranks_folder: Path | None = None
         self._ranks_env_before: str | None = None
+        self._autocast_before: frozenset[str] = frozenset()
 
     def begin(self) -> None:
         """Note what runs now; rank processes started from here on inherit where to report."""
         self.process_groups.begin()
         self.children.begin()
+        self._autocast_before = autocast_on()
         self._ranks_folder = (
             Path(tempfile.gettempdir()) / f"vramleak-ranks-{os.getpid()}-{next(_CHECKS)}"
         )  # made by the first rank
@@ -49,6 +53,7 @@ class LeftBehind:
         """What was started meanwhile is a wider-scoped fixture's, not the check's."""
         self.process_groups.adopt()
         self.children.adopt()
+        self._autocast_before = autocast_on()
 
     def judge(self, result: CheckResult, messages: list[str]) -> bool:
         """Whether something was left behind: each thing adds a sentence to ``messages`` and a
@@ -66,6 +71,12 @@ class LeftBehind:
             messages.append(f"left {len(children)} child process(es) running")
             result.left_behind.append(describe_children(children))
             result.details["child_processes_left"] = len(children)
+        autocast = autocast_on() - self._autocast_before
+        if autocast:
+            left = True
+            messages.append(f"left an autocast region open ({', '.join(sorted(autocast))})")
+            result.left_behind.append(describe_regions(autocast))
+            result.details["autocast_regions_left"] = len(autocast)
         if self._ranks_folder is not None:
             result.ranks = collect(self._ranks_folder)
             line, text = describe_ranks(result.ranks)

@@ -1947,12 +1947,6 @@ GAPS: dict[str, dict[Part, str]] = {
         "site": "allocated at test_leak.py:12 in inner(), called from test_leak.py:18 in forward(), called from test_leak.py:23 in test_it()",
         "diagnosis": "diagnosis: autograd graph kept alive: 17.0 KiB in 2 saved tensors behind a tensor that still has its grad_fn (a loss ...",
     },
-    "autocast_cache_never_exited": {
-        "caught": "not caught: passed; 81.2 KiB held by PyTorch itself in C++: nothing in Python refers to it, so nothing the test can free (--vramleak-fail-on=any counts it): not counted",
-        "holder": "no tensors listed for the leak",
-        "site": "no tensors listed for the leak",
-        "diagnosis": "no tensors listed for the leak",
-    },
     "autocast_cache_of_a_serving_thread": {
         "caught": "not caught: passed; 81.2 KiB held by PyTorch itself in C++: nothing in Python refers to it, so nothing the test can free (--vramleak-fail-on=any counts it): not counted",
         "holder": "no tensors listed for the leak",

@@ -11,7 +11,15 @@ import pytest
 
 from pytest_vramleak.holders import diagnosis
 from pytest_vramleak.holders.diagnosis import Rule
-from pytest_vramleak.holders.paths import HELD_IN_CPP_PATH, Edge, EdgeKind, HolderPath, Root, RootKind
+from pytest_vramleak.holders.paths import (
+    AUTOCAST_CACHE_PATH,
+    HELD_IN_CPP_PATH,
+    Edge,
+    EdgeKind,
+    HolderPath,
+    Root,
+    RootKind,
+)
 
 from .conftest import read_report
 
@@ -448,6 +456,12 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         "nothing in Python refers to these tensors the test made",
         _group(HELD_IN_CPP_PATH, made_inside_library=False),
         _group(HELD_IN_CPP_PATH, made_inside_library=None),
+    ),
+    "autocast region left open": (
+        diagnosis.autocast_region_left_open,
+        "an autocast region entered and never exited",
+        _group(AUTOCAST_CACHE_PATH, made_inside_library=False),
+        _group(HELD_IN_CPP_PATH, made_inside_library=False),
     ),
     "class attribute": (
         diagnosis.class_attribute,

@@ -482,6 +482,17 @@ def weak_key_value_holds_its_key(group: Group, found: Sequence[str]) -> str | No
     )
 
 
+def autocast_region_left_open(group: Group, found: Sequence[str]) -> str | None:
+    """Tensors held from C++ while an autocast region the test entered is still open."""
+    if not group.holders or not all(path.root.kind == "autocast cache" for path in group.holders):
+        return None
+    return (
+        "an autocast region entered and never exited (region.__enter__() without __exit__) caches the "
+        "low-precision cast of each weight it casts, and the cast's grad_fn keeps the weight, until the region "
+        "exits: enter it with `with torch.autocast(...):`, or call its __exit__(None, None, None) when done"
+    )
+
+
 def held_in_cpp_for_the_test(group: Group, found: Sequence[str]) -> str | None:
     """Tensors the test made that nothing in Python refers to: PyTorch keeps them in C++ for it."""
     if (
@@ -572,6 +583,7 @@ RULES: list[Rule] = [
     parametrized_object_state,
     mock_calls,
     weak_key_value_holds_its_key,
+    autocast_region_left_open,
     held_in_cpp_for_the_test,
     class_attribute,
     module_level_container,

@@ -25,6 +25,7 @@ RootKind = Literal[
     "step",  # the step function given to a step check
     "value",  # another value the caller names
     "held from C++",  # nothing in Python refers to it
+    "autocast cache",  # held from C++ while an autocast region the test entered is still open
     "outside gc",  # the farthest holder found, which nothing gc sees refers to
     "changed",  # its holders changed while they were searched
     "cycle",  # an object on a reference cycle the collector freed
@@ -94,7 +95,7 @@ _EDGE_FORMS: dict[str, str] = {
     "future value": ".value()",
 }
 
-OPAQUE_ROOTS: frozenset[RootKind] = frozenset({"held from C++", "outside gc", "changed"})
+OPAQUE_ROOTS: frozenset[RootKind] = frozenset({"held from C++", "autocast cache", "outside gc", "changed"})
 """Roots that name no holder in Python the test's code can reach."""
 LOCAL_ROOTS: frozenset[RootKind] = frozenset({"frame local", "thread local"})
 PYTEST_LISTS: frozenset[RootKind] = frozenset({"record_property", "pytest warnings"})
@@ -206,4 +207,11 @@ def elided(texts: list[str]) -> list[str]:
 
 
 HELD_IN_CPP_PATH = HolderPath(Root("held from C++", HELD_FROM_CPP))
+AUTOCAST_CACHE_PATH = HolderPath(
+    Root(
+        "autocast cache",
+        "<no Python reference: held from C++ while an autocast region the test entered is still open "
+        "(its cast cache keeps each weight's cast, and through it the weight)>",
+    )
+)
 CHANGED_PATH = HolderPath(Root("changed", CHANGED))

@@ -728,9 +728,11 @@ def _name_kept(item: pytest.Item, runs: TestRuns, verdict: Verdict) -> None:
     # What only PyTorch keeps, made by torch's own code (tracing constants), is set aside without
     # the collection and the walks of the heap that naming takes.
     pytorchs = None
+    autocast_open = bool(first.result.details.get("autocast_regions_left"))
     if (
         runs.held_in_cpp
         and not runs.rule.strict
+        and not autocast_open
         and not roots
         and second is None
         and not verdict.decision.grows_history
@@ -791,6 +793,7 @@ def _name_in_one_walk(
         threads_before=first._threads_before,
         count_cpp_held=runs.rule.strict,
         part=part,
+        autocast_open=bool(first.result.details.get("autocast_regions_left")),
     )
 
 
