@@ -340,7 +340,7 @@ def _spend_unknown_block_warning(torch: Any, enable: Any, disable: Any) -> None:
     if _unknown_block_warning_spent:
         return
     _unknown_block_warning_spent = True
-    block = torch.ones(16)
+    block = torch.ones(16, device="cpu")  # (a CPU block whatever default device the suite set)
     with _quiet_stderr():
         enable()
         try:
