@@ -1,9 +1,11 @@
 """State the tests themselves set for the whole process: torch's global settings set by a
-conftest (a default device, a default dtype, inference or no-grad mode, deterministic mode). The
-plugin's own tensors must not depend on any of it: a leak still fails with its holder, a clean test
-still passes."""
+conftest (a default device, a default dtype, inference or no-grad mode, deterministic mode), and
+tests that replace gc's functions or disable it. The plugin's own tensors and heap scans must not
+depend on any of it: a leak still fails with its holder, a clean test still passes."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 
@@ -77,3 +79,131 @@ def test_how_gc_sees_tensors_is_asked_with_gradients_whatever_the_mode(mode: str
     plain = probe()
     with getattr(torch, mode)():
         assert probe() == plain
+
+
+GC_REPLACEMENTS = {
+    "get_referrers": "lambda *objects: []",
+    "get_referents": "lambda *objects: []",
+    "get_objects": "lambda generation=None: []",
+    "collect": "lambda generation=2: 0",
+    "is_tracked": "lambda obj: False",
+}
+
+
+@pytest.fixture
+def gc_restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """gc's functions and its switch put back after an inner run whose tests replace them."""
+    import gc
+
+    for name in [*GC_REPLACEMENTS, "disable", "enable", "freeze", "unfreeze"]:
+        monkeypatch.setattr(gc, name, getattr(gc, name))
+    monkeypatch.setattr(gc, "garbage", gc.garbage)
+    yield
+    gc.enable()
+
+
+@pytest.mark.parametrize("how", ["left replaced", "with monkeypatch"])
+@pytest.mark.parametrize("name", list(GC_REPLACEMENTS))
+def test_a_test_replacing_a_gc_function_blinds_no_check(
+    pytester: pytest.Pytester, gc_restored: None, name: str, how: str
+) -> None:
+    if how == "left replaced":
+        replace = f"gc.{name} = {GC_REPLACEMENTS[name]}"
+    else:
+        replace = f"monkeypatch.setattr(gc, {name!r}, {GC_REPLACEMENTS[name]})"
+    pytester.makepyfile(
+        test_it=f"""
+        import gc
+        import pytest, torch
+        CACHE = []
+
+        def test_replaces_and_leaks(monkeypatch):  # checked by --vramleak
+            {replace}
+            CACHE.append(torch.ones(1024))
+
+        @pytest.mark.vram_budget
+        def test_later_leak():
+            CACHE.append(torch.ones(2048))
+
+        def test_later_clean():
+            torch.ones(1024).sum()
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak")
+    result.stdout.no_fnmatch_line("*INTERNALERROR*")
+    result.stdout.no_fnmatch_line("*could not check*")
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_replaces_and_leaks _*",
+            "memory grew 4.0 KiB per run of the test over 3 measured runs on cpu, tolerance 0 B",
+            "    held by test_it.CACHE[[]*[]]",
+            "*_ test_later_leak _*",
+            "leaked 8.0 KiB on cpu, allowed 0 B",
+            "    held by test_it.CACHE[[]*[]]",
+            "LEAKED test_it.py::test_replaces_and_leaks - VramLeak: memory grew 4.0 KiB*",
+            "LEAKED test_it.py::test_later_leak - VramLeak: leaked 8.0 KiB*",
+        ]
+    )
+
+
+def test_gc_disabled_by_a_test_blinds_no_check(pytester: pytest.Pytester, gc_restored: None) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import gc
+        import pytest, torch
+        CACHE = []
+
+        class Cycle:
+            def __init__(self):
+                self.me = self
+                self.scratch = torch.ones(4096)
+
+        @pytest.mark.vram_budget
+        def test_disables_and_leaks():
+            gc.disable()
+            CACHE.append(torch.ones(1024))
+
+        @pytest.mark.vram_budget
+        def test_later_leak():
+            CACHE.append(torch.ones(2048))
+
+        @pytest.mark.vram_budget
+        def test_later_garbage_in_a_cycle_is_not_a_leak():
+            Cycle()
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
+    result.stdout.no_fnmatch_line("*INTERNALERROR*")
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_disables_and_leaks _*",
+            "leaked 4.0 KiB on cpu, allowed 0 B",
+            "    held by test_it.CACHE[[]*[]]",
+            "*_ test_later_leak _*",
+            "leaked 8.0 KiB on cpu, allowed 0 B",
+            "    held by test_it.CACHE[[]*[]]",
+            "LEAKED test_it.py::test_disables_and_leaks - VramLeak: leaked 4.0 KiB*",
+            "LEAKED test_it.py::test_later_leak - VramLeak: leaked 8.0 KiB*",
+        ]
+    )
+    import gc
+
+    assert not gc.isenabled()  # the plugin leaves the test's choice as it found it
+
+
+def test_the_package_reaches_gc_only_through_the_functions_it_captured() -> None:
+    import ast
+    from pathlib import Path
+
+    import pytest_vramleak
+
+    package = Path(pytest_vramleak.__file__).parent
+    importers = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module == "gc" or "gc" in names:
+                importers.append(path.relative_to(package).as_posix())
+    assert importers == ["tracking/gc_functions.py"]

@@ -14,7 +14,6 @@ Every meter takes its torch module as an argument so unit tests can drive the lo
 
 from __future__ import annotations
 
-import gc
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from ..judging.sizes import format_size
+from ..tracking import gc_functions as gc
 from ..tracking.census import take_census
 from ..tracking.torch_api import default_device
 from .peaks import PeakBreakdown, breakdown

@@ -20,7 +20,6 @@ One checked test's runs and the verdict on them are :mod:`~pytest_vramleak.plugi
 from __future__ import annotations
 
 import functools
-import gc
 import importlib.util
 import os
 import sys
@@ -34,6 +33,7 @@ from ..holders.snapshot import memory_contents
 from ..judging.verdict import Budget
 from ..meters.devices import CudaMeter, Meter, is_out_of_memory, pin_worker
 from ..meters.release import ReleaseScheduler
+from ..tracking import gc_functions as gc
 from ..tracking.tracker import Tracker
 from .leftovers import fixture_leftovers, look_for_drift
 from .marker import parse_marker

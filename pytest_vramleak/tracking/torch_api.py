@@ -18,8 +18,9 @@ The tested range is ``OLDEST_TESTED`` to ``NEWEST_TESTED``, the torch versions t
 from __future__ import annotations
 
 import functools
-import gc
 from typing import Any
+
+from . import gc_functions as gc
 
 OLDEST_TESTED = (2, 4)
 NEWEST_TESTED = (2, 14)
