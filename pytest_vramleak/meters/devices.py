@@ -392,6 +392,15 @@ class CpuMeter:
         self.peak_breakdown = None
         if autograd._profiler_enabled():
             return  # the test's own profiler is running; ours would fail to start
+        profiler = self.torch._C._profiler
+        config = profiler.ProfilerConfig(
+            profiler.ProfilerState.CPU, False, True, False, False, False, profiler._ExperimentalConfig()
+        )
+        _spend_unknown_block_warning(
+            self.torch,
+            lambda: autograd._enable_profiler_legacy(config),
+            lambda: autograd._disable_profiler_legacy(autograd._ProfilerDisableOptions(True, True)),
+        )
         if self.categorize_peak:
             import torch.profiler
 
@@ -404,15 +413,6 @@ class CpuMeter:
             with _quiet_stderr():
                 self._profile.start()
         else:
-            profiler = self.torch._C._profiler
-            config = profiler.ProfilerConfig(
-                profiler.ProfilerState.CPU, False, True, False, False, False, profiler._ExperimentalConfig()
-            )
-            _spend_unknown_block_warning(
-                self.torch,
-                lambda: autograd._enable_profiler_legacy(config),
-                lambda: autograd._disable_profiler_legacy(autograd._ProfilerDisableOptions(True, True)),
-            )
             autograd._enable_profiler_legacy(config)
         self._profiling = True
         self._thread = threading.get_ident()
