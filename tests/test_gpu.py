@@ -291,7 +291,7 @@ def test_leaks():
 def test_clean():
     torch.ones(1024, 1024).sum()
 
-def test_draws_as_without_the_plugin():
+def test_draws_on_the_default_device():
     torch.manual_seed(0)
     assert torch.rand(1).device.type == "cuda"
 """,

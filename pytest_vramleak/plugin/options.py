@@ -224,10 +224,9 @@ class Settings:
     kept_floor: int = KEPT_FLOOR
     """``significant``: memory kept once fails from this many bytes on."""
     peaks: bool = False
+    """Measure every checked test's CPU peak (torch's profiler around each test body)."""
     benchmark_json: str = ""
     """Where to write the figures for benchmark-tracking CI actions (``--vramleak-benchmark-json``)."""
-    """Measure every checked test's CPU peak (torch's profiler around each test body)."""
-    """``any``: every leak past the budget fails; ``growth``: only memory that grows across runs."""
 
 
 Getter = Callable[[str], tuple[Any, str]]
