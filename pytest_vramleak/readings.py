@@ -17,13 +17,13 @@ host memory and the allocator's reserved peak are read alongside.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .holders.cycles import cycle_garbage, let_go, save_garbage
 from .meters.devices import CudaMeter, Growth, Meter, clear_torch_caches, explain_reserved, measure_growth
+from .tracking import gc_functions as gc
 from .tracking.tracker import Mark, Tracker
 
 if TYPE_CHECKING:

@@ -380,3 +380,127 @@ def test_a_merge_output_named_by_a_symlink_stays_a_link(shard: Path) -> None:
     assert (shard / "all.json").is_symlink() and json.loads((shard / "kept.json").read_text())["about"][
         "merged from"
     ] == "shard"
+
+
+# Two outputs that name one file, however spelt, and the error that names both: the one written
+# last would replace the other. ({root} is the test's folder; link.json is a symbolic link to r.json.)
+COLLIDING = [
+    pytest.param(
+        ("--vramleak-report=out.xml", "--junitxml=out.xml"),
+        "--vramleak-report=out.xml and --junitxml=out.xml",
+        id="report and junitxml",
+    ),
+    pytest.param(
+        ("--vramleak-report=r.json", "--vramleak-benchmark-json=./r.json"),
+        "--vramleak-report=r.json and --vramleak-benchmark-json=./r.json",
+        id="report and benchmark json",
+    ),
+    pytest.param(
+        ("--vramleak-markdown=s.html", "--vramleak-report={root}/s.html"),
+        "--vramleak-report={root}/s.html and --vramleak-markdown=s.html",
+        id="markdown and html report",
+    ),
+    pytest.param(
+        ("--vramleak-report=r.json", "--vramleak-report=sub/../r.json"),
+        "--vramleak-report=r.json and --vramleak-report=sub/../r.json",
+        id="one report twice",
+    ),
+    pytest.param(
+        ("--vramleak-save=base", "--vramleak-report=.vramleak/base.json"),
+        "--vramleak-report=.vramleak/base.json and --vramleak-save=base (saved to {root}/.vramleak/base.json)",
+        id="saved run and report",
+    ),
+    pytest.param(
+        ("--vramleak-benchmark-json=debug.log", "--debug=debug.log"),
+        "--vramleak-benchmark-json=debug.log and --debug=debug.log",
+        id="benchmark json and debug log",
+    ),
+    pytest.param(
+        ("--junitxml=r.json", "--vramleak-report=link.json"),
+        "--vramleak-report=link.json and --junitxml=r.json",
+        id="through a link",
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "named"), COLLIDING)
+def test_two_outputs_naming_one_file_are_a_usage_error_at_start(
+    pytester: pytest.Pytester, args: tuple[str, ...], named: str
+) -> None:
+    (pytester.path / "r.json").write_text("a user's file\n")
+    (pytester.path / "link.json").symlink_to(pytester.path / "r.json")
+    (pytester.path / "sub").mkdir()
+    result = run(pytester, *(arg.format(root=pytester.path) for arg in args))
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            f"ERROR: {named.format(root=pytester.path)} name the same file: the one written last would replace "
+            "the other; give each its own path"
+        ]
+    )
+    result.stdout.no_fnmatch_line("*passed*")  # refused before any test ran
+    assert (pytester.path / "r.json").read_text() == "a user's file\n"
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "same"),
+    [
+        ("r.json", "r.json", True),
+        ("r.json", "./r.json", True),
+        ("r.json", "sub/../r.json", True),
+        ("r.json", "{cwd}/r.json", True),
+        ("r.json", "r.json.html", False),
+        ("r.json", "sub/r.json", False),
+    ],
+)
+def test_which_paths_name_one_file(
+    first: str, second: str, same: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_vramleak.plugin.options import OptionError, no_shared_output
+
+    monkeypatch.chdir(tmp_path)
+    outputs = [("--a=" + first, first), ("--b=" + second, second.format(cwd=tmp_path))]
+    if same:
+        with pytest.raises(OptionError, match=f"^--a={first} and --b=.* name the same file"):
+            no_shared_output(outputs)
+    else:
+        no_shared_output(outputs)
+
+
+def test_an_output_set_in_the_ini_file_and_junitxml_on_one_file_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nvramleak_report = out.xml\n")
+    result = run(pytester, f"--junitxml={pytester.path}/out.xml")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [f"ERROR: ini option vramleak_report=out.xml and --junitxml={pytester.path}/out.xml name the same file: *"]
+    )
+
+
+def test_a_report_on_the_github_step_summary_is_a_usage_error(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The report would replace what the job's other steps appended there.
+    summary = pytester.path / "summary.md"
+    summary.write_text("earlier step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    result = run(pytester, "--vramleak-report=summary.md")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [f"ERROR: --vramleak-report=summary.md and $GITHUB_STEP_SUMMARY={summary} name the same file: *"]
+    )
+    assert summary.read_text() == "earlier step\n"
+
+
+def test_outputs_on_files_of_their_own_are_all_written(pytester: pytest.Pytester) -> None:
+    result = run(
+        pytester,
+        "--vramleak-report=r.json",
+        "--vramleak-report=r.html",
+        "--vramleak-markdown=s.md",
+        "--vramleak-benchmark-json=b.json",
+        "--vramleak-save=base",
+        "--junitxml=r.xml",
+    )
+    result.assert_outcomes(failed=1)
+    for name in ("r.json", "r.html", "s.md", "b.json", ".vramleak/base.json", "r.xml"):
+        assert (pytester.path / name).stat().st_size > 0, name

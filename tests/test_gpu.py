@@ -272,3 +272,39 @@ def test_it(vramleak):
         "--vramleak-tolerance=64 KiB",
     )
     result.stdout.fnmatch_lines(["*memory reserved but not allocated grew * per step*"])
+
+
+def test_a_suite_whose_default_device_is_cuda_is_checked(pytester: pytest.Pytester) -> None:
+    # As GPU suites do: every tensor a test makes without a device is on the GPU, and the
+    # plugin's own tensors (the random generators' states it restores) must still be made on the CPU.
+    pytester.makeconftest("import torch\ntorch.set_default_device('cuda')\n")
+    result = run(
+        pytester,
+        """
+CACHE = []
+
+@pytest.mark.vram_budget
+def test_leaks():
+    CACHE.append(torch.ones(1024, 1024))
+
+@pytest.mark.vram_budget
+def test_clean():
+    torch.ones(1024, 1024).sum()
+
+def test_draws_on_the_default_device():
+    torch.manual_seed(0)
+    assert torch.rand(1).device.type == "cuda"
+""",
+        "--vramleak",
+    )
+    result.stdout.no_fnmatch_line("*INTERNALERROR*")
+    result.assert_outcomes(passed=2, failed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_leaks _*",
+            "leaked 4.0 MiB on cuda:0, allowed 0 B",
+            "*held by test_it.CACHE[[]*[]]",
+            "LEAKED test_it.py::test_leaks - VramLeak: leaked 4.0 MiB on cuda:0*",
+        ]
+    )

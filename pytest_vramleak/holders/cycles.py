@@ -9,8 +9,7 @@ user's own debugging saves stays theirs: nothing is read from it, and nothing of
 
 from __future__ import annotations
 
-import gc
-
+from ..tracking import gc_functions as gc
 from ..tracking.refs import StorageRef
 from ..tracking.sites import SiteRecorder
 from .snapshot import TensorGroup, describe_cycle_garbage

@@ -13,7 +13,6 @@ objects on the way: naming a holder must not run the user's code.
 from __future__ import annotations
 
 import collections
-import gc
 import itertools
 import operator
 import sys
@@ -24,6 +23,7 @@ from typing import Any
 
 import objgraph
 
+from ..tracking import gc_functions as gc
 from ..tracking.census import is_tensor_type, whole_heap
 from ..tracking.sites import code_folders, is_loaded_standard_library
 from .edges import (

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ctypes
 import datetime
-import gc
 import itertools
 import sys
 import types
@@ -30,6 +29,7 @@ from typing import Any
 from ..judging.sizes import format_size
 from ..meters.devices import Meter, make_meter, resolve_device
 from ..reporting.report import render_groups, shape_text
+from ..tracking import gc_functions as gc
 from ..tracking.backward import graph_leaves
 from ..tracking.census import (
     Found,

@@ -14,7 +14,6 @@ Every meter takes its torch module as an argument so unit tests can drive the lo
 
 from __future__ import annotations
 
-import gc
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from ..judging.sizes import format_size
+from ..tracking import gc_functions as gc
 from ..tracking.census import take_census
 from ..tracking.torch_api import default_device
 from .peaks import PeakBreakdown, breakdown
@@ -340,7 +340,7 @@ def _spend_unknown_block_warning(torch: Any, enable: Any, disable: Any) -> None:
     if _unknown_block_warning_spent:
         return
     _unknown_block_warning_spent = True
-    block = torch.ones(16)
+    block = torch.ones(16, device="cpu")  # (a CPU block whatever default device the suite set)
     with _quiet_stderr():
         enable()
         try:
@@ -392,6 +392,15 @@ class CpuMeter:
         self.peak_breakdown = None
         if autograd._profiler_enabled():
             return  # the test's own profiler is running; ours would fail to start
+        profiler = self.torch._C._profiler
+        config = profiler.ProfilerConfig(
+            profiler.ProfilerState.CPU, False, True, False, False, False, profiler._ExperimentalConfig()
+        )
+        _spend_unknown_block_warning(
+            self.torch,
+            lambda: autograd._enable_profiler_legacy(config),
+            lambda: autograd._disable_profiler_legacy(autograd._ProfilerDisableOptions(True, True)),
+        )
         if self.categorize_peak:
             import torch.profiler
 
@@ -404,15 +413,6 @@ class CpuMeter:
             with _quiet_stderr():
                 self._profile.start()
         else:
-            profiler = self.torch._C._profiler
-            config = profiler.ProfilerConfig(
-                profiler.ProfilerState.CPU, False, True, False, False, False, profiler._ExperimentalConfig()
-            )
-            _spend_unknown_block_warning(
-                self.torch,
-                lambda: autograd._enable_profiler_legacy(config),
-                lambda: autograd._disable_profiler_legacy(autograd._ProfilerDisableOptions(True, True)),
-            )
             autograd._enable_profiler_legacy(config)
         self._profiling = True
         self._thread = threading.get_ident()

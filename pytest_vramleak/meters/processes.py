@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..judging.sizes import format_size
+from ..tracking import gc_functions as gc
 from ..tracking.sites import site_text, user_sites
 
 
@@ -287,8 +288,6 @@ def _dataloader_workers() -> set[int]:
     """The pids of the workers of every live multi-process DataLoader iterator (torch's
     ``_MultiProcessingDataLoaderIter``, found by exact class among gc's objects: paid only when a
     test left children running)."""
-    import gc
-
     module = sys.modules.get("torch.utils.data.dataloader")
     iterator_class = getattr(module, "_MultiProcessingDataLoaderIter", None) if module is not None else None
     if iterator_class is None:

@@ -8,9 +8,10 @@ memory passes a share of its capacity, the scheduler collects garbage and emptie
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass
 from typing import Any
+
+from ..tracking import gc_functions as gc
 
 
 class PercentError(ValueError):

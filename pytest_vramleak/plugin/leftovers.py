@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import gc
 from typing import Any
 
 from ..holders.snapshot import describe
+from ..tracking import gc_functions as gc
 from .state import SessionState
 
 

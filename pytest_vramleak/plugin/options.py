@@ -11,7 +11,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -224,10 +224,9 @@ class Settings:
     kept_floor: int = KEPT_FLOOR
     """``significant``: memory kept once fails from this many bytes on."""
     peaks: bool = False
+    """Measure every checked test's CPU peak (torch's profiler around each test body)."""
     benchmark_json: str = ""
     """Where to write the figures for benchmark-tracking CI actions (``--vramleak-benchmark-json``)."""
-    """Measure every checked test's CPU peak (torch's profiler around each test body)."""
-    """``any``: every leak past the budget fails; ``growth``: only memory that grows across runs."""
 
 
 Getter = Callable[[str], tuple[Any, str]]
@@ -311,10 +310,17 @@ def _save_name(value: Any, source: str) -> str | None:
     return name
 
 
-def read_settings(get: Getter, rootpath: Path, environ: Mapping[str, str] | None = None) -> Settings:
+def read_settings(
+    get: Getter,
+    rootpath: Path,
+    environ: Mapping[str, str] | None = None,
+    other_outputs: Sequence[tuple[str, str]] = (),
+) -> Settings:
     """Read and check every option; a bad value raises :class:`OptionError` naming its source.
 
-    ``environ`` (``os.environ`` by default) gives ``$GITHUB_STEP_SUMMARY``.
+    ``environ`` (``os.environ`` by default) gives ``$GITHUB_STEP_SUMMARY``. ``other_outputs`` are
+    the files pytest and its other plugins write, each as the option that names it was given, and
+    its path (``("--junitxml=r.xml", "r.xml")``): no output of the plugin may be one of them.
     """
     environ = os.environ if environ is None else environ
     get = _naming_bad_switches(get)
@@ -324,15 +330,7 @@ def read_settings(get: Getter, rootpath: Path, environ: Mapping[str, str] | None
         device = check_device_spec(str(device))
     except ValueError as error:
         raise OptionError(f"{source}: {error}") from None
-    reports, source = get("vramleak_report")
-    report_paths = []
-    for report in reports or ():
-        if not str(report).strip():
-            raise OptionError(f"{source}: the report's path is empty")
-        problem = output_problem(str(report))
-        if problem:
-            raise OptionError(f"{source}: cannot write a report to {report}: {problem}")
-        report_paths.append(str(report))
+    report_paths = _report_paths(get)
     warmup_text, source = get("vramleak_warmup")
     try:
         warmup = int(str(warmup_text).strip())
@@ -400,7 +398,7 @@ def read_settings(get: Getter, rootpath: Path, environ: Mapping[str, str] | None
         problem = output_problem(summary, append=True)
         if problem:
             raise OptionError(f"$GITHUB_STEP_SUMMARY: cannot append the Markdown summary to {summary}: {problem}")
-    return Settings(
+    settings = Settings(
         every_test=every_test,
         device=device,
         report_paths=tuple(report_paths),
@@ -423,6 +421,56 @@ def read_settings(get: Getter, rootpath: Path, environ: Mapping[str, str] | None
         peaks=_switch(get, "vramleak_peaks"),
         benchmark_json=_output_path(get, "vramleak_benchmark_json"),
     )
+    outputs = _outputs(settings, get, rootpath, summary)
+    no_shared_output([*outputs, *other_outputs])
+    return settings
+
+
+def _report_paths(get: Getter) -> list[str]:
+    reports, source = get("vramleak_report")
+    report_paths = []
+    for report in reports or ():
+        if not str(report).strip():
+            raise OptionError(f"{source}: the report's path is empty")
+        problem = output_problem(str(report))
+        if problem:
+            raise OptionError(f"{source}: cannot write a report to {report}: {problem}")
+        report_paths.append(str(report))
+    return report_paths
+
+
+def _outputs(settings: Settings, get: Getter, rootpath: Path, summary: str) -> list[tuple[str, str]]:
+    """Every file the run writes: the option that names it, as given, and its path."""
+    source = get("vramleak_report")[1]
+    outputs = [(f"{source}={path}", path) for path in settings.report_paths]
+    if settings.markdown:
+        outputs.append((f"{get('vramleak_markdown')[1]}={settings.markdown}", settings.markdown))
+    elif summary:
+        outputs.append((f"$GITHUB_STEP_SUMMARY={summary}", summary))
+    if settings.benchmark_json:
+        outputs.append((f"{get('vramleak_benchmark_json')[1]}={settings.benchmark_json}", settings.benchmark_json))
+    if settings.save:
+        path = str(saved_run_path(rootpath, settings.save))
+        outputs.append((f"{get('vramleak_save')[1]}={settings.save} (saved to {path})", path))
+    return outputs
+
+
+def no_shared_output(outputs: Sequence[tuple[str, str]]) -> None:
+    """An :class:`OptionError` where two of ``outputs`` (each the option as given, ``--junitxml=r.xml``,
+    and the path) name one file, compared where their paths lead (relative or absolute, ``./x`` or
+    ``x``, through symbolic links): the one written last would replace the other."""
+    seen: dict[str, str] = {}
+    for given, path in outputs:
+        try:
+            real = os.path.realpath(path)
+        except (OSError, ValueError):  # (a NUL byte in the path: its own check names it)
+            real = os.path.abspath(path)
+        if real in seen:
+            raise OptionError(
+                f"{seen[real]} and {given} name the same file: "
+                "the one written last would replace the other; give each its own path"
+            )
+        seen[real] = given
 
 
 def read_saved_run(path: Path, name: str, source: str) -> dict[str, dict[str, Any]]:

@@ -161,6 +161,8 @@ class RandomState:
             numpy.random.set_state(self._numpy)
         torch = sys.modules.get("torch")
         if torch is not None and self._torch is not None:
-            torch.set_rng_state(torch.tensor(list(self._torch), dtype=torch.uint8))
+            # (made on the CPU, whatever default device the suite set: a generator's state is a CPU tensor)
+            torch.set_rng_state(torch.tensor(list(self._torch), dtype=torch.uint8, device="cpu"))
             if self._cuda is not None:
-                torch.cuda.set_rng_state_all([torch.tensor(list(state), dtype=torch.uint8) for state in self._cuda])
+                states = [torch.tensor(list(state), dtype=torch.uint8, device="cpu") for state in self._cuda]
+                torch.cuda.set_rng_state_all(states)

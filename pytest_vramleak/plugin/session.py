@@ -20,7 +20,6 @@ One checked test's runs and the verdict on them are :mod:`~pytest_vramleak.plugi
 from __future__ import annotations
 
 import functools
-import gc
 import importlib.util
 import os
 import sys
@@ -34,6 +33,7 @@ from ..holders.snapshot import memory_contents
 from ..judging.verdict import Budget
 from ..meters.devices import CudaMeter, Meter, is_out_of_memory, pin_worker
 from ..meters.release import ReleaseScheduler
+from ..tracking import gc_functions as gc
 from ..tracking.tracker import Tracker
 from .leftovers import fixture_leftovers, look_for_drift
 from .marker import parse_marker
@@ -432,9 +432,30 @@ class VramleakSession(SessionState):
 def _read_settings(config: pytest.Config) -> Settings:
     """Read and check every option; a bad value is a usage error naming its source."""
     try:
-        return read_options(functools.partial(option_and_source, config), config.rootpath)
+        get = functools.partial(option_and_source, config)
+        return read_options(get, config.rootpath, other_outputs=_other_outputs(config))
     except OptionError as error:
         raise pytest.UsageError(str(error)) from None
+
+
+OTHER_OUTPUTS = (
+    ("xmlpath", "--junitxml"),
+    ("debug", "--debug"),
+    ("report_log", "--report-log"),  # pytest-reportlog
+    ("htmlpath", "--html"),  # pytest-html
+)
+"""Files that pytest and well-known plugins write, by the option's destination and its flag."""
+
+
+def _other_outputs(config: pytest.Config) -> list[tuple[str, str]]:
+    """The files of :data:`OTHER_OUTPUTS` this run writes, each as its option was given and its
+    path, with ``~`` and environment variables expanded as pytest expands them in ``--junitxml``."""
+    outputs = []
+    for destination, flag in OTHER_OUTPUTS:
+        path = getattr(config.option, destination, None)
+        if isinstance(path, str) and path.strip():
+            outputs.append((f"{flag}={path}", os.path.expanduser(os.path.expandvars(path))))
+    return outputs
 
 
 def _torch_missing() -> str | None:

@@ -13,13 +13,13 @@ their storage is read with ``__torch_function__`` overrides and modes disabled, 
 
 from __future__ import annotations
 
-import gc
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import gc_functions as gc
 from .torch_api import objects_referring_to
 
 StorageKey = tuple[str, int]

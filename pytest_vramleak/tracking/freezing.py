@@ -17,9 +17,9 @@ A heap frozen before a test begins is seen from the freeze count.
 
 from __future__ import annotations
 
-import gc
 from typing import Any
 
+from . import gc_functions as gc
 from .census import FREEZERS
 
 

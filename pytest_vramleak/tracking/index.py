@@ -22,12 +22,12 @@ getters are called under ``DisableTorchFunction``.
 from __future__ import annotations
 
 import functools
-import gc
 import operator
 import weakref
 from collections import Counter
 from typing import Any
 
+from . import gc_functions as gc
 from .census import (
     _graph_tensors,
     _torch,

@@ -18,8 +18,9 @@ The tested range is ``OLDEST_TESTED`` to ``NEWEST_TESTED``, the torch versions t
 from __future__ import annotations
 
 import functools
-import gc
 from typing import Any
+
+from . import gc_functions as gc
 
 OLDEST_TESTED = (2, 4)
 NEWEST_TESTED = (2, 14)
@@ -37,8 +38,9 @@ def tensors_refer_to_their_class() -> bool:
     """Whether gc shows a tensor that C++ also holds referring to its class (it does from torch 2.5
     or so; 2.4 shows no referents for it, so ``gc.get_referrers(torch.Tensor)`` misses it)."""
     torch = _torch()
-    with torch._C.DisableTorchFunction():
-        leaf = torch.zeros(1, requires_grad=True)
+    # (asked with gradients on, whatever mode the suite set: without a graph, C++ would not hold ``leaf``)
+    with torch._C.DisableTorchFunction(), torch.inference_mode(False), torch.enable_grad():
+        leaf = torch.zeros(1, requires_grad=True, device="cpu")
         product = leaf * leaf  # the graph saves ``leaf``: C++ holds it too
         try:
             return any(referent is type(leaf) for referent in gc.get_referents(leaf))

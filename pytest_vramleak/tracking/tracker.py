@@ -42,13 +42,13 @@ asked only to name what leaked, and reads every indexed tensor on that device th
 
 from __future__ import annotations
 
-import gc
 import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
+from . import gc_functions as gc
 from .census import _torch, whole_heap
 from .freezing import HeapFreeze
 from .graphs import NODE_BYTES, KeptGraph, graph_clock, kept_graph, young_graph

@@ -1,0 +1,29 @@
+"""gc's functions as they were when the plugin was imported, for every use the package makes of gc.
+
+A test may replace one of gc's functions (``gc.get_referrers = ...`` left in place, or
+``monkeypatch.setattr(gc, "collect", ...)`` for its own body): the census, the collections and the
+holder search that check that test and the tests after it must still see the heap as it is. The
+plugin is imported as pytest starts, before any conftest or test, so what is captured here is
+Python's own. ``garbage`` is the list the collector itself fills, whatever ``gc.garbage`` is
+later bound to. Modules import this one as ``gc``.
+"""
+
+from __future__ import annotations
+
+import gc as _gc
+
+DEBUG_SAVEALL = _gc.DEBUG_SAVEALL
+collect = _gc.collect
+disable = _gc.disable
+enable = _gc.enable
+freeze = _gc.freeze
+garbage = _gc.garbage
+get_debug = _gc.get_debug
+get_freeze_count = _gc.get_freeze_count
+get_objects = _gc.get_objects
+get_referents = _gc.get_referents
+get_referrers = _gc.get_referrers
+is_tracked = _gc.is_tracked
+isenabled = _gc.isenabled
+set_debug = _gc.set_debug
+unfreeze = _gc.unfreeze
