@@ -268,3 +268,35 @@ def test_each_run_pytest_rerunfailures_makes_is_judged_alone(pytester: pytest.Py
     assert "held by test_it.CACHE[1]" in output  # the run reported: the second, its tensor the second
     records = {record["nodeid"].rsplit("::", 1)[1]: record for record in json.loads(report_path.read_text())["tests"]}
     assert records["test_leaks"]["verdict"] == "leaked" and records["test_clean"]["verdict"] == "passed"
+
+
+def test_a_gc_callback_of_the_suites_is_not_run_by_the_plugins_own_collections(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import gc
+        import torch
+        LOG = []
+
+        def _on_gc(phase, info):
+            if phase == "stop":
+                LOG.append(torch.ones(16))
+
+        def test_installs_a_callback():
+            gc.callbacks.append(_on_gc)
+
+        def test_empty():
+            pass
+
+        def test_clean():
+            torch.ones(4).sum()
+
+        def test_the_callback_still_runs():
+            before = len(LOG)
+            gc.collect()
+            assert len(LOG) == before + 1
+            gc.callbacks.remove(_on_gc)
+        """
+    )
+    # each of the plugin's collections ran the callback, which allocated: every test grew
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak")
+    result.assert_outcomes(passed=4)
