@@ -36,8 +36,16 @@ from ..tracking.sites import FRAMES_FOR_CPP_HELD, FRAMES_TRACED, SiteRecorder, S
 from ..tracking.tracker import NODE_BYTES, StorageRef, Tracker
 from .options import Settings
 from .outcomes import verdict_properties
-from .protocol import RandomState, failed_call_report, failure_line, finish_teardown, run_once, why_stopped
 from .state import Check, VramLeak, pasteable, session_of
+from .protocol import (
+    RandomState,
+    failed_call_report,
+    failure_line,
+    finish_teardown,
+    kept_instance,
+    run_once,
+    why_stopped,
+)
 
 
 def _is_doctest(item: pytest.Item) -> bool:
@@ -1062,7 +1070,7 @@ def named_roots(item: pytest.Item) -> list[NamedRoot]:
     callspec = getattr(item, "callspec", None)
     for name, value in getattr(callspec, "params", {}).items():
         named.append(NamedRoot(f"parametrize value {name} of {item.name}", value, "parametrize"))
-    instance = getattr(item, "instance", None)
+    instance = kept_instance(item)
     if instance is not None:
         named.append(
             NamedRoot(

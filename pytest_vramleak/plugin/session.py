@@ -40,6 +40,7 @@ from .marker import parse_marker
 from .options import OptionError, Settings
 from .options import read_settings as read_options
 from .outputs import files_line, trace_folder, write_outputs
+from .protocol import fresh_instance
 from .runs import (
     TEST,
     CheckedTest,
@@ -180,6 +181,10 @@ class VramleakSession(SessionState):
             check.engine.begin()
         except Exception as error:
             check.error = f"{type(error).__name__}: {error}"
+        if runs.repetitions.started > 1:
+            # A run again gets a fresh instance of the test's class, as every test does; the last
+            # run's goes as this run sets up, inside its check, as a test's own would after it.
+            fresh_instance(item)
 
     def _leak_check(self, item: pytest.Item, runs: TestRuns, meter: Meter, budget: Budget) -> LeakCheck:
         """The check of a test's run: the first measures and names as asked; a run again only
