@@ -17,6 +17,7 @@ from ..holders.referrers import NamedRoot, held_only_inside, without_python_hold
 from ..holders.snapshot import held_in_cpp_groups, merge_parts
 from ..judging.outcome import step_verdict, verdict_with_steps
 from ..judging.repeats import (
+    RUNS_NOT_USED,
     Decision,
     Repetitions,
     Rule,
@@ -27,6 +28,7 @@ from ..judging.repeats import (
     run_made,
     set_aside_per_run,
     settled_credit,
+    undecided_without_runs,
 )
 from ..judging.sizes import format_size
 from ..judging.verdict import Budget
@@ -923,7 +925,16 @@ def _judged_figures(result: TestResult, runs: TestRuns, verdict: Verdict, engine
     elif runs.in_parameters:
         result.pattern = decision.pattern
     if repetitions.rerun_failed and repetitions.stopped:
-        result.notes.append(f"the runs after the first were not used: {repetitions.stopped}; judged on the first run")
+        if undecided_without_runs(repetitions, decision, runs.rule, verdict.adjust):
+            kept = format_size(repetitions.series(verdict.adjust)[0])
+            result.verdict = "unchecked"
+            result.reason = (
+                f"undecided: the first run kept {kept}, and the runs again that tell growth from memory kept once "
+                f"could not be used: {repetitions.stopped} (a run again that cannot be run as the first was: its "
+                "parametrize values or the state it shares changed)"
+            )
+        else:
+            result.notes.append(f"{RUNS_NOT_USED}: {repetitions.stopped}; judged on the first run")
 
 
 def _unchecked_reason(check: Check, repetitions: Repetitions) -> str | None:
