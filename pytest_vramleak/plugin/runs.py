@@ -13,6 +13,7 @@ import pytest
 
 from ..check import CPP_HELD, CheckResult, NamedLeak, name_leak
 from ..holders.diagnosis import PYTEST_WARNINGS
+from ..holders.paths import RootKind
 from ..holders.referrers import NamedRoot, held_only_inside, without_python_holders
 from ..holders.snapshot import held_in_cpp_groups, merge_parts
 from ..judging.outcome import step_verdict, verdict_with_steps
@@ -1091,6 +1092,7 @@ def named_roots(item: pytest.Item) -> list[NamedRoot]:
                 role="pytest instance",
             )
         )
+    named += _test_classes(item)
     if getattr(item, "user_properties", None):
         named.append(
             NamedRoot(f"record_property values of {item.name}", item.user_properties, "pytest", role="record_property")
@@ -1107,6 +1109,17 @@ def named_roots(item: pytest.Item) -> list[NamedRoot]:
         if cached is not None and cached[0] is not None:
             named.append(NamedRoot(f"fixture '{fixturedef.argname}' ({fixturedef.scope} scope)", cached[0], "fixture"))
     return named
+
+
+def _test_classes(item: pytest.Item) -> list[NamedRoot]:
+    """The test's class and the classes it derives from, named as the test's code names them:
+    what their attributes hold is kept for the session, whichever instance added to it."""
+    cls = item.cls if isinstance(item, pytest.Function) else None
+    if cls is None:
+        return []
+    unittest = sys.modules.get("unittest")
+    role: RootKind = "TestCase class" if unittest is not None and issubclass(cls, unittest.TestCase) else "test class"
+    return [NamedRoot(klass.__qualname__, klass, "pytest", role=role) for klass in cls.__mro__ if klass is not object]
 
 
 def _failure_frames(item: pytest.Item) -> list[NamedRoot]:
