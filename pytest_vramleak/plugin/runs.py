@@ -39,7 +39,6 @@ from ..tracking.sites import FRAMES_FOR_CPP_HELD, FRAMES_TRACED, SiteRecorder, S
 from ..tracking.tracker import NODE_BYTES, StorageRef, Tracker
 from .options import Settings
 from .outcomes import verdict_properties
-from .state import Check, VramLeak, pasteable, session_of
 from .protocol import (
     RandomState,
     failed_call_report,
@@ -49,6 +48,7 @@ from .protocol import (
     run_once,
     why_stopped,
 )
+from .state import EXEMPT_MARKER, Check, VramLeak, pasteable, session_of
 
 
 def _is_doctest(item: pytest.Item) -> bool:
@@ -158,6 +158,8 @@ class CheckedTest:
     """Runs its marker asks for (``repeat=``); None: the session's setting."""
     skipped: bool = False
     """Skipped because its device is missing: no check is set up for it."""
+    allowed: bool = False
+    """Marked ``allow_vram_leak``: not checked as a whole, and its step checks that grow do not fail it."""
     runs: TestRuns | None = None
     """Its runs, while they happen (see :mod:`~pytest_vramleak.plugin.runs`)."""
     current: Check | None = None
@@ -897,7 +899,8 @@ def finish_result(item: pytest.Item, runs: TestRuns, verdict: Verdict | None) ->
         result.reason = _unchecked_reason(first, runs.repetitions)
     if runs.why_once:
         result.notes.append(runs.why_once)
-    _step_figures(first, result)
+    test = test_of(item)
+    _step_figures(first, result, allowed=test is not None and test.allowed)
     return result
 
 
@@ -952,20 +955,23 @@ def _unchecked_reason(check: Check, repetitions: Repetitions) -> str | None:
     return reason
 
 
-def _step_figures(check: Check, result: TestResult) -> None:
+def _step_figures(check: Check, result: TestResult, *, allowed: bool = False) -> None:
     """A test's step checks: its verdict with them (see
     :func:`~pytest_vramleak.judging.outcome.verdict_with_steps`), and the figures of the one that
-    grew (else the last)."""
+    grew (else the last). ``allowed``: the test is marked ``allow_vram_leak``."""
     result.step_verdict = step_verdict(check.steps)
     result.verdict = verdict_with_steps(
         result.verdict,
         check.steps,
         budget_checked=check.budget is not None,
         unchecked=check.unchecked_reason is not None,
+        allowed=allowed,
     )
     if not check.steps:
         return
     last = next((step for step in reversed(check.steps) if step.grows), check.steps[-1])
+    if allowed and last.grows:
+        result.reason = f"allowed by @pytest.mark.{EXEMPT_MARKER}: {last.describe().splitlines()[0]}"
     result.steps = list(last.steps)
     result.warmup_steps = list(last.warmup_steps)
     result.step_history_nodes = list(last.history) if last.history else None

@@ -88,7 +88,10 @@ class VramleakSession(SessionState):
             "repeat: run the test N times and classify what it leaves (grows, kept_once, settled). "
             "reserved, pinned (CUDA): bound the caching allocator's reserved memory and pinned host memory during the call.",
         )
-        config.addinivalue_line("markers", f"{EXEMPT_MARKER}: exempt this test from the leak check of --vramleak.")
+        config.addinivalue_line(
+            "markers",
+            f"{EXEMPT_MARKER}: exempt this test from the leak check of --vramleak, and let its vramleak step checks grow without failing it.",
+        )
         self.config = config
         config.stash[SESSION] = self
         self.settings = settings = _read_settings(config)
@@ -123,7 +126,7 @@ class VramleakSession(SessionState):
             mark = item.get_closest_marker(MARKER)
             test = CheckedTest()
             if item.get_closest_marker(EXEMPT_MARKER) is not None:
-                pass
+                test.allowed = True
             elif mark is not None:
                 test.budget, test.repeat = parse_marker(item, mark)
                 test.marked = True
