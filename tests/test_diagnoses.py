@@ -416,8 +416,8 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
     "a test class's tensor": (
         diagnosis.test_class_attribute,
         "TestModel.weights is an attribute of the test class, not of its instances: pytest makes a fresh instance for "
-        "every test, but the class and what its attributes hold live until the session ends: set it back to None once "
-        "the tests that need it are done, or set it on self in setup_method",
+        "every test, but the class and what its attributes hold live until the session ends: set it back to None in "
+        "teardown_class, or set it on self in setup_method",
         _group(root("test class", "TestModel", attr("weights"), type_name="pytest")),
         _group(root("test class", "TestModel", edge("class internals"), type_name="pytest")),
     ),

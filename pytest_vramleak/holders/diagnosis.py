@@ -407,34 +407,34 @@ def test_instance(group: Group, found: Sequence[str]) -> str | None:
 
 
 _EMPTY = {"list": "[]", "dict": "{}", "set": "set()"}
-_TEARDOWN = {"test class": ("teardown_method", "setup_method"), "TestCase class": ("tearDown", "setUp")}
+_TEARDOWN = {
+    "test class": ("teardown_method", "setup_method", "teardown_class"),
+    "TestCase class": ("tearDown", "setUp", "tearDownClass"),
+}
 
 
 def test_class_attribute(group: Group, found: Sequence[str]) -> str | None:
     """An attribute of a test's class, which every test of the class shares and the session keeps."""
     held = [
-        (path.root, edge)
+        (path, edge)
         for path in group.holders
-        if path.root.kind in _TEARDOWN and _is_attribute(edge := _first_edge(path))
+        if path.root.kind in _TEARDOWN and (edge := _first_edge(path)) is not None and _is_attribute(edge)
     ]
     if not held:
         return None
-    root, edge = held[0]
-    assert edge is not None
-    teardown, setup = _TEARDOWN[root.kind]
-    name = f"{root.label}.{edge.name}"
+    path, edge = held[0]
+    teardown, setup, class_teardown = _TEARDOWN[path.root.kind]
     cause = (
-        f"{name} is an attribute of the test class, not of its instances: pytest makes a fresh instance for every "
-        "test, but the class and what its attributes hold live until the session ends"
+        f"{path.root.label}.{edge.name} is an attribute of the test class, not of its instances: pytest makes a fresh "
+        "instance for every test, but the class and what its attributes hold live until the session ends"
     )
-    path = next(path for path in group.holders if path.root is root)
     if path.has("item", "container item", "set element"):
         empty = _EMPTY.get(edge.type_name, f"{edge.type_name}()")
         return (
             f"{cause}, so what every test adds to it stays: clear it in {teardown} (self.{edge.name}.clear()), or "
             f"give each test its own (self.{edge.name} = {empty} in {setup})"
         )
-    return f"{cause}: set it back to None once the tests that need it are done, or set it on self in {setup}"
+    return f"{cause}: set it back to None in {class_teardown}, or set it on self in {setup}"
 
 
 def record_property(group: Group, found: Sequence[str]) -> str | None:
