@@ -29,7 +29,10 @@ CATALOGUE: dict[str, tuple[str, list[str]]] = {
             def test_fixed(self):
                 self.seen.append(torch.randn(4096))
         """,
-        ["*held by TestLeak.seen[[]*]", "*TestLeak.seen is an attribute of the test class*teardown_method*"],
+        [
+            "*held by TestLeak.seen[[]*]",
+            "*TestLeak.seen is a class attribute, not an instance attribute*teardown_method*",
+        ],
     ),
     "state an instance carries from one run to the next": (
         """
@@ -85,7 +88,7 @@ CATALOGUE: dict[str, tuple[str, list[str]]] = {
             def test_fixed(self):
                 self.outputs.append(torch.randn(4096))
         """,
-        ["*held by TestLeak.outputs[[]*]", "*TestLeak.outputs is an attribute of the test class*"],
+        ["*held by TestLeak.outputs[[]*]", "*TestLeak.outputs is a class attribute, not an instance attribute*"],
     ),
     "unittest setUpClass list a test fills": (
         """
@@ -110,7 +113,10 @@ CATALOGUE: dict[str, tuple[str, list[str]]] = {
             def test_fixed(self):
                 self.outputs.append(torch.randn(4096))
         """,
-        ["*held by TestLeak.outputs[[]*]", "*TestLeak.outputs is an attribute of the test class*tearDown*"],
+        [
+            "*held by TestLeak.outputs[[]*]",
+            "*TestLeak.outputs is a class attribute, not an instance attribute*tearDown*",
+        ],
     ),
     "unittest setUp that fills a module's cache": (
         """
@@ -325,8 +331,8 @@ def test_a_class_attribute_is_named_with_its_class_and_the_fix_that_frees_it(pyt
     result.stdout.fnmatch_lines(
         [
             "    held by TestAttr.cache[[]*]",
-            "    diagnosis: TestAttr.cache is an attribute of the test class, not of its instances: pytest makes a "
-            "fresh instance for every test, but the class and what its attributes hold live until the session ends, "
+            "    diagnosis: TestAttr.cache is a class attribute, not an instance attribute: pytest "
+            "makes a fresh instance for every test, but the test class and what its attributes hold live until the session ends, "
             "so what every test adds to it stays: clear it in teardown_method*",
         ]
     )

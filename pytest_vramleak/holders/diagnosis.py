@@ -425,8 +425,8 @@ def test_class_attribute(group: Group, found: Sequence[str]) -> str | None:
     path, edge = held[0]
     teardown, setup, class_teardown = _TEARDOWN[path.root.kind]
     cause = (
-        f"{path.root.label}.{edge.name} is an attribute of the test class, not of its instances: pytest makes a fresh "
-        "instance for every test, but the class and what its attributes hold live until the session ends"
+        f"{path.root.label}.{edge.name} is a class attribute, not an instance attribute: pytest makes "
+        "a fresh instance for every test, but the test class and what its attributes hold live until the session ends"
     )
     if path.has("item", "container item", "set element"):
         empty = _EMPTY.get(edge.type_name, f"{edge.type_name}()")
