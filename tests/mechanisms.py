@@ -1956,10 +1956,6 @@ GAPS: dict[str, dict[Part, str]] = {
     "cache_of_compiled_models": {
         "diagnosis": "diagnosis: (none)",
     },
-    "test_class_attribute": {
-        "holder": "held by self (the TestModel instance pytest keeps until the session ends) -> <TestModel>.outputs[4]",
-        "diagnosis": "diagnosis: pytest keeps each test's class instance until the session ends, and with it what the test set on self: set...",
-    },
     "class_attribute_shared_by_instances": {
         "diagnosis": "diagnosis: (none)",
     },

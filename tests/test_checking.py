@@ -103,6 +103,42 @@ def test_every_test_option_and_exemption(pytester: pytest.Pytester) -> None:
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=2, failed=1)
 
 
+def test_allow_vram_leak_allows_the_step_checks_of_its_test_too(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        HISTORY = []
+
+        @pytest.mark.allow_vram_leak
+        def test_allowed(vramleak):
+            for _ in vramleak.steps(8):
+                HISTORY.append(torch.ones(1024))
+
+        @pytest.mark.allow_vram_leak
+        def test_allowed_and_left_early(vramleak):
+            for step in vramleak.steps(8):
+                HISTORY.append(torch.ones(1024))
+                if step == 5:
+                    break
+
+        def test_not_allowed(vramleak):
+            for _ in vramleak.steps(8):
+                HISTORY.append(torch.ones(1024))
+        """
+    )
+    result, report = run_checked("--vramleak", "-p", "no:randomly")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["FAILED test_it.py::test_not_allowed - VramLeak: memory grew 4.0 KiB per step*"])
+    for name in ("test_allowed", "test_allowed_and_left_early"):
+        entry = report[name]
+        # the record says the step check grew, and that the marker allowed it
+        assert (entry["verdict"], entry["step_verdict"]) == ("unchecked", "leaked"), entry
+        assert entry["reason"].startswith("allowed by @pytest.mark.allow_vram_leak: memory grew 4.0 KiB per step"), (
+            entry
+        )
+    assert report["test_not_allowed"]["verdict"] == "leaked"
+
+
 def test_leak_budget_and_peak_budget(pytester: pytest.Pytester, run_checked) -> None:
     pytester.makepyfile(
         test_it="""

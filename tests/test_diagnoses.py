@@ -404,6 +404,31 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         _group(root("pytest instance", PYTEST_SELF, attr("t"), type_name="pytest")),
         _group(root("frame local", "test_fit:12 local 'self'", attr("t"))),
     ),
+    "a test class's list": (
+        diagnosis.test_class_attribute,
+        "TestModel.outputs is a class attribute, not an instance attribute: pytest makes a fresh "
+        "instance for every test, but the test class and what its attributes hold live until the session ends, so what every test adds "
+        "to it stays: clear it in teardown_method (self.outputs.clear()), or give each test its own (self.outputs = [] "
+        "in setup_method)",
+        _group(root("test class", "TestModel", attr("outputs", "list"), item("4"), type_name="pytest")),
+        _group(root("pytest instance", PYTEST_SELF, attr("outputs", "list"), item("4"), type_name="pytest")),
+    ),
+    "a TestCase class's dict": (
+        diagnosis.test_class_attribute,
+        "TestModel.cache is a class attribute, not an instance attribute: pytest makes a fresh "
+        "instance for every test, but the test class and what its attributes hold live until the session ends, so what every test adds "
+        "to it stays: clear it in tearDown (self.cache.clear()), or give each test its own (self.cache = {} in setUp)",
+        _group(root("TestCase class", "TestModel", attr("cache", "dict"), item("'a'"), type_name="pytest")),
+        _group(module("test_it", attr("TestModel", "type"), attr("cache", "dict"), item("'a'"))),
+    ),
+    "a test class's tensor": (
+        diagnosis.test_class_attribute,
+        "TestModel.weights is a class attribute, not an instance attribute: pytest makes a fresh "
+        "instance for every test, but the test class and what its attributes hold live until the session ends: set it back to None in "
+        "teardown_class, or set it on self in setup_method",
+        _group(root("test class", "TestModel", attr("weights"), type_name="pytest")),
+        _group(root("test class", "TestModel", edge("class internals"), type_name="pytest")),
+    ),
     "record_property": (
         diagnosis.record_property,
         "pytest keeps every record_property value",

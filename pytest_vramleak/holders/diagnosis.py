@@ -406,6 +406,37 @@ def test_instance(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
+_EMPTY = {"list": "[]", "dict": "{}", "set": "set()"}
+_TEARDOWN = {
+    "test class": ("teardown_method", "setup_method", "teardown_class"),
+    "TestCase class": ("tearDown", "setUp", "tearDownClass"),
+}
+
+
+def test_class_attribute(group: Group, found: Sequence[str]) -> str | None:
+    """An attribute of a test's class, which every test of the class shares and the session keeps."""
+    held = [
+        (path, edge)
+        for path in group.holders
+        if path.root.kind in _TEARDOWN and (edge := _first_edge(path)) is not None and _is_attribute(edge)
+    ]
+    if not held:
+        return None
+    path, edge = held[0]
+    teardown, setup, class_teardown = _TEARDOWN[path.root.kind]
+    cause = (
+        f"{path.root.label}.{edge.name} is a class attribute, not an instance attribute: pytest makes "
+        "a fresh instance for every test, but the test class and what its attributes hold live until the session ends"
+    )
+    if path.has("item", "container item", "set element"):
+        empty = _EMPTY.get(edge.type_name, f"{edge.type_name}()")
+        return (
+            f"{cause}, so what every test adds to it stays: clear it in {teardown} (self.{edge.name}.clear()), or "
+            f"give each test its own (self.{edge.name} = {empty} in {setup})"
+        )
+    return f"{cause}: set it back to None in {class_teardown}, or set it on self in {setup}"
+
+
 def record_property(group: Group, found: Sequence[str]) -> str | None:
     """A tensor given to record_property, which pytest keeps for the JUnit XML report."""
     if not any(path.root.kind == "record_property" for path in group.holders):
@@ -577,6 +608,7 @@ RULES: list[Rule] = [
     fixture_gradients,
     fixture_state,
     test_instance,
+    test_class_attribute,
     record_property,
     recorded_warning,
     parametrized_list_appended_to,

@@ -19,6 +19,8 @@ RootKind = Literal[
     "fixture",  # the value of a fixture wider than a test
     "parametrize",  # a parametrize value pytest keeps for the session
     "pytest instance",  # the class instance pytest keeps of a test
+    "test class",  # a test's class (or a class it derives from), which its module keeps for the session
+    "TestCase class",  # the same, for a unittest.TestCase
     "record_property",  # the record_property values pytest keeps of a test
     "pytest warnings",  # the warnings pytest recorded
     "failure",  # a frame of the test's own failure, kept with its traceback

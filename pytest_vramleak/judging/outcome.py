@@ -198,15 +198,16 @@ def step_verdict(steps: Sequence[StepFigures]) -> StepVerdict | None:
 
 
 def verdict_with_steps(
-    verdict: Verdict, steps: Sequence[StepFigures], *, budget_checked: bool, unchecked: bool
+    verdict: Verdict, steps: Sequence[StepFigures], *, budget_checked: bool, unchecked: bool, allowed: bool = False
 ) -> Verdict:
     """A test's verdict with its step checks (``verdict``: its whole-test check's;
     ``budget_checked``: it had a budget to check; ``unchecked``: something kept it from being
-    checked, such as its failure):
+    checked, such as its failure; ``allowed``: it is marked to allow leaks):
 
     =========================================  ===========================================
     the step checks                            the test's verdict
     =========================================  ===========================================
+    one grew, in a test that allows leaks      unchecked (its step verdict says it grew)
     one grew                                   leaked
     one decided, the test had no budget, and   passed (checked through the fixture alone)
     nothing kept it from being checked
@@ -214,7 +215,7 @@ def verdict_with_steps(
     =========================================  ===========================================
     """
     if step_verdict(steps) == "leaked":
-        return "leaked"
+        return "unchecked" if allowed else "leaked"
     decided = any(step.verdict is not None and not step.undecided for step in steps)
     if verdict == "unchecked" and decided and not budget_checked and not unchecked:
         return "passed"

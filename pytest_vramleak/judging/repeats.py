@@ -151,7 +151,7 @@ class Repetitions:
         if self.rerun_failed:
             return (
                 f"ran {self.started} times; memory left by the first run, above its start: {format_size(series[0]) if series else 'not measured'}\n"
-                f"the runs after the first were not used: {self.stopped}; judged on the first run"
+                f"{RUNS_NOT_USED}: {self.stopped}; judged on the first run"
             )
         head = f"ran {runs} times ({self.warmup} warm-up); memory left after each run, above the first run's start: {figures}"
         if any(self.node_series()):
@@ -347,6 +347,27 @@ def decide(
     message = "; ".join(message for message in messages if message)
     opens_with_growth = grows and not history and not judged_first
     return Decision(outcome, pattern, message, about, kept, history, growth, opens_with_growth)
+
+
+RUNS_NOT_USED = "the runs after the first were not used"
+"""How the line opens that says a run after the first failed, and why (a report prints it)."""
+
+
+def undecided_without_runs(
+    repetitions: Repetitions, decision: Decision, rule: Rule, adjust: Sequence[int] = ()
+) -> bool:
+    """Whether a test passed only because the runs that would judge what its first run kept
+    could not be used (one failed): its first run kept more than its budget, which only runs
+    again tell growth from memory kept once under ``rule`` (not under ``any``, which judges the
+    first run as a test run once is). Such a test is undecided, not passed."""
+    series = repetitions.series(adjust)
+    return (
+        repetitions.rerun_failed
+        and decision.outcome == "passed"
+        and not rule.strict
+        and bool(series)
+        and series[0] > rule.leak_budget
+    )
 
 
 def _kept(repetitions: Repetitions, adjust: Sequence[int], node_bytes: int, *, classified: bool) -> tuple[int, int]:

@@ -85,6 +85,33 @@ def run_once(item: pytest.Item, toward: pytest.Item | pytest.Collector | None) -
     return reports
 
 
+def fresh_instance(item: pytest.Item) -> None:
+    """Let the next run of a test method make its own instance of the test's class, as pytest
+    gives every test a fresh one: pytest makes an item's instance once, as it collects it, and
+    keeps it (a run again would otherwise find what the last run set on ``self``). A unittest
+    ``TestCase``'s item makes its own as it sets up, and is left alone."""
+    cls = item.cls if isinstance(item, pytest.Function) else None
+    unittest = sys.modules.get("unittest")
+    if cls is None or (unittest is not None and issubclass(cls, unittest.TestCase)):
+        return
+    attributes = vars(item)
+    instance = kept_instance(item)
+    bound = attributes.get("_obj")
+    if instance is None or getattr(bound, "__self__", None) is not instance:
+        return  # (a function pytest did not bind to the instance, such as --trace's wrapper: left as it is)
+    attributes.pop("_instance", None)  # (pytest 8.2 and later keep it apart from the bound method)
+    item._obj = None  # type: ignore[attr-defined]  # made again, on a new instance, as the run sets up
+
+
+def kept_instance(item: pytest.Item) -> Any:
+    """The class instance pytest keeps of a test, read without making one (reading
+    ``item.instance`` of a unittest item after its teardown makes a new ``TestCase``)."""
+    attributes = vars(item)
+    if "_instance" in attributes:
+        return attributes["_instance"]
+    return getattr(attributes.get("_obj"), "__self__", None)  # (pytest 8.1: the method bound to it)
+
+
 def finish_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> str | None:
     """Tear down what the next test does not need, after runs torn down towards the test's parent:
     the failure there, which is the test's teardown's as in pytest (None where it passed)."""

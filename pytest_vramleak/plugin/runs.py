@@ -13,10 +13,12 @@ import pytest
 
 from ..check import CPP_HELD, CheckResult, NamedLeak, name_leak
 from ..holders.diagnosis import PYTEST_WARNINGS
+from ..holders.paths import RootKind
 from ..holders.referrers import NamedRoot, held_only_inside, without_python_holders
 from ..holders.snapshot import held_in_cpp_groups, merge_parts
 from ..judging.outcome import step_verdict, verdict_with_steps
 from ..judging.repeats import (
+    RUNS_NOT_USED,
     Decision,
     Repetitions,
     Rule,
@@ -27,6 +29,7 @@ from ..judging.repeats import (
     run_made,
     set_aside_per_run,
     settled_credit,
+    undecided_without_runs,
 )
 from ..judging.sizes import format_size
 from ..judging.verdict import Budget
@@ -36,8 +39,16 @@ from ..tracking.sites import FRAMES_FOR_CPP_HELD, FRAMES_TRACED, SiteRecorder, S
 from ..tracking.tracker import NODE_BYTES, StorageRef, Tracker
 from .options import Settings
 from .outcomes import verdict_properties
-from .protocol import RandomState, failed_call_report, failure_line, finish_teardown, run_once, why_stopped
-from .state import Check, VramLeak, pasteable, session_of
+from .protocol import (
+    RandomState,
+    failed_call_report,
+    failure_line,
+    finish_teardown,
+    kept_instance,
+    run_once,
+    why_stopped,
+)
+from .state import EXEMPT_MARKER, Check, VramLeak, pasteable, session_of
 
 
 def _is_doctest(item: pytest.Item) -> bool:
@@ -156,6 +167,8 @@ class CheckedTest:
     """Runs its marker asks for (``repeat=``); None: the session's setting."""
     skipped: bool = False
     """Skipped because its device is missing: no check is set up for it."""
+    allowed: bool = False
+    """Marked ``allow_vram_leak``: not checked as a whole, and its step checks that grow do not fail it."""
     runs: TestRuns | None = None
     """Its runs, while they happen (see :mod:`~pytest_vramleak.plugin.runs`)."""
     current: Check | None = None
@@ -906,7 +919,8 @@ def finish_result(item: pytest.Item, runs: TestRuns, verdict: Verdict | None) ->
         result.reason = _unchecked_reason(first, runs.repetitions)
     if runs.why_once:
         result.notes.append(runs.why_once)
-    _step_figures(first, result)
+    test = test_of(item)
+    _step_figures(first, result, allowed=test is not None and test.allowed)
     return result
 
 
@@ -936,7 +950,16 @@ def _judged_figures(result: TestResult, runs: TestRuns, verdict: Verdict, engine
     elif runs.in_parameters:
         result.pattern = decision.pattern
     if repetitions.rerun_failed and repetitions.stopped:
-        result.notes.append(f"the runs after the first were not used: {repetitions.stopped}; judged on the first run")
+        if undecided_without_runs(repetitions, decision, runs.rule, verdict.adjust):
+            kept = format_size(repetitions.series(verdict.adjust)[0])
+            result.verdict = "unchecked"
+            result.reason = (
+                f"undecided: the first run kept {kept}, and the runs again that tell growth from memory kept once "
+                f"could not be used: {repetitions.stopped} (a run again that cannot be run as the first was: its "
+                "parametrize values or the state it shares changed)"
+            )
+        else:
+            result.notes.append(f"{RUNS_NOT_USED}: {repetitions.stopped}; judged on the first run")
 
 
 def _unchecked_reason(check: Check, repetitions: Repetitions) -> str | None:
@@ -953,20 +976,23 @@ def _unchecked_reason(check: Check, repetitions: Repetitions) -> str | None:
     return reason
 
 
-def _step_figures(check: Check, result: TestResult) -> None:
+def _step_figures(check: Check, result: TestResult, *, allowed: bool = False) -> None:
     """A test's step checks: its verdict with them (see
     :func:`~pytest_vramleak.judging.outcome.verdict_with_steps`), and the figures of the one that
-    grew (else the last)."""
+    grew (else the last). ``allowed``: the test is marked ``allow_vram_leak``."""
     result.step_verdict = step_verdict(check.steps)
     result.verdict = verdict_with_steps(
         result.verdict,
         check.steps,
         budget_checked=check.budget is not None,
         unchecked=check.unchecked_reason is not None,
+        allowed=allowed,
     )
     if not check.steps:
         return
     last = next((step for step in reversed(check.steps) if step.grows), check.steps[-1])
+    if allowed and last.grows:
+        result.reason = f"allowed by @pytest.mark.{EXEMPT_MARKER}: {last.describe().splitlines()[0]}"
     result.steps = list(last.steps)
     result.warmup_steps = list(last.warmup_steps)
     result.step_history_nodes = list(last.history) if last.history else None
@@ -1114,7 +1140,7 @@ def named_roots(item: pytest.Item) -> list[NamedRoot]:
     callspec = getattr(item, "callspec", None)
     for name, value in getattr(callspec, "params", {}).items():
         named.append(NamedRoot(f"parametrize value {name} of {item.name}", value, "parametrize"))
-    instance = getattr(item, "instance", None)
+    instance = kept_instance(item)
     if instance is not None:
         named.append(
             NamedRoot(
@@ -1124,6 +1150,7 @@ def named_roots(item: pytest.Item) -> list[NamedRoot]:
                 role="pytest instance",
             )
         )
+    named += _test_classes(item)
     if getattr(item, "user_properties", None):
         named.append(
             NamedRoot(f"record_property values of {item.name}", item.user_properties, "pytest", role="record_property")
@@ -1140,6 +1167,17 @@ def named_roots(item: pytest.Item) -> list[NamedRoot]:
         if cached is not None and cached[0] is not None:
             named.append(NamedRoot(f"fixture '{fixturedef.argname}' ({fixturedef.scope} scope)", cached[0], "fixture"))
     return named
+
+
+def _test_classes(item: pytest.Item) -> list[NamedRoot]:
+    """The test's class and the classes it derives from, named as the test's code names them:
+    what their attributes hold is kept for the session, whichever instance added to it."""
+    cls = item.cls if isinstance(item, pytest.Function) else None
+    if cls is None:
+        return []
+    unittest = sys.modules.get("unittest")
+    role: RootKind = "TestCase class" if unittest is not None and issubclass(cls, unittest.TestCase) else "test class"
+    return [NamedRoot(klass.__qualname__, klass, "pytest", role=role) for klass in cls.__mro__ if klass is not object]
 
 
 def _failure_frames(item: pytest.Item) -> list[NamedRoot]:

@@ -40,6 +40,7 @@ from .marker import parse_marker
 from .options import OptionError, Settings
 from .options import read_settings as read_options
 from .outputs import files_line, trace_folder, write_outputs
+from .protocol import fresh_instance
 from .runs import (
     TEST,
     CheckedTest,
@@ -87,7 +88,10 @@ class VramleakSession(SessionState):
             "repeat: run the test N times and classify what it leaves (grows, kept_once, settled). "
             "reserved, pinned (CUDA): bound the caching allocator's reserved memory and pinned host memory during the call.",
         )
-        config.addinivalue_line("markers", f"{EXEMPT_MARKER}: exempt this test from the leak check of --vramleak.")
+        config.addinivalue_line(
+            "markers",
+            f"{EXEMPT_MARKER}: exempt this test from the leak check of --vramleak, and let its vramleak step checks grow without failing it.",
+        )
         self.config = config
         config.stash[SESSION] = self
         self.settings = settings = _read_settings(config)
@@ -122,7 +126,7 @@ class VramleakSession(SessionState):
             mark = item.get_closest_marker(MARKER)
             test = CheckedTest()
             if item.get_closest_marker(EXEMPT_MARKER) is not None:
-                pass
+                test.allowed = True
             elif mark is not None:
                 test.budget, test.repeat = parse_marker(item, mark)
                 test.marked = True
@@ -180,6 +184,10 @@ class VramleakSession(SessionState):
             check.engine.begin()
         except Exception as error:
             check.error = f"{type(error).__name__}: {error}"
+        if runs.repetitions.started > 1:
+            # A run again gets a fresh instance of the test's class, as every test does; the last
+            # run's goes as this run sets up, inside its check, as a test's own would after it.
+            fresh_instance(item)
 
     def _leak_check(self, item: pytest.Item, runs: TestRuns, meter: Meter, budget: Budget) -> LeakCheck:
         """The check of a test's run: the first measures and names as asked; a run again only

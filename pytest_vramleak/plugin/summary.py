@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from ..judging.repeats import RUNS_NOT_USED
 from ..judging.sizes import format_size
 from ..meters.devices import DeviceUnavailable, resolve_device
 from ..reporting.outcomes import headline
@@ -70,13 +71,7 @@ def summary_lines(
         )
         lines += [f"    held by {chain}" for chain in finding.get("held_by", [])]
     for result in results:
-        if result.get("settled_after_step") is not None:
-            lines += [f"{shown_id(result['nodeid'])}: {note}" for note in result.get("notes", []) if "settled" in note]
-        # a step check that could not tell growth from noise passes the test unjudged: say so
-        undecided = [
-            note for note in [result.get("reason") or "", *result.get("notes", [])] if note.startswith("undecided: ")
-        ]
-        lines += [f"{shown_id(result['nodeid'])}: {note}" for note in undecided]
+        lines += [f"{shown_id(result['nodeid'])}: {note}" for note in _notes_shown(result)]
     # Memory a reference cycle kept until collection is worth a line when it is large; with -v, always.
     least = 1 if verbosity > 0 else CYCLE_NOTE_BYTES
     # (a test failing --vramleak-strict-cycles says it in its failure)
@@ -97,6 +92,19 @@ def summary_lines(
         indent="",
     )
     return lines
+
+
+def _notes_shown(result: dict[str, Any]) -> list[str]:
+    """A test's notes worth a line of the summary: where a step check's memory settled, why a step
+    check could not decide, and why the runs after its first were not used (a test that failed
+    says so in its failure)."""
+    notes = result.get("notes", [])
+    shown = [note for note in notes if "settled" in note] if result.get("settled_after_step") is not None else []
+    # a step check that could not tell growth from noise passes the test unjudged: say so
+    shown += [note for note in [result.get("reason") or "", *notes] if note.startswith("undecided: ")]
+    if result.get("verdict") not in ("leaked", "over_budget"):
+        shown += [note for note in notes if note.startswith(RUNS_NOT_USED)]
+    return shown
 
 
 def left_out(count: int, shown: int | None, what: tuple[str, str], *, indent: str = "  ") -> list[str]:
