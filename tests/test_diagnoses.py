@@ -579,7 +579,7 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
     ),
     "submodules kept in a ModuleDict": (
         diagnosis.models_kept_in_a_registry,
-        "PEFT_MODEL.adapters gains a submodule on every run",
+        "PEFT_MODEL.adapters gained submodules ('adapter_0') and keeps each with its parameters",
         _group(
             module(
                 "test_it",
@@ -774,6 +774,21 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         _group(module("test_it", attr("LAST", "dict"), item("'cls_token'")), bytes=1 << 20),
         _group(module("test_it", attr("LAST", "dict"), item("'cls_token'"))),
     ),
+    "lru_cache on a method": (
+        diagnosis.lru_cache,
+        "functools.lru_cache / functools.cache keeps every result it returned, and the arguments of every call as "
+        "its keys: Detector.anchors is a method cached on its class, so every self it was called with",
+        _group(
+            module(
+                "test_it",
+                attr("Detector", "type"),
+                attr("anchors", "_lru_cache_wrapper"),
+                edge("lru_cache", to="dict"),
+                item("(<Detector key>, 2048)"),
+            )
+        ),
+        _group(module("test_it", attr("anchors", "_lru_cache_wrapper"), edge("lru_cache", to="dict"), item("(2048,)"))),
+    ),
     "lru_cache of a model's parameters": (
         diagnosis.lru_cache,
         "functools.lru_cache / functools.cache keeps every result it returned, and the arguments of every call as "
@@ -817,6 +832,13 @@ def test_every_diagnosis_is_given_on_its_path_and_not_on_a_path_alike(name: str)
 def test_a_finalizer_is_not_told_it_is_a_class_attribute() -> None:
     fits = EVERY_DIAGNOSIS["weakref.finalize"][2]
     assert diagnosis.class_attribute(fits, []) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("method", ["function", "_lru_cache_wrapper"])
+def test_a_method_a_class_defines_is_not_told_it_is_a_class_attribute(method: str) -> None:
+    # a memoizing decorator's cache, or lru_cache's, on a method: the cache is the cause, not the class
+    held = module("test_it", attr("Dataset", "type"), attr("__getitem__", method), edge("closure variable", "cache"))
+    assert diagnosis.class_attribute(_group(held), []) is None  # type: ignore[arg-type]
 
 
 def test_every_rule_has_a_case_on_its_path_and_off_it() -> None:

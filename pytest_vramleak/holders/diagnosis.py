@@ -38,6 +38,7 @@ TORCH_CACHE_PACKAGES = frozenset({"torch._dynamo", "torch._inductor", "torch.fx"
 _COMPILED_GLOBAL = re.compile(r"__(compiled_fn|resume_at)_\d")
 _MOCK_TYPES = frozenset({"Mock", "MagicMock", "NonCallableMock", "NonCallableMagicMock", "AsyncMock", "_CallList"})
 _SYS_LAST = frozenset({"last_traceback", "last_value", "last_type", "last_exc"})
+_LRU_WRAPPER = "_lru_cache_wrapper"
 TORCH_CACHE = (
     "held by a cache PyTorch keeps itself (a torch.compile graph and its constants): not the test's leak, and not "
     "counted as one"
@@ -288,10 +289,27 @@ def hook_keeps(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
+def _cached_method(path: HolderPath) -> str | None:
+    """``Detector.anchors`` where the path goes from a class into a method it caches with functools.lru_cache."""
+    for edge, after in path.pairs():
+        if edge.type_name in _CLASS_TYPES and after is not None and after.type_name == _LRU_WRAPPER:
+            return f"{edge.name}.{after.name}"
+    return None
+
+
 def lru_cache(group: Group, found: Sequence[str]) -> str | None:
     """A functools.lru_cache that keeps every result it returned (and every argument, as its key)."""
     if not _any_edge(group, "lru_cache", "lru_cache entry"):
         return None
+    methods = [method for path in group.holders if (method := _cached_method(path)) is not None]
+    if methods:
+        return (
+            f"functools.lru_cache / functools.cache keeps every result it returned, and the arguments of every call "
+            f"as its keys: {methods[0]} is a method cached on its class, so every self it was called with (a whole "
+            "model) stays alive in the cache for as long as the class, with every result: cache in a function of "
+            "what the result depends on (not self), or keep a cache per instance (set in __init__), or at least give "
+            "it a maxsize and call .cache_clear() when done"
+        )
     if group.cls == "Parameter":
         return (
             "functools.lru_cache / functools.cache keeps every result it returned, and the arguments of every call "
@@ -497,14 +515,13 @@ def weak_key_value_holds_its_key(group: Group, found: Sequence[str]) -> str | No
 # Rules for mechanisms told by the objects on the path: their classes, the edges between them.
 
 
-def _spelled(edges: Sequence[Edge]) -> str:
-    """How a run of edges from a module's namespace reads: ``ACCELERATOR._models``."""
-    if not edges:
-        return ""
-    first, *rest = edges
-    return (first.name if first.kind == "attribute" else first.text().lstrip(" ->")) + "".join(
-        edge.text() for edge in rest
-    )
+def _spelled(path: HolderPath, stop: int) -> str:
+    """How the path reads up to (not including) its edge ``stop``: ``ACCELERATOR._models`` from a
+    module's namespace, ``fixture 'accelerator' (session scope)._models`` from another root."""
+    edges = path.edges[:stop]
+    if path.root.kind != "module" or not edges or edges[0].kind != "attribute":
+        return path.root.label + "".join(edge.text() for edge in edges)
+    return edges[0].name + "".join(edge.text() for edge in edges[1:])
 
 
 def _global_hook_entry(path: HolderPath) -> bool:
@@ -622,17 +639,17 @@ def memoizing_wrapper(group: Group, found: Sequence[str]) -> str | None:
 _MODULE_CONTAINERS = frozenset({"ModuleDict", "ModuleList", "ParameterDict", "ParameterList"})
 
 
-def _model_in_a_container(path: HolderPath) -> tuple[str, bool] | None:
+def _model_in_a_container(path: HolderPath) -> tuple[str, str] | None:
     """``(container, submodule)`` where the path ends at a parameter of a model kept as an entry of a
-    container: a list's or dict's (``submodule`` False), or a ModuleDict's or ModuleList's (True)."""
+    container: a list's or dict's (``submodule`` empty), or a ModuleDict's or ModuleList's (its name)."""
     edges = path.edges
     if len(edges) < 3 or path.opaque or edges[-1].kind != "attribute" or edges[-1].type_name != "Parameter":
         return None
     holder, owner = edges[-3], edges[-2]
     if owner.kind == "item" and holder.type_name in ("list", "dict", "deque", "OrderedDict"):
-        return _spelled(edges[:-2]), False
+        return _spelled(path, len(edges) - 2), ""
     if owner.kind == "attribute" and holder.type_name in _MODULE_CONTAINERS:
-        return _spelled(edges[:-2]), True
+        return _spelled(path, len(edges) - 2), owner.name
     return None
 
 
@@ -644,9 +661,9 @@ def models_kept_in_a_registry(group: Group, found: Sequence[str]) -> str | None:
     container, submodule = held[0]
     if submodule:
         return (
-            f"{container} gains a submodule on every run and keeps each one with its parameters (adapters or heads "
-            "loaded one after another and never deleted): delete the ones done with (del model.name[key]; peft's "
-            "model.delete_adapter(name)), or load each into the same slot"
+            f"{container} gained submodules ('{submodule}') and keeps each with its parameters for as long as it "
+            "lives (adapters or heads loaded one after another and never deleted): delete the ones done with "
+            f"(del {container}[name]; peft's model.delete_adapter(name)), or load each into the same slot"
         )
     return (
         f"{container} keeps every model put in it, with its parameters, after the test has dropped its own "
@@ -679,7 +696,7 @@ def optimizer_state(group: Group, found: Sequence[str]) -> str | None:
         owner = path.edges[index - 1] if index else None
         if owner is not None and owner.kind == "item":
             return (
-                f"{_spelled(path.edges[: index - 1])} keeps every optimizer put in it, and with each its state (Adam's "
+                f"{_spelled(path, index - 1)} keeps every optimizer put in it, and with each its state (Adam's "
                 "exp_avg and exp_avg_sq for every parameter) and the parameters it is keyed by: a registry of "
                 "prepared optimizers (as an Accelerator keeps) grows with every run: remove them when done "
                 "(accelerator.free_memory(), or clear the registry)"
@@ -699,7 +716,7 @@ def compiled_models_cached(group: Group, found: Sequence[str]) -> str | None:
         for index, edge in enumerate(path.edges):
             if edge.kind == "item" and edge.type_name == "OptimizedModule":
                 return (
-                    f"{_spelled(path.edges[:index])} is a cache of torch.compile'd models (OptimizedModule) that "
+                    f"{_spelled(path, index)} is a cache of torch.compile'd models (OptimizedModule) that "
                     "gains one on every run and never evicts: each keeps its module with its parameters and buffers: "
                     "compile once and reuse it (torch.compile(model, dynamic=True) where shapes vary), or bound the "
                     "cache and evict old entries"
@@ -724,8 +741,9 @@ def log_record_arguments(group: Group, found: Sequence[str]) -> str | None:
         return None
     return (
         "a logging handler that buffers records (logging.handlers.MemoryHandler, a QueueHandler, a test's log "
-        "capture) keeps each LogRecord with its args, the tensors passed to the logger (with their autograd "
-        "graphs): log numbers (logger.info('loss %.4f', loss.item())), or flush and close the handler"
+        "capture) keeps each LogRecord with its args, the tensors passed to the logger"
+        + (" (with their autograd graphs)" if group.graph_bytes else "")
+        + ": log numbers (logger.info('loss %.4f', loss.item())), or flush and close the handler"
     )
 
 
@@ -739,7 +757,9 @@ def handler_on_a_logger(group: Group, found: Sequence[str]) -> str | None:
         return None
     return (
         "a handler added to a logger (logger.addHandler) stays as long as the logger, which logging keeps for the "
-        "whole process, with what the handler refers to (a model): each run adds another: remove it when done "
+        "whole process, with what the handler refers to"
+        + (" (here a model's parameters)" if group.cls == "Parameter" else "")
+        + ": each run adds another: remove it when done "
         "(logger.removeHandler(handler), in a finally or a fixture's teardown), or add it once"
     )
 
@@ -767,8 +787,8 @@ def itertools_cycle(group: Group, found: Sequence[str]) -> str | None:
     if not any(_through_reference_of(path, "cycle") for path in group.holders):
         return None
     return (
-        "itertools.cycle keeps every item of its first pass to repeat it (every batch a DataLoader yields, for "
-        "as long as the cycle lives): loop over the loader again instead (while True: yield from loader), which "
+        "itertools.cycle keeps every item of its first pass to repeat it, for as long as the cycle lives (cycling "
+        "a DataLoader keeps every batch of its first epoch): loop over the loader again instead (while True: yield from loader), which "
         "keeps no batch"
     )
 
@@ -780,7 +800,7 @@ def _generator_kept(path: HolderPath) -> str | None:
     for index, (edge, after) in enumerate(path.pairs()):
         if edge.type_name == "generator" and after is not None and after.kind == "reference":
             loaders = [at for at, kept in enumerate(path.edges[:index]) if kept.type_name.endswith("DataLoaderIter")]
-            return _spelled(path.edges[: (loaders[0] if loaders else index) + 1])
+            return _spelled(path, (loaders[0] if loaders else index) + 1)
     return None
 
 
@@ -860,6 +880,12 @@ def held_in_cpp_for_the_test(group: Group, found: Sequence[str]) -> str | None:
 
 
 _CLASS_TYPES = frozenset({"type", "ABCMeta"})
+_METHOD_TYPES = frozenset({"function", _LRU_WRAPPER, "staticmethod", "classmethod"})
+
+
+def _method(edge: Edge) -> bool:
+    """Whether the edge leads from a class to a method it defines (a function, a cached one), not to its data."""
+    return edge.type_name in _METHOD_TYPES
 
 
 def _class_attribute(path: HolderPath) -> tuple[str, bool] | None:
@@ -868,7 +894,7 @@ def _class_attribute(path: HolderPath) -> tuple[str, bool] | None:
     edges = path.edges
     for index, edge in enumerate(edges[:-1]):
         after = edges[index + 1]
-        if edge.kind == "attribute" and edge.type_name in _CLASS_TYPES and _is_attribute(after):
+        if edge.kind == "attribute" and edge.type_name in _CLASS_TYPES and _is_attribute(after) and not _method(after):
             entry = index + 2 < len(edges) and edges[index + 2].kind == "item"
             return f"{edge.name}.{after.name}", entry
     return None
