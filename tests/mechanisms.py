@@ -1921,7 +1921,6 @@ CATALOGUE: list[Mechanism] = [
 GAPS: dict[str, dict[Part, str]] = {
     "threading_local_cache": {
         "holder": "held by test_leak._LOCAL -> <_local>[<ReferenceType key>]['masks'][4]",
-        "diagnosis": "diagnosis: (none)",
     },
     "atexit_closure": {
         "holder": "held by <function held outside Python's gc> -> closure var 'value'",
@@ -1953,58 +1952,24 @@ GAPS: dict[str, dict[Part, str]] = {
         "site": "no tensors listed for the leak",
         "diagnosis": "no tensors listed for the leak",
     },
-    "cache_of_compiled_models": {
-        "diagnosis": "diagnosis: (none)",
-    },
     "class_attribute_shared_by_instances": {
-        "diagnosis": "diagnosis: (none)",
-    },
-    "itertools_cycle": {
         "diagnosis": "diagnosis: (none)",
     },
     "kept_dataloader_iterator": {
         "holder": "held by test_leak.LOOP._iterator._dataset_fetcher.dataset_iter -> <generator>[0] | test_leak.LOOP._iterator._dataset_fetcher.dataset_iter -> <gener...",
-        "diagnosis": "diagnosis: (none)",
-    },
-    "memoized_getitem": {
-        "diagnosis": "diagnosis: a closure (a callback, a logger) captured it and lives on: drop the callback when done, or capture a detac...",
-    },
-    "lru_cache_keyed_by_a_model": {
-        "diagnosis": "diagnosis: functools.lru_cache / functools.cache keeps every result it returned: give it a maxsize, call .cache_clear...",
     },
     "partial_hook_on_grad_fn": {
         "holder": "held by <OrderedDict held outside Python's gc>[5].args[0].covar",
-        "diagnosis": "diagnosis: (none)",
     },
     "forward_hook_stores_activations": {
         "site": "allocated at test_leak.py:8 in capture_activations(), called from test_leak.py:14 in test_it()",
         "diagnosis": "diagnosis: (none)",
     },
-    "global_module_forward_hook": {
-        "diagnosis": "diagnosis: a closure (a callback, a logger) captured it and lives on: drop the callback when done, or capture a detac...",
-    },
     "post_accumulate_grad_hook_partial": {
         "holder": "held by test_leak.MODEL.weight -> <Parameter>[5].args[0].norms[0]",
-        "diagnosis": "diagnosis: (none)",
-    },
-    "registry_of_prepared_optimizers": {
-        "diagnosis": "diagnosis: (none)",
-    },
-    "registry_of_prepared_models": {
-        "diagnosis": "diagnosis: (none)",
-    },
-    "adapters_kept_in_a_dict": {
-        "diagnosis": "diagnosis: (none)",
-    },
-    "logging_memory_handler_keeps_record_args": {
-        "diagnosis": "diagnosis: autograd graph kept alive: 128.0 KiB in 2 saved tensors behind a tensor that still has its grad_fn (a loss...",
     },
     "logging_handler_added_every_run": {
         "holder": "held by _multicall:147 local 'teardowns'[0] -> <generator>.__self__.attached_loggers[42].manager.loggerDict['stats'].handlers[4].model.weight",
-        "diagnosis": "diagnosis: (none)",
-    },
-    "warning_that_carries_a_tensor": {
-        "diagnosis": "diagnosis: (none)",
     },
     "loss_accumulated_with_its_graph": {
         "site": "allocated at (none)",
@@ -2014,14 +1979,5 @@ GAPS: dict[str, dict[Part, str]] = {
     },
     "metric_list_state_never_reset": {
         "diagnosis": "diagnosis: a module-level container gained 2 entries and never let them go (a cache without eviction, a history list)...",
-    },
-    "small_view_keeps_a_large_storage": {
-        "diagnosis": "diagnosis: (none)",
-    },
-    "optimizer_state_of_replaced_parameters": {
-        "diagnosis": "diagnosis: (none)",
-    },
-    "slice_of_a_loaded_checkpoint": {
-        "diagnosis": "diagnosis: (none)",
     },
 }

@@ -512,6 +512,337 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         _group(module("test_it", attr("__compiled_fn_3_7f00", "function"), attr("__closure__", "tuple"), item("0"))),
         _group(module("test_it", attr("__compiled_fn_cache", "list"), item("0"))),
     ),
+    "a global module hook": (
+        diagnosis.global_module_hook,
+        "a global module hook (torch.nn.modules.module._global_forward_hooks",
+        _group(
+            module(
+                "torch.nn.modules.module",
+                edge("hook dict", "_global_forward_hooks", "OrderedDict"),
+                item("0", "function"),
+                edge("closure variable", "seen", "cell"),
+                item("0"),
+            )
+        ),
+        _group(
+            module(
+                "test_it",
+                attr("MODEL", "Linear"),
+                edge("hook dict", "_global_forward_hooks", "OrderedDict"),
+                item("0", "function"),
+                edge("closure variable", "seen", "cell"),
+                item("0"),
+            )
+        ),
+    ),
+    "a hook on an autograd node": (
+        diagnosis.hook_on_an_autograd_node,
+        "a hook registered on an autograd node (tensor.grad_fn.register_hook) is kept by the node in C++",
+        _group(
+            HolderPath(
+                Root("outside gc", "<OrderedDict held outside Python's gc>", "OrderedDict"),
+                (item("4", "partial"), attr("args", "tuple"), item("0", "Strategy"), attr("covar")),
+            )
+        ),
+        _group(
+            HolderPath(
+                Root("outside gc", "<OrderedDict held outside Python's gc>", "OrderedDict"),
+                (item("4", "Strategy"), attr("covar")),
+            )
+        ),
+    ),
+    "a hook bound to a tensor": (
+        diagnosis.hook_bound_to_a_tensor,
+        "a hook registered on a tensor (register_hook, register_post_accumulate_grad_hook) stays with the tensor, "
+        "here a parameter",
+        _group(
+            module(
+                "test_it",
+                attr("MODEL", "Linear"),
+                attr("weight", "Parameter"),
+                edge("reference", "Parameter", "OrderedDict"),
+                item("0", "partial"),
+                attr("args", "tuple"),
+                item("0", "GradientLog"),
+                attr("norms", "list"),
+                item("0"),
+            )
+        ),
+        _group(
+            module(
+                "test_it",
+                attr("MODEL", "Linear"),
+                attr("weight", "Parameter"),
+                edge("reference", "Parameter", "OrderedDict"),
+                item("0", "GradientLog"),
+                attr("norms", "list"),
+                item("0"),
+            )
+        ),
+    ),
+    "a memoizing wrapper": (
+        diagnosis.memoizing_wrapper,
+        "a memoizing wrapper keeps every result it returned in a dict it closes over ('cache')",
+        _group(
+            module(
+                "test_it",
+                attr("Dataset", "type"),
+                attr("__getitem__", "function"),
+                edge("closure variable", "cache", "cell"),
+                item("(<Dataset key>, 4)"),
+            )
+        ),
+        _group(
+            module(
+                "test_it",
+                attr("CALLBACKS", "list"),
+                item("0", "function"),
+                edge("closure variable", "seen", "cell"),
+                item("'loss'"),
+            )
+        ),
+    ),
+    "models kept in a registry": (
+        diagnosis.models_kept_in_a_registry,
+        "ACCELERATOR._models keeps every model put in it, with its parameters",
+        _group(
+            module(
+                "test_it",
+                attr("ACCELERATOR", "Accelerator"),
+                attr("_models", "list"),
+                item("0", "Linear"),
+                attr("weight", "Parameter"),
+            )
+        ),
+        _group(module("test_it", attr("MODEL", "Sequential"), attr("0", "Linear"), attr("weight", "Parameter"))),
+    ),
+    "submodules kept in a ModuleDict": (
+        diagnosis.models_kept_in_a_registry,
+        "PEFT_MODEL.adapters gained submodules ('adapter_0') and keeps each with its parameters",
+        _group(
+            module(
+                "test_it",
+                attr("PEFT_MODEL", "PeftModel"),
+                attr("adapters", "ModuleDict"),
+                attr("adapter_0", "Linear"),
+                attr("weight", "Parameter"),
+            )
+        ),
+        _group(
+            module(
+                "test_it",
+                attr("PEFT_MODEL", "PeftModel"),
+                attr("adapters", "ModuleDict"),
+                attr("adapter_0", "Linear"),
+                attr("weight", "Parameter"),
+                edge("gradient", "grad"),
+            ),
+            kind="grad",
+        ),
+    ),
+    "optimizer state": (
+        diagnosis.optimizer_state,
+        "optimizer.state keeps each parameter's state",
+        _group(
+            module(
+                "test_it",
+                attr("OPTIMIZER", "Adam"),
+                attr("state", "defaultdict"),
+                item("<Parameter key>", "dict"),
+                item("'exp_avg'"),
+            )
+        ),
+        _group(
+            module("test_it", attr("TRAINER", "Trainer"), attr("state", "dict"), item("'best'", "dict"), item("'w'"))
+        ),
+    ),
+    "optimizers kept in a registry": (
+        diagnosis.optimizer_state,
+        "ACCELERATOR._optimizers keeps every optimizer put in it, and with each its state",
+        _group(
+            module(
+                "test_it",
+                attr("ACCELERATOR", "Accelerator"),
+                attr("_optimizers", "list"),
+                item("0", "Adam"),
+                attr("state", "defaultdict"),
+                item("<Parameter key>", "dict"),
+                item("'exp_avg'"),
+            )
+        ),
+        _group(
+            module(
+                "test_it",
+                attr("OPTIMIZER", "Adam"),
+                attr("state", "defaultdict"),
+                item("<Parameter key>", "dict"),
+                item("'exp_avg'"),
+            )
+        ),
+    ),
+    "compiled models cached": (
+        diagnosis.compiled_models_cached,
+        "_COMPILED is a cache of torch.compile'd models (OptimizedModule)",
+        _group(
+            module(
+                "test_it", attr("_COMPILED", "dict"), item("1", "OptimizedModule"), attr("_orig_mod", "Net"), attr("s")
+            )
+        ),
+        _group(module("test_it", attr("MODEL", "OptimizedModule"), attr("_orig_mod", "Net"), attr("s"))),
+    ),
+    "a log record's arguments": (
+        diagnosis.log_record_arguments,
+        "a logging handler that buffers records",
+        _group(
+            module(
+                "test_it",
+                attr("LOGGER", "Logger"),
+                attr("handlers", "list"),
+                item("0", "MemoryHandler"),
+                attr("buffer", "list"),
+                item("0", "LogRecord"),
+                attr("args", "tuple"),
+                item("0"),
+            )
+        ),
+        _group(module("test_it", attr("RECORDS", "list"), item("0", "Record"), attr("args", "tuple"), item("0"))),
+    ),
+    "a handler on a logger": (
+        diagnosis.handler_on_a_logger,
+        "a handler added to a logger (logger.addHandler) stays as long as the logger",
+        _group(
+            module(
+                "logging",
+                attr("root", "RootLogger"),
+                attr("manager", "Manager"),
+                attr("loggerDict", "dict"),
+                item("'stats'", "Logger"),
+                attr("handlers", "list"),
+                item("0", "StatsHandler"),
+                attr("model", "Linear"),
+                attr("weight", "Parameter"),
+            )
+        ),
+        _group(
+            module(
+                "test_it",
+                attr("PIPELINE", "Pipeline"),
+                attr("handlers", "list"),
+                item("0", "Step"),
+                attr("model", "Linear"),
+                attr("weight", "Parameter"),
+            )
+        ),
+    ),
+    "a warning's arguments": (
+        diagnosis.warning_arguments,
+        "a warning made with a tensor among its arguments",
+        _group(
+            module(
+                "test_it",
+                attr("TRAINER", "Trainer"),
+                attr("caught", "list"),
+                item("0", "WarningMessage"),
+                attr("message", "LossSpike"),
+                attr("args", "tuple"),
+                item("1"),
+            )
+        ),
+        _group(
+            root(
+                "pytest warnings",
+                "the warnings pytest recorded",
+                item("0", "WarningMessage"),
+                attr("message", "UserWarning"),
+                attr("args", "tuple"),
+                item("0"),
+            )
+        ),
+    ),
+    "itertools.cycle": (
+        diagnosis.itertools_cycle,
+        "itertools.cycle keeps every item of its first pass",
+        _group(module("test_it", attr("BATCHES", "cycle"), edge("reference", "cycle", "list"), item("0"))),
+        _group(module("test_it", attr("SCHEDULE", "Cycle"), attr("items", "list"), item("0"))),
+    ),
+    "a suspended generator": (
+        diagnosis.suspended_generator,
+        "an unfinished generator keeps the locals of its suspended frame (a shuffle buffer, batches read ahead) for "
+        "as long as the iterator that runs it lives, here LOOP._iterator",
+        _group(
+            module(
+                "test_it",
+                attr("LOOP", "Loop"),
+                attr("_iterator", "_SingleProcessDataLoaderIter"),
+                attr("_dataset_fetcher", "_IterableDatasetFetcher"),
+                attr("dataset_iter", "generator"),
+                edge("reference", "generator", "list"),
+                item("0"),
+            )
+        ),
+        _group(
+            root(
+                "frame local",
+                "_multicall:147 local 'teardowns'",
+                item("0", "generator"),
+                edge("reference", "generator", "method"),
+                attr("__self__", "catching_logs"),
+                attr("handlers", "list"),
+                item("0"),
+            )
+        ),
+    ),
+    "threading.local": (
+        diagnosis.threading_local,
+        "_LOCAL is a threading.local",
+        _group(
+            module(
+                "test_it",
+                attr("_LOCAL", "_local"),
+                edge("reference", "_local", "dict"),
+                item("<ReferenceType key>", "dict"),
+                item("'masks'", "dict"),
+                item("0"),
+            )
+        ),
+        _group(module("test_it", attr("LOCAL_CACHE", "dict"), item("'masks'", "dict"), item("0"))),
+    ),
+    "a small view of a large storage": (
+        diagnosis.small_view_of_a_large_storage,
+        "a view keeps its whole storage: these tensors' elements take 256 B, the storages they view 1.0 MiB",
+        _group(module("test_it", attr("LAST", "dict"), item("'cls_token'")), bytes=1 << 20),
+        _group(module("test_it", attr("LAST", "dict"), item("'cls_token'"))),
+    ),
+    "lru_cache on a method": (
+        diagnosis.lru_cache,
+        "functools.lru_cache / functools.cache keeps every result it returned, and the arguments of every call as "
+        "its keys: Detector.anchors is a method cached on its class, so every self it was called with",
+        _group(
+            module(
+                "test_it",
+                attr("Detector", "type"),
+                attr("anchors", "_lru_cache_wrapper"),
+                edge("lru_cache", to="dict"),
+                item("(<Detector key>, 2048)"),
+            )
+        ),
+        _group(module("test_it", attr("anchors", "_lru_cache_wrapper"), edge("lru_cache", to="dict"), item("(2048,)"))),
+    ),
+    "lru_cache of a model's parameters": (
+        diagnosis.lru_cache,
+        "functools.lru_cache / functools.cache keeps every result it returned, and the arguments of every call as "
+        "its keys: its results hold a model's parameters",
+        _group(
+            module(
+                "test_it",
+                attr("params_of", "_lru_cache_wrapper"),
+                edge("lru_cache", to="dict"),
+                item("'w'", "Parameter"),
+            ),
+            cls="Parameter",
+        ),
+        _group(module("test_it", attr("embed", "_lru_cache_wrapper"), edge("lru_cache", to="dict"), item("(3,)"))),
+    ),
     "create_graph cycle": (
         diagnosis.create_graph_cycle,
         "backward(create_graph=True) gave these gradients autograd graphs of their own",
@@ -540,6 +871,13 @@ def test_every_diagnosis_is_given_on_its_path_and_not_on_a_path_alike(name: str)
 def test_a_finalizer_is_not_told_it_is_a_class_attribute() -> None:
     fits = EVERY_DIAGNOSIS["weakref.finalize"][2]
     assert diagnosis.class_attribute(fits, []) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("method", ["function", "_lru_cache_wrapper"])
+def test_a_method_a_class_defines_is_not_told_it_is_a_class_attribute(method: str) -> None:
+    # a memoizing decorator's cache, or lru_cache's, on a method: the cache is the cause, not the class
+    held = module("test_it", attr("Dataset", "type"), attr("__getitem__", method), edge("closure variable", "cache"))
+    assert diagnosis.class_attribute(_group(held), []) is None  # type: ignore[arg-type]
 
 
 def test_every_rule_has_a_case_on_its_path_and_off_it() -> None:

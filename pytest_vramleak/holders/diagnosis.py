@@ -38,6 +38,7 @@ TORCH_CACHE_PACKAGES = frozenset({"torch._dynamo", "torch._inductor", "torch.fx"
 _COMPILED_GLOBAL = re.compile(r"__(compiled_fn|resume_at)_\d")
 _MOCK_TYPES = frozenset({"Mock", "MagicMock", "NonCallableMock", "NonCallableMagicMock", "AsyncMock", "_CallList"})
 _SYS_LAST = frozenset({"last_traceback", "last_value", "last_type", "last_exc"})
+_LRU_WRAPPER = "_lru_cache_wrapper"
 TORCH_CACHE = (
     "held by a cache PyTorch keeps itself (a torch.compile graph and its constants): not the test's leak, and not "
     "counted as one"
@@ -48,7 +49,11 @@ class Group(Protocol):
     """What a rule reads of a leaked group (:class:`~.snapshot.TensorGroup`)."""
 
     kind: str
+    dtype: str
+    shape: tuple[int, ...]
+    bytes: int
     count: int
+    cls: str
     holders: list[HolderPath]
     graph_bytes: int
     graph_tensors: int
@@ -284,10 +289,34 @@ def hook_keeps(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
+def _cached_method(path: HolderPath) -> str | None:
+    """``Detector.anchors`` where the path goes from a class into a method it caches with functools.lru_cache."""
+    for edge, after in path.pairs():
+        if edge.type_name in _CLASS_TYPES and after is not None and after.type_name == _LRU_WRAPPER:
+            return f"{edge.name}.{after.name}"
+    return None
+
+
 def lru_cache(group: Group, found: Sequence[str]) -> str | None:
-    """A functools.lru_cache that keeps every result it returned."""
+    """A functools.lru_cache that keeps every result it returned (and every argument, as its key)."""
     if not _any_edge(group, "lru_cache", "lru_cache entry"):
         return None
+    methods = [method for path in group.holders if (method := _cached_method(path)) is not None]
+    if methods:
+        return (
+            f"functools.lru_cache / functools.cache keeps every result it returned, and the arguments of every call "
+            f"as its keys: {methods[0]} is a method cached on its class, so every self it was called with (a whole "
+            "model) stays alive in the cache for as long as the class, with every result: cache in a function of "
+            "what the result depends on (not self), or keep a cache per instance (set in __init__), or at least give "
+            "it a maxsize and call .cache_clear() when done"
+        )
+    if group.cls == "Parameter":
+        return (
+            "functools.lru_cache / functools.cache keeps every result it returned, and the arguments of every call "
+            "as its keys: its results hold a model's parameters, so every model passed to it stays alive with them: "
+            "cache on something small that names the model (its name), not the model itself, or call .cache_clear() "
+            "when done with a model"
+        )
     return (
         "functools.lru_cache / functools.cache keeps every result it returned: give it a maxsize, "
         "call .cache_clear(), or do not cache tensors"
@@ -331,7 +360,8 @@ def closure(group: Group, found: Sequence[str]) -> str | None:
     if (
         _traceback_kept(group)
         or not _any_edge(group, "closure variable")
-        or any(_module_hook_entry(path) for path in group.holders)
+        or any(_module_hook_entry(path) or _global_hook_entry(path) for path in group.holders)
+        or any(_memo_entry(path) is not None for path in group.holders)
     ):
         return None
     return (
@@ -513,6 +543,357 @@ def weak_key_value_holds_its_key(group: Group, found: Sequence[str]) -> str | No
     )
 
 
+# Rules for mechanisms told by the objects on the path: their classes, the edges between them.
+
+
+def _spelled(path: HolderPath, stop: int) -> str:
+    """How the path reads up to (not including) its edge ``stop``: ``ACCELERATOR._models`` from a
+    module's namespace, ``fixture 'accelerator' (session scope)._models`` from another root."""
+    edges = path.edges[:stop]
+    if path.root.kind != "module" or not edges or edges[0].kind != "attribute":
+        return path.root.label + "".join(edge.text() for edge in edges)
+    return edges[0].name + "".join(edge.text() for edge in edges[1:])
+
+
+def _global_hook_entry(path: HolderPath) -> bool:
+    """Whether the path passes through an entry of torch.nn's global module hooks (``_global_forward_hooks[3]``)."""
+    return (
+        path.root.kind == "module"
+        and path.root.name == "torch.nn.modules.module"
+        and any(edge.kind == "hook dict" and edge.name.startswith("_global_") for edge in path.hook_entries())
+    )
+
+
+def global_module_hook(group: Group, found: Sequence[str]) -> str | None:
+    """A global module hook (register_module_forward_hook and kin) that keeps what it captured or appends to."""
+    entries = [edge for path in group.holders if _global_hook_entry(path) for edge in path.hook_entries()]
+    if not entries:
+        return None
+    return (
+        f"a global module hook (torch.nn.modules.module.{entries[0].name}, registered with "
+        "register_module_*_hook) runs for every module of the process and lives until it is removed, with what it "
+        "captured and what it appends to: keep the handle register_module_*_hook() returns and call handle.remove() "
+        "when done, and register it once, not on every run"
+    )
+
+
+_HOOK_CALLABLES = frozenset({"partial", "function", "method"})
+
+
+def _hook_of_a_node(path: HolderPath) -> bool:
+    """A hook dict only C++ holds (an autograd node's: grad_fn.register_hook), through one of its hooks."""
+    first = _first_edge(path)
+    return (
+        path.root.kind == "outside gc"
+        and path.root.type_name == "OrderedDict"
+        and first is not None
+        and first.kind == "item"
+        and first.type_name in _HOOK_CALLABLES
+    )
+
+
+def hook_on_an_autograd_node(group: Group, found: Sequence[str]) -> str | None:
+    """A hook on an autograd node (grad_fn.register_hook) whose callable keeps an object that keeps the node."""
+    hooks = [path for path in group.holders if _hook_of_a_node(path)]
+    if not hooks:
+        return None
+    partial = any((edge := _first_edge(path)) is not None and edge.type_name == "partial" for path in hooks)
+    return (
+        "a hook registered on an autograd node (tensor.grad_fn.register_hook) is kept by the node in C++, where "
+        "Python's gc cannot see it, and keeps what it is bound to"
+        + (" (functools.partial(hook, self) keeps self)" if partial else " (self, through a bound method or a closure)")
+        + ": an object whose tensor's grad_fn holds such a hook keeps itself alive in a cycle gc cannot break: give "
+        "the hook a weakref.ref(self) and look the object up through it, or remove the hook (handle.remove()) "
+        "when done"
+    )
+
+
+def _tensor_hook_entry(path: HolderPath) -> Edge | None:
+    """The callable kept in a tensor's hook dict read in C (register_post_accumulate_grad_hook's), or None."""
+    for edge, after in path.pairs():
+        if (
+            edge.kind == "reference"
+            and edge.name in ("Parameter", "Tensor")
+            and edge.type_name == "OrderedDict"
+            and after is not None
+            and after.kind == "item"
+            and after.type_name in _HOOK_CALLABLES
+        ):
+            return after
+    return None
+
+
+def hook_bound_to_a_tensor(group: Group, found: Sequence[str]) -> str | None:
+    """A hook on a tensor (register_post_accumulate_grad_hook and kin) whose callable keeps an object it is bound to."""
+    entries = [entry for path in group.holders if (entry := _tensor_hook_entry(path)) is not None]
+    if not entries:
+        return None
+    partial = any(entry.type_name == "partial" for entry in entries)
+    parameter = any(
+        edge.name == "Parameter" and edge.kind == "reference" for path in group.holders for edge in path.edges
+    )
+    return (
+        "a hook registered on a tensor (register_hook, register_post_accumulate_grad_hook) stays with the tensor"
+        + (", here a parameter that outlives the test," if parameter else "")
+        + " and keeps what it is bound to"
+        + (" (functools.partial(fn, obj) keeps obj)" if partial else "")
+        + ": each run registers another: keep the handle it returns and call handle.remove() when done"
+    )
+
+
+def _memo_entry(path: HolderPath) -> Edge | None:
+    """The closure variable of a memoizing wrapper the path passes through: a dict keyed by a call's arguments."""
+    for edge, after in path.pairs():
+        if (
+            edge.kind == "closure variable"
+            and after is not None
+            and after.kind == "item"
+            and after.name.startswith("(")
+        ):
+            return edge
+    return None
+
+
+def memoizing_wrapper(group: Group, found: Sequence[str]) -> str | None:
+    """A memoizing decorator's dict, in its wrapper's closure, that keeps every result by the call's arguments."""
+    memos = [memo for path in group.holders if (memo := _memo_entry(path)) is not None]
+    if not memos:
+        return None
+    return (
+        f"a memoizing wrapper keeps every result it returned in a dict it closes over ('{memos[0].name}'), keyed by "
+        "the call's arguments, for as long as the function lives (a decorated method: as long as its class): "
+        "do not memoize what returns tensors (a dataset's __getitem__), or use a bounded cache "
+        "(functools.lru_cache(maxsize=...)) and clear it when done"
+    )
+
+
+_MODULE_CONTAINERS = frozenset({"ModuleDict", "ModuleList", "ParameterDict", "ParameterList"})
+
+
+def _model_in_a_container(path: HolderPath) -> tuple[str, str] | None:
+    """``(container, submodule)`` where the path ends at a parameter of a model kept as an entry of a
+    container: a list's or dict's (``submodule`` empty), or a ModuleDict's or ModuleList's (its name)."""
+    edges = path.edges
+    if len(edges) < 3 or path.opaque or edges[-1].kind != "attribute" or edges[-1].type_name != "Parameter":
+        return None
+    holder, owner = edges[-3], edges[-2]
+    if owner.kind == "item" and holder.type_name in ("list", "dict", "deque", "OrderedDict"):
+        return _spelled(path, len(edges) - 2), ""
+    if owner.kind == "attribute" and holder.type_name in _MODULE_CONTAINERS:
+        return _spelled(path, len(edges) - 2), owner.name
+    return None
+
+
+def models_kept_in_a_registry(group: Group, found: Sequence[str]) -> str | None:
+    """Models kept as entries of a container (an Accelerator's prepared models, adapters in a ModuleDict) with their parameters."""
+    held = [at for path in group.holders if (at := _model_in_a_container(path)) is not None]
+    if not held:
+        return None
+    container, submodule = held[0]
+    if submodule:
+        return (
+            f"{container} gained submodules ('{submodule}') and keeps each with its parameters for as long as it "
+            "lives (adapters or heads loaded one after another and never deleted): delete the ones done with "
+            f"(del {container}[name]; peft's model.delete_adapter(name)), or load each into the same slot"
+        )
+    return (
+        f"{container} keeps every model put in it, with its parameters, after the test has dropped its own "
+        "reference: a registry of prepared models (as an Accelerator keeps) grows with every model: remove them when "
+        "done (accelerator.free_memory(), or clear the registry), or prepare one model once and reuse it"
+    )
+
+
+def _optimizer_state(path: HolderPath) -> int | None:
+    """The index of the ``.state`` edge where the path goes into an optimizer's state, keyed by a parameter."""
+    for index, (edge, after) in enumerate(path.pairs()):
+        if (
+            _is_attribute(edge, "state")
+            and after is not None
+            and (
+                (after.kind == "item" and after.name in ("<Parameter key>", "<Tensor key>"))
+                or (after.kind == "dict key" and after.type_name in ("Parameter", "Tensor"))
+            )
+        ):
+            return index
+    return None
+
+
+def optimizer_state(group: Group, found: Sequence[str]) -> str | None:
+    """An optimizer's per-parameter state (Adam's moments), kept for parameters it no longer steps or by a registry of optimizers."""
+    for path in group.holders:
+        index = _optimizer_state(path)
+        if index is None:
+            continue
+        owner = path.edges[index - 1] if index else None
+        if owner is not None and owner.kind == "item":
+            return (
+                f"{_spelled(path, index - 1)} keeps every optimizer put in it, and with each its state (Adam's "
+                "exp_avg and exp_avg_sq for every parameter) and the parameters it is keyed by: a registry of "
+                "prepared optimizers (as an Accelerator keeps) grows with every run: remove them when done "
+                "(accelerator.free_memory(), or clear the registry)"
+            )
+        return (
+            "optimizer.state keeps each parameter's state (Adam's exp_avg and exp_avg_sq), keyed by the parameter "
+            "itself, for as long as the optimizer lives: a parameter replaced in param_groups (densified, pruned, "
+            "resized) leaves the old parameter and its state behind: move its state to the new parameter "
+            "(optimizer.state[new] = optimizer.state.pop(old)), or make a new optimizer"
+        )
+    return None
+
+
+def compiled_models_cached(group: Group, found: Sequence[str]) -> str | None:
+    """Compiled models (torch.compile's OptimizedModule) kept as entries of a cache that is never evicted."""
+    for path in group.holders:
+        for index, edge in enumerate(path.edges):
+            if edge.kind == "item" and edge.type_name == "OptimizedModule":
+                return (
+                    f"{_spelled(path, index)} is a cache of torch.compile'd models (OptimizedModule) that "
+                    "gains one on every run and never evicts: each keeps its module with its parameters and buffers: "
+                    "compile once and reuse it (torch.compile(model, dynamic=True) where shapes vary), or bound the "
+                    "cache and evict old entries"
+                )
+    return None
+
+
+_LOGGERS = frozenset({"Logger", "RootLogger"})
+
+
+def _through(path: HolderPath, type_name: str, attribute: str) -> bool:
+    """Whether the path goes from an object of class ``type_name`` on into its attribute ``attribute``."""
+    return any(
+        edge.type_name == type_name and after is not None and _is_attribute(after, attribute)
+        for edge, after in path.pairs()
+    )
+
+
+def log_record_arguments(group: Group, found: Sequence[str]) -> str | None:
+    """A tensor passed to a logger, kept in a LogRecord's args by a handler that buffers records."""
+    if not any(_through(path, "LogRecord", "args") for path in group.holders):
+        return None
+    return (
+        "a logging handler that buffers records (logging.handlers.MemoryHandler, a QueueHandler, a test's log "
+        "capture) keeps each LogRecord with its args, the tensors passed to the logger"
+        + (" (with their autograd graphs)" if group.graph_bytes else "")
+        + ": log numbers (logger.info('loss %.4f', loss.item())), or flush and close the handler"
+    )
+
+
+def handler_on_a_logger(group: Group, found: Sequence[str]) -> str | None:
+    """A handler added to a logger, which logging keeps for the process, with what the handler refers to."""
+    if not any(
+        edge.type_name in _LOGGERS and after is not None and _is_attribute(after, "handlers")
+        for path in group.holders
+        for edge, after in path.pairs()
+    ) or any(_through(path, "LogRecord", "args") for path in group.holders):
+        return None
+    return (
+        "a handler added to a logger (logger.addHandler) stays as long as the logger, which logging keeps for the "
+        "whole process, with what the handler refers to"
+        + (" (here a model's parameters)" if group.cls == "Parameter" else "")
+        + ": each run adds another: remove it when done "
+        "(logger.removeHandler(handler), in a finally or a fixture's teardown), or add it once"
+    )
+
+
+def warning_arguments(group: Group, found: Sequence[str]) -> str | None:
+    """A tensor among a warning's arguments, kept wherever the warning is kept (a list of caught warnings)."""
+    if not any(_through(path, "WarningMessage", "message") for path in group.holders) or recorded_warning(group, found):
+        return None
+    return (
+        "a warning made with a tensor among its arguments (warnings.warn(LossSpike('...', loss))) keeps it for as "
+        "long as the warning is kept (catch_warnings(record=True) lists, a trainer's collected warnings): warn with a "
+        "message made of numbers (f'loss spiked to {loss.max().item():.1f}')"
+    )
+
+
+def _through_reference_of(path: HolderPath, type_name: str) -> bool:
+    """Whether the path goes from an object of class ``type_name`` into what it holds in C (a cycle's saved items)."""
+    return any(
+        edge.type_name == type_name and after is not None and after.kind == "reference" for edge, after in path.pairs()
+    )
+
+
+def itertools_cycle(group: Group, found: Sequence[str]) -> str | None:
+    """An itertools.cycle, which keeps a copy of every item of its first pass."""
+    if not any(_through_reference_of(path, "cycle") for path in group.holders):
+        return None
+    return (
+        "itertools.cycle keeps every item of its first pass to repeat it, for as long as the cycle lives (cycling "
+        "a DataLoader keeps every batch of its first epoch): loop over the loader again instead (while True: yield from loader), which "
+        "keeps no batch"
+    )
+
+
+def _generator_kept(path: HolderPath) -> str | None:
+    """What keeps the unfinished generator the path goes into (``LOOP._iterator``), or None."""
+    if path.opaque or path.through_local():
+        return None
+    for index, (edge, after) in enumerate(path.pairs()):
+        if edge.type_name == "generator" and after is not None and after.kind == "reference":
+            loaders = [at for at, kept in enumerate(path.edges[:index]) if kept.type_name.endswith("DataLoaderIter")]
+            return _spelled(path, (loaders[0] if loaders else index) + 1)
+    return None
+
+
+def suspended_generator(group: Group, found: Sequence[str]) -> str | None:
+    """An unfinished generator kept alive (a DataLoader iterator kept between epochs), whose frame keeps its locals."""
+    kept = [at for path in group.holders if (at := _generator_kept(path)) is not None]
+    if not kept:
+        return None
+    return (
+        "an unfinished generator keeps the locals of its suspended frame (a shuffle buffer, batches read ahead) for "
+        f"as long as the iterator that runs it lives, here {kept[0]}: drop the iterator when the epoch ends "
+        "(set it to None, and start a new iter(loader) for the next), or close() the generator"
+    )
+
+
+def threading_local(group: Group, found: Sequence[str]) -> str | None:
+    """A threading.local, which keeps one value per thread, each cleared only by its own thread."""
+    locals_ = [edge for path in group.holders for edge, after in path.pairs() if edge.type_name == "_local" and after]
+    if not locals_:
+        return None
+    return (
+        f"{locals_[0].name} is a threading.local: it keeps a separate value for every thread, and what it caches in "
+        "one thread stays until that thread clears it or ends: clear it when done (in the thread that filled it), or "
+        "bound the cache"
+    )
+
+
+_ITEM_BYTES = {
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+    "complex64": 8,
+    "complex128": 16,
+}
+SMALL_VIEW_RATIO = 4
+"""A group whose storages are this many times the size of its tensors' own elements is kept by views."""
+
+
+def small_view_of_a_large_storage(group: Group, found: Sequence[str]) -> str | None:
+    """Small tensors that are views on much larger storages (a slice, an index, a loaded slice) and keep them whole."""
+    item = _ITEM_BYTES.get(group.dtype)
+    if group.kind != "tensor" or item is None or not group.count:
+        return None
+    elements = group.count * item
+    for size in group.shape:
+        elements *= size
+    if group.bytes < SMALL_VIEW_RATIO * elements or group.bytes - elements < 4096:
+        return None
+    return (
+        f"a view keeps its whole storage: these tensors' elements take {format_size(elements)}, the storages they "
+        f"view {format_size(group.bytes)} (an index or slice such as hidden[0], or a slice torch.load gives back, "
+        "shares the storage of the whole tensor): keep a copy of what you need (hidden[0].clone()) and drop the rest"
+    )
+
+
 def autocast_region_left_open(group: Group, found: Sequence[str]) -> str | None:
     """Tensors held from C++ while an autocast region the test entered is still open."""
     if not group.holders or not all(path.root.kind == "autocast cache" for path in group.holders):
@@ -541,6 +922,12 @@ def held_in_cpp_for_the_test(group: Group, found: Sequence[str]) -> str | None:
 
 
 _CLASS_TYPES = frozenset({"type", "ABCMeta"})
+_METHOD_TYPES = frozenset({"function", _LRU_WRAPPER, "staticmethod", "classmethod"})
+
+
+def _method(edge: Edge) -> bool:
+    """Whether the edge leads from a class to a method it defines (a function, a cached one), not to its data."""
+    return edge.type_name in _METHOD_TYPES
 
 
 def _class_attribute(path: HolderPath) -> tuple[str, bool] | None:
@@ -549,7 +936,7 @@ def _class_attribute(path: HolderPath) -> tuple[str, bool] | None:
     edges = path.edges
     for index, edge in enumerate(edges[:-1]):
         after = edges[index + 1]
-        if edge.kind == "attribute" and edge.type_name in _CLASS_TYPES and _is_attribute(after):
+        if edge.kind == "attribute" and edge.type_name in _CLASS_TYPES and _is_attribute(after) and not _method(after):
             entry = index + 2 < len(edges) and edges[index + 2].kind == "item"
             return f"{edge.name}.{after.name}", entry
     return None
@@ -615,6 +1002,20 @@ RULES: list[Rule] = [
     parametrized_object_state,
     mock_calls,
     weak_key_value_holds_its_key,
+    global_module_hook,
+    hook_on_an_autograd_node,
+    hook_bound_to_a_tensor,
+    memoizing_wrapper,
+    models_kept_in_a_registry,
+    optimizer_state,
+    compiled_models_cached,
+    log_record_arguments,
+    handler_on_a_logger,
+    warning_arguments,
+    itertools_cycle,
+    suspended_generator,
+    threading_local,
+    small_view_of_a_large_storage,
     autocast_region_left_open,
     held_in_cpp_for_the_test,
     class_attribute,
