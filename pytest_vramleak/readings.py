@@ -20,7 +20,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .holders.cycles import cycle_garbage, let_go, save_garbage
 from .meters.devices import CudaMeter, Growth, Meter, clear_torch_caches, explain_reserved, measure_growth
@@ -55,7 +55,42 @@ class Finishing:
         return (self.result.leaked_bytes or 0) + self.result.history_bytes > self.budget.leak
 
 
-def readings_for(meter: Meter, tracker: Tracker) -> LedgerReadings | AllocatorReadings:
+class Readings(Protocol):
+    """What a check or a step loop reads to measure one device: :class:`LedgerReadings` on CPU,
+    :class:`AllocatorReadings` where the allocator keeps counters."""
+
+    names_each_storage: bool
+    """Whether the readings know each storage the checked code made, and when (else the tracker's
+    index is asked only to name what is kept)."""
+    others: list[tuple[CudaMeter, int]]
+    """Other devices read alongside, with their allocated bytes as the body started."""
+
+    def begin(self) -> int:
+        """Set-up starts: the bytes in use now."""
+
+    def start(self, *, keep_garbage: bool) -> None:
+        """The body starts: take the baseline."""
+
+    def stop(self, result: CheckResult, begin_clock: int, *, strict: bool, sites: SiteRecorder | None) -> None:
+        """The body returned: what only the cycle collector frees."""
+
+    def finish(self, finishing: Finishing) -> None:
+        """Measure after teardown, again where a leak is suspected, and put the figures in the result."""
+
+    def before_naming(self) -> None:
+        """Make the tracker's index ready to name what is kept."""
+
+    def fixture_mark(self) -> int:
+        """Where a wider-scoped fixture set up during the check starts."""
+
+    def fixture_bytes(self, mark: int) -> int:
+        """What that fixture made since ``mark``."""
+
+    def close(self) -> None:
+        """The check ended: let go of what the readings held."""
+
+
+def readings_for(meter: Meter, tracker: Tracker) -> Readings:
     """What a check on ``meter``'s device reads: its allocator's counters where it keeps them,
     else the tracker's ledger of storages."""
     return AllocatorReadings(meter, tracker) if meter.keeps_counters else LedgerReadings(tracker)
