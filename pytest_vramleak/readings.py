@@ -1,4 +1,4 @@
-"""What a check reads to measure: the tracker's ledger on CPU, the allocator's counters elsewhere.
+"""What a check or a step loop reads to measure: the tracker's ledger on CPU, the allocator's counters elsewhere.
 
 On CPU (:class:`LedgerReadings`) a check leaked what the tracker's ledger says
 (:mod:`pytest_vramleak.tracking.ledger`): storages made since set-up started and alive, plus older
@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from .holders.cycles import cycle_garbage, let_go, save_garbage
 from .meters.devices import CudaMeter, Growth, Meter, clear_torch_caches, explain_reserved, measure_growth
 from .tracking import gc_functions as gc
-from .tracking.tracker import Mark, Tracker
+from .tracking.tracker import KeptGraph, Mark, Tracker, graph_clock
 
 if TYPE_CHECKING:
     from .judging.verdict import Budget
@@ -55,14 +55,67 @@ class Finishing:
         return (self.result.leaked_bytes or 0) + self.result.history_bytes > self.budget.leak
 
 
-def readings_for(meter: Meter, tracker: Tracker) -> LedgerReadings | AllocatorReadings:
+class StepReading(NamedTuple):
+    """What a step loop reads after a step."""
+
+    in_use_bytes: int
+    """Bytes of the device's tensor memory in use."""
+    graphs: int | None
+    """This thread's autograd sequence counter right after the reading."""
+    slack: int | None = None
+    """CUDA: bytes the caching allocator reserved but did not allocate (None elsewhere)."""
+
+
+class Readings(Protocol):
+    """What a check or a step loop reads to measure one device: :class:`LedgerReadings` on CPU,
+    :class:`AllocatorReadings` where the allocator keeps counters."""
+
+    names_each_storage: bool
+    """Whether the readings know each storage the checked code made, and when (else the tracker's
+    index is asked only to name what is kept)."""
+    others: list[tuple[CudaMeter, int]]
+    """Other devices read alongside, with their allocated bytes as the body started."""
+
+    def begin(self) -> int:
+        """Set-up starts: the bytes in use now."""
+
+    def start(self, *, keep_garbage: bool) -> None:
+        """The body starts: take the baseline."""
+
+    def stop(self, result: CheckResult, begin_clock: int, *, strict: bool, sites: SiteRecorder | None) -> None:
+        """The body returned: what only the cycle collector frees."""
+
+    def finish(self, finishing: Finishing) -> None:
+        """Measure after teardown, again where a leak is suspected, and put the figures in the result."""
+
+    def before_naming(self) -> None:
+        """Make the tracker's index ready to name what is kept."""
+
+    def fixture_mark(self) -> int:
+        """Where a wider-scoped fixture set up during the check starts."""
+
+    def fixture_bytes(self, mark: int) -> int:
+        """What that fixture made since ``mark``."""
+
+    def close(self) -> None:
+        """The check ended: let go of what the readings held."""
+
+    def step_reading(self, *, generations: int) -> StepReading:
+        """After a step of a loop: the memory in use (``generations``: of the unfrozen ones, how
+        many a collection walks first)."""
+
+    def kept_graph(self, since: int | None, before: int | None = None) -> KeptGraph:
+        """The autograd history made since ``since`` (and before ``before``) that tensors alive now keep."""
+
+
+def readings_for(meter: Meter, tracker: Tracker) -> Readings:
     """What a check on ``meter``'s device reads: its allocator's counters where it keeps them,
     else the tracker's ledger of storages."""
     return AllocatorReadings(meter, tracker) if meter.keeps_counters else LedgerReadings(tracker)
 
 
 class LedgerReadings:
-    """What one check reads of the tracker's ledger on CPU."""
+    """What one check, or one step loop, reads of the tracker's ledger on CPU."""
 
     names_each_storage = True
     """The ledger knows each storage a check's code made, and when: a test's runs are told apart,
@@ -76,6 +129,8 @@ class LedgerReadings:
         """The observation as the body started."""
         self._garbage_from: int | None = None
         """Where in ``gc.garbage`` what collections saved since the body began starts (keep_cycle_garbage)."""
+        self.step_mark: Mark | None = None
+        """A step loop's last observation."""
 
     def begin(self) -> int:
         """Set-up starts: the bytes of every storage alive."""
@@ -162,7 +217,7 @@ class LedgerReadings:
         result.fixture_bytes = sum(ref.nbytes for ref in tracker.adopted_alive("cpu"))
         result.net_bytes = created + grown - freed
         result.leaked_bytes = max(0, result.net_bytes)
-        result.graph = tracker.kept_graph(threshold=graphs)
+        result.graph = self.kept_graph(graphs)
 
     def close(self) -> None:
         """The body ended without :meth:`cycle_bytes`: the garbage saved is let go."""
@@ -170,9 +225,20 @@ class LedgerReadings:
             let_go(self._garbage_from)
             self._garbage_from = None
 
+    def step_reading(self, *, generations: int) -> StepReading:
+        """After a step of a loop: observe what was made and freed since the last reading (each
+        step's observation then reads what that step made), and the bytes of every storage alive."""
+        self.step_mark = self.tracker.observe(since=self.step_mark, generations=generations)
+        return StepReading(self.tracker.total("cpu"), self.step_mark.graphs)
+
+    def kept_graph(self, since: int | None, before: int | None = None) -> KeptGraph:
+        """The history kept through the tensors the ledger read since the test began and the older
+        ones changed in place."""
+        return self.tracker.kept_graph(threshold=since, before=before)
+
 
 class AllocatorReadings:
-    """What one check reads of an accelerator's allocator."""
+    """What one check, or one step loop, reads of an accelerator's allocator."""
 
     names_each_storage = False
     """The allocator says how much; which storages, the tracker's index is asked only to name them."""
@@ -215,7 +281,7 @@ class AllocatorReadings:
         holds is let go (and PyTorch's caches cleared), then recorded with what is read beside it."""
         result, budget = finishing.result, finishing.budget
         growth = self.growth(result.fixture_bytes, budget.leak)
-        result.graph = self.tracker.young_graph(finishing.begin_graphs)
+        result.graph = self.kept_graph(finishing.begin_graphs)
         if growth.allocated + result.history_bytes > budget.leak:
             if finishing.release is not None:
                 finishing.release()
@@ -224,7 +290,7 @@ class AllocatorReadings:
                     clear_torch_caches(_import_torch())
                 finishing.settled = True
             growth = self.growth(result.fixture_bytes, budget.leak)
-            result.graph = self.tracker.young_graph(finishing.begin_graphs)
+            result.graph = self.kept_graph(finishing.begin_graphs)
         self.record(result, growth, budget)
 
     def before_naming(self) -> None:
@@ -241,6 +307,21 @@ class AllocatorReadings:
 
     def close(self) -> None:
         """Nothing is held between readings."""
+
+    def step_reading(self, *, generations: int) -> StepReading:
+        """After a step of a loop: the allocated bytes once queued work is done, and on CUDA the
+        bytes reserved beside them (``generations`` is the ledger's: the allocator counts)."""
+        meter = self.meter
+        meter.settle()
+        allocated = meter.allocated_bytes()
+        slack = None
+        if isinstance(meter, CudaMeter):
+            slack = int(meter.backend.memory_reserved(meter.index)) - allocated
+        return StepReading(allocated, graph_clock(_import_torch()), slack)
+
+    def kept_graph(self, since: int | None, before: int | None = None) -> KeptGraph:
+        """The history kept through the tensors made since the freeze (the tracker reads none between checks)."""
+        return self.tracker.young_graph(since, before=before)
 
     def cycle_bytes(self) -> int:
         """Bytes the body made that were alive as it returned and that only the cycle collector freed."""

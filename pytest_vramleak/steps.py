@@ -24,9 +24,10 @@ from .judging.verdict import (
     rose_each,
     trend_score,
 )
-from .meters.devices import CudaMeter, Meter
+from .meters.devices import Meter
+from .readings import StepReading, readings_for
 from .tracking.sites import SiteRecorder
-from .tracking.tracker import NODE_BYTES, KeptGraph, Mark, StorageRef, Tracker, graph_clock
+from .tracking.tracker import NODE_BYTES, KeptGraph, StorageRef, Tracker
 
 RECORDED_STEPS = 2
 """Measured steps whose allocation sites are recorded, from the first that grows; the rest of a
@@ -476,8 +477,9 @@ _NOT_RUN = (
 class _Loop:
     """One step loop's measurements: the warm-up baseline, then memory after each step.
 
-    On CPU each measurement is a tracker observation (what the step made and freed); on an
-    accelerator, the allocator's counter, and the tracker is read only to name a leak.
+    The loop reads the device through its :class:`~pytest_vramleak.readings.Readings`: on CPU each
+    measurement is a tracker observation (what the step made and freed); on an accelerator, the
+    allocator's counter, and the tracker is read only to name a leak.
     """
 
     def __init__(
@@ -490,10 +492,10 @@ class _Loop:
         self.named_roots = named_roots
         self.meter = meter
         self.tracker = tracker
-        self.on_cpu = not meter.keeps_counters  # the tracker's ledger measures where no allocator counts
+        self.readings = readings_for(meter, tracker)
         self.owns_tracker = not tracker.active
         # On accelerators the allocator's history names sites (--vramleak-trace); steps are not observed.
-        self.recorder = SiteRecorder() if record_sites and self.on_cpu else None
+        self.recorder = SiteRecorder() if record_sites and self.readings.names_each_storage else None
         self.warming: list[int] = []
         self.measured: list[int] = []
         self.slack: list[int] = []
@@ -501,8 +503,7 @@ class _Loop:
         self.baseline_bytes = 0
         self.baseline_clock = 0
         self.penultimate_clock = 0
-        self.last_mark: Mark | None = None
-        self._last_slack: int | None = None
+        self._last_reading: StepReading | None = None
         self.recording_until: int | None = None
         """Measured steps, counted from 1, after which site recording stops (None: not started)."""
         self.recording_since = 0
@@ -514,15 +515,16 @@ class _Loop:
         """The counter at the last measurement: nodes numbered from it on belong to the step since."""
         self.history: list[int] = []
         self.kept_graph = KeptGraph(0, [])
-        self.kept: list[int] = []
-        """CPU: after each measured step, its figure less the storages that step made and left alive."""
+        self.kept: list[int] | None = [] if self.readings.names_each_storage else None
+        """Where the readings name each storage (CPU): after each measured step, its figure less the
+        storages that step made and left alive."""
         self.made: list[list[StorageRef]] = []
         """CPU: after each measured step, the storages it made and left alive then."""
         self.previous_clock = 0
 
     def open(self) -> None:
         if self.owns_tracker:
-            self.tracker.begin(index=self.on_cpu)
+            self.tracker.begin(index=self.readings.names_each_storage)
 
     def close(self) -> None:
         self.stop_recording()
@@ -530,14 +532,8 @@ class _Loop:
             self.tracker.end()
 
     def _measure(self, *, generations: int = 2) -> int:
-        if self.on_cpu:
-            self.last_mark = self.tracker.observe(since=self.last_mark, generations=generations)
-            return self.tracker.total("cpu")
-        self.meter.settle()
-        allocated = self.meter.allocated_bytes()
-        if isinstance(self.meter, CudaMeter):
-            self._last_slack = int(self.meter.backend.memory_reserved(self.meter.index)) - allocated
-        return allocated
+        self._last_reading = self.readings.step_reading(generations=generations)
+        return self._last_reading.in_use_bytes
 
     def measure_warmup(self) -> None:
         # Warm-up steps may import much (an optimizer's first step): the objects they leave in
@@ -556,10 +552,14 @@ class _Loop:
         self.baseline_clock = self.penultimate_clock = self.previous_clock = self.tracker.clock
         self.graph_base = self.graph_last = self._graph_clock()
 
+    @property
+    def _last_slack(self) -> int | None:
+        """CUDA: bytes reserved but not allocated at the last measurement."""
+        return self._last_reading.slack if self._last_reading is not None else None
+
     def _graph_clock(self) -> int | None:
-        if self.on_cpu and self.last_mark is not None:
-            return self.last_mark.graphs
-        return graph_clock(_torch())
+        """This thread's autograd counter at the last measurement."""
+        return self._last_reading.graphs if self._last_reading is not None else None
 
     def _count_history(self) -> None:
         """Count the autograd nodes made after warm-up and before the step just measured that
@@ -572,18 +572,15 @@ class _Loop:
         if before == base:  # no step before this one built a graph since the baseline
             self.history.append(0)
             return
-        if self.on_cpu:
-            self.kept_graph = self.tracker.kept_graph(threshold=base, before=before)
-        else:
-            self.kept_graph = self.tracker.young_graph(base, before=before)
+        self.kept_graph = self.readings.kept_graph(base, before=before)
         self.history.append(self.kept_graph.nodes)
 
     def measure_step(self) -> None:
         self.penultimate_clock = self.tracker.clock
         self.measured.append(self._measure())
         self._count_history()
-        if self.on_cpu:
-            made = self.tracker.created("cpu", since=self.previous_clock)
+        if self.kept is not None:
+            made = self.tracker.created(self.meter.name, since=self.previous_clock)
             self.made.append(made)
             own = sum(ref.nbytes for ref in made)
             self.kept.append(self.measured[-1] - self.baseline_bytes - own)
@@ -608,7 +605,7 @@ class _Loop:
         """Note where the tensors made while recording were made, and stop (where it runs)."""
         if self.recorder is not None and self.recording:
             self.recording = False
-            self.recorder.capture(self.tracker.pairs(self.tracker.created("cpu", since=self.recording_since)))
+            self.recorder.capture(self.tracker.pairs(self.tracker.created(self.meter.name, since=self.recording_since)))
             self.recorder.stop()
 
     def figures(self) -> list[int]:
@@ -616,7 +613,7 @@ class _Loop:
 
     def kept_figures(self) -> list[int] | None:
         """See :attr:`StepResult.kept`; None where an allocator counts the memory."""
-        return list(self.kept) if self.on_cpu else None
+        return list(self.kept) if self.kept is not None else None
 
     def slack_figures(self) -> list[int]:
         """Reserved-but-unallocated bytes after each measured step, above the baseline's (CUDA only)."""
@@ -654,8 +651,8 @@ class _Loop:
         ``history``, also the tensors that keep the autograd history that grew, with theirs."""
         tracker, device = self.tracker, self.meter.name
         self.stop_recording()  # (a loop that grew in its last steps is still recording)
-        if not self.on_cpu and storages:
-            tracker.catch_up()
+        if storages:
+            self.readings.before_naming()
         lasting = (
             tracker.created(device, since=self.baseline_clock, before=self.penultimate_clock + 1) if storages else []
         )
@@ -691,9 +688,3 @@ class _Loop:
         groups += kept
         end = self.baseline_bytes + (self.figures()[-1] if self.measured else 0)
         return Leak(device, self.baseline_bytes, end, end - self.baseline_bytes, groups, notes=notes)
-
-
-def _torch() -> Any:
-    import torch
-
-    return torch

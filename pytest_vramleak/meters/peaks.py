@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,36 +120,74 @@ def breakdown(kineto_results: Any, device: str = "cpu") -> PeakBreakdown | None:
     from torch.profiler import _memory_profiler as memory_profiler
 
     profile = memory_profiler.MemoryProfile(kineto_results)
-    categories = profile._categories
-    names = {
-        memory_profiler.Category.ACTIVATION: "activations",
-        memory_profiler.Category.GRADIENT: "gradients",
-        memory_profiler.Category.OPTIMIZER_STATE: "optimizer state",
-        memory_profiler.Category.PARAMETER: "parameters",
-        memory_profiler.Category.INPUT: "inputs",
-        memory_profiler.Category.TEMPORARY: "temporaries",
-        memory_profiler.Category.AUTOGRAD_DETAIL: "autograd detail",
+    producers = _producers(profile)
+    category = _categorizer(memory_profiler, profile._categories, producers)
+    wanted = _torch_device(device)
+    timeline: list[Any] = [entry for entry in profile.timeline if entry[2][0].device == wanted]
+    action = memory_profiler.Action
+    start, peak, peak_index = _peak(timeline, action)
+    points, at_peak, peak_totals = _replay(timeline, action, category, peak_index)
+    if peak_index < 0:
+        return PeakBreakdown(0, {name: 0 for name in CATEGORIES})
+    preexisting = {(key, version) for _, kind, (key, version), _ in timeline if kind == action.PREEXISTING}
+    largest = _largest(at_peak, preexisting, category, producers)
+    ordered = dict(sorted(peak_totals.items(), key=lambda item: -item[1]))
+    result = PeakBreakdown(peak - start, ordered, largest)
+    if points:
+        result.times_us, result.timeline = _thinned(points)
+    return result
+
+
+def _category_names(memory_profiler: Any) -> dict[Any, str]:
+    """The name this module gives each of torch's memory profiler categories."""
+    category = memory_profiler.Category
+    return {
+        category.ACTIVATION: "activations",
+        category.GRADIENT: "gradients",
+        category.OPTIMIZER_STATE: "optimizer state",
+        category.PARAMETER: "parameters",
+        category.INPUT: "inputs",
+        category.TEMPORARY: "temporaries",
+        category.AUTOGRAD_DETAIL: "autograd detail",
     }
+
+
+def _producers(profile: Any) -> dict[tuple[Any, int], Any]:
+    """The profiler event that made each version of each tensor."""
     producers: dict[tuple[Any, int], Any] = {}
     for node in profile._data_flow_graph.flow_nodes:
         for key, version in node.outputs.items():
             producers[(key, version)] = node._event
+    return producers
+
+
+def _categorizer(
+    memory_profiler: Any, categories: Any, producers: dict[tuple[Any, int], Any]
+) -> Callable[[Any, int], str]:
+    """The function that names the category of a tensor's version, activations made without autograd
+    counted as temporaries."""
+    names = _category_names(memory_profiler)
 
     def category(key: Any, version: int) -> str:
         found = categories.get(key, version) if isinstance(key, memory_profiler.TensorKey) else None
         name = names.get(found, "uncategorized") if found is not None else "uncategorized"
-        if name == "activations":
-            event = producers.get((key, version))
-            sequence = getattr(event.typed[1], "sequence_number", 0) if event is not None else 0
-            if sequence is not None and sequence < 0:
-                return "temporaries"  # computed forward without autograd: nothing saved for backward
+        if name == "activations" and _made_without_autograd(producers.get((key, version))):
+            return "temporaries"  # computed forward without autograd: nothing saved for backward
         return name
 
-    wanted = _torch_device(device)
-    timeline: list[Any] = [entry for entry in profile.timeline if entry[2][0].device == wanted]
-    action = memory_profiler.Action
+    return category
+
+
+def _made_without_autograd(event: Any) -> bool:
+    """Whether a producer event recorded no autograd node (a negative sequence number)."""
+    sequence = getattr(event.typed[1], "sequence_number", 0) if event is not None else 0
+    return sequence is not None and sequence < 0
+
+
+def _peak(timeline: list[Any], action: Any) -> tuple[int, int, int]:
+    """The memory at the start, its highest level, and the index of the event that reached it (-1
+    where it never rose above the start)."""
     start = sum(size for _, kind, _, size in timeline if kind == action.PREEXISTING)
-    # First pass: the total after each event, and where it peaked.
     level, peak, peak_index = start, start, -1
     for index, (_, kind, _, size) in enumerate(timeline):
         if kind == action.CREATE:
@@ -157,7 +196,14 @@ def breakdown(kineto_results: Any, device: str = "cpu") -> PeakBreakdown | None:
             level -= size
         if level > peak:
             peak, peak_index = level, index
-    # Second pass: what was alive at the peak, and the timeline by category.
+    return start, peak, peak_index
+
+
+def _replay(
+    timeline: list[Any], action: Any, category: Callable[[Any, int], str], peak_index: int
+) -> tuple[list[tuple[int, dict[str, int]]], dict[tuple[Any, int], int], dict[str, int]]:
+    """The memory by category above the start after each timed event, the tensors alive at the peak,
+    and the memory by category above the start at the peak."""
     alive: dict[tuple[Any, int], int] = {}
     totals = dict.fromkeys(CATEGORIES, 0)
     base = dict.fromkeys(CATEGORIES, 0)
@@ -183,29 +229,39 @@ def breakdown(kineto_results: Any, device: str = "cpu") -> PeakBreakdown | None:
         if index == peak_index:
             at_peak = dict(alive)
             peak_totals = {name: totals[name] - base[name] for name in CATEGORIES}
-    if peak_index < 0:
-        return PeakBreakdown(0, {name: 0 for name in CATEGORIES})
-    preexisting = {(key, version) for _, kind, (key, version), _ in timeline if kind == action.PREEXISTING}
+    return points, at_peak, peak_totals
+
+
+def _largest(
+    at_peak: dict[tuple[Any, int], int],
+    preexisting: set[tuple[Any, int]],
+    category: Callable[[Any, int], str],
+    producers: dict[tuple[Any, int], Any],
+) -> dict[str, list[tuple[int, str]]]:
+    """The largest tensors made during the call and alive at the peak, :data:`MAX_LARGEST` per
+    category, with where each was made."""
     largest: dict[str, list[tuple[int, str]]] = {}
     for entry, nbytes in sorted(at_peak.items(), key=lambda item: -item[1]):
         if entry in preexisting:
             continue
-        name = category(*entry)
-        items = largest.setdefault(name, [])
+        items = largest.setdefault(category(*entry), [])
         if len(items) < MAX_LARGEST:
             items.append((nbytes, _describe(producers.get(entry), nbytes)))
-    ordered = dict(sorted(peak_totals.items(), key=lambda item: -item[1]))
-    result = PeakBreakdown(peak - start, ordered, largest)
-    if points:
-        stride = max(1, len(points) // MAX_TIMELINE_POINTS)
-        kept = points[::stride]
-        if kept[-1] is not points[-1]:
-            kept.append(points[-1])
-        result.times_us = [time - kept[0][0] for time, _ in kept]
-        result.timeline = {
-            name: [values[name] for _, values in kept] for name in CATEGORIES if any(values[name] for _, values in kept)
-        }
-    return result
+    return largest
+
+
+def _thinned(points: list[tuple[int, dict[str, int]]]) -> tuple[list[int], dict[str, list[int]]]:
+    """At most about :data:`MAX_TIMELINE_POINTS` of the points, the last always kept, as times from
+    the first and the series of each category that was ever non-zero."""
+    stride = max(1, len(points) // MAX_TIMELINE_POINTS)
+    kept = points[::stride]
+    if kept[-1] is not points[-1]:
+        kept.append(points[-1])
+    times_us = [time - kept[0][0] for time, _ in kept]
+    timeline = {
+        name: [values[name] for _, values in kept] for name in CATEGORIES if any(values[name] for _, values in kept)
+    }
+    return times_us, timeline
 
 
 def _torch_device(device: str) -> Any:

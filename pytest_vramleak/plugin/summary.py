@@ -119,16 +119,28 @@ def left_out(count: int, shown: int | None, what: tuple[str, str], *, indent: st
 def offenders(results: Sequence[dict[str, Any]], verbosity: int, shown_id: Callable[[str], str] = _same) -> list[str]:
     """The tests that leaked most, and with ``-v`` the highest peaks: five of each, all with ``-vv``."""
     shown = None if verbosity > 1 else SHOWN
-    lines = []
+    lines = _largest_leaks(results, shown, shown_id) + _kept_once(results, shown, shown_id)
+    if verbosity > 0:
+        lines += _highest_peaks(results, shown, shown_id)
+    return lines
+
+
+def _largest_leaks(results: Sequence[dict[str, Any]], shown: int | None, shown_id: Callable[[str], str]) -> list[str]:
+    """The tests that leaked, the largest leak first (nothing where none leaked)."""
     leaks = sorted(
         (r for r in results if r["verdict"] == "leaked" and leaked_figure(r)), key=lambda r: -leaked_figure(r)
     )
-    if leaks:
-        lines.append("largest leaks:")
-        lines += [
-            f"  {format_size(leaked_figure(r)):>10}  {shown_id(r['nodeid'])} ({_leak_kind(r)})" for r in leaks[:shown]
-        ]
-        lines += left_out(len(leaks), shown, ("test that leaked", "tests that leaked"))
+    if not leaks:
+        return []
+    lines = ["largest leaks:"]
+    lines += [
+        f"  {format_size(leaked_figure(r)):>10}  {shown_id(r['nodeid'])} ({_leak_kind(r)})" for r in leaks[:shown]
+    ]
+    return lines + left_out(len(leaks), shown, ("test that leaked", "tests that leaked"))
+
+
+def _kept_once(results: Sequence[dict[str, Any]], shown: int | None, shown_id: Callable[[str], str]) -> list[str]:
+    """The tests that kept memory once without failing, the most first, with what holds it."""
     # (what the other runs' figures set aside as PyTorch's or pytest's leaves some with nothing to show)
     kept = [
         r
@@ -137,29 +149,38 @@ def offenders(results: Sequence[dict[str, Any]], verbosity: int, shown_id: Calla
         and r.get("pattern") in ("kept_once", "settled")
         and (r.get("leaked_bytes") or _history_nodes(r))
     ]
-    if kept:
-        lines.append(f"memory kept once, not growing (passed: {_why_kept_passes(results)}):")
-        for r in sorted(kept, key=lambda r: -(r.get("leaked_bytes") or 0))[:shown]:
-            nodes = _history_nodes(r)
-            history = f", autograd history of {nodes} nodes" if nodes else ""
-            lines.append(
-                f"  {format_size(r.get('leaked_bytes') or 0):>10}  {shown_id(r['nodeid'])} ({_leak_kind(r)}{history})"
-            )
-            holders = [chain for group in r.get("tensors", []) for chain in group.get("held_by", [])]
-            lines += [f"              held by {chain}" for chain in holders[:MAX_CHAINS]]
-            if len(holders) > MAX_CHAINS:
-                lines.append(
-                    f"              ... and {len(holders) - MAX_CHAINS} more holders (the JSON and HTML reports list them all)"
-                )
-        lines += left_out(len(kept), shown, ("test that kept memory once", "tests that kept memory once"))
-    peaks = sorted((r for r in results if r.get("peak_bytes")), key=lambda r: -r["peak_bytes"])
-    if peaks and verbosity > 0:
-        lines.append("highest peaks above baseline:")
-        lines += [
-            f"  {format_size(r['peak_bytes']):>10}  {shown_id(r['nodeid'])} ({r['device']})" for r in peaks[:shown]
-        ]
-        lines += left_out(len(peaks), shown, ("test with a peak", "tests with a peak"))
+    if not kept:
+        return []
+    lines = [f"memory kept once, not growing (passed: {_why_kept_passes(results)}):"]
+    for r in sorted(kept, key=lambda r: -(r.get("leaked_bytes") or 0))[:shown]:
+        nodes = _history_nodes(r)
+        history = f", autograd history of {nodes} nodes" if nodes else ""
+        lines.append(
+            f"  {format_size(r.get('leaked_bytes') or 0):>10}  {shown_id(r['nodeid'])} ({_leak_kind(r)}{history})"
+        )
+        lines += _holder_lines(r)
+    return lines + left_out(len(kept), shown, ("test that kept memory once", "tests that kept memory once"))
+
+
+def _holder_lines(result: dict[str, Any]) -> list[str]:
+    """The first :data:`MAX_CHAINS` holder chains of a test's tensors, and how many more there are."""
+    holders = [chain for group in result.get("tensors", []) for chain in group.get("held_by", [])]
+    lines = [f"              held by {chain}" for chain in holders[:MAX_CHAINS]]
+    if len(holders) > MAX_CHAINS:
+        lines.append(
+            f"              ... and {len(holders) - MAX_CHAINS} more holders (the JSON and HTML reports list them all)"
+        )
     return lines
+
+
+def _highest_peaks(results: Sequence[dict[str, Any]], shown: int | None, shown_id: Callable[[str], str]) -> list[str]:
+    """The tests with the highest peaks above their baseline (nothing where none has a peak)."""
+    peaks = sorted((r for r in results if r.get("peak_bytes")), key=lambda r: -r["peak_bytes"])
+    if not peaks:
+        return []
+    lines = ["highest peaks above baseline:"]
+    lines += [f"  {format_size(r['peak_bytes']):>10}  {shown_id(r['nodeid'])} ({r['device']})" for r in peaks[:shown]]
+    return lines + left_out(len(peaks), shown, ("test with a peak", "tests with a peak"))
 
 
 def _history_nodes(result: dict[str, Any]) -> int:

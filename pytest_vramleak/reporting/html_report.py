@@ -560,21 +560,38 @@ def render_html(
     """
     results = sorted(results, key=lambda r: r["nodeid"])
     fixtures = list(fixtures)
+    anchors = {r["nodeid"]: f"test-{i}" for i, r in enumerate(results) if _has_details(r)}
+    title = headline(results)
+    about_items = "".join(f"<li><span>{_escape(k)}</span> {_escape(v)}</li>" for k, v in (about or {}).items())
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>vramleak report: {_escape(title)}</title>",
+        f"<style>{_STYLE}</style></head><body>",
+        f'<header><h1>vramleak report</h1><p class="headline">{_escape(title)}</p><ul class="about">{about_items}</ul></header>',
+        _cards(results),
+        '<h2 class="part">Checked tests</h2>',
+        '<p class="hint">Click a column to sort; a test with details links to them. '
+        '<label><input type="checkbox" id="only-failing"> only tests that failed, leaked or went over budget</label></p>',
+        _tests_table(results, anchors),
+    ]
+    parts += _fixtures_table(fixtures)
+    parts += _between_checks_table(list(between_checks))
+    parts += _details(results, anchors)
+    parts += [
+        f'<script type="application/json" id="vramleak-data">{_page_data(results, fixtures)}</script>',
+        f"<script>{_SCRIPT}</script>",
+        "</body></html>",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def _cards(results: Sequence[Mapping[str, Any]]) -> str:
+    """The row of cards under the title: tests checked, each pytest outcome seen, the verdicts, the leaked total."""
     counts = {verdict: sum(1 for r in results if verdict_of(r) == verdict) for verdict in VERDICT_ORDER}
     outcomes = {outcome: sum(1 for r in results if r.get("outcome") == outcome) for outcome in PYTEST_ORDER}
     leaked_total = sum(leaked_figure(r) for r in results if verdict_of(r) == "leaked")
-    anchors = {r["nodeid"]: f"test-{i}" for i, r in enumerate(results) if _has_details(r)}
-    # Failures first, the largest leak first among them, as in the terminal summary.
-    ordered = sorted(
-        (r for r in results if r["nodeid"] in anchors),
-        key=lambda r: (
-            VERDICT_ORDER.get(verdict_of(r), 9),
-            OUTCOME_ORDER.get(str(r.get("outcome")), 9),
-            -leaked_figure(r),
-            r["nodeid"],
-        ),
-    )
-    title = headline(results)
     cards: list[tuple[str, int | str, str]] = [("checked tests", len(results), "")]
     cards += [
         (outcome, count, "failed" if outcome not in PASSING else "") for outcome, count in outcomes.items() if count
@@ -585,35 +602,35 @@ def render_html(
         ("unchecked", counts["unchecked"], "unchecked"),
         ("leaked in all", size_text(leaked_total), "leaked" if leaked_total else ""),
     ]
-    about_items = "".join(f"<li><span>{_escape(k)}</span> {_escape(v)}</li>" for k, v in (about or {}).items())
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>vramleak report: {_escape(title)}</title>",
-        f"<style>{_STYLE}</style></head><body>",
-        f'<header><h1>vramleak report</h1><p class="headline">{_escape(title)}</p><ul class="about">{about_items}</ul></header>',
+    return (
         '<div class="cards">'
         + "".join(
             f'<div class="card {css}"><b>{_escape(value)}</b><span>{_escape(label)}</span></div>'
             for label, value, css in cards
         )
-        + "</div>",
-        '<h2 class="part">Checked tests</h2>',
-        '<p class="hint">Click a column to sort; a test with details links to them. '
-        '<label><input type="checkbox" id="only-failing"> only tests that failed, leaked or went over budget</label></p>',
+        + "</div>"
+    )
+
+
+def _tests_table(results: Sequence[Mapping[str, Any]], anchors: Mapping[str, str]) -> str:
+    """The sortable table of every checked test, each row linked to its details where it has some."""
+    return (
         '<table id="tests"><thead><tr>'
         + "".join(f'<th data-type="{kind}"><button type="button">{name}</button></th>' for name, kind in _COLUMNS)
         + "</tr></thead><tbody>"
         + "".join(_row(r, anchors.get(r["nodeid"])) for r in results)
-        + "</tbody></table>",
-    ]
-    if fixtures:
-        parts.append(
-            '<h2 class="part">Fixtures still holding memory after their teardown</h2><table class="fixtures"><thead><tr>'
-        )
-        parts.append("<th>fixture</th><th>scope</th><th>where</th><th>bytes</th><th>held by</th></tr></thead><tbody>")
-        parts += [
+        + "</tbody></table>"
+    )
+
+
+def _fixtures_table(fixtures: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The table of fixtures still holding memory after their teardown (nothing where there are none)."""
+    if not fixtures:
+        return []
+    return [
+        '<h2 class="part">Fixtures still holding memory after their teardown</h2><table class="fixtures"><thead><tr>',
+        "<th>fixture</th><th>scope</th><th>where</th><th>bytes</th><th>held by</th></tr></thead><tbody>",
+        *(
             f"<tr><td><code>{_escape(f['fixture'])}</code></td><td>{_escape(f['scope'])}</td>"
             f'<td><code>{_escape(f["where"])}</code></td><td class="number">{_escape(size_text(f["bytes"]))}</td>'
             "<td>"
@@ -621,40 +638,55 @@ def render_html(
             + "".join(f'<div class="diagnosis">{_escape(finding)}</div>' for finding in f.get("diagnoses", []))
             + "</td></tr>"
             for f in fixtures
-        ]
-        parts.append("</tbody></table>")
-    between = list(between_checks)
-    if between:
-        parts.append(
-            '<h2 class="part">Older tensors grown in place or given gradients between checks (charged to no test)</h2>'
-        )
-        parts.append(
-            '<table class="fixtures"><thead><tr><th>during</th><th>device</th><th>bytes</th><th>held by</th></tr></thead><tbody>'
-        )
-        parts += [
+        ),
+        "</tbody></table>",
+    ]
+
+
+def _between_checks_table(between: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The table of older tensors grown in place or given gradients between checks (nothing where there are none)."""
+    if not between:
+        return []
+    return [
+        '<h2 class="part">Older tensors grown in place or given gradients between checks (charged to no test)</h2>',
+        '<table class="fixtures"><thead><tr><th>during</th><th>device</th><th>bytes</th><th>held by</th></tr></thead><tbody>',
+        *(
             f"<tr><td><code>{_escape(b['where'])}</code></td><td>{_escape(b['device'])}</td>"
             f'<td class="number">{_escape(size_text(b["bytes"]))}</td><td>'
             + "<br>".join(f"<code>{_escape(chain)}</code>" for chain in b.get("held_by", []))
             + "</td></tr>"
             for b in between
-        ]
-        parts.append("</tbody></table>")
-    if ordered:
-        parts.append('<h2 class="part">Details</h2>')
-        parts += [_section(r, anchors[r["nodeid"]]) for r in ordered]
+        ),
+        "</tbody></table>",
+    ]
+
+
+def _details(results: Sequence[Mapping[str, Any]], anchors: Mapping[str, str]) -> list[str]:
+    """The details of each test that has some, failures first and the largest leak first among them,
+    as in the terminal summary (nothing where no test has details)."""
+    ordered = sorted(
+        (r for r in results if r["nodeid"] in anchors),
+        key=lambda r: (
+            VERDICT_ORDER.get(verdict_of(r), 9),
+            OUTCOME_ORDER.get(str(r.get("outcome")), 9),
+            -leaked_figure(r),
+            r["nodeid"],
+        ),
+    )
+    if not ordered:
+        return []
+    return ['<h2 class="part">Details</h2>', *(_section(r, anchors[r["nodeid"]]) for r in ordered)]
+
+
+def _page_data(results: Sequence[Mapping[str, Any]], fixtures: Sequence[Mapping[str, Any]]) -> str:
+    """The results and fixture findings as JSON for the page's data element."""
     # No "<" may reach the script element's text, or a test name could end it or open a comment.
-    data = (
+    return (
         json.dumps({"tests": list(results), "fixtures": fixtures})
         .replace("<", "\\u003c")
         .replace(">", "\\u003e")
         .replace("&", "\\u0026")
     )
-    parts += [
-        f'<script type="application/json" id="vramleak-data">{data}</script>',
-        f"<script>{_SCRIPT}</script>",
-        "</body></html>",
-    ]
-    return "\n".join(parts) + "\n"
 
 
 _SCRIPT = """

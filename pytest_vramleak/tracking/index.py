@@ -61,6 +61,15 @@ def _storage_readers() -> tuple[Any, Any]:
     return base.untyped_storage, base.is_nested.__get__
 
 
+def _read_version(tensor: Any) -> int:
+    """A tensor's version counter, or -2 where it has none to read."""
+    try:
+        version: int = version_reader()(tensor)
+    except Exception:
+        return -2
+    return version
+
+
 _ENTRY_REF = operator.attrgetter("ref")
 _ENTRY_GRAD = operator.attrgetter("grad")
 _ENTRY_VERSION = operator.attrgetter("version")
@@ -253,18 +262,48 @@ class Index:
     def read_tensor(self, tensor: Any, visited: set[int], keep: list[Any]) -> None:
         """Read a tensor whole: its storages, its gradient, the tensors its autograd graph saved."""
         ident = id(tensor)
+        entry, fresh = self._entry_for(tensor, ident)
+        if entry is None:
+            return
+        entry.storages = self._read_storages(tensor, ident)
+        entry.version = _read_version(tensor)
+        try:
+            leaf = tensor.is_leaf
+            retains = tensor.retains_grad
+            entry.capable = (leaf and tensor.requires_grad) or retains
+            grad = tensor._grad if (leaf or retains) else None
+            grad_fn = tensor.grad_fn
+        except Exception:
+            return
+        self.kinds.sort(ident, entry, fresh, leaf, self.ledger.begun)
+        if grad is not None and is_tensor_type(type(grad)):
+            self._read_gradient(ident, entry, grad, visited, keep)
+        elif entry.grad is not NO_GRAD:
+            if ident in self.kinds.capable:
+                self.kinds.lists_changed(gradients=True)
+            entry.grad = NO_GRAD
+        if grad_fn is not None:
+            for saved in _graph_tensors(grad_fn, visited, keep):
+                for storage in tensor_storages(saved):
+                    self.register(storage, None)
+
+    def _entry_for(self, tensor: Any, ident: int) -> tuple[Entry | None, bool]:
+        """The tensor's entry and whether it was just made (None where the tensor takes no weak reference)."""
         entry = self.entries.get(ident)
-        fresh = entry is None or entry.ref() is not tensor
-        if fresh:
-            try:
-                tensor_ref = TensorRef(tensor, self._tensor_died)
-            except TypeError:
-                return
-            tensor_ref.ident = ident
-            entry = Entry(tensor_ref, self.ledger.born)
-            self.entries[ident] = entry
-            self.ledger.tensor_seen(entry)
-        assert entry is not None
+        if entry is not None and entry.ref() is tensor:
+            return entry, False
+        try:
+            tensor_ref = TensorRef(tensor, self._tensor_died)
+        except TypeError:
+            return None, True
+        tensor_ref.ident = ident
+        entry = Entry(tensor_ref, self.ledger.born)
+        self.entries[ident] = entry
+        self.ledger.tensor_seen(entry)
+        return entry, True
+
+    def _read_storages(self, tensor: Any, ident: int) -> tuple[StorageRef, ...]:
+        """Index the storages a tensor uses, with the tensor as their user; return their references."""
         untyped_storage, is_nested = _storage_readers()
         try:  # the common case, one strided storage, without the general function's calls
             storages: Any = (untyped_storage(tensor),) if not is_nested(tensor) else tensor_storages(tensor)
@@ -275,42 +314,22 @@ class Index:
             ref = self.register(storage, ident)
             if ref is not None:
                 refs.append(ref)
-        entry.storages = tuple(refs)
-        try:
-            entry.version = version_reader()(tensor)
-        except Exception:
-            entry.version = -2
-        try:
-            leaf = tensor.is_leaf
-            retains = tensor.retains_grad
-            entry.capable = (leaf and tensor.requires_grad) or retains
-            grad = tensor._grad if (leaf or retains) else None
-            grad_fn = tensor.grad_fn
-        except Exception:
-            return
-        kinds = self.kinds
-        kinds.sort(ident, entry, fresh, leaf, self.ledger.begun)
-        if grad is not None and is_tensor_type(type(grad)):
-            if entry.grad() is not grad:
-                entry.grad = weakref.ref(grad)
-                if ident in kinds.capable:
-                    kinds.lists_changed(gradients=True)
-            if id(grad) not in visited:
-                visited.add(id(grad))
-                keep.append(grad)
-                self.read_tensor(grad, visited, keep)
-            grad_entry = self.entries.get(id(grad))
-            for ref in grad_entry.storages if grad_entry is not None else ():
-                if ident not in ref.users:
-                    ref.users.append(ident)  # its gradient's death is this tensor's change too
-        elif entry.grad is not NO_GRAD:
-            if ident in kinds.capable:
-                kinds.lists_changed(gradients=True)
-            entry.grad = NO_GRAD
-        if grad_fn is not None:
-            for saved in _graph_tensors(grad_fn, visited, keep):
-                for storage in tensor_storages(saved):
-                    self.register(storage, None)
+        return tuple(refs)
+
+    def _read_gradient(self, ident: int, entry: Entry, grad: Any, visited: set[int], keep: list[Any]) -> None:
+        """Note a tensor's gradient and read it whole; the tensor becomes a user of the gradient's storages."""
+        if entry.grad() is not grad:
+            entry.grad = weakref.ref(grad)
+            if ident in self.kinds.capable:
+                self.kinds.lists_changed(gradients=True)
+        if id(grad) not in visited:
+            visited.add(id(grad))
+            keep.append(grad)
+            self.read_tensor(grad, visited, keep)
+        grad_entry = self.entries.get(id(grad))
+        for ref in grad_entry.storages if grad_entry is not None else ():
+            if ident not in ref.users:
+                ref.users.append(ident)  # its gradient's death is this tensor's change too
 
     def register(self, storage: Any, user: int | None) -> StorageRef | None:
         """Index a storage (``user``: the id of the tensor that uses it), or note its new size."""
