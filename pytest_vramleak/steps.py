@@ -664,7 +664,8 @@ class _Loop:
             notes.append(
                 f"not listed: {len(replacing)} storages ({format_size(sum(ref.nbytes for ref in replacing))}) that outlived "
                 "their step only as the latest of their kind: each took the place of storages of its size that earlier "
-                "measured steps made and freed since (gradients set to None and made again every other step)"
+                "measured steps made and freed since (such as a gradient set to None and made again, or a buffer a loop "
+                "replaces every few steps)"
             )
         if storages and not lasting:
             # No storage outlived a step: memory grows through one replaced by a bigger one each

@@ -414,6 +414,7 @@ def _badges(result: Mapping[str, Any]) -> str:
 
 
 def _section(result: Mapping[str, Any], anchor: str) -> str:
+    """A test's card: its badges and figures, why it passed, its notes, its charts, its tensors."""
     parts = [
         f'<section class="test" id="{anchor}"><h2>{_badges(result)} <code>{_escape(result["nodeid"])}</code></h2>',
         f'<p class="figures">{_figures(result)}</p>',
@@ -425,6 +426,25 @@ def _section(result: Mapping[str, Any], anchor: str) -> str:
         parts.append('<ul class="notes">' + "".join(f"<li>{_escape(note)}</li>" for note in result["notes"]) + "</ul>")
     if result.get("reason"):
         parts.append(f'<p class="reason">{_escape(result["reason"])}</p>')
+    parts += _charts(result)
+    if result.get("trace"):
+        parts.append(
+            f'<p class="trace">allocator history saved to <code>{_escape(result["trace"])}</code> (open it at pytorch.org/memory_viz)</p>'
+        )
+    parts += _ranks(result, anchor)
+    groups = result.get("tensors") or []
+    if groups and result.get("tensors_from"):
+        parts.append(f'<p class="from">tensors left by {_escape(str(result["tensors_from"]))}:</p>')
+    parts += [_group_html(group, f"{anchor}-{i}") for i, group in enumerate(groups[:MAX_GROUPS_DRAWN])]
+    parts += _more_groups(groups)
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _charts(result: Mapping[str, Any]) -> list[str]:
+    """A card's charts: memory after each step, autograd nodes kept per step, memory after each
+    run, and memory at the peak by kind, where the record has them."""
+    parts = []
     if result.get("steps"):
         warmup = result.get("warmup_steps") or []
         parts.append(
@@ -465,10 +485,12 @@ def _section(result: Mapping[str, Any], anchor: str) -> str:
             + (f"; {_escape(breakdown['remedy'])}" if breakdown.get("remedy") else "")
             + "</figcaption></figure>"
         )
-    if result.get("trace"):
-        parts.append(
-            f'<p class="trace">allocator history saved to <code>{_escape(result["trace"])}</code> (open it at pytorch.org/memory_viz)</p>'
-        )
+    return parts
+
+
+def _ranks(result: Mapping[str, Any], anchor: str) -> list[str]:
+    """What each rank process reported, with its tensors."""
+    parts = []
     for index, rank in enumerate(result.get("ranks") or []):
         who = f"rank {rank['rank']}" if rank.get("rank") is not None else "a process"
         leaked = rank.get("leaked_bytes")
@@ -482,13 +504,7 @@ def _section(result: Mapping[str, Any], anchor: str) -> str:
             _group_html(group, f"{anchor}-rank{index}-{i}") for i, group in enumerate(rank_groups[:MAX_GROUPS_DRAWN])
         ]
         parts += _more_groups(rank_groups)
-    groups = result.get("tensors") or []
-    if groups and result.get("tensors_from"):
-        parts.append(f'<p class="from">tensors left by {_escape(str(result["tensors_from"]))}:</p>')
-    parts += [_group_html(group, f"{anchor}-{i}") for i, group in enumerate(groups[:MAX_GROUPS_DRAWN])]
-    parts += _more_groups(groups)
-    parts.append("</section>")
-    return "".join(parts)
+    return parts
 
 
 def _more_groups(groups: Sequence[Mapping[str, Any]]) -> list[str]:
