@@ -940,8 +940,8 @@ class _Grouping:
         self.owner_groups.setdefault(id(found.tensor), group)
         if found.via == "grad" and not group.grad_graph:
             group.grad_graph = _has_graph(found.tensor)
-        site = _allocation_site(self.sites, found)
-        if site is not None and site not in group.allocated_at and len(group.allocated_at) < MAX_CHAINS_PER_GROUP:
+        site = _allocation_site(self.sites, found) if len(group.allocated_at) < MAX_CHAINS_PER_GROUP else None
+        if site is not None and site not in group.allocated_at:
             group.allocated_at.append(site)
         ask = getattr(self.sites, "made_inside_library", None) if found.via in ("gc", "storage") else None
         inside = ask(found.tensor) if ask is not None else None
