@@ -29,7 +29,7 @@ from typing import Any
 
 from ..judging.sizes import format_size
 from ..meters.devices import Meter, make_meter, resolve_device
-from ..reporting.report import render_groups, shape_text
+from ..reporting.report import HOLDERS_SAMPLED, render_groups, shape_text
 from ..tracking.backward import graph_leaves
 from ..tracking.census import (
     Found,
@@ -64,7 +64,7 @@ from .referrers import (
 
 __all__ = ["HELD_FROM_CPP", "Leak", "Snapshot", "TensorGroup", "describe", "describe_history", "diff", "take_snapshot"]
 
-MAX_CHAINS_PER_GROUP = 3
+MAX_CHAINS_PER_GROUP = HOLDERS_SAMPLED
 MAX_HOOK_CHECKS = 3
 STEP_FUNCTION = "the step function "
 """How a step check names the function given to ``check()`` where it holds a leak."""
