@@ -28,7 +28,7 @@ from typing import Any
 
 from ..judging.sizes import format_size
 from ..meters.devices import Meter, make_meter, resolve_device
-from ..reporting.report import render_groups, shape_text
+from ..reporting.report import HOLDERS_SAMPLED, render_groups, shape_text
 from ..tracking import gc_functions as gc
 from ..tracking.backward import graph_leaves
 from ..tracking.census import (
@@ -64,7 +64,7 @@ from .referrers import (
 
 __all__ = ["HELD_FROM_CPP", "Leak", "Snapshot", "TensorGroup", "describe", "describe_history", "diff", "take_snapshot"]
 
-MAX_CHAINS_PER_GROUP = 3
+MAX_CHAINS_PER_GROUP = HOLDERS_SAMPLED
 MAX_HOOK_CHECKS = 3
 STEP_FUNCTION = "the step function "
 """How a step check names the function given to ``check()`` where it holds a leak."""
@@ -940,8 +940,8 @@ class _Grouping:
         self.owner_groups.setdefault(id(found.tensor), group)
         if found.via == "grad" and not group.grad_graph:
             group.grad_graph = _has_graph(found.tensor)
-        site = _allocation_site(self.sites, found)
-        if site is not None and site not in group.allocated_at and len(group.allocated_at) < MAX_CHAINS_PER_GROUP:
+        site = _allocation_site(self.sites, found) if len(group.allocated_at) < MAX_CHAINS_PER_GROUP else None
+        if site is not None and site not in group.allocated_at:
             group.allocated_at.append(site)
         ask = getattr(self.sites, "made_inside_library", None) if found.via in ("gc", "storage") else None
         inside = ask(found.tensor) if ask is not None else None

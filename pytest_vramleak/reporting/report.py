@@ -20,6 +20,9 @@ from .outcomes import headline, verdict_of
 
 REPORT_VERSION = 2
 MAX_GROUPS_SHOWN = 10
+HOLDERS_SAMPLED = 3
+"""Tensors of a group whose holders are searched for: the rest are alike in dtype, shape and
+device, and a search for each of 10^5 such tensors would cost minutes and name the same holder."""
 
 
 def size_text(value: int | None) -> str:
@@ -56,6 +59,8 @@ def render_groups(groups: Sequence[Any]) -> str:
             lines.append(f"    held by {chain}")
         if not group.held_by:
             lines.append("    held by: no chain found")
+        elif group.kind in ("tensor", "grad") and group.count > HOLDERS_SAMPLED:
+            lines.append(f"    ... and {group.count - HOLDERS_SAMPLED:,} more alike, whose holders were not searched")
         for finding in group.diagnoses:
             lines.append(f"    diagnosis: {finding}" if finding not in stated else "    diagnosis: as above")
             stated.add(finding)

@@ -1,0 +1,88 @@
+"""A test that keeps thousands of tensors: its groups are counted whole, and their holders and
+sites are looked for in a bounded sample of each."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from pytest_vramleak.tracking import sites as sites_module
+from pytest_vramleak.tracking.sites import SITES_PER_GROUP, SiteRecorder
+
+
+def test_one_list_of_many_tensors_is_named_with_its_full_count(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_many=textwrap.dedent(
+            """
+            import torch
+
+            KEPT = []
+
+            def test_keeps_many():
+                for _ in range(3000):
+                    KEPT.append(torch.ones(4))
+            """
+        )
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "float32?4? on cpu: 3000 tensors, 46.9 KiB",
+            "    allocated at test_many.py:7 in test_keeps_many()",
+            "    held by test_many.KEPT?*?",
+            "    held by test_many.KEPT?*?",
+            "    held by test_many.KEPT?*?",
+            "    ... and 2,997 more alike, whose holders were not searched",
+        ]
+    )
+
+
+def test_tensors_of_three_shapes_are_three_groups_each_counted_whole(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_shapes=textwrap.dedent(
+            """
+            import torch
+
+            KEPT = []
+
+            def test_keeps_three_shapes():
+                for index in range(3000):
+                    KEPT.append(torch.ones(index % 3 + 1))
+            """
+        )
+    )
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "--vramleak", "--vramleak-confirm=0", "--vramleak-fail-on=any"
+    )
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    for size, kib in ((1, "3.9"), (2, "7.8"), (3, "11.7")):
+        assert f"float32[{size}] on cpu: 1000 tensors, {kib} KiB" in text
+    assert text.count("held by test_shapes.KEPT[") == 9
+    assert text.count("    ... and 997 more alike, whose holders were not searched") == 3
+
+
+def test_sites_are_captured_for_a_sample_of_each_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recording run looks up where at most ``SITES_PER_GROUP`` tensors of each group were
+    made; the rest of a group takes whether library code made them from its sample."""
+    torch = pytest.importorskip("torch")
+    looked_up = []
+    frames_of = sites_module._frames_of
+
+    def counting(obj: object) -> object:
+        looked_up.append(obj)
+        return frames_of(obj)
+
+    monkeypatch.setattr(sites_module, "_frames_of", counting)
+    recorder = SiteRecorder()
+    recorder.start()
+    try:
+        tensors = [torch.ones(4) for _ in range(500)] + [torch.ones(2, 2) for _ in range(500)]
+        recorder.capture([(tensor, tensor.untyped_storage()) for tensor in tensors])
+    finally:
+        recorder.stop()
+    assert len(looked_up) == 2 * SITES_PER_GROUP
+    assert {recorder.made_inside_library(tensor) for tensor in tensors} == {False}
+    assert recorder.site_of(tensors[-1], tensors[-1].untyped_storage()) is not None
