@@ -40,21 +40,24 @@ def garbage_ring(length: int, payload: Any) -> None:
 
 
 @pytest.fixture
-def collections_counted() -> Iterator[list[int]]:
-    """The generations of the collections that run meanwhile (none runs on its own: gc is off)."""
+def collections_counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """The generations of the plugin's own collections meanwhile (none runs on its own: gc is off;
+    the plugin sets gc.callbacks aside while it collects, so its collector function is watched)."""
+    from pytest_vramleak.tracking import gc_functions
+
     seen: list[int] = []
+    collect = gc_functions._collect
 
-    def note(phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            seen.append(info["generation"])
+    def counting(generation: int = 2) -> int:
+        seen.append(generation)
+        return collect(generation)
 
+    monkeypatch.setattr(gc_functions, "_collect", counting)
     enabled = gc.isenabled()
     gc.disable()
-    gc.callbacks.append(note)
     try:
         yield seen
     finally:
-        gc.callbacks.remove(note)
         if enabled:
             gc.enable()
 
