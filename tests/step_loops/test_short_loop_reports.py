@@ -18,14 +18,15 @@ from pytest_vramleak.holders.paths import Edge, HolderPath, Root, RootKind
 from pytest_vramleak.holders.snapshot import TensorGroup
 
 COUNTING_CONFTEST = """
-import gc, json, sys
+import json, sys
 import pytest_vramleak.steps as steps
+from pytest_vramleak.tracking import gc_functions
 
 PASSES = {"get_referrers": 0, "get_objects": 0, "get_referents": 0, "collect": 0}
 EXPLAINING = []
 
 
-# Audit hooks and gc callbacks see the calls without putting a Python frame (and its argument
+# Audit hooks see the calls without putting a Python frame (and its argument
 # tuple, one more referrer of what is searched for) between the plugin and gc.
 def audit(event, args):
     if not EXPLAINING:
@@ -38,13 +39,18 @@ def audit(event, args):
         PASSES["get_referents"] += 1
 
 
-def collected(phase, info):
-    if EXPLAINING and phase == "start" and info["generation"] == 2:
+# (the plugin sets gc.callbacks aside while it collects: its collector function is watched)
+_collect = gc_functions._collect
+
+
+def collected(generation=2):
+    if EXPLAINING and generation == 2:
         PASSES["collect"] += 1
+    return _collect(generation)
 
 
 sys.addaudithook(audit)
-gc.callbacks.append(collected)
+gc_functions._collect = collected
 explain = steps._Loop.explain
 
 
