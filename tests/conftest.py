@@ -69,8 +69,10 @@ def run_checked(pytester: pytest.Pytester):
 
 @pytest.fixture(autouse=True)
 def _no_ci_job_summary(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Keep the inner test runs from appending to a real CI job's summary."""
-    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    """Keep the inner test runs from appending to a real CI job's summary, and from printing as
+    pytest does on CI (its short summary then gives each failure's whole text, not one line)."""
+    for name in ("GITHUB_STEP_SUMMARY", "CI", "BUILD_NUMBER"):
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture
