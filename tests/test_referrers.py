@@ -269,3 +269,18 @@ def test_a_long_chain_is_shown_with_its_middle_left_out() -> None:
         Root("module", "test_it", "module"), (Edge("attribute", "CACHE", "dict"), Edge("item", "'user-42'", "Tensor"))
     )
     assert short.render() == "test_it.CACHE['user-42']"
+
+
+def test_a_walk_from_a_frame_local_goes_only_through_its_value() -> None:
+    # The record standing for a running frame's local refers to its own class, whose methods reach
+    # the whole plugin: a walk on from there made chains that start at a local which does not hold
+    # the next object (on Python 3.10, a weakref.finalize leak read "its holders changed").
+    from pytest_vramleak.holders.edges import FrameLocal
+    from pytest_vramleak.holders.referrers import _search_forward
+
+    value = {"kept": [1.5]}
+    local = FrameLocal(sys._getframe(), "value", value)
+    reached_through_the_class = FrameLocal.__init__
+    found = _search_forward({id(value["kept"]), id(reached_through_the_class)}, [local], set(), ())
+    assert found.keys() == {id(value["kept"])}
+    assert found[id(value["kept"])] == [local, value, value["kept"]]

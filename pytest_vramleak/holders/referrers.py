@@ -251,6 +251,11 @@ def _search_forward(
         for node, children in zip(level, map(gc.get_referents, level), strict=False):
             if is_ndarray(node):  # it keeps its base tensor without telling gc
                 children = _referents(node, by_storage)
+            elif type(node) in (FrameLocal, NamedRoot):
+                # a root that a record of this package's stands for: what it holds is the value
+                # it names, not the record's own class (a walk on from there would reach the
+                # whole plugin, and chains that start at a local the frame does not have)
+                children = [node.value]
             for child in children:
                 ident = id(child)
                 if ident in parent or ident in ignore or type(child) in excluded:
@@ -630,8 +635,10 @@ def _meet_forward(
     # in the process would give up first.
     # A walk from some modules does not pass through the others: they are roots of their own
     # (sys.last_value is sys's, not that of a module that imports sys).
-    users = _users_modules(module_roots) + list(search.running_locals.values())
-    others = {id(module) for module in module_roots} - {id(module) for module in users}
+    # Nor through their namespaces, which their functions' __globals__ reach.
+    users = _users_modules(module_roots)
+    others = _with_namespaces(module_roots) - _with_namespaces(users)
+    users += search.running_locals.values()
     ignore.update((id(users), id(others), id(by_storage)))
     for group, skip in ((users, ignore | others), (starts, ignore)):
         forward = _search_forward(
@@ -660,6 +667,11 @@ def _meet_forward(
     starts.clear()
     users.clear()
     by_storage.clear()
+
+
+def _with_namespaces(modules: Sequence[Any]) -> set[int]:
+    """The ids of ``modules`` and of their namespaces."""
+    return {ident for module in modules for ident in (id(module), id(_MODULE_NAMESPACE.__get__(module)))}
 
 
 _RECORD_TYPES = frozenset({list, dict, tuple, set, frozenset, collections.deque})
