@@ -188,3 +188,29 @@ def test_a_test_that_stops_tracemalloc_is_told_why_its_sites_are_missing(pyteste
         ]
     )
     result.stdout.no_fnmatch_line("*--vramleak-sites=on records the first run too*")
+
+
+COMPILED_LEAK = """
+import torch
+
+KEPT = []
+
+@torch.compile(backend="eager")
+def scaled(x):
+    return x * 2
+
+def test_keeps_compiled_outputs():
+    KEPT.append(scaled(torch.ones(4096)))
+"""
+
+
+def test_recording_sites_leaves_compiled_code_alone(pytester: pytest.Pytester) -> None:
+    # The run that records where tensors are made traces the user's calls: the trace functions
+    # are kept out of torch.compile (torch 2.4 compiled them, with graph breaks and a warning).
+    pytester.makepyfile(test_it=COMPILED_LEAK)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*allocated at test_it.py:*, called from test_it.py:10 in test_keeps_compiled_outputs()"]
+    )
+    result.stdout.no_fnmatch_line("*warning*")

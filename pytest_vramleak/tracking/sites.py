@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .census import is_tensor_type, storage_facts, tensor_storages
+from .torch_api import not_compiled
 
 MAX_CALLERS = 3
 FRAMES_TRACED = 16
@@ -535,17 +536,22 @@ class StorageSites:
         self._storages: dict[tuple[int, int], tuple[Site, ...]] = {}
         self._tracing = False
         self._known_files: dict[str, bool] = {}
+        self._tracer: Any = self._call
+        self._on_return: Any = self._returning
+        """The trace functions, kept out of ``torch.compile`` where it is loaded (see :func:`not_compiled`)."""
 
     def start(self) -> None:
         if sys.gettrace() is not None or not tracemalloc.is_tracing():
             return
         self._tracing = True
-        sys.settrace(self._call)
+        self._on_return = not_compiled(self._returning)
+        self._tracer = not_compiled(self._call)
+        sys.settrace(self._tracer)
 
     def stop(self) -> None:
         if self._tracing:
             self._tracing = False
-            if sys.gettrace() == self._call:
+            if sys.gettrace() == self._tracer:
                 sys.settrace(None)
 
     def _user_file(self, filename: str) -> bool:
@@ -558,7 +564,7 @@ class StorageSites:
         if not self._tracing or not self._user_file(frame.f_code.co_filename):
             return None
         frame.f_trace_lines = False
-        return self._returning
+        return self._on_return
 
     def _returning(self, frame: Any, event: str, argument: Any) -> Any:
         if event == "return" and self._tracing:
@@ -566,7 +572,7 @@ class StorageSites:
                 self._note([*frame.f_locals.values(), argument])
             except Exception:  # a frame that will not say: nothing noted
                 pass
-        return self._returning if self._tracing else None
+        return self._on_return if self._tracing else None
 
     def _note(self, values: list[Any]) -> None:
         for value in values:

@@ -9,6 +9,9 @@ the rest of the package reads one answer instead of checking version numbers:
   tensors are picked out of a pass over the whole heap, slower and complete.
 - :func:`default_device`: the accelerator ``auto`` means, through ``torch.accelerator`` where it
   exists (2.6 on) and ``torch.cuda`` before.
+- :func:`not_compiled`: a trace function of the plugin's, kept out of ``torch.compile``. Older
+  releases (2.4) compile the frames a trace function runs in when it is called from a function
+  being compiled (graph breaks and a warning in the user's run); newer ones leave them alone.
 - :func:`version_notes`: the one-line notes the session header shows for a torch outside the tested
   range or one that lacks a feature the device in use would need.
 
@@ -75,6 +78,19 @@ def default_device(torch: Any) -> str:
         return f"{kind}:{index()}"
     except RuntimeError:  # it is there but cannot start (no driver): the tests run on the CPU
         return "cpu"
+
+
+def not_compiled(function: Any) -> Any:
+    """``function`` run with ``torch.compile`` off where torch's compiler is loaded (through its public
+    ``torch.compiler.disable``), else ``function`` itself: importing the compiler costs a second."""
+    import sys
+
+    if "torch._dynamo" not in sys.modules:
+        return function
+    try:
+        return _torch().compiler.disable(function, recursive=True)
+    except Exception:  # a torch without it: the frames are compiled, as before
+        return function
 
 
 def _minor(version: str) -> tuple[int, int] | None:
