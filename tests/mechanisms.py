@@ -1930,10 +1930,6 @@ GAPS: dict[str, dict[Part, str]] = {
         "holder": "held by <method held outside Python's gc>.__self__.pending[0]",
         "diagnosis": "diagnosis: (none)",
     },
-    "weakref_finalize_closure_over_self": {
-        "holder": "held by <its holders changed while they were searched (another thread at work?): not named>",
-        "diagnosis": "diagnosis: (none)",
-    },
     "saved_tensors_pack_hook_storage": {
         "diagnosis": "diagnosis: a module-level container gained 2 entries and never let them go (a cache without eviction, a history list)...",
     },
@@ -1954,9 +1950,6 @@ GAPS: dict[str, dict[Part, str]] = {
     },
     "class_attribute_shared_by_instances": {
         "diagnosis": "diagnosis: (none)",
-    },
-    "kept_dataloader_iterator": {
-        "holder": "held by test_leak.LOOP._iterator._dataset_fetcher.dataset_iter -> <generator>[0] | test_leak.LOOP._iterator._dataset_fetcher.dataset_iter -> <gener...",
     },
     "partial_hook_on_grad_fn": {
         "holder": "held by <OrderedDict held outside Python's gc>[5].args[0].covar",

@@ -829,7 +829,7 @@ def _generator_kept(path: HolderPath) -> str | None:
     if path.opaque or path.through_local():
         return None
     for index, (edge, after) in enumerate(path.pairs()):
-        if edge.type_name == "generator" and after is not None and after.kind == "reference":
+        if edge.type_name == "generator" and after is not None and after.kind in ("suspended local", "reference"):
             loaders = [at for at, kept in enumerate(path.edges[:index]) if kept.type_name.endswith("DataLoaderIter")]
             return _spelled(path, (loaders[0] if loaders else index) + 1)
     return None

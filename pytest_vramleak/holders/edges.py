@@ -205,7 +205,8 @@ def function_name(function: types.FunctionType) -> str:
 Mode = Any
 """What the previous edge knew about the object it led to: that a dict is an object's namespace
 (``"attr"``), an ``nn.Module``'s (``"module-attr"``), a frame's locals (``"local"``), a
-function's closure (``("closure", function)``), or a closure's cell (``"cell"``)."""
+function's closure (``("closure", function)``), a closure's cell (``"cell"``), or that a frame is an
+unfinished generator's (``"suspended"``)."""
 Named = tuple[EdgeKind | None, str, Mode]
 """An edge's kind (None: it reads as nothing, the next edge says it), its name, and the next mode."""
 
@@ -279,10 +280,32 @@ def _frame_edge(parent: Any, child: Any, mode: Mode) -> Named:
         return None, "", "local"
     found, key = _key_of(local_names, child) if type(local_names) is dict else (False, None)
     if found:
-        return "local", str(key), None
+        return ("suspended local" if mode == "suspended" else "local"), str(key), None
     if child is parent.f_back:
         return "calling frame", "", None
     return "frame internals", "", None
+
+
+_SUSPENDED_FRAME = {
+    types.GeneratorType: "gi_frame",
+    types.CoroutineType: "cr_frame",
+    types.AsyncGeneratorType: "ag_frame",
+}
+
+
+def _suspended_edge(parent: Any, child: Any, mode: Mode) -> Named | None:
+    """A generator's (or coroutine's) local: from Python 3.11 on, gc sees the locals of its
+    suspended frame as the generator's own references, with no frame object between."""
+    frame = _SUSPENDED_FRAME[type(parent)]
+    try:
+        suspended = getattr(parent, frame)
+    except Exception:
+        return None
+    if suspended is None:
+        return None
+    if suspended is child:  # (before 3.11 gc shows the frame between)
+        return None, "", "suspended"
+    return _frame_edge(suspended, child, "suspended")
 
 
 def _traceback_edge(parent: Any, child: Any, mode: Mode) -> Named:
@@ -348,6 +371,7 @@ _EDGE_RULES: list[tuple[Callable[[type], bool], Callable[[Any, Any, Mode], Named
     (lambda kind: kind is types.FunctionType, _function_edge),
     (lambda kind: kind is types.MethodType, _method_edge),
     (lambda kind: kind is types.FrameType, _frame_edge),
+    (lambda kind: kind in _SUSPENDED_FRAME, _suspended_edge),
     (lambda kind: kind is types.TracebackType, _traceback_edge),
     (lambda kind: issubclass(kind, BaseException), _exception_edge),  # (other references: as any object's)
     (_is_lru_wrapper, _lru_edge),

@@ -38,6 +38,7 @@ EdgeKind = Literal[
     "attribute",  # .name: an object's attribute, a slot, a function's __globals__
     "item",  # [key]: a list's, tuple's or dict's entry
     "local",  # local 'name' of a frame
+    "suspended local",  # local 'name' of an unfinished generator's (or coroutine's) suspended frame
     "dict key",  # a key of a dict (not its value)
     "container item",  # an entry of a list or tuple, not found again by identity
     "closure variable",  # closure var 'name' of a function
@@ -70,6 +71,7 @@ _EDGE_FORMS: dict[str, str] = {
     "attribute": ".{name}",
     "item": "[{name}]",
     "local": " local '{name}'",
+    "suspended local": " local '{name}'",
     "dict key": " -> dict key",
     "container item": " -> {name} item",
     "closure variable": " -> closure var '{name}'",
