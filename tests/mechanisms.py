@@ -1974,3 +1974,21 @@ GAPS: dict[str, dict[Part, str]] = {
         "diagnosis": "diagnosis: a module-level container gained 2 entries and never let them go (a cache without eviction, a history list)...",
     },
 }
+
+
+def _compiled_graphs_hold_module_buffers() -> bool:
+    """Whether torch.compile's graphs keep a compiled module's buffers as constants of their own: torch
+    2.4 does, 2.13 passes them in as inputs (the releases between are not tested)."""
+    import torch
+
+    return tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 13)
+
+
+if _compiled_graphs_hold_module_buffers():
+    # The graph dynamo installs as a module global (``test_leak.__compiled_fn_5``) is the nearest
+    # holder of each kept model's buffer, and memory held through PyTorch's compile caches is set
+    # aside (docs/limits.md): the user's own dict that keeps the models is not named.
+    GAPS["cache_of_compiled_models"] = {
+        part: "not caught on torch 2.4: 40.0 KiB held by caches PyTorch keeps itself (compiled graphs and their constants): not counted"
+        for part in ("caught", "holder", "site", "diagnosis")
+    }
