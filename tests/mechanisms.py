@@ -1922,14 +1922,6 @@ GAPS: dict[str, dict[Part, str]] = {
     "threading_local_cache": {
         "holder": "held by test_leak._LOCAL -> <_local>[<ReferenceType key>]['masks'][4]",
     },
-    "atexit_closure": {
-        "holder": "held by <function held outside Python's gc> -> closure var 'value'",
-        "diagnosis": "diagnosis: a closure (a callback, a logger) captured it and lives on: drop the callback when done, or capture a detac...",
-    },
-    "atexit_bound_method": {
-        "holder": "held by <method held outside Python's gc>.__self__.pending[0]",
-        "diagnosis": "diagnosis: (none)",
-    },
     "saved_tensors_pack_hook_storage": {
         "diagnosis": "diagnosis: a module-level container gained 2 entries and never let them go (a cache without eviction, a history list)...",
     },

@@ -347,6 +347,12 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         _group(root("thread local", "thread 'pin_memory' _loop:8 local 'kept'", item("0"), thread="pin_memory")),
         _group(root("frame local", "test_fit:8 local 'kept'", item("0"))),
     ),
+    "atexit": (
+        diagnosis.exit_callback,
+        "atexit keeps every callback registered with it, and what the callback refers to, until the interpreter exits",
+        _group(root("atexit", "atexit callback MetricsWriter.flush -> __self__", attr("pending", "list"), item("0"))),
+        _group(module("test_it", attr("WRITER", "MetricsWriter"), attr("pending", "list"), item("0"))),
+    ),
     "weakref.finalize": (
         diagnosis.finalizer_keeps_its_object,
         "weakref.finalize keeps its callback and arguments until it runs",

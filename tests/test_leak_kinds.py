@@ -823,3 +823,42 @@ def test_a_kept_mkldnn_model_is_named_through_its_torchscript_attributes(pyteste
     )
     result.stdout.fnmatch_lines(["float32[[]64[]] on cpu: *", "    held by test_it.KEEP[[]'mkldnn_model'[]].bias"])
     result.stdout.no_fnmatch_line("*held from C++*")
+
+
+ATEXIT_LEAK = """
+import atexit
+import torch
+
+def log_at_exit(value):
+    atexit.register(lambda: print(float(value.sum())))
+
+def test_registers_a_closure_over_a_tensor():
+    log_at_exit(torch.ones(4096))
+
+def test_registers_a_number():
+    number = float(torch.ones(4096).sum())
+    callback = lambda: print(number)
+    atexit.register(callback)
+    atexit.unregister(callback)
+    kept = torch.ones(4096)
+    atexit.register(print, "done")
+"""
+
+
+def test_a_callback_registered_with_atexit_is_named(pytester: pytest.Pytester) -> None:
+    # CPython keeps atexit's callbacks outside gc: without the note the plugin makes of each one
+    # registered while a check runs, the holder read "<function held outside Python's gc>"
+    pytester.makepyfile(test_it=ATEXIT_LEAK)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "LEAKED test_it.py::test_registers_a_closure_over_a_tensor*",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "    held by atexit callback log_at_exit.<locals>.<lambda> -> closure var 'value'",
+            "    diagnosis: atexit keeps every callback registered with it*",
+        ]
+    )

@@ -383,6 +383,19 @@ def thread_frame(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
+def exit_callback(group: Group, found: Sequence[str]) -> str | None:
+    """A callback registered with atexit (its closure, its object, its arguments), kept until exit."""
+    kept = [path.root.label for path in group.holders if path.root.kind == "atexit"]
+    if not kept:
+        return None
+    return (
+        f"atexit keeps every callback registered with it, and what the callback refers to, until the interpreter "
+        f"exits ({kept[0]}): registering one per call or per object keeps each of them: register once (at import), "
+        "atexit.unregister() the callback when its object is done (a close() method), or give it a Python number "
+        "(.item()) instead of a tensor"
+    )
+
+
 def finalizer_keeps_its_object(group: Group, found: Sequence[str]) -> str | None:
     """A weakref.finalize entry, whose callback and arguments live until it runs (a bound method keeps its object)."""
     if not any("finalize._Info" in path.type_names() for path in group.holders):
@@ -989,6 +1002,7 @@ RULES: list[Rule] = [
     last_error,
     rerunfailures_failure,
     stored_exception,
+    exit_callback,
     closure,
     thread_frame,
     finalizer_keeps_its_object,

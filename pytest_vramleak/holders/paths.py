@@ -26,6 +26,7 @@ RootKind = Literal[
     "failure",  # a frame of the test's own failure, kept with its traceback
     "step",  # the step function given to a step check
     "value",  # another value the caller names
+    "atexit",  # a callback registered with atexit (or its object, or an argument), which CPython keeps outside gc
     "held from C++",  # nothing in Python refers to it
     "autocast cache",  # held from C++ while an autocast region the test entered is still open
     "outside gc",  # the farthest holder found, which nothing gc sees refers to

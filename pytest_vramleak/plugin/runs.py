@@ -34,6 +34,7 @@ from ..judging.repeats import (
 from ..judging.sizes import format_size
 from ..judging.verdict import Budget
 from ..reporting.report import TestResult, render_groups
+from ..tracking import exit_callbacks
 from ..tracking.census import StorageKey
 from ..tracking.sites import FRAMES_FOR_CPP_HELD, FRAMES_TRACED, SiteRecorder, Sites, SiteSource, StorageSites
 from ..tracking.tracker import NODE_BYTES, StorageRef, Tracker
@@ -1134,8 +1135,9 @@ def record_properties(teardown: pytest.TestReport, result: TestResult) -> None:
 
 def named_roots(item: pytest.Item) -> list[NamedRoot]:
     """Values pytest keeps for many tests, named as the user wrote them: the test's parametrize
-    values, the values of fixtures wider than a test, and what pytest keeps of a test until the
-    session ends (its class instance, its record_property values, the warnings it recorded)."""
+    values, the values of fixtures wider than a test, what pytest keeps of a test until the
+    session ends (its class instance, its record_property values, the warnings it recorded), and
+    the callbacks registered with ``atexit`` while checks ran, which CPython keeps outside gc."""
     named = []
     callspec = getattr(item, "callspec", None)
     for name, value in getattr(callspec, "params", {}).items():
@@ -1162,6 +1164,7 @@ def named_roots(item: pytest.Item) -> list[NamedRoot]:
         if type(warnings_kept) is list and warnings_kept:
             named.append(NamedRoot(PYTEST_WARNINGS, warnings_kept, "pytest", role="pytest warnings"))
     named += _failure_frames(item)
+    named += [NamedRoot(label, value, "value", role="atexit") for label, value in exit_callbacks.noted()]
     for fixturedef in session_of(item.config).fixture_defs.values():
         cached = fixturedef.cached_result
         if cached is not None and cached[0] is not None:

@@ -42,6 +42,7 @@ from typing import Any
 
 from .backward import BackwardWatch
 from .census import _torch
+from .exit_callbacks import ExitCallbacks
 from .index import Index, grad_fn_reader, version_reader
 from .refs import Entry, StorageRef, call
 
@@ -80,6 +81,8 @@ class Watches:
         self.grad_reads = 0
         """How many times the gradients of every indexed leaf were compared."""
         self.backward = BackwardWatch(self._backward_noted)
+        self.exit_callbacks = ExitCallbacks()
+        """Notes the callbacks registered with ``atexit``, which gc does not see, for naming holders."""
         self._touched: dict[int, Entry] = {}
         """Indexed tensors a backward pass may have given a gradient since the last observation."""
         self._touched_new: list[weakref.ref[Any]] = []
@@ -90,9 +93,11 @@ class Watches:
 
     def start(self) -> None:
         self.backward.start()
+        self.exit_callbacks.start()
 
     def stop(self) -> None:
         self.backward.stop()
+        self.exit_callbacks.stop()
         self._touched.clear()
         self._touched_new.clear()
         self._backward_ran = False
