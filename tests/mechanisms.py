@@ -1919,9 +1919,6 @@ CATALOGUE: list[Mechanism] = [
 
 # What the plugin says today where it falls short, by entry and part.
 GAPS: dict[str, dict[Part, str]] = {
-    "threading_local_cache": {
-        "holder": "held by test_leak._LOCAL -> <_local>[<ReferenceType key>]['masks'][4]",
-    },
     "saved_tensors_pack_hook_storage": {
         "diagnosis": "diagnosis: a module-level container gained 2 entries and never let them go (a cache without eviction, a history list)...",
     },

@@ -805,9 +805,7 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
             module(
                 "test_it",
                 attr("_LOCAL", "_local"),
-                edge("reference", "_local", "dict"),
-                item("<ReferenceType key>", "dict"),
-                item("'masks'", "dict"),
+                attr("masks", "dict"),
                 item("0"),
             )
         ),

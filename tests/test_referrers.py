@@ -284,3 +284,17 @@ def test_a_walk_from_a_frame_local_goes_only_through_its_value() -> None:
     found = _search_forward({id(value["kept"]), id(reached_through_the_class)}, [local], set(), ())
     assert found.keys() == {id(value["kept"])}
     assert found[id(value["kept"])] == [local, value, value["kept"]]
+
+
+def test_a_threading_local_reads_as_its_attribute() -> None:
+    # its table of each thread's attributes, keyed by the thread, read as "-> <_local>[<ReferenceType key>]['masks']"
+    import threading
+
+    holder = types.ModuleType("holder_module")
+    holder.LOCAL = threading.local()  # type: ignore[attr-defined]
+    holder.LOCAL.masks = {"a": torch.ones(2)}  # type: ignore[attr-defined]
+    sys.modules["holder_module"] = holder
+    try:
+        assert name_holders([holder.LOCAL.masks["a"]]) == ["holder_module.LOCAL.masks['a']"]  # type: ignore[attr-defined]
+    finally:
+        del sys.modules["holder_module"]

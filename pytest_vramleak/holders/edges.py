@@ -7,6 +7,7 @@ parent has one small function, tried in the order of :data:`_EDGE_RULES`.
 
 from __future__ import annotations
 
+import _thread
 import itertools
 import operator
 import re
@@ -205,8 +206,9 @@ def function_name(function: types.FunctionType) -> str:
 Mode = Any
 """What the previous edge knew about the object it led to: that a dict is an object's namespace
 (``"attr"``), an ``nn.Module``'s (``"module-attr"``), a frame's locals (``"local"``), a
-function's closure (``("closure", function)``), a closure's cell (``"cell"``), or that a frame is an
-unfinished generator's (``"suspended"``)."""
+function's closure (``("closure", function)``), a closure's cell (``"cell"``), that a frame is an
+unfinished generator's (``"suspended"``), or that a dict is a ``threading.local``'s table of each
+thread's attributes (``"thread-local"``)."""
 Named = tuple[EdgeKind | None, str, Mode]
 """An edge's kind (None: it reads as nothing, the next edge says it), its name, and the next mode."""
 
@@ -225,7 +227,14 @@ def _dict_edge(parent: Any, child: Any, mode: Mode) -> Named:
         return (*_attribute(key), None)
     if mode == "local" and type(key) is str:
         return "local", key, None
+    if mode == "thread-local":
+        return None, "", "attr"  # one thread's attributes of a threading.local, keyed by that thread
     return "item", key_text(key), None
+
+
+def _thread_local_edge(parent: Any, child: Any, mode: Mode) -> Named | None:
+    """A ``threading.local``'s table of each thread's attributes reads as nothing: its attribute is the next edge."""
+    return (None, "", "thread-local") if type(child) is dict else None
 
 
 def _sequence_edge(parent: Any, child: Any, mode: Mode) -> Named:
@@ -372,6 +381,7 @@ _EDGE_RULES: list[tuple[Callable[[type], bool], Callable[[Any, Any, Mode], Named
     (lambda kind: kind is types.MethodType, _method_edge),
     (lambda kind: kind is types.FrameType, _frame_edge),
     (lambda kind: kind in _SUSPENDED_FRAME, _suspended_edge),
+    (lambda kind: issubclass(kind, _thread._local), _thread_local_edge),
     (lambda kind: kind is types.TracebackType, _traceback_edge),
     (lambda kind: issubclass(kind, BaseException), _exception_edge),  # (other references: as any object's)
     (_is_lru_wrapper, _lru_edge),
