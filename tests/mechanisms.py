@@ -1947,9 +1947,6 @@ GAPS: dict[str, dict[Part, str]] = {
         "site": "allocated at test_leak.py:8 in capture_activations(), called from test_leak.py:14 in test_it()",
         "diagnosis": "diagnosis: (none)",
     },
-    "post_accumulate_grad_hook_partial": {
-        "holder": "held by test_leak.MODEL.weight -> <Parameter>[5].args[0].norms[0]",
-    },
     "logging_handler_added_every_run": {
         "holder": "held by _multicall:147 local 'teardowns'[0] -> <generator>.__self__.attached_loggers[42].manager.loggerDict['stats'].handlers[4].model.weight",
     },

@@ -566,7 +566,7 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
                 "test_it",
                 attr("MODEL", "Linear"),
                 attr("weight", "Parameter"),
-                edge("reference", "Parameter", "OrderedDict"),
+                edge("tensor hooks", "_post_accumulate_grad_hooks", "OrderedDict"),
                 item("0", "partial"),
                 attr("args", "tuple"),
                 item("0", "GradientLog"),

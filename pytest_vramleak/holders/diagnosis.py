@@ -624,9 +624,9 @@ def hook_on_an_autograd_node(group: Group, found: Sequence[str]) -> str | None:
 def _tensor_hook_entry(path: HolderPath) -> Edge | None:
     """The callable kept in a tensor's hook dict read in C (register_post_accumulate_grad_hook's), or None."""
     for edge, after in path.pairs():
+        hooks = edge.kind == "tensor hooks" or (edge.kind == "reference" and edge.name in ("Parameter", "Tensor"))
         if (
-            edge.kind == "reference"
-            and edge.name in ("Parameter", "Tensor")
+            hooks
             and edge.type_name == "OrderedDict"
             and after is not None
             and after.kind == "item"
@@ -643,7 +643,10 @@ def hook_bound_to_a_tensor(group: Group, found: Sequence[str]) -> str | None:
         return None
     partial = any(entry.type_name == "partial" for entry in entries)
     parameter = any(
-        edge.name == "Parameter" and edge.kind == "reference" for path in group.holders for edge in path.edges
+        (edge.kind == "reference" and edge.name == "Parameter")
+        or (edge.type_name == "Parameter" and after is not None and after.kind == "tensor hooks")
+        for path in group.holders
+        for edge, after in path.pairs()
     )
     return (
         "a hook registered on a tensor (register_hook, register_post_accumulate_grad_hook) stays with the tensor"

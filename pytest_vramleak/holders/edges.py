@@ -336,8 +336,9 @@ def _lru_edge(parent: Any, child: Any, mode: Mode) -> Named:
 
 def _object_edge(parent: Any, child: Any, mode: Mode) -> Named:
     """An object's attribute (read from its ``__dict__`` or slots), a tensor's hooks, or a reference unnamed."""
-    if _tensor_hooks(parent, child):
-        return "tensor hooks", "_backward_hooks", None
+    hooks = _tensor_hooks(parent, child)
+    if hooks is not None:
+        return "tensor hooks", hooks, None
     namespace = instance_dict(parent)
     if child is namespace:
         return None, "", ("module-attr" if _is_nn_module(parent) else "attr")
@@ -353,15 +354,22 @@ def _object_edge(parent: Any, child: Any, mode: Mode) -> Named:
     return "reference", type(parent).__qualname__, None
 
 
-def _tensor_hooks(parent: Any, child: Any) -> bool:
-    """Whether ``child`` is the hooks dict a tensor keeps in C (``register_hook``)."""
+_TENSOR_HOOKS = ("_backward_hooks", "_post_accumulate_grad_hooks")
+"""The hooks dicts a tensor keeps in C: ``register_hook``'s and ``register_post_accumulate_grad_hook``'s."""
+
+
+def _tensor_hooks(parent: Any, child: Any) -> str | None:
+    """The name of the hooks dict a tensor keeps in C that ``child`` is, or None."""
     torch = sys.modules.get("torch")
     if torch is None or not is_tensor_type(type(parent)):
-        return False
-    try:
-        return torch._C.TensorBase._backward_hooks.__get__(parent) is child
-    except Exception:
-        return False
+        return None
+    for name in _TENSOR_HOOKS:
+        try:
+            if getattr(torch._C.TensorBase, name).__get__(parent) is child:
+                return name
+        except Exception:  # (a torch without it)
+            continue
+    return None
 
 
 def _is_lru_wrapper(kind: type) -> bool:
