@@ -1937,9 +1937,6 @@ GAPS: dict[str, dict[Part, str]] = {
         "site": "no tensors listed for the leak",
         "diagnosis": "no tensors listed for the leak",
     },
-    "class_attribute_shared_by_instances": {
-        "diagnosis": "diagnosis: (none)",
-    },
     "partial_hook_on_grad_fn": {
         "holder": "held by <OrderedDict held outside Python's gc>[5].args[0].covar",
     },

@@ -496,13 +496,13 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
     ),
     "class attribute": (
         diagnosis.class_attribute,
-        "Model.CACHE is an attribute of the class, not of an instance",
+        "Model.CACHE is a class attribute, not an instance attribute",
         _group(module("test_it", attr("Model", "type"), attr("CACHE", "dict"), item("'a'"))),
         _group(module("test_it", attr("MODEL", "Model"), attr("cache", "dict"), item("'a'"))),
     ),
     "class attribute set to a tensor": (
         diagnosis.class_attribute,
-        "Registry.last is an attribute of the class, not of an instance: it lives as long as the class",
+        "Registry.last is a class attribute, not an instance attribute: it lives as long as the class",
         _group(module("test_it", attr("Registry", "type"), attr("last"))),
         _group(module("test_it", attr("REGISTRY", "Registry"), attr("last"))),
     ),
@@ -1080,7 +1080,7 @@ def test_a_class_attribute_shared_by_every_instance_is_told_from_a_module_level_
         [
             "*test_class_attribute_cache*",
             "    held by test_it.Shared.CACHE[[]*[]]",
-            "    diagnosis: Shared.CACHE is an attribute of the class, not of an instance*",
+            "    diagnosis: Shared.CACHE is a class attribute, not an instance attribute*",
         ]
     )
     result.stdout.no_fnmatch_line("*a module-level container gained*")

@@ -56,7 +56,7 @@ LEAK_KINDS = {
             Registry.last = torch.ones(512)  # here
         """,
         "held by test_it.Registry.last",
-        "Registry.last is an attribute of the class, not of an instance: it lives as long as the class*",
+        "Registry.last is a class attribute, not an instance attribute: it lives as long as the class*",
     ),
     "tuple_index": (
         """

@@ -966,12 +966,12 @@ def class_attribute(group: Group, found: Sequence[str]) -> str | None:
     name, entry = held[0]
     if entry:
         return (
-            f"{name} is an attribute of the class, not of an instance: one container shared by every instance, "
+            f"{name} is a class attribute, not an instance attribute: one container shared by every instance, "
             "alive as long as the class, so what any instance adds to it stays: make it an instance attribute (set "
             "it in __init__), or bound it and clear it after use"
         )
     return (
-        f"{name} is an attribute of the class, not of an instance: it lives as long as the class, and so does what "
+        f"{name} is a class attribute, not an instance attribute: it lives as long as the class, and so does what "
         "it is set to: set it on the instance (self.name = ... in a method), or set it back to None when done"
     )
 
