@@ -49,6 +49,7 @@ from .protocol import (
     why_stopped,
 )
 from .state import EXEMPT_MARKER, Check, VramLeak, pasteable, session_of
+from .timeouts import cut_short, rearm
 
 
 def _is_doctest(item: pytest.Item) -> bool:
@@ -93,6 +94,8 @@ class TestRuns:
     """The test stopped tracemalloc while the run that records sites ran: they are not known."""
     sites_on_first_run: bool = False
     """``--vramleak-sites=on``: the first run records sites too."""
+    cut_short: str | None = None
+    """Why the plugin's work after the first run ended before a verdict (a timeout fired in it)."""
     extra_begin: int | None = None
     """The tracker's clock as the run that recorded sites after the verdict began (not one of the
     runs judged: what it left is named, and not counted)."""
@@ -173,6 +176,9 @@ class CheckedTest:
     """Its runs, while they happen (see :mod:`~pytest_vramleak.plugin.runs`)."""
     current: Check | None = None
     """The check of its current (or last) run."""
+    timeout: Any = None
+    """pytest-timeout's settings for its timer, where that timer spans the test's protocol (see
+    :mod:`~pytest_vramleak.plugin.timeouts`)."""
 
 
 TEST = pytest.StashKey[CheckedTest]()
@@ -197,6 +203,11 @@ def _tracker(item: pytest.Item) -> Tracker:
     tracker = session_of(item.config).tracker
     assert tracker is not None
     return tracker
+
+
+def _timeout(item: pytest.Item) -> Any:
+    test = test_of(item)
+    return test.timeout if test is not None else None
 
 
 def _settings(item: pytest.Item) -> Settings:
@@ -300,6 +311,8 @@ class _Runner:
     spent: dict[str, float] = field(default_factory=dict)
 
     def __call__(self) -> list[pytest.TestReport]:
+        if self.runs.repetitions.started:  # each run has the test's whole timeout, as the first had
+            rearm(self.item, _timeout(self.item))
         self.runs.repetitions.started += 1
         reports = run_once(self.item, self.parent)
         for report in reports:
@@ -319,22 +332,39 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
     name what they keep where it fails, and hand back the first run's reports with the verdict."""
     run = _Runner(item, runs, item.parent if runs.may_rerun else nextitem)
     first_reports = run()
-    _after_first_run(item, runs, first_reports, run.seconds)
-    random_state = RandomState() if runs.repetitions.wants_more and not _ending(item) else None
-    last_reports = _run_again(item, runs, run) or first_reports
-    verdict = _judge_runs(item, runs, run.seconds)
-    # --vramleak-fail-on=growth lists what tests keep once, with its holders: named too.
-    listed = (
-        verdict is not None and runs.rule.fail_on == "growth" and verdict.decision.pattern in ("kept_once", "settled")
-    )
-    if verdict is not None and (verdict.failing or listed):
-        # A test that leaks runs once more, recording where its tensors are made (its imports are
-        # done by then); then what its runs keep is named once, with that, and what PyTorch itself
-        # keeps is set aside (naming walks the heap: once, not before and after the recording run).
-        if _wants_sites(item, runs, verdict):
-            random_state = random_state or RandomState()
-            last_reports = _run_recording_sites(item, runs, run, verdict) or last_reports
-        _name_runs(item, runs, verdict, listing=listed)
+    random_state: RandomState | None = None
+    verdict: Verdict | None = None
+    doing = "judging the first run"
+    try:
+        rearm(item, _timeout(item))
+        _after_first_run(item, runs, first_reports, run.seconds)
+        random_state = RandomState() if runs.repetitions.wants_more and not _ending(item) else None
+        doing = "running the test again"
+        _run_again(item, runs, run)
+        doing = "judging the runs"
+        rearm(item, _timeout(item))
+        verdict = _judge_runs(item, runs, run.seconds)
+        # --vramleak-fail-on=growth lists what tests keep once, with its holders: named too.
+        listed = (
+            verdict is not None
+            and runs.rule.fail_on == "growth"
+            and verdict.decision.pattern in ("kept_once", "settled")
+        )
+        if verdict is not None and (verdict.failing or listed):
+            # A test that leaks runs once more, recording where its tensors are made (its imports are
+            # done by then); then what its runs keep is named once, with that, and what PyTorch itself
+            # keeps is set aside (naming walks the heap: once, not before and after the recording run).
+            if _wants_sites(item, runs, verdict):
+                random_state = random_state or RandomState()
+                doing = "running the test again to record where its tensors are made"
+                _run_recording_sites(item, runs, run, verdict)
+                rearm(item, _timeout(item))
+            doing = "naming what holds the memory the runs kept"
+            _name_runs(item, runs, verdict, listing=listed)
+    except pytest.fail.Exception as error:
+        # A timeout's signal handler (pytest-timeout's) raises this wherever the process is: here,
+        # in the plugin's own work. The runs end, torn down as usual, and the record says so.
+        runs.cut_short, verdict = "undecided: " + cut_short(error, _timeout(item), doing), None
     if random_state is not None:  # the tests after it draw the numbers they would without the plugin
         random_state.restore()
     if run.parent is not nextitem:
@@ -626,15 +656,18 @@ def _recording_run(
     try:
         return run()
     finally:
-        storages.stop()
-        alive = tracker.alive_since("cpu", runs.first_begin)
-        # tensors, and storage objects kept without one: who made each, while tracing still knows
-        recorder.capture(
-            tracker.pairs(alive) + [(storage, storage) for storage in (ref() for ref in alive) if storage is not None]
-        )
-        recorder.stop()
-        runs.sites_lost = runs.sites_lost or recorder.stopped_by_others
-        runs.naming_run = False
+        try:
+            storages.stop()
+            alive = tracker.alive_since("cpu", runs.first_begin)
+            # tensors, and storage objects kept without one: who made each, while tracing still knows
+            recorder.capture(
+                tracker.pairs(alive)
+                + [(storage, storage) for storage in (ref() for ref in alive) if storage is not None]
+            )
+        finally:  # (tracing is never left on, even where a timeout cuts the capture short)
+            recorder.stop()
+            runs.sites_lost = runs.sites_lost or recorder.stopped_by_others
+            runs.naming_run = False
 
 
 def _pytorchs_own(tracker: Tracker, runs: TestRuns, refs: list[StorageRef]) -> list[Any] | None:
@@ -916,7 +949,12 @@ def finish_result(item: pytest.Item, runs: TestRuns, verdict: Verdict | None) ->
     if verdict is not None and engine is not None:
         _judged_figures(result, runs, verdict, engine)
     else:
-        result.reason = _unchecked_reason(first, runs.repetitions)
+        result.reason = runs.cut_short or _unchecked_reason(first, runs.repetitions)
+        if runs.cut_short and runs.repetitions.runs:
+            result.repetitions = series = runs.repetitions.series()
+            result.reason = (
+                f"{runs.cut_short}; memory left after each run so far: {', '.join(map(format_size, series))}"
+            )
     if runs.why_once:
         result.notes.append(runs.why_once)
     test = test_of(item)
@@ -1126,6 +1164,8 @@ def record_properties(teardown: pytest.TestReport, result: TestResult) -> None:
     """JUnit XML writes a test's teardown properties: CI dashboards read the figures there (pytest's
     outcome, ``vramleak_outcome``, is added as the teardown is logged: see :mod:`.outcomes`)."""
     teardown.user_properties += verdict_properties(result)
+    if result.verdict == "unchecked" and result.reason:
+        teardown.user_properties.append(("vramleak_reason", result.reason))
     for name in ("leaked_bytes", "peak_bytes", "growth_bytes"):
         value = getattr(result, name)
         if value is not None:
