@@ -104,6 +104,8 @@ class SessionState:
     """The files a run that ran no test left as they were."""
     written: list[str] = field(default_factory=list)
     """The files the run wrote, as the summary's last line names them."""
+    interrupted: bool = False
+    """The run was interrupted (Ctrl-C): the files it wrote say so."""
     outcomes: PytestOutcomes = field(default_factory=PytestOutcomes)
     """pytest's outcome of each test, written into its record as its teardown is logged."""
 
