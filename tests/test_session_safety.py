@@ -300,3 +300,38 @@ def test_a_gc_callback_of_the_suites_is_not_run_by_the_plugins_own_collections(p
     # each of the plugin's collections ran the callback, which allocated: every test grew
     result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak")
     result.assert_outcomes(passed=4)
+
+
+def test_a_test_running_an_in_process_pytest_session_is_not_failed_for_its_garbage(pytester: pytest.Pytester) -> None:
+    # The inner session checks its own leaking test, thawing and freezing the heap for its holder
+    # search; its tensors, kept by pytester's records until the outer test ends, are garbage after.
+    pytester.makepyfile(
+        test_outer='''
+        import torch
+
+        pytest_plugins = ["pytester"]
+
+        def test_runs_an_inner_session(pytester):
+            pytester.makepyfile(test_inner="""
+        import torch
+        KEEP = []
+        def test_keeps():
+            KEEP.append(torch.ones(500_000))
+        """)
+            pytester.runpytest_inprocess("--vramleak").assert_outcomes(failed=1)
+        '''
+    )
+    # In a process of its own: pytester within pytester's inline run would share one heap with the suite.
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak", "--vramleak-report=r.json"
+    )
+    result.assert_outcomes(passed=1)
+    result.stdout.no_fnmatch_line("*C++ caches*")
+    test = json.loads((pytester.path / "r.json").read_text())["tests"][0]
+    assert test["verdict"] == "passed"
+    assert test["notes"] == [
+        "9.5 MiB the runs left was freed by a full collection after them: the in-process pytest sessions the test ran "
+        "through pytester kept their tensors until it ended, and left them as garbage that the checks' collections "
+        "could not reach: not counted"
+    ]
+
