@@ -5,6 +5,7 @@ PyTorch or pytest keeps set aside, and the reports pytest gets, once."""
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
@@ -369,8 +370,24 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
         random_state.restore()
     if run.parent is not nextitem:
         _tear_down_last(item, nextitem, first_reports[-1])
+    _note_threads_started(item, runs)
     result = finish_result(item, runs, verdict)
     return _final_reports(item, runs, first_reports, result, verdict, run.spent)
+
+
+def _note_threads_started(item: pytest.Item, runs: TestRuns) -> None:
+    """Note the threads the test started that still run: what they make later is this test's."""
+    first = runs.checks[0].engine if runs.checks else None
+    if first is None:
+        return
+    starters = session_of(item.config).thread_starters
+    for thread in threading.enumerate():
+        if (
+            thread.ident is not None
+            and thread.ident not in first._threads_before
+            and thread is not threading.main_thread()
+        ):
+            starters.setdefault(thread.ident, pasteable(item.config, item.nodeid))
 
 
 def _after_first_run(item: pytest.Item, runs: TestRuns, reports: list[pytest.TestReport], seconds: float) -> None:
@@ -789,6 +806,7 @@ def _name_kept(item: pytest.Item, runs: TestRuns, verdict: Verdict) -> None:
         tracker.settle()
         credit = [a + b for a, b in zip(credit, _settled_credit(tracker, runs, device), strict=False)]
         named = _name_in_one_walk(item, runs, verdict, refs, roots)
+        _set_aside_older_threads(item, runs, named, refs)
     else:
         named = NamedLeak([], [], [(CPP_HELD, pytorchs)])
     verdict.groups, verdict.named = merge_parts(named.groups) + named.history, True
@@ -868,6 +886,82 @@ def _set_aside(runs: TestRuns, verdict: Verdict, named: NamedLeak, refs: list[St
     engine = verdict.first.engine
     assert engine is not None
     verdict.decision = _decide(runs, engine.result, verdict.adjust)
+
+
+def _set_aside_older_threads(item: pytest.Item, runs: TestRuns, named: NamedLeak, refs: list[StorageRef]) -> None:
+    """Set aside the groups that threads running since before the test began made, as the run
+    that recorded sites saw them made (each sampled tensor's stack starts at the thread's
+    bootstrap, in the code such a thread runs, and no thread this test started runs that code):
+    their memory is the test's that started the thread, which is told."""
+    recorder = next((s for s in runs.sites.sources if isinstance(s, SiteRecorder)), None) if runs.sites else None
+    first = runs.checks[0].engine if runs.checks else None
+    if recorder is None or first is None:
+        return
+    older, newer = _threads_by_entry(first._threads_before)
+    if not older:
+        return
+    by_key = {(ref.device, ref.pointer): ref for ref in refs}
+    starters = session_of(item.config).thread_starters
+    # Each group is decided whole, over the runs (the run that recorded sites saw its newest
+    # tensors made; a thread the test started, or the test itself, would make some there too).
+    for whole in merge_parts(named.groups):
+        storages = [by_key[key]() if key in by_key else None for key in whole.keys]
+        made = [recorder.made_on(storage) for storage in storages if storage is not None]
+        threads = [_older_thread(entry, older, newer) for entry in made if entry is not None]
+        if not threads or None in threads:
+            continue
+        named.groups[:] = [group for group in named.groups if group not in whole.parts]
+        whose = ", ".join(
+            f"thread '{thread.name}'"
+            + (f", which {starters[thread.ident]} started" if thread.ident in starters else "")
+            for thread in sorted({thread for thread in threads if thread is not None}, key=lambda thread: thread.name)
+        )
+        named.set_aside.append(
+            (
+                f"made by {whose}, running since before this test began (the memory is the test's that started it)",
+                whole.parts,
+            )
+        )
+
+
+def _older_thread(
+    entry: tuple[str, int] | str, older: dict[Any, threading.Thread], newer: dict[Any, threading.Thread]
+) -> threading.Thread | None:
+    """The thread running since before the test that made a tensor, from where its thread entered
+    the code it runs (``entry``, see :meth:`SiteRecorder.made_on`); None where the main thread or a
+    thread the test started may have made it."""
+    if not isinstance(entry, tuple) or _code_at(newer, entry) is not None:
+        return None
+    code = _code_at(older, entry)
+    return older[code] if code is not None else None
+
+
+def _threads_by_entry(before: set[int]) -> tuple[dict[Any, threading.Thread], dict[Any, threading.Thread]]:
+    """The code each live thread other than the main one runs (its outermost frame below
+    threading's), as ``{code: thread}`` for those running since before the test (``before``: their
+    idents) and for those started since."""
+    frames = sys._current_frames()
+    older: dict[Any, threading.Thread] = {}
+    newer: dict[Any, threading.Thread] = {}
+    for thread in threading.enumerate():
+        frame = frames.get(thread.ident) if thread.ident is not None and thread is not threading.main_thread() else None
+        entry = None
+        while frame is not None:
+            if frame.f_code.co_filename != threading.__file__:
+                entry = frame.f_code
+            frame = frame.f_back
+        if entry is not None:
+            (older if thread.ident in before else newer).setdefault(entry, thread)
+    return older, newer
+
+
+def _code_at(codes: dict[Any, threading.Thread], entry: tuple[str, int]) -> Any:
+    """The code among ``codes`` whose lines hold ``entry`` (file, line), or None."""
+    filename, line = entry
+    for code in codes:
+        if code.co_filename == filename and any(start_line == line for _, _, start_line in code.co_lines()):
+            return code
+    return None
 
 
 def _set_aside_garbage(item: pytest.Item, runs: TestRuns, verdict: Verdict, refs: list[StorageRef]) -> None:

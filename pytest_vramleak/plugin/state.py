@@ -84,6 +84,8 @@ class SessionState:
     """Whether any test ran (set up at least): a run that ran none writes no report."""
     active: Check | None = None
     """The check of the test being set up, run or torn down."""
+    thread_starters: dict[int, str] = field(default_factory=dict)
+    """The checked test that started each thread still running after it, by the thread's ident."""
     pytorchs_own: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
     """Per parametrized test function: the case whose runs showed that what it keeps is
     PyTorch's own, and the sizes of the storages its first run kept."""
