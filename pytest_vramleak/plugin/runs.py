@@ -802,8 +802,10 @@ def _name_kept(item: pytest.Item, runs: TestRuns, verdict: Verdict) -> None:
     ):
         pytorchs = _pytorchs_own(tracker, runs, refs)
     credit = list(runs.credit) if runs.credit is not None else [0] * len(runs.repetitions.runs)
+    all_freed = False
     if pytorchs is None:
         tracker.settle()
+        all_freed = bool(refs) and all(ref() is None for ref in refs)  # (as the collection left them)
         credit = [a + b for a, b in zip(credit, _settled_credit(tracker, runs, device), strict=False)]
         named = _name_in_one_walk(item, runs, verdict, refs, roots)
         _set_aside_older_threads(item, runs, named, refs)
@@ -812,7 +814,7 @@ def _name_kept(item: pytest.Item, runs: TestRuns, verdict: Verdict) -> None:
     verdict.groups, verdict.named = merge_parts(named.groups) + named.history, True
     verdict.set_aside = named.set_aside
     _set_aside(runs, verdict, named, refs, credit)
-    if pytorchs is None:
+    if pytorchs is None and all_freed:
         _set_aside_garbage(item, runs, verdict, refs)
     key = _function_key(item)
     if pytorchs is not None and not verdict.failing and key is not None and runs.first_kept:
@@ -965,11 +967,11 @@ def _code_at(codes: dict[Any, threading.Thread], entry: tuple[str, int]) -> Any:
 
 
 def _set_aside_garbage(item: pytest.Item, runs: TestRuns, verdict: Verdict, refs: list[StorageRef]) -> None:
-    """Where the full collection before naming freed every storage the runs kept, and as much
-    memory as they kept, what they kept was garbage on reference cycles that their checks'
+    """Where the full collection before naming freed every storage the runs kept (``refs``), and as
+    much memory as they kept, what they kept was garbage on reference cycles that their checks'
     collections could not reach (frozen with the heap): nothing is kept, and the runs are judged
     again with each one's memory set aside."""
-    if not refs or _settings(item).strict_cycles or any(ref() is not None for ref in refs):
+    if _settings(item).strict_cycles:
         return
     freed = sum({(ref.device, ref.pointer): ref.nbytes for ref in refs}.values())
     series = runs.repetitions.series(verdict.adjust)
