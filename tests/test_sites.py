@@ -57,6 +57,33 @@ def test_a_file_that_is_gone_or_not_python_names_no_function(tmp_path: Path) -> 
     assert enclosing_function(str(broken), 1) == ""
 
 
+@pytest.mark.parametrize(
+    ("frames", "entry"),
+    [
+        # a thread's stack, innermost first: it starts at threading's bootstrap
+        (
+            [
+                ("feed.py", 9, ""),
+                (threading.__file__, 982, ""),
+                (threading.__file__, 1045, ""),
+                (threading.__file__, 1002, ""),
+            ],
+            ("feed.py", 9),
+        ),
+        (
+            [("lib.py", 3, ""), ("feed.py", 9, ""), (threading.__file__, 982, ""), (threading.__file__, 1002, "")],
+            ("feed.py", 9),
+        ),
+        ([("test_a.py", 5, ""), ("runner.py", 1, "")], None),  # the main thread's
+        ([], None),
+    ],
+)
+def test_a_stack_that_starts_at_a_threads_bootstrap_enters_the_code_the_thread_runs(
+    frames: list[tuple[str, int, str]], entry: tuple[str, int] | None
+) -> None:
+    assert thread_entry(frames) == entry
+
+
 def test_frames_on_one_line_are_named_innermost_scope_first(pytester: pytest.Pytester) -> None:
     # A lambda (or, before Python 3.12, a comprehension) called on the line that defines it runs
     # in a frame of its own on that line: its caller is the function around it.
@@ -189,30 +216,3 @@ def test_a_test_that_stops_tracemalloc_is_told_why_its_sites_are_missing(pyteste
         ]
     )
     result.stdout.no_fnmatch_line("*--vramleak-sites=on records the first run too*")
-
-
-@pytest.mark.parametrize(
-    ("frames", "entry"),
-    [
-        # a thread's stack, innermost first: it starts at threading's bootstrap
-        (
-            [
-                ("feed.py", 9, ""),
-                (threading.__file__, 982, ""),
-                (threading.__file__, 1045, ""),
-                (threading.__file__, 1002, ""),
-            ],
-            ("feed.py", 9),
-        ),
-        (
-            [("lib.py", 3, ""), ("feed.py", 9, ""), (threading.__file__, 982, ""), (threading.__file__, 1002, "")],
-            ("feed.py", 9),
-        ),
-        ([("test_a.py", 5, ""), ("runner.py", 1, "")], None),  # the main thread's
-        ([], None),
-    ],
-)
-def test_a_stack_that_starts_at_a_threads_bootstrap_enters_the_code_the_thread_runs(
-    frames: list[tuple[str, int, str]], entry: tuple[str, int] | None
-) -> None:
-    assert thread_entry(frames) == entry
