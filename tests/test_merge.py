@@ -95,6 +95,16 @@ def test_a_test_in_two_reports_with_different_figures_is_said(shards: Path) -> N
     assert [t["leaked_bytes"] for t in merged["tests"]] == [2048]
 
 
+def test_a_shard_from_an_interrupted_run_keeps_the_merged_report_marked(shards: Path) -> None:
+    shard = json.loads((shards / "shard-1.json").read_text())
+    shard["interrupted"] = "the run was interrupted"
+    (shards / "shard-1.json").write_text(json.dumps(shard))
+    done = run_merge(shards, "shard-1.json", "shard-2.json", "--json", "all.json", "--html", "all.html")
+    assert done.returncode == 0, done.stderr
+    assert json.loads((shards / "all.json").read_text())["interrupted"] == "shard-1: the run was interrupted"
+    assert "<strong>Interrupted</strong>: shard-1: the run was interrupted" in (shards / "all.html").read_text()
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [

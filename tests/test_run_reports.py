@@ -279,3 +279,44 @@ def test_an_interrupted_run_keeps_the_saved_run(pytester: pytest.Pytester) -> No
     assert result.ret == pytest.ExitCode.INTERRUPTED
     assert saved.read_text() == '{"version": 1, "tests": {}}\n'
     result.stdout.fnmatch_lines(["vramleak: the run was interrupted: the saved run 'base' was left as it was"])
+
+
+def test_an_interrupted_run_marks_its_reports_and_leaves_the_benchmark_figures(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import os, signal
+        import torch
+
+        KEEP = []
+
+        def test_leaks():
+            KEEP.append(torch.ones(500_000))
+
+        def test_interrupted():
+            os.kill(os.getpid(), signal.SIGINT)
+
+        def test_never_runs():
+            pass
+        """
+    )
+    benchmark = pytester.path / "benchmark.json"
+    benchmark.write_text('[{"name": "earlier", "unit": "bytes", "value": 1}]\n')
+    # In a process of its own: the interruption would stop this run too.
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak", "--vramleak-report=r.json",
+        "--vramleak-report=r.html", "--vramleak-markdown=summary.md", f"--vramleak-benchmark-json={benchmark}",
+    )  # fmt: skip
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    why = "the run was interrupted (KeyboardInterrupt: Ctrl-C or SIGINT) before all its tests ran"
+    document = json.loads((pytester.path / "r.json").read_text())
+    assert document["interrupted"].startswith(why)
+    assert [test["nodeid"] for test in document["tests"]] == ["test_it.py::test_leaks"]
+    assert f"<strong>Interrupted</strong>: {why}" in (pytester.path / "r.html").read_text()
+    assert f"**Interrupted**: {why}" in (pytester.path / "summary.md").read_text()
+    assert benchmark.read_text() == '[{"name": "earlier", "unit": "bytes", "value": 1}]\n'
+    result.stdout.fnmatch_lines(
+        [
+            f"vramleak: the run was interrupted: the benchmark figures {benchmark} were left as they were",
+            "vramleak: wrote summary.md, r.json, r.html (each marked as from an interrupted run: *",
+        ]
+    )

@@ -300,3 +300,81 @@ def test_a_gc_callback_of_the_suites_is_not_run_by_the_plugins_own_collections(p
     # each of the plugin's collections ran the callback, which allocated: every test grew
     result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak")
     result.assert_outcomes(passed=4)
+
+
+def test_a_test_running_an_in_process_pytest_session_is_not_failed_for_its_garbage(pytester: pytest.Pytester) -> None:
+    # The inner session checks its own leaking test, thawing and freezing the heap for its holder
+    # search; its tensors, kept by pytester's records until the outer test ends, are garbage after.
+    pytester.makepyfile(
+        test_outer='''
+        import torch
+
+        pytest_plugins = ["pytester"]
+
+        def test_runs_an_inner_session(pytester):
+            pytester.makepyfile(test_inner="""
+        import torch
+        KEEP = []
+        def test_keeps():
+            KEEP.append(torch.ones(500_000))
+        """)
+            pytester.runpytest_inprocess("--vramleak").assert_outcomes(failed=1)
+        '''
+    )
+    # In a process of its own: pytester within pytester's inline run would share one heap with the suite.
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak", "--vramleak-report=r.json"
+    )
+    result.assert_outcomes(passed=1)
+    result.stdout.no_fnmatch_line("*C++ caches*")
+    test = json.loads((pytester.path / "r.json").read_text())["tests"][0]
+    assert test["verdict"] == "passed"
+    assert test["notes"] == [
+        "9.5 MiB the runs left was freed by a full collection after them: the in-process pytest sessions the test ran "
+        "through pytester kept their tensors until it ended, and left them as garbage that the checks' collections "
+        "could not reach: not counted"
+    ]
+
+
+def test_a_thread_an_earlier_test_started_charges_that_test_not_the_later_ones(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import threading, time
+        import torch
+
+        BUFFER = []
+        STOP = threading.Event()
+
+        def _feed():
+            while not STOP.is_set():
+                BUFFER.append(torch.ones(25_000))
+                time.sleep(0.01)
+
+        def test_starts_a_feeder():
+            if not any(thread.name == "feeder" for thread in threading.enumerate()):
+                threading.Thread(target=_feed, daemon=True, name="feeder").start()
+            time.sleep(0.05)
+
+        def test_clean_one():
+            time.sleep(0.05)
+
+        def test_clean_two():
+            time.sleep(0.05)
+        """
+    )
+    # In a process of its own: the thread allocates until the process ends.
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak", "--vramleak-report=r.json"
+    )  # fmt: skip
+    result.assert_outcomes(failed=1, passed=2)
+    result.stdout.fnmatch_lines(["LEAKED test_it.py::test_starts_a_feeder - VramLeak: memory grew *"])
+    tests = {
+        test["nodeid"].rsplit("::", 1)[1]: test for test in json.loads((pytester.path / "r.json").read_text())["tests"]
+    }
+    for name in ("test_clean_one", "test_clean_two"):
+        assert tests[name]["verdict"] == "passed", tests[name]
+        assert tests[name]["tensors"] == []
+        assert [note.split(" ", 2)[2] for note in tests[name]["notes"]] == [
+            "made by thread 'feeder', which test_it.py::test_starts_a_feeder started, running since before this test "
+            "began (the memory is the test's that started it): not counted"
+        ]

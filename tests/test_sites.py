@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
 
-from pytest_vramleak.tracking.sites import enclosing_function, site_text
+from pytest_vramleak.tracking.sites import enclosing_function, site_text, thread_entry
 
 SOURCE = textwrap.dedent(
     """\
@@ -54,6 +55,33 @@ def test_a_file_that_is_gone_or_not_python_names_no_function(tmp_path: Path) -> 
     broken = tmp_path / "broken.py"
     broken.write_text("def (:\n")
     assert enclosing_function(str(broken), 1) == ""
+
+
+@pytest.mark.parametrize(
+    ("frames", "entry"),
+    [
+        # a thread's stack, innermost first: it starts at threading's bootstrap
+        (
+            [
+                ("feed.py", 9, ""),
+                (threading.__file__, 982, ""),
+                (threading.__file__, 1045, ""),
+                (threading.__file__, 1002, ""),
+            ],
+            ("feed.py", 9),
+        ),
+        (
+            [("lib.py", 3, ""), ("feed.py", 9, ""), (threading.__file__, 982, ""), (threading.__file__, 1002, "")],
+            ("feed.py", 9),
+        ),
+        ([("test_a.py", 5, ""), ("runner.py", 1, "")], None),  # the main thread's
+        ([], None),
+    ],
+)
+def test_a_stack_that_starts_at_a_threads_bootstrap_enters_the_code_the_thread_runs(
+    frames: list[tuple[str, int, str]], entry: tuple[str, int] | None
+) -> None:
+    assert thread_entry(frames) == entry
 
 
 def test_frames_on_one_line_are_named_innermost_scope_first(pytester: pytest.Pytester) -> None:

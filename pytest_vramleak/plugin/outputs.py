@@ -24,16 +24,25 @@ if TYPE_CHECKING:
     from .state import SessionState
 
 
+INTERRUPTED = (
+    "the run was interrupted (KeyboardInterrupt: Ctrl-C or SIGINT) before all its tests ran: only the "
+    "tests that ran before it are here"
+)
+"""What the reports of an interrupted run say of it (as a top-level field in the JSON report)."""
+
+
 def write_html(
     settings: Settings,
     path: str,
     results: list[dict[str, Any]],
     leftovers: list[dict[str, Any]],
     drift: list[dict[str, Any]],
+    interrupted: str | None = None,
 ) -> None:
-    write_text_atomically(
-        path, render_html(results, fixtures=leftovers, between_checks=drift, about=run_about(settings))
+    page = render_html(
+        results, fixtures=leftovers, between_checks=drift, about=run_about(settings), interrupted=interrupted
     )
+    write_text_atomically(path, page)
 
 
 def run_about(settings: Settings) -> dict[str, str]:
@@ -50,17 +59,17 @@ def run_about(settings: Settings) -> dict[str, str]:
     return about
 
 
-def write_markdown(path: str | None, results: list[dict[str, Any]]) -> str | None:
+def write_markdown(path: str | None, results: list[dict[str, Any]], interrupted: str | None = None) -> str | None:
     """The Markdown summary, to ``--vramleak-markdown`` or appended to ``$GITHUB_STEP_SUMMARY``;
     where it went (None: nowhere)."""
     if not results:
         return None
     if path:
-        write_text_atomically(path, render_markdown(results))
+        write_text_atomically(path, render_markdown(results, interrupted))
         return path
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as stream:  # other steps append there too
-            stream.write(render_markdown(results))
+            stream.write(render_markdown(results, interrupted))
         return "$GITHUB_STEP_SUMMARY (appended)"
     return None
 
@@ -79,16 +88,20 @@ def write_outputs(session: pytest.Session, owner: SessionState) -> None:
     """Write every file the run asked for (the Markdown summary, the saved run, the reports, the
     benchmark figures), each on its own: one that fails is said in the summary, the others are
     written, and the run's exit status says so. A run that ran no test writes none. What was
-    written is noted in ``owner.written``, what was not in ``owner.not_written``."""
+    written is noted in ``owner.written``, what was not in ``owner.not_written``. An interrupted
+    run's reports say so; the saved run and the benchmark figures, which have no room to, stay as
+    they were."""
     config, settings, leftovers = session.config, owner.settings, owner.leftovers
     assert settings is not None
     results = latest(owner.results)
     drift = owner.drift
     invoked = config.invocation_params.dir
+    interrupted = INTERRUPTED if session.exitstatus == pytest.ExitCode.INTERRUPTED else None
+    owner.interrupted = interrupted is not None
     outputs: list[tuple[str, str | None, Callable[[], str | None]]] = [
-        ("the Markdown summary", None, lambda: write_markdown(settings.markdown, results))
+        ("the Markdown summary", None, lambda: write_markdown(settings.markdown, results, interrupted))
     ]
-    if settings.save and session.exitstatus == pytest.ExitCode.INTERRUPTED:
+    if settings.save and interrupted:
         owner.output_errors.append(f"the run was interrupted: the saved run {settings.save!r} was left as it was")
     elif settings.save:
         figures = {
@@ -110,16 +123,26 @@ def write_outputs(session: pytest.Session, owner: SessionState) -> None:
                 (
                     f"the HTML report to {report}",
                     report,
-                    functools.partial(write_html, settings, report, results, leftovers, drift),
+                    functools.partial(write_html, settings, report, results, leftovers, drift, interrupted),
                 )
             )
         else:
             about = {**run_about(settings), "host": socket.gethostname()}
             write_report = functools.partial(
-                write_json, report, results, fixtures=leftovers, between_checks=drift, about=about
+                write_json,
+                report,
+                results,
+                fixtures=leftovers,
+                between_checks=drift,
+                about=about,
+                interrupted=interrupted,
             )
             outputs.append((f"the JSON report to {report}", report, write_report))
-    if settings.benchmark_json:
+    if settings.benchmark_json and interrupted:  # (a list of figures: a partial one would read as whole)
+        owner.output_errors.append(
+            f"the run was interrupted: the benchmark figures {settings.benchmark_json} were left as they were"
+        )
+    elif settings.benchmark_json:
         benchmark = json.dumps(benchmark_entries(results), indent=2) + "\n"
         outputs.append(
             (
@@ -149,8 +172,9 @@ def write_outputs(session: pytest.Session, owner: SessionState) -> None:
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
 
 
-def files_line(written: list[str], not_written: list[str], errors: list[str]) -> str | None:
-    """The summary's last line: every file the run wrote, or that it wrote none, and why."""
+def files_line(written: list[str], not_written: list[str], errors: list[str], interrupted: bool = False) -> str | None:
+    """The summary's last line: every file the run wrote (marked as from an interrupted run, where
+    it was), or that it wrote none, and why."""
     if not_written:
         return (
             f"vramleak: no test ran, so no file was written: {', '.join(not_written)} "
@@ -158,7 +182,8 @@ def files_line(written: list[str], not_written: list[str], errors: list[str]) ->
             f"{'it was' if len(not_written) == 1 else 'they were'}"
         )
     if written:
-        return f"vramleak: wrote {', '.join(written)}"
+        marked = " (each marked as from an interrupted run: only the tests that ran are there)" if interrupted else ""
+        return f"vramleak: wrote {', '.join(written)}{marked}"
     if errors:
         return "vramleak: wrote no file"
     return None

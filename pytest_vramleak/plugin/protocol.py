@@ -119,7 +119,7 @@ def finish_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> str | No
         nextitem = None
     try:
         item.session._setupstate.teardown_exact(nextitem)
-    except Exception as error:
+    except (Exception, pytest.fail.Exception) as error:  # (a timeout fires as pytest.fail's)
         return f"teardown of fixtures after the test: {type(error).__name__}: {error}"
     return None
 

@@ -5,6 +5,7 @@ PyTorch or pytest keeps set aside, and the reports pytest gets, once."""
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
@@ -50,6 +51,7 @@ from .protocol import (
     why_stopped,
 )
 from .state import EXEMPT_MARKER, Check, VramLeak, pasteable, session_of
+from .timeouts import cut_short, rearm
 
 
 def _is_doctest(item: pytest.Item) -> bool:
@@ -94,6 +96,8 @@ class TestRuns:
     """The test stopped tracemalloc while the run that records sites ran: they are not known."""
     sites_on_first_run: bool = False
     """``--vramleak-sites=on``: the first run records sites too."""
+    cut_short: str | None = None
+    """Why the plugin's work after the first run ended before a verdict (a timeout fired in it)."""
     extra_begin: int | None = None
     """The tracker's clock as the run that recorded sites after the verdict began (not one of the
     runs judged: what it left is named, and not counted)."""
@@ -174,6 +178,9 @@ class CheckedTest:
     """Its runs, while they happen (see :mod:`~pytest_vramleak.plugin.runs`)."""
     current: Check | None = None
     """The check of its current (or last) run."""
+    timeout: Any = None
+    """pytest-timeout's settings for its timer, where that timer spans the test's protocol (see
+    :mod:`~pytest_vramleak.plugin.timeouts`)."""
 
 
 TEST = pytest.StashKey[CheckedTest]()
@@ -198,6 +205,11 @@ def _tracker(item: pytest.Item) -> Tracker:
     tracker = session_of(item.config).tracker
     assert tracker is not None
     return tracker
+
+
+def _timeout(item: pytest.Item) -> Any:
+    test = test_of(item)
+    return test.timeout if test is not None else None
 
 
 def _settings(item: pytest.Item) -> Settings:
@@ -301,6 +313,8 @@ class _Runner:
     spent: dict[str, float] = field(default_factory=dict)
 
     def __call__(self) -> list[pytest.TestReport]:
+        if self.runs.repetitions.started:  # each run has the test's whole timeout, as the first had
+            rearm(self.item, _timeout(self.item))
         self.runs.repetitions.started += 1
         reports = run_once(self.item, self.parent)
         for report in reports:
@@ -320,28 +334,61 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
     name what they keep where it fails, and hand back the first run's reports with the verdict."""
     run = _Runner(item, runs, item.parent if runs.may_rerun else nextitem)
     first_reports = run()
-    _after_first_run(item, runs, first_reports, run.seconds)
-    random_state = RandomState() if runs.repetitions.wants_more and not _ending(item) else None
-    last_reports = _run_again(item, runs, run) or first_reports
-    verdict = _judge_runs(item, runs, run.seconds)
-    # --vramleak-fail-on=growth lists what tests keep once, with its holders: named too.
-    listed = (
-        verdict is not None and runs.rule.fail_on == "growth" and verdict.decision.pattern in ("kept_once", "settled")
-    )
-    if verdict is not None and (verdict.failing or listed):
-        # A test that leaks runs once more, recording where its tensors are made (its imports are
-        # done by then); then what its runs keep is named once, with that, and what PyTorch itself
-        # keeps is set aside (naming walks the heap: once, not before and after the recording run).
-        if _wants_sites(item, runs, verdict):
-            random_state = random_state or RandomState()
-            last_reports = _run_recording_sites(item, runs, run, verdict) or last_reports
-        _name_runs(item, runs, verdict, listing=listed)
+    random_state: RandomState | None = None
+    verdict: Verdict | None = None
+    doing = "judging the first run"
+    try:
+        rearm(item, _timeout(item))
+        _after_first_run(item, runs, first_reports, run.seconds)
+        random_state = RandomState() if runs.repetitions.wants_more and not _ending(item) else None
+        doing = "running the test again"
+        _run_again(item, runs, run)
+        doing = "judging the runs"
+        rearm(item, _timeout(item))
+        verdict = _judge_runs(item, runs, run.seconds)
+        # --vramleak-fail-on=growth lists what tests keep once, with its holders: named too.
+        listed = (
+            verdict is not None
+            and runs.rule.fail_on == "growth"
+            and verdict.decision.pattern in ("kept_once", "settled")
+        )
+        if verdict is not None and (verdict.failing or listed):
+            # A test that leaks runs once more, recording where its tensors are made (its imports are
+            # done by then); then what its runs keep is named once, with that, and what PyTorch itself
+            # keeps is set aside (naming walks the heap: once, not before and after the recording run).
+            if _wants_sites(item, runs, verdict):
+                random_state = random_state or RandomState()
+                doing = "running the test again to record where its tensors are made"
+                _run_recording_sites(item, runs, run, verdict)
+                rearm(item, _timeout(item))
+            doing = "naming what holds the memory the runs kept"
+            _name_runs(item, runs, verdict, listing=listed)
+    except pytest.fail.Exception as error:
+        # A timeout's signal handler (pytest-timeout's) raises this wherever the process is: here,
+        # in the plugin's own work. The runs end, torn down as usual, and the record says so.
+        runs.cut_short, verdict = "undecided: " + cut_short(error, _timeout(item), doing), None
     if random_state is not None:  # the tests after it draw the numbers they would without the plugin
         random_state.restore()
     if run.parent is not nextitem:
         _tear_down_last(item, nextitem, first_reports[-1])
+    _note_threads_started(item, runs)
     result = finish_result(item, runs, verdict)
     return _final_reports(item, runs, first_reports, result, verdict, run.spent)
+
+
+def _note_threads_started(item: pytest.Item, runs: TestRuns) -> None:
+    """Note the threads the test started that still run: what they make later is this test's."""
+    first = runs.checks[0].engine if runs.checks else None
+    if first is None:
+        return
+    starters = session_of(item.config).thread_starters
+    for thread in threading.enumerate():
+        if (
+            thread.ident is not None
+            and thread.ident not in first._threads_before
+            and thread is not threading.main_thread()
+        ):
+            starters.setdefault(thread.ident, pasteable(item.config, item.nodeid))
 
 
 def _after_first_run(item: pytest.Item, runs: TestRuns, reports: list[pytest.TestReport], seconds: float) -> None:
@@ -627,15 +674,18 @@ def _recording_run(
     try:
         return run()
     finally:
-        storages.stop()
-        alive = tracker.alive_since("cpu", runs.first_begin)
-        # tensors, and storage objects kept without one: who made each, while tracing still knows
-        recorder.capture(
-            tracker.pairs(alive) + [(storage, storage) for storage in (ref() for ref in alive) if storage is not None]
-        )
-        recorder.stop()
-        runs.sites_lost = runs.sites_lost or recorder.stopped_by_others
-        runs.naming_run = False
+        try:
+            storages.stop()
+            alive = tracker.alive_since("cpu", runs.first_begin)
+            # tensors, and storage objects kept without one: who made each, while tracing still knows
+            recorder.capture(
+                tracker.pairs(alive)
+                + [(storage, storage) for storage in (ref() for ref in alive) if storage is not None]
+            )
+        finally:  # (tracing is never left on, even where a timeout cuts the capture short)
+            recorder.stop()
+            runs.sites_lost = runs.sites_lost or recorder.stopped_by_others
+            runs.naming_run = False
 
 
 def _pytorchs_own(tracker: Tracker, runs: TestRuns, refs: list[StorageRef]) -> list[Any] | None:
@@ -753,15 +803,20 @@ def _name_kept(item: pytest.Item, runs: TestRuns, verdict: Verdict) -> None:
     ):
         pytorchs = _pytorchs_own(tracker, runs, refs)
     credit = list(runs.credit) if runs.credit is not None else [0] * len(runs.repetitions.runs)
+    all_freed = False
     if pytorchs is None:
         tracker.settle()
+        all_freed = bool(refs) and all(ref() is None for ref in refs)  # (as the collection left them)
         credit = [a + b for a, b in zip(credit, _settled_credit(tracker, runs, device), strict=False)]
         named = _name_in_one_walk(item, runs, verdict, refs, roots)
+        _set_aside_older_threads(item, runs, named, refs)
     else:
         named = NamedLeak([], [], [(CPP_HELD, pytorchs)])
     verdict.groups, verdict.named = merge_parts(named.groups) + named.history, True
     verdict.set_aside = named.set_aside
     _set_aside(runs, verdict, named, refs, credit)
+    if pytorchs is None and all_freed:
+        _set_aside_garbage(item, runs, verdict, refs)
     key = _function_key(item)
     if pytorchs is not None and not verdict.failing and key is not None and runs.first_kept:
         session_of(item.config).pytorchs_own.setdefault(key, (pasteable(item.config, item.nodeid), runs.first_kept))
@@ -834,6 +889,113 @@ def _set_aside(runs: TestRuns, verdict: Verdict, named: NamedLeak, refs: list[St
     engine = verdict.first.engine
     assert engine is not None
     verdict.decision = _decide(runs, engine.result, verdict.adjust)
+
+
+def _set_aside_older_threads(item: pytest.Item, runs: TestRuns, named: NamedLeak, refs: list[StorageRef]) -> None:
+    """Set aside the groups that threads running since before the test began made, as the run
+    that recorded sites saw them made (each sampled tensor's stack starts at the thread's
+    bootstrap, in the code such a thread runs, and no thread this test started runs that code):
+    their memory is the test's that started the thread, which is told."""
+    recorder = next((s for s in runs.sites.sources if isinstance(s, SiteRecorder)), None) if runs.sites else None
+    first = runs.checks[0].engine if runs.checks else None
+    if recorder is None or first is None:
+        return
+    older, newer = _threads_by_entry(first._threads_before)
+    if not older:
+        return
+    by_key = {(ref.device, ref.pointer): ref for ref in refs}
+    starters = session_of(item.config).thread_starters
+    # Each group is decided whole, over the runs (the run that recorded sites saw its newest
+    # tensors made; a thread the test started, or the test itself, would make some there too).
+    for whole in merge_parts(named.groups):
+        storages = [by_key[key]() if key in by_key else None for key in whole.keys]
+        made = [recorder.made_on(storage) for storage in storages if storage is not None]
+        threads = [_older_thread(entry, older, newer) for entry in made if entry is not None]
+        if not threads or None in threads:
+            continue
+        named.groups[:] = [group for group in named.groups if group not in whole.parts]
+        whose = ", ".join(
+            f"thread '{thread.name}'"
+            + (f", which {starters[thread.ident]} started" if thread.ident in starters else "")
+            for thread in sorted({thread for thread in threads if thread is not None}, key=lambda thread: thread.name)
+        )
+        named.set_aside.append(
+            (
+                f"made by {whose}, running since before this test began (the memory is the test's that started it)",
+                whole.parts,
+            )
+        )
+
+
+def _older_thread(
+    entry: tuple[str, int] | str, older: dict[Any, threading.Thread], newer: dict[Any, threading.Thread]
+) -> threading.Thread | None:
+    """The thread running since before the test that made a tensor, from where its thread entered
+    the code it runs (``entry``, see :meth:`SiteRecorder.made_on`); None where the main thread or a
+    thread the test started may have made it."""
+    if not isinstance(entry, tuple) or _code_at(newer, entry) is not None:
+        return None
+    code = _code_at(older, entry)
+    return older[code] if code is not None else None
+
+
+def _threads_by_entry(before: set[int]) -> tuple[dict[Any, threading.Thread], dict[Any, threading.Thread]]:
+    """The code each live thread other than the main one runs (its outermost frame below
+    threading's), as ``{code: thread}`` for those running since before the test (``before``: their
+    idents) and for those started since."""
+    frames = sys._current_frames()
+    older: dict[Any, threading.Thread] = {}
+    newer: dict[Any, threading.Thread] = {}
+    for thread in threading.enumerate():
+        frame = frames.get(thread.ident) if thread.ident is not None and thread is not threading.main_thread() else None
+        entry = None
+        while frame is not None:
+            if frame.f_code.co_filename != threading.__file__:
+                entry = frame.f_code
+            frame = frame.f_back
+        if entry is not None:
+            (older if thread.ident in before else newer).setdefault(entry, thread)
+    return older, newer
+
+
+def _code_at(codes: dict[Any, threading.Thread], entry: tuple[str, int]) -> Any:
+    """The code among ``codes`` whose lines hold ``entry`` (file, line), or None."""
+    filename, line = entry
+    for code in codes:
+        if code.co_filename == filename and any(start_line == line for _, _, start_line in code.co_lines()):
+            return code
+    return None
+
+
+def _set_aside_garbage(item: pytest.Item, runs: TestRuns, verdict: Verdict, refs: list[StorageRef]) -> None:
+    """Where the full collection before naming freed every storage the runs kept (``refs``), and as
+    much memory as they kept, what they kept was garbage on reference cycles that their checks'
+    collections could not reach (frozen with the heap): nothing is kept, and the runs are judged
+    again with each one's memory set aside."""
+    if _settings(item).strict_cycles:
+        return
+    freed = sum({(ref.device, ref.pointer): ref.nbytes for ref in refs}.values())
+    series = runs.repetitions.series(verdict.adjust)
+    if not series or freed < series[-1] or series[-1] <= 0:
+        return
+    engine = verdict.first.engine
+    assert engine is not None
+    verdict.adjust = [run.leaked_bytes for run in runs.repetitions.runs]
+    verdict.decision = _decide(runs, engine.result, verdict.adjust)
+    verdict.groups = [group for group in verdict.groups if group.kind == "history"]
+    # pytester's in-process sessions (runpytest_inprocess, inline_run) check their own tests with
+    # this plugin, whose holder search thaws and freezes the heap again: their garbage, which
+    # pytester's records keep until the test ends, is then frozen out of the outer check's reach.
+    inner = "pytester" in getattr(item, "fixturenames", ())
+    why = (
+        "the in-process pytest sessions the test ran through pytester kept their tensors until it ended, "
+        "and left them as garbage that the checks' collections could not reach"
+        if inner
+        else "garbage on reference cycles that the checks' collections could not reach"
+    )
+    verdict.set_aside_notes.append(
+        f"{format_size(series[-1])} the runs left was freed by a full collection after them: {why}: not counted"
+    )
 
 
 def _show_growing_run(runs: TestRuns, verdict: Verdict, named: NamedLeak) -> None:
@@ -917,7 +1079,12 @@ def finish_result(item: pytest.Item, runs: TestRuns, verdict: Verdict | None) ->
     if verdict is not None and engine is not None:
         _judged_figures(result, runs, verdict, engine)
     else:
-        result.reason = _unchecked_reason(first, runs.repetitions)
+        result.reason = runs.cut_short or _unchecked_reason(first, runs.repetitions)
+        if runs.cut_short and runs.repetitions.runs:
+            result.repetitions = series = runs.repetitions.series()
+            result.reason = (
+                f"{runs.cut_short}; memory left after each run so far: {', '.join(map(format_size, series))}"
+            )
     if runs.why_once:
         result.notes.append(runs.why_once)
     test = test_of(item)
@@ -1127,6 +1294,8 @@ def record_properties(teardown: pytest.TestReport, result: TestResult) -> None:
     """JUnit XML writes a test's teardown properties: CI dashboards read the figures there (pytest's
     outcome, ``vramleak_outcome``, is added as the teardown is logged: see :mod:`.outcomes`)."""
     teardown.user_properties += verdict_properties(result)
+    if result.verdict == "unchecked" and result.reason:
+        teardown.user_properties.append(("vramleak_reason", result.reason))
     for name in ("leaked_bytes", "peak_bytes", "growth_bytes"):
         value = getattr(result, name)
         if value is not None:

@@ -72,6 +72,7 @@ from .state import (
     why_unavailable,
 )
 from .summary import header_notes, header_settings, idle_options, latest, status_word, summary_lines
+from .timeouts import armed_settings, cut_short
 
 
 class VramleakSession(SessionState):
@@ -305,6 +306,9 @@ class VramleakSession(SessionState):
                 # them with the heap (they were alive then: the error was being raised).
             try:
                 check.engine.finish(confirm=functools.partial(drop_fixture_values, item), settle=check.call_failed)
+            except pytest.fail.Exception as error:  # a timeout fired as the check measured: the teardown's failure
+                check.unchecked_reason = cut_short(error, None, "measuring what the test left")
+                raise
             except Exception as error:
                 check.error = f"{type(error).__name__}: {error}"
                 raise VramLeak(
@@ -322,6 +326,14 @@ class VramleakSession(SessionState):
                 self.drift_span = [item.nodeid, item.nodeid]
             self.drift_span[1] = item.nodeid
             look_for_drift(self, due=True)
+
+    @pytest.hookimpl(optionalhook=True, tryfirst=True)
+    def pytest_timeout_set_timer(self, item: pytest.Item, settings: Any) -> None:
+        """pytest-timeout arms a test's timer: its settings are noted, so that each run of a checked
+        test, and the check after them, get the whole of it (see :mod:`.timeouts`)."""
+        test = test_of(item)
+        if test is not None and (settings := armed_settings(settings)) is not None:
+            test.timeout = settings
 
     def pytest_report_teststatus(self, report: pytest.TestReport, config: pytest.Config) -> tuple[str, str, Any] | None:
         outcome = getattr(report, "vramleak_outcome", None)  # (a run another plugin ran fails as it tears down)
@@ -414,7 +426,7 @@ class VramleakSession(SessionState):
                 f"{', '.join(idle)} had nothing to act on",
                 yellow=True,
             )
-        files = files_line(self.written, self.not_written, self.output_errors)
+        files = files_line(self.written, self.not_written, self.output_errors, self.interrupted)
         if files:
             terminalreporter.write_line(files)
 

@@ -84,6 +84,8 @@ class SessionState:
     """Whether any test ran (set up at least): a run that ran none writes no report."""
     active: Check | None = None
     """The check of the test being set up, run or torn down."""
+    thread_starters: dict[int, str] = field(default_factory=dict)
+    """The checked test that started each thread still running after it, by the thread's ident."""
     pytorchs_own: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
     """Per parametrized test function: the case whose runs showed that what it keeps is
     PyTorch's own, and the sizes of the storages its first run kept."""
@@ -104,6 +106,8 @@ class SessionState:
     """The files a run that ran no test left as they were."""
     written: list[str] = field(default_factory=list)
     """The files the run wrote, as the summary's last line names them."""
+    interrupted: bool = False
+    """The run was interrupted (Ctrl-C): the files it wrote say so."""
     outcomes: PytestOutcomes = field(default_factory=PytestOutcomes)
     """pytest's outcome of each test, written into its record as its teardown is logged."""
 

@@ -568,16 +568,19 @@ def render_html(
     fixtures: Iterable[Mapping[str, Any]] = (),
     between_checks: Iterable[Mapping[str, Any]] = (),
     about: Mapping[str, str] | None = None,
+    interrupted: str | None = None,
 ) -> str:
     """The whole page for a run's results (the JSON report's ``tests``), fixture findings, and
     older tensors found changed between checks.
 
-    ``about`` lists facts of the run shown under the title (versions, date, device).
+    ``about`` lists facts of the run shown under the title (versions, date, device);
+    ``interrupted``, why the run's tests are not all there, shown under the headline.
     """
     results = sorted(results, key=lambda r: r["nodeid"])
     fixtures = list(fixtures)
     anchors = {r["nodeid"]: f"test-{i}" for i, r in enumerate(results) if _has_details(r)}
     title = headline(results)
+    stopped = f'<p class="interrupted"><strong>Interrupted</strong>: {_escape(interrupted)}</p>' if interrupted else ""
     about_items = "".join(f"<li><span>{_escape(k)}</span> {_escape(v)}</li>" for k, v in (about or {}).items())
     parts = [
         "<!DOCTYPE html>",
@@ -585,7 +588,7 @@ def render_html(
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>vramleak report: {_escape(title)}</title>",
         f"<style>{_STYLE}</style></head><body>",
-        f'<header><h1>vramleak report</h1><p class="headline">{_escape(title)}</p><ul class="about">{about_items}</ul></header>',
+        f'<header><h1>vramleak report</h1><p class="headline">{_escape(title)}</p>{stopped}<ul class="about">{about_items}</ul></header>',
         _cards(results),
         '<h2 class="part">Checked tests</h2>',
         '<p class="hint">Click a column to sort; a test with details links to them. '
@@ -745,6 +748,7 @@ code, .graph text, .chart text { font-family: ui-monospace, "DejaVu Sans Mono", 
 code { font-size: 12.5px; }
 h1 { font-size: 22px; margin: 0; }
 .headline { font-size: 16px; margin: 4px 0 6px; }
+.interrupted { margin: 4px 0 6px; padding: 6px 10px; border-left: 4px solid #b45309; background: #fef3c7; color: #1f2937; }
 .about { list-style: none; padding: 0; margin: 0; display: flex; flex-wrap: wrap; gap: 4px 18px; color: var(--muted); font-size: 12.5px; }
 .about span { font-weight: 600; }
 .cards { display: flex; gap: 12px; margin: 18px 0 8px; flex-wrap: wrap; }

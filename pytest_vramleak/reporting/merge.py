@@ -109,8 +109,11 @@ def merge(
     between: dict[str, dict[str, Any]] = {}
     messages: list[str] = []
     shards: list[str] = []
+    interrupted: list[str] = []
     for index, (name, document) in enumerate(documents):
         shards.append(name)
+        if document.get("interrupted"):
+            interrupted.append(f"{name}: {document['interrupted']}")
         file = files[index] if files is not None else name
         for entry in document["tests"]:
             entry = dict(entry)
@@ -140,6 +143,8 @@ def merge(
         "between_checks": list(between.values()),
         "about": {"merged from": ", ".join(dict.fromkeys(shards))},
     }
+    if interrupted:  # a shard's partial set stays marked in the whole
+        merged["interrupted"] = "; ".join(interrupted)
     return merged, messages
 
 
@@ -187,6 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 fixtures=merged["fixtures"],
                 between_checks=merged["between_checks"],
                 about=merged["about"],
+                interrupted=merged.get("interrupted"),
             )
         if options.html is not None:
             page = render_html(
@@ -194,6 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 fixtures=merged["fixtures"],
                 between_checks=merged["between_checks"],
                 about=merged["about"],
+                interrupted=merged.get("interrupted"),
             )
             write_text_atomically(options.html, page)
     except OSError as error:  # a disk that filled up, a folder made read-only meanwhile

@@ -137,13 +137,14 @@ def write_json(
     fixtures: Iterable[dict[str, Any]] = (),
     between_checks: Iterable[dict[str, Any]] = (),
     about: Mapping[str, str] | None = None,
+    interrupted: str | None = None,
 ) -> None:
     """Write the report atomically: a reader sees the old file or the whole new one, never half.
 
     ``fixtures`` lists wider-scoped fixtures whose storages outlived their teardown;
     ``between_checks``, older tensors found grown in place or given gradients between checks
     (charged to no test); ``about`` says where and when the run was made (what merging shards
-    keeps per test).
+    keeps per test); ``interrupted``, why its tests are not all there (a run stopped by Ctrl-C).
     """
     document: dict[str, Any] = {
         "version": REPORT_VERSION,
@@ -153,6 +154,8 @@ def write_json(
     }
     if about:
         document["about"] = dict(about)
+    if interrupted:
+        document["interrupted"] = interrupted
     write_text_atomically(path, json.dumps(document, indent=2) + "\n")
 
 
@@ -172,16 +175,19 @@ def benchmark_entries(results: Iterable[Mapping[str, Any]]) -> list[dict[str, An
     return entries
 
 
-def render_markdown(results: Sequence[dict[str, Any]]) -> str:
-    """A summary for a CI job page: the headline the terminal prints, the checked tests that leaked,
-    went over budget or did not pass (pytest's outcome beside the leak verdict), and holders."""
+def render_markdown(results: Sequence[dict[str, Any]], interrupted: str | None = None) -> str:
+    """A summary for a CI job page: the headline the terminal prints (and ``interrupted``, why the
+    run's tests are not all there), the checked tests that leaked, went over budget or did not pass
+    (pytest's outcome beside the leak verdict), and holders."""
     listed = sorted(
         (r for r in results if verdict_of(r) in ("leaked", "over_budget") or r.get("outcome") in NOT_PASSING),
         key=lambda r: (verdict_of(r) not in ("leaked", "over_budget"), -(r.get("leaked_bytes") or 0), r["nodeid"]),
     )
     lines = [f"## vramleak: {headline(results)}"]
+    if interrupted:
+        lines += ["", f"**Interrupted**: {interrupted}"]
     if not listed:
-        return lines[0] + "\n"
+        return "\n".join(lines) + "\n"
     lines += [
         "",
         "| test | outcome | verdict | device | leaked | peak |",

@@ -26,7 +26,7 @@ import tracemalloc
 import types
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from .census import is_tensor_type, storage_facts, tensor_storages
 from .torch_api import not_compiled
@@ -246,6 +246,18 @@ def user_sites(frames: list[tuple[str, int, str]]) -> tuple[Site, ...]:
     return tuple(stack)
 
 
+def thread_entry(frames: list[tuple[str, int, str]]) -> tuple[str, int] | None:
+    """Where a stack (innermost first) that starts at threading's bootstrap (a thread other than
+    the main one) enters the code the thread runs: the outermost frame below threading's own, as
+    (file, line); None for any other stack (the main thread's, or one cut short before its start)."""
+    import threading
+
+    if not frames or frames[-1][0] != threading.__file__:
+        return None
+    entry = next((frame for frame in reversed(frames) if frame[0] != threading.__file__), None)
+    return (entry[0], entry[1]) if entry is not None else None
+
+
 def describe_stack(stack: tuple[Site, ...]) -> str:
     """``a.py:3 in f(), called from test_b.py:9 in test_b()``."""
     if not stack:
@@ -409,6 +421,11 @@ class SiteRecorder:
         self._owns_tracing = False
         self.stopped_by_others = False
         """Tracing it started was stopped by other code (the test's ``tracemalloc.stop()``)."""
+        self._threads: dict[int, tuple[int, int, tuple[str, int] | None]] = {}
+        """id(storage) -> (data pointer, size, the thread's entry) for each storage captured: the
+        entry, where a thread other than the main one made its tensor (its stack starts at
+        threading's bootstrap), is the outermost frame below threading's, in the function the
+        thread runs (file, line); None for the main thread."""
 
     @property
     def tracing(self) -> bool:
@@ -452,6 +469,10 @@ class SiteRecorder:
                 made.append(None)
                 if frames and not frames[0][0].startswith(_PLUGIN_DIR):
                     made[-1] = self._inside_library[id(tensor)] = frame_kind_of_file(frames[0][0]) != "user"
+                # (an object the plugin made, reading a tensor, says nothing of the thread that made it)
+                facts = storage_facts(storage) if frames and not frames[0][0].startswith(_PLUGIN_DIR) else None
+                if frames and facts is not None:
+                    self._threads[id(storage)] = (facts[1], facts[2], thread_entry(frames))
                 stack = self._stack(tensor, frames or [])
                 if stack:
                     self._objects[id(tensor)] = stack
@@ -468,6 +489,15 @@ class SiteRecorder:
         """Whether library code (torch's own) made this tensor or storage object, rather than a
         line of the user's calling it (None where not known)."""
         return self._inside_library.get(id(obj))
+
+    def made_on(self, storage: Any) -> tuple[str, int] | Literal["main thread"] | None:
+        """Which thread made a captured storage's tensor: where a thread other than the main one
+        entered the code it runs (file, line), or ``"main thread"``; None where not captured."""
+        known = self._threads.get(id(storage))
+        facts = storage_facts(storage) if known is not None else None
+        if known is None or facts is None or known[:2] != facts[1:]:
+            return None
+        return known[2] or "main thread"
 
     def _stack(self, tensor: Any, frames: list[tuple[str, int, str]] | None = None) -> tuple[Site, ...]:
         frames = _frames_of(tensor) if frames is None else frames
