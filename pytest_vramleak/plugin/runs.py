@@ -741,7 +741,7 @@ def _name_kept(item: pytest.Item, runs: TestRuns, verdict: Verdict) -> None:
     # What only PyTorch keeps, made by torch's own code (tracing constants), is set aside without
     # the collection and the walks of the heap that naming takes.
     pytorchs = None
-    autocast_open = bool(first.result.details.get("autocast_regions_left"))
+    autocast_open = first.result.autocast_left
     if (
         runs.held_in_cpp
         and not runs.rule.strict
@@ -755,7 +755,7 @@ def _name_kept(item: pytest.Item, runs: TestRuns, verdict: Verdict) -> None:
     if pytorchs is None:
         tracker.settle()
         credit = [a + b for a, b in zip(credit, _settled_credit(tracker, runs, device), strict=False)]
-        named = _name_in_one_walk(item, runs, verdict, refs, roots)
+        named = _name_in_one_walk(item, runs, verdict, refs, roots, autocast_open=autocast_open)
     else:
         named = NamedLeak([], [], [(CPP_HELD, pytorchs)])
     verdict.groups, verdict.named = merge_parts(named.groups) + named.history, True
@@ -777,11 +777,17 @@ def _last_graph_roots(runs: TestRuns) -> list[Any]:
 
 
 def _name_in_one_walk(
-    item: pytest.Item, runs: TestRuns, verdict: Verdict, refs: list[StorageRef], roots: list[Any]
+    item: pytest.Item,
+    runs: TestRuns,
+    verdict: Verdict,
+    refs: list[StorageRef],
+    roots: list[Any],
+    *,
+    autocast_open: bool,
 ) -> NamedLeak:
     """Name the storages ``refs`` (none where autograd history grows: the graph is the leak) and the
     graph at ``roots``, each group told by the run that made it (the run that recorded sites counts
-    as one more)."""
+    as one more). ``autocast_open``: the first run left an autocast region open."""
     first = verdict.first.engine
     assert first is not None
     sources: list[SiteSource] = [
@@ -806,7 +812,7 @@ def _name_in_one_walk(
         threads_before=first._threads_before,
         count_cpp_held=runs.rule.strict,
         part=part,
-        autocast_open=bool(first.result.details.get("autocast_regions_left")),
+        autocast_open=autocast_open,
     )
 
 
