@@ -50,6 +50,7 @@ __all__ = [
     "holder_paths",
     "key_text",
     "name_holders",
+    "traceback_frames",
     "type_name",
     "untracked_referents",
     "without_python_holders",
@@ -100,6 +101,18 @@ def _other_threads_frames() -> list[tuple[str, int, types.FrameType]]:
             found.append((name, ident, current_frame))
             current_frame = current_frame.f_back
     return found
+
+
+def traceback_frames(error: BaseException | None) -> list[tuple[types.FrameType, int]]:
+    """Each frame of ``error``'s traceback, outermost first, with the line it was at (none where
+    there is no error): the frames of a failure, whose locals are named as such. The caller drops
+    the list once it is done: it keeps the frames, and what their locals hold, alive."""
+    frames = []
+    traceback = error.__traceback__ if error is not None else None
+    while traceback is not None:
+        frames.append((traceback.tb_frame, traceback.tb_lineno))
+        traceback = traceback.tb_next
+    return frames
 
 
 def _running_locals(frames: Sequence[types.FrameType], thread: str = "", thread_id: int = 0) -> dict[int, FrameLocal]:

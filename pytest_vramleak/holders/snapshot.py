@@ -57,6 +57,7 @@ from .referrers import (
     holder_paths,
     hook_holdings,
     module_types,
+    traceback_frames,
     type_name,
     untracked_referents,
     without_python_holders,
@@ -306,11 +307,7 @@ def memory_contents(meter: Meter, error: BaseException | None = None) -> str:
     Used when a test runs out of memory, while the failed test's frames are still alive: the
     locals of the frames in ``error``'s traceback are named as such.
     """
-    frames = []
-    traceback = error.__traceback__ if error is not None else None
-    while traceback is not None:
-        frames.append(traceback.tb_frame)
-        traceback = traceback.tb_next
+    frames = [frame for frame, _ in traceback_frames(error)]
     census = take_census(meter.name)
     largest = sorted(census.storages, key=census.storages.__getitem__, reverse=True)[:LARGEST_SHOWN]
     figures = [

@@ -14,7 +14,7 @@ import pytest
 from ..check import CPP_HELD, CheckResult, NamedLeak, name_leak
 from ..holders.diagnosis import PYTEST_WARNINGS
 from ..holders.paths import RootKind
-from ..holders.referrers import NamedRoot, held_only_inside, without_python_holders
+from ..holders.referrers import NamedRoot, held_only_inside, traceback_frames, without_python_holders
 from ..holders.snapshot import held_in_cpp_groups, merge_parts
 from ..judging.outcome import step_verdict, verdict_with_steps
 from ..judging.repeats import (
@@ -1189,11 +1189,9 @@ def _test_classes(item: pytest.Item) -> list[NamedRoot]:
 def _failure_frames(item: pytest.Item) -> list[NamedRoot]:
     """The frames of the test's own failure, where its call failed and its exception is alive."""
     check = current_check(item)
-    traceback = check.failure.__traceback__ if check is not None and check.failure is not None else None
-    frames = []
-    while traceback is not None:
-        frame = traceback.tb_frame
-        where = f"{frame.f_code.co_name}:{traceback.tb_lineno}"
-        frames.append(NamedRoot(f"the frame {where} of the failure of {item.name}", frame, "pytest", role="failure"))
-        traceback = traceback.tb_next
-    return frames
+    return [
+        NamedRoot(
+            f"the frame {frame.f_code.co_name}:{line} of the failure of {item.name}", frame, "pytest", role="failure"
+        )
+        for frame, line in traceback_frames(check.failure if check is not None else None)
+    ]
