@@ -113,6 +113,14 @@ class TestRuns:
     def teardown_reported(self, item: pytest.Item, report: pytest.TestReport) -> None:
         """A run's teardown report is made: the record goes on the first run's, after the last."""
 
+    def release(self, test: CheckedTest) -> None:
+        """The runs are over: the test no longer has them, and no check keeps its call's failure
+        (the exception, whose frames hold the test's locals, is read only while the runs are judged)."""
+        test.runs = None
+        for check in (*self.checks, test.current):
+            if check is not None:
+                check.failure = None
+
     def made_recording_sites(self, born: int) -> bool:
         """Whether a storage first seen at ``born`` was made by the run that recorded sites after
         the verdict (not one of the runs judged)."""
@@ -149,9 +157,7 @@ class RunsOfAnotherPlugin(TestRuns):
         record_properties(report, result)
         test = test_of(item)
         assert test is not None
-        test.runs = None
-        for check in self.checks:
-            check.failure = None
+        self.release(test)
 
 
 @dataclass
@@ -249,10 +255,7 @@ def run_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None
     try:
         reports = _run_checked(item, nextitem, runs)
     finally:
-        test.runs = None
-        for check in (*runs.checks, test.current):
-            if check is not None:
-                check.failure = None
+        runs.release(test)
     for report in reports:
         item.ihook.pytest_runtest_logreport(report=report)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
