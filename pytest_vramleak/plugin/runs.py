@@ -34,6 +34,7 @@ from ..judging.repeats import (
 from ..judging.sizes import format_size
 from ..judging.verdict import Budget
 from ..reporting.report import TestResult, render_groups
+from ..steps import StepResult
 from ..tracking.census import StorageKey
 from ..tracking.sites import FRAMES_FOR_CPP_HELD, FRAMES_TRACED, SiteRecorder, Sites, SiteSource, StorageSites
 from ..tracking.tracker import NODE_BYTES, StorageRef, Tracker
@@ -935,8 +936,7 @@ def finish_result(item: pytest.Item, runs: TestRuns, verdict: Verdict | None) ->
 
 def _judged_figures(result: TestResult, runs: TestRuns, verdict: Verdict, engine: CheckResult) -> None:
     """The record's verdict, figures, notes and tensors, from the first run and the verdict on the runs."""
-    decision, repetitions = verdict.decision, runs.repetitions
-    result.verdict = decision.outcome
+    result.verdict = verdict.decision.outcome
     result.end_bytes = engine.end_bytes
     result.leaked_bytes = max(0, (engine.leaked_bytes or 0) - (verdict.adjust[0] if verdict.adjust else 0))
     result.details = dict(engine.details)
@@ -951,6 +951,13 @@ def _judged_figures(result: TestResult, runs: TestRuns, verdict: Verdict, engine
     result.tensors += [group.to_json() for groups in engine.other_groups.values() for group in groups]
     if engine.cycles_failed:
         result.tensors += [group.to_json() for group in _cycle_groups(runs, engine)]
+    _runs_figures(result, runs, verdict)
+
+
+def _runs_figures(result: TestResult, runs: TestRuns, verdict: Verdict) -> None:
+    """What the runs after the first showed (their pattern, what each left, the growth), and where
+    one failed, whether the first run alone decides the test or leaves it undecided."""
+    decision, repetitions = verdict.decision, runs.repetitions
     if len(repetitions.runs) > 1 or repetitions.rerun_failed:
         result.pattern = decision.pattern
         result.repetitions = repetitions.series(verdict.adjust)
@@ -999,24 +1006,30 @@ def _step_figures(check: Check, result: TestResult, *, allowed: bool = False) ->
     )
     if not check.steps:
         return
-    last = next((step for step in reversed(check.steps) if step.grows), check.steps[-1])
-    if allowed and last.grows:
-        result.reason = f"allowed by @pytest.mark.{EXEMPT_MARKER}: {last.describe().splitlines()[0]}"
-    result.steps = list(last.steps)
-    result.warmup_steps = list(last.warmup_steps)
-    result.step_history_nodes = list(last.history) if last.history else None
-    if last.leak is not None and not result.tensors:
-        result.tensors = [group.to_json() for group in last.leak.groups]
-    result.growth_bytes = last.verdict.growth_bytes if last.verdict is not None else result.growth_bytes
-    result.settled_after_step = last.settled_after
-    if last.settled_after is not None:
-        result.notes.append(last.describe())
-    result.device = result.device or last.device
+    shown = next((step for step in reversed(check.steps) if step.grows), check.steps[-1])
+    _one_step_check(result, shown, allowed)
     undecided = [step.undecided for step in check.steps if step.undecided]
     if result.verdict == "unchecked" and result.reason is None:
         result.reason = next((step.reason for step in check.steps if step.reason), None) or next(iter(undecided), None)
     elif undecided and result.step_verdict != "leaked":
         result.notes += undecided
+
+
+def _one_step_check(result: TestResult, step: StepResult, allowed: bool) -> None:
+    """The record's figures of one step check (the one that grew, else the last): its steps, what
+    it kept, its growth, where it settled. ``allowed``: the test is marked ``allow_vram_leak``."""
+    if allowed and step.grows:
+        result.reason = f"allowed by @pytest.mark.{EXEMPT_MARKER}: {step.describe().splitlines()[0]}"
+    result.steps = list(step.steps)
+    result.warmup_steps = list(step.warmup_steps)
+    result.step_history_nodes = list(step.history) if step.history else None
+    if step.leak is not None and not result.tensors:
+        result.tensors = [group.to_json() for group in step.leak.groups]
+    result.growth_bytes = step.verdict.growth_bytes if step.verdict is not None else result.growth_bytes
+    result.settled_after_step = step.settled_after
+    if step.settled_after is not None:
+        result.notes.append(step.describe())
+    result.device = result.device or step.device
 
 
 def _cycle_groups(runs: TestRuns, first: CheckResult) -> list[Any]:
