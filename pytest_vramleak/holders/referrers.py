@@ -948,23 +948,6 @@ def hook_holdings(modules: Sequence[Any]) -> dict[int, str]:
     return held
 
 
-def module_hook_holding(target: Any) -> str | None:
-    """The module hook whose closure holds a container that holds ``target`` (a list a forward
-    hook appends to), as ``a forward hook of a Linear``, or None. One listing of the heap."""
-    wanted = {id(cls) for cls in module_types()}
-    if not wanted:
-        return None
-    with whole_heap():
-        everything = gc.get_objects()
-        # picked by the id of their type in C: no class's __hash__ or __eq__ runs
-        modules = list(itertools.compress(everything, map(wanted.__contains__, map(id, map(type, everything)))))
-        del everything
-    try:
-        return hook_holdings(modules).get(id(target))
-    finally:
-        modules.clear()
-
-
 MAX_CYCLE_CANDIDATES = 64
 """How many holders of a tensor, nearest first, are tried as a point of its reference cycle."""
 
@@ -972,7 +955,7 @@ MAX_CYCLE_CANDIDATES = 64
 def cycle_holding(garbage: Sequence[Any], target: Any) -> HolderPath | None:
     """How a reference cycle kept ``target`` until a collection freed it, read from that collection's
     garbage (``gc.DEBUG_SAVEALL``): the path from the nearest object on a cycle to the target, as
-    :func:`chain_parts` gives it with that object's class as its root (``Node.t``), and the cycle
+    :func:`~.edges.holder_path` gives it with that object's class as its root (``Node.t``), and the cycle
     itself (``Node.me``, which leads back to the same ``Node``). None where no cycle of the garbage
     holds the target."""
     members = {id(obj) for obj in garbage}

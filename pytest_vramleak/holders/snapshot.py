@@ -706,7 +706,7 @@ def _unheld_tensors(keys: Sequence[StorageKey], listing: list[Any], holders: lis
     """Which tensors (and storage objects) gc sees that nothing in Python refers to, among the
     tensors with an autograd graph (candidates for owning what graphs saved) and those over the
     storages at ``keys``: one pass over the heap, whose holders go into ``holders`` for the search
-    of holders that follows. ``listing``: what :func:`census.tensors_and_storages` gave."""
+    of holders that follows. ``listing``: the tensors and storage objects :func:`_list_heap` gave."""
     torch = _torch()
     wanted = set(keys)
     tensor_classes = set(tensor_types())

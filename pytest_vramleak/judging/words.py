@@ -12,10 +12,8 @@ Outcome = Literal["passed", "leaked", "over_budget"]
 Verdict = Literal["passed", "leaked", "over_budget", "unchecked"]
 """A test's leak verdict in its record (beside pytest's outcome): an outcome, or ``unchecked``
 where nothing could be measured (it failed, was skipped, or the plugin could not check it)."""
-VERDICTS: tuple[Verdict, ...] = get_args(Verdict)
 StepVerdict = Literal["passed", "leaked", "undecided"]
 """What a test's step checks came to: all passed, one grew, or none could decide."""
-STEP_VERDICTS: tuple[StepVerdict, ...] = get_args(StepVerdict)
 Pattern = Literal["grows", "kept_once", "settled"]
 """What a test's runs show of the memory it leaves (see :mod:`~pytest_vramleak.judging.repeats`)."""
 FailOn = Literal["significant", "growth", "any"]

@@ -409,10 +409,6 @@ class SiteRecorder:
         self.stopped_by_others = False
         """Tracing it started was stopped by other code (the test's ``tracemalloc.stop()``)."""
 
-    @property
-    def tracing(self) -> bool:
-        return tracemalloc.is_tracing()
-
     def start(self, frames: int = FRAMES_TRACED) -> None:
         if not tracemalloc.is_tracing():
             start_tracing(frames)
