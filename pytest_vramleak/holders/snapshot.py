@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..judging.sizes import format_size
+from ..judging.words import GroupKind
 from ..meters.devices import Meter, make_meter, resolve_device
 from ..reporting.report import HOLDERS_SAMPLED, render_groups, shape_text
 from ..tracking import gc_functions as gc
@@ -150,7 +151,7 @@ class TensorGroup:
     """Where the tensors were created (``file:line in function()``, then callers), where recorded."""
     diagnoses: list[str] = field(default_factory=list)
     """The leak patterns recognised, each with its cause and fix (see :mod:`pytest_vramleak.holders.diagnosis`)."""
-    kind: str = "tensor"
+    kind: GroupKind = "tensor"
     """``tensor``, ``grad`` (a gradient of a live tensor), ``graph`` (saved by an autograd graph) or
     ``storage`` (a storage object kept without a tensor)."""
     cls: str = ""
@@ -901,7 +902,7 @@ class _Grouping:
         else:
             self._add_held(found)
 
-    def _group(self, found: Found, key: tuple[str, tuple[int, ...], str], kind: str, cls: str) -> TensorGroup:
+    def _group(self, found: Found, key: tuple[str, tuple[int, ...], str], kind: GroupKind, cls: str) -> TensorGroup:
         share = self.part(found.key) if self.part is not None else None
         dtype, shape, where = key
         return self.groups.setdefault(
@@ -924,7 +925,7 @@ class _Grouping:
             group.allocated_at.append(site)
 
     def _add_held(self, found: Found) -> None:
-        kind = "tensor" if found.via == "gc" else found.via
+        kind: GroupKind = "tensor" if found.via == "gc" else found.via
         group = self._group(
             found, _group_key(found), kind, tensor_class(found.tensor) if found.via != "storage" else ""
         )

@@ -22,6 +22,9 @@ FAIL_ON: tuple[FailOn, ...] = get_args(FailOn)
 GroupKind = Literal["tensor", "grad", "storage", "graph", "history"]
 """What a group of leaked memory is: tensors, gradients, storages kept without a tensor, the
 saved tensors of an autograd graph, or kept autograd history."""
+Reached = Literal["gc", "grad", "graph", "storage"]
+"""How the census reached a tensor's storage: a tensor gc tracks, a gradient, a tensor an autograd
+graph saved, or a storage object kept without a tensor (each of the group kinds but history)."""
 
 KEPT_FLOOR_TEXT = "1 MiB"
 KEPT_FLOOR = parse_size(KEPT_FLOOR_TEXT)
