@@ -295,7 +295,7 @@ class LeakCheck:
                 collected=self._settled,
                 threads_before=self._threads_before,
                 count_cpp_held=self.rules.count_cpp_held,
-                autocast_open=bool(result.details.get("autocast_regions_left")),
+                autocast_open=result.autocast_left,
             )
             if main:
                 result.groups = found.groups + found.history

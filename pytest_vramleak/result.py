@@ -73,6 +73,12 @@ class CheckResult:
     """Whether the leaked tensors were looked for and their holders named (see :meth:`LeakCheck.explain`)."""
 
     @property
+    def autocast_left(self) -> bool:
+        """Whether the checked code entered an autocast region it never exited (see
+        :mod:`~pytest_vramleak.left_behind`): what only C++ holds then is the region's cast cache."""
+        return bool(self.details.get("autocast_regions_left"))
+
+    @property
     def history_bytes(self) -> int:
         """The estimated host memory of the kept autograd history."""
         return self.graph.estimated_bytes if self.graph is not None else 0

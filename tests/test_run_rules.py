@@ -130,6 +130,33 @@ def test_the_failure_of_growing_runs_opens_with_the_growth_or_the_first_run(
     assert decision.opens_with_growth is (opens == "memory grew")
 
 
+@pytest.mark.parametrize(
+    ("fail_on", "mode", "first_message", "left_behind", "told"),
+    [
+        # a strict rule's planned repeats that grow open with the growth: what the runs showed
+        # ends with the rule the first run broke alone
+        ("any", "repeat", "leaked 4 KiB on cpu, allowed 0 B", False, True),
+        # ... unless the failure says it already (the first run left a process behind)
+        ("any", "repeat", "leaked 4 KiB on cpu, allowed 0 B", True, False),
+        # ... or it broke none
+        ("any", "repeat", "", False, False),
+        # a rule that is not strict does not judge the first run alone
+        ("significant", "repeat", "leaked 4 KiB on cpu, allowed 0 B", False, False),
+        # re-runs that confirm open with the first run's verdict
+        ("any", "confirm", "leaked 4 KiB on cpu, allowed 0 B", False, False),
+    ],
+)
+def test_what_growing_runs_showed_ends_with_the_first_runs_verdict_under_a_strict_rule(
+    fail_on: str, mode: str, first_message: str, left_behind: bool, told: bool
+) -> None:
+    first = _FirstRun(first_message)
+    first.left_behind = ["left 1 child process(es) running"] if left_behind else []
+    decision = decide(_growing(mode), first, Rule(0, 0, fail_on), device="cpu")  # type: ignore[arg-type]
+    assert decision.outcome == "leaked" and decision.pattern == "grows"
+    assert decision.about.endswith(f"\nfirst run: {first_message}") is told
+    assert decision.about.count("first run: ") == told
+
+
 @dataclass
 class _Step:
     grows: bool = False

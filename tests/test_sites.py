@@ -164,6 +164,7 @@ def test_a_thread_taking_the_gil_as_tracing_stops_does_not_crash(pytester: pytes
 
 def test_tracing_leaves_the_raw_allocator_as_it_was_and_hooks_the_object_allocator() -> None:
     import ctypes
+    import tracemalloc
 
     from pytest_vramleak.tracking.sites import SiteRecorder
 
@@ -185,7 +186,7 @@ def test_tracing_leaves_the_raw_allocator_as_it_was_and_hooks_the_object_allocat
     recorder = SiteRecorder()
     recorder.start()
     try:
-        assert recorder.tracing
+        assert tracemalloc.is_tracing()
         raw, objects = allocators()
     finally:
         recorder.stop()

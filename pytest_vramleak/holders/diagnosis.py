@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ..judging.sizes import format_size
+from ..judging.words import GroupKind
 from .edges import PYTEST_WARNINGS
 from .paths import Edge, HolderPath
 
@@ -48,7 +49,7 @@ TORCH_CACHE = (
 class Group(Protocol):
     """What a rule reads of a leaked group (:class:`~.snapshot.TensorGroup`)."""
 
-    kind: str
+    kind: GroupKind
     dtype: str
     shape: tuple[int, ...]
     bytes: int

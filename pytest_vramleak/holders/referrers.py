@@ -50,6 +50,7 @@ __all__ = [
     "holder_paths",
     "key_text",
     "name_holders",
+    "traceback_frames",
     "type_name",
     "untracked_referents",
     "without_python_holders",
@@ -100,6 +101,18 @@ def _other_threads_frames() -> list[tuple[str, int, types.FrameType]]:
             found.append((name, ident, current_frame))
             current_frame = current_frame.f_back
     return found
+
+
+def traceback_frames(error: BaseException | None) -> list[tuple[types.FrameType, int]]:
+    """Each frame of ``error``'s traceback, outermost first, with the line it was at (none where
+    there is no error): the frames of a failure, whose locals are named as such. The caller drops
+    the list once it is done: it keeps the frames, and what their locals hold, alive."""
+    frames = []
+    traceback = error.__traceback__ if error is not None else None
+    while traceback is not None:
+        frames.append((traceback.tb_frame, traceback.tb_lineno))
+        traceback = traceback.tb_next
+    return frames
 
 
 def _running_locals(frames: Sequence[types.FrameType], thread: str = "", thread_id: int = 0) -> dict[int, FrameLocal]:
@@ -947,23 +960,6 @@ def hook_holdings(modules: Sequence[Any]) -> dict[int, str]:
     return held
 
 
-def module_hook_holding(target: Any) -> str | None:
-    """The module hook whose closure holds a container that holds ``target`` (a list a forward
-    hook appends to), as ``a forward hook of a Linear``, or None. One listing of the heap."""
-    wanted = {id(cls) for cls in module_types()}
-    if not wanted:
-        return None
-    with whole_heap():
-        everything = gc.get_objects()
-        # picked by the id of their type in C: no class's __hash__ or __eq__ runs
-        modules = list(itertools.compress(everything, map(wanted.__contains__, map(id, map(type, everything)))))
-        del everything
-    try:
-        return hook_holdings(modules).get(id(target))
-    finally:
-        modules.clear()
-
-
 MAX_CYCLE_CANDIDATES = 64
 """How many holders of a tensor, nearest first, are tried as a point of its reference cycle."""
 
@@ -971,7 +967,7 @@ MAX_CYCLE_CANDIDATES = 64
 def cycle_holding(garbage: Sequence[Any], target: Any) -> HolderPath | None:
     """How a reference cycle kept ``target`` until a collection freed it, read from that collection's
     garbage (``gc.DEBUG_SAVEALL``): the path from the nearest object on a cycle to the target, as
-    :func:`chain_parts` gives it with that object's class as its root (``Node.t``), and the cycle
+    :func:`~.edges.holder_path` gives it with that object's class as its root (``Node.t``), and the cycle
     itself (``Node.me``, which leads back to the same ``Node``). None where no cycle of the garbage
     holds the target."""
     members = {id(obj) for obj in garbage}

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..judging.sizes import format_size
+from ..judging.words import GroupKind
 from ..meters.devices import Meter, make_meter, resolve_device
 from ..reporting.report import HOLDERS_SAMPLED, render_groups, shape_text
 from ..tracking import gc_functions as gc
@@ -57,6 +58,7 @@ from .referrers import (
     holder_paths,
     hook_holdings,
     module_types,
+    traceback_frames,
     type_name,
     untracked_referents,
     without_python_holders,
@@ -149,7 +151,7 @@ class TensorGroup:
     """Where the tensors were created (``file:line in function()``, then callers), where recorded."""
     diagnoses: list[str] = field(default_factory=list)
     """The leak patterns recognised, each with its cause and fix (see :mod:`pytest_vramleak.holders.diagnosis`)."""
-    kind: str = "tensor"
+    kind: GroupKind = "tensor"
     """``tensor``, ``grad`` (a gradient of a live tensor), ``graph`` (saved by an autograd graph) or
     ``storage`` (a storage object kept without a tensor)."""
     cls: str = ""
@@ -306,11 +308,7 @@ def memory_contents(meter: Meter, error: BaseException | None = None) -> str:
     Used when a test runs out of memory, while the failed test's frames are still alive: the
     locals of the frames in ``error``'s traceback are named as such.
     """
-    frames = []
-    traceback = error.__traceback__ if error is not None else None
-    while traceback is not None:
-        frames.append(traceback.tb_frame)
-        traceback = traceback.tb_next
+    frames = [frame for frame, _ in traceback_frames(error)]
     census = take_census(meter.name)
     largest = sorted(census.storages, key=census.storages.__getitem__, reverse=True)[:LARGEST_SHOWN]
     figures = [
@@ -709,7 +707,7 @@ def _unheld_tensors(keys: Sequence[StorageKey], listing: list[Any], holders: lis
     """Which tensors (and storage objects) gc sees that nothing in Python refers to, among the
     tensors with an autograd graph (candidates for owning what graphs saved) and those over the
     storages at ``keys``: one pass over the heap, whose holders go into ``holders`` for the search
-    of holders that follows. ``listing``: what :func:`census.tensors_and_storages` gave."""
+    of holders that follows. ``listing``: the tensors and storage objects :func:`_list_heap` gave."""
     torch = _torch()
     wanted = set(keys)
     tensor_classes = set(tensor_types())
@@ -904,7 +902,7 @@ class _Grouping:
         else:
             self._add_held(found)
 
-    def _group(self, found: Found, key: tuple[str, tuple[int, ...], str], kind: str, cls: str) -> TensorGroup:
+    def _group(self, found: Found, key: tuple[str, tuple[int, ...], str], kind: GroupKind, cls: str) -> TensorGroup:
         share = self.part(found.key) if self.part is not None else None
         dtype, shape, where = key
         return self.groups.setdefault(
@@ -927,7 +925,7 @@ class _Grouping:
             group.allocated_at.append(site)
 
     def _add_held(self, found: Found) -> None:
-        kind = "tensor" if found.via == "gc" else found.via
+        kind: GroupKind = "tensor" if found.via == "gc" else found.via
         group = self._group(
             found, _group_key(found), kind, tensor_class(found.tensor) if found.via != "storage" else ""
         )

@@ -341,9 +341,8 @@ def decide(
     messages = [opening]
     if (first.left_behind or first.over_budget) and first.message != opening:
         messages.append(first.message)
-    if grows and rule.strict and repetitions.mode == "repeat" and first.outcome != "passed" and first.message:
-        if first.message not in messages:
-            about = f"{about}\nfirst run: {first.message}"
+    if _first_run_told_apart(repetitions, first, rule, grows=grows) and first.message not in messages:
+        about = f"{about}\nfirst run: {first.message}"
     message = "; ".join(message for message in messages if message)
     opens_with_growth = grows and not history and not judged_first
     return Decision(outcome, pattern, message, about, kept, history, growth, opens_with_growth)
@@ -392,6 +391,12 @@ def _first_run_judged(repetitions: Repetitions, first: FirstRun, rule: Rule, *, 
     """Whether the failure opens with the first run's verdict: a strict rule judges the first run
     as a test run once is, unless runs repeated as planned grew (they then say how)."""
     return fails and rule.strict and not (grows and repetitions.mode == "repeat") and bool(first.message)
+
+
+def _first_run_told_apart(repetitions: Repetitions, first: FirstRun, rule: Rule, *, grows: bool) -> bool:
+    """Whether what the runs showed ends with the rule the first run broke alone: a strict rule's
+    planned repeats that grew open the failure with the growth, not with the first run's verdict."""
+    return grows and rule.strict and repetitions.mode == "repeat" and first.outcome != "passed" and bool(first.message)
 
 
 def _memory_message(

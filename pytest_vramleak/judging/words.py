@@ -12,10 +12,8 @@ Outcome = Literal["passed", "leaked", "over_budget"]
 Verdict = Literal["passed", "leaked", "over_budget", "unchecked"]
 """A test's leak verdict in its record (beside pytest's outcome): an outcome, or ``unchecked``
 where nothing could be measured (it failed, was skipped, or the plugin could not check it)."""
-VERDICTS: tuple[Verdict, ...] = get_args(Verdict)
 StepVerdict = Literal["passed", "leaked", "undecided"]
 """What a test's step checks came to: all passed, one grew, or none could decide."""
-STEP_VERDICTS: tuple[StepVerdict, ...] = get_args(StepVerdict)
 Pattern = Literal["grows", "kept_once", "settled"]
 """What a test's runs show of the memory it leaves (see :mod:`~pytest_vramleak.judging.repeats`)."""
 FailOn = Literal["significant", "growth", "any"]
@@ -24,6 +22,9 @@ FAIL_ON: tuple[FailOn, ...] = get_args(FailOn)
 GroupKind = Literal["tensor", "grad", "storage", "graph", "history"]
 """What a group of leaked memory is: tensors, gradients, storages kept without a tensor, the
 saved tensors of an autograd graph, or kept autograd history."""
+Reached = Literal["gc", "grad", "graph", "storage"]
+"""How the census reached a tensor's storage: a tensor gc tracks, a gradient, a tensor an autograd
+graph saved, or a storage object kept without a tensor (each of the group kinds but history)."""
 
 KEPT_FLOOR_TEXT = "1 MiB"
 KEPT_FLOOR = parse_size(KEPT_FLOOR_TEXT)

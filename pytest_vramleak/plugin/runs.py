@@ -15,7 +15,7 @@ import pytest
 from ..check import CPP_HELD, CheckResult, NamedLeak, name_leak
 from ..holders.diagnosis import PYTEST_WARNINGS
 from ..holders.paths import RootKind
-from ..holders.referrers import NamedRoot, held_only_inside, without_python_holders
+from ..holders.referrers import NamedRoot, held_only_inside, traceback_frames, without_python_holders
 from ..holders.snapshot import held_in_cpp_groups, merge_parts
 from ..judging.outcome import step_verdict, verdict_with_steps
 from ..judging.repeats import (
@@ -35,6 +35,7 @@ from ..judging.repeats import (
 from ..judging.sizes import format_size
 from ..judging.verdict import Budget
 from ..reporting.report import TestResult, render_groups
+from ..steps import StepResult
 from ..tracking import exit_callbacks
 from ..tracking.census import StorageKey
 from ..tracking.sites import FRAMES_FOR_CPP_HELD, FRAMES_TRACED, SiteRecorder, Sites, SiteSource, StorageSites
@@ -118,6 +119,14 @@ class TestRuns:
     def teardown_reported(self, item: pytest.Item, report: pytest.TestReport) -> None:
         """A run's teardown report is made: the record goes on the first run's, after the last."""
 
+    def release(self, test: CheckedTest) -> None:
+        """The runs are over: the test no longer has them, and no check keeps its call's failure
+        (the exception, whose frames hold the test's locals, is read only while the runs are judged)."""
+        test.runs = None
+        for check in (*self.checks, test.current):
+            if check is not None:
+                check.failure = None
+
     def made_recording_sites(self, born: int) -> bool:
         """Whether a storage first seen at ``born`` was made by the run that recorded sites after
         the verdict (not one of the runs judged)."""
@@ -154,9 +163,7 @@ class RunsOfAnotherPlugin(TestRuns):
         record_properties(report, result)
         test = test_of(item)
         assert test is not None
-        test.runs = None
-        for check in self.checks:
-            check.failure = None
+        self.release(test)
 
 
 @dataclass
@@ -262,10 +269,7 @@ def run_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None
     try:
         reports = _run_checked(item, nextitem, runs)
     finally:
-        test.runs = None
-        for check in (*runs.checks, test.current):
-            if check is not None:
-                check.failure = None
+        runs.release(test)
     for report in reports:
         item.ihook.pytest_runtest_logreport(report=report)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
@@ -792,7 +796,7 @@ def _name_kept(item: pytest.Item, runs: TestRuns, verdict: Verdict) -> None:
     # What only PyTorch keeps, made by torch's own code (tracing constants), is set aside without
     # the collection and the walks of the heap that naming takes.
     pytorchs = None
-    autocast_open = bool(first.result.details.get("autocast_regions_left"))
+    autocast_open = first.result.autocast_left
     if (
         runs.held_in_cpp
         and not runs.rule.strict
@@ -808,7 +812,7 @@ def _name_kept(item: pytest.Item, runs: TestRuns, verdict: Verdict) -> None:
         tracker.settle()
         all_freed = bool(refs) and all(ref() is None for ref in refs)  # (as the collection left them)
         credit = [a + b for a, b in zip(credit, _settled_credit(tracker, runs, device), strict=False)]
-        named = _name_in_one_walk(item, runs, verdict, refs, roots)
+        named = _name_in_one_walk(item, runs, verdict, refs, roots, autocast_open=autocast_open)
         _set_aside_older_threads(item, runs, named, refs)
     else:
         named = NamedLeak([], [], [(CPP_HELD, pytorchs)])
@@ -833,11 +837,17 @@ def _last_graph_roots(runs: TestRuns) -> list[Any]:
 
 
 def _name_in_one_walk(
-    item: pytest.Item, runs: TestRuns, verdict: Verdict, refs: list[StorageRef], roots: list[Any]
+    item: pytest.Item,
+    runs: TestRuns,
+    verdict: Verdict,
+    refs: list[StorageRef],
+    roots: list[Any],
+    *,
+    autocast_open: bool,
 ) -> NamedLeak:
     """Name the storages ``refs`` (none where autograd history grows: the graph is the leak) and the
     graph at ``roots``, each group told by the run that made it (the run that recorded sites counts
-    as one more)."""
+    as one more). ``autocast_open``: the first run left an autocast region open."""
     first = verdict.first.engine
     assert first is not None
     sources: list[SiteSource] = [
@@ -862,7 +872,7 @@ def _name_in_one_walk(
         threads_before=first._threads_before,
         count_cpp_held=runs.rule.strict,
         part=part,
-        autocast_open=bool(first.result.details.get("autocast_regions_left")),
+        autocast_open=autocast_open,
     )
 
 
@@ -1094,8 +1104,7 @@ def finish_result(item: pytest.Item, runs: TestRuns, verdict: Verdict | None) ->
 
 def _judged_figures(result: TestResult, runs: TestRuns, verdict: Verdict, engine: CheckResult) -> None:
     """The record's verdict, figures, notes and tensors, from the first run and the verdict on the runs."""
-    decision, repetitions = verdict.decision, runs.repetitions
-    result.verdict = decision.outcome
+    result.verdict = verdict.decision.outcome
     result.end_bytes = engine.end_bytes
     result.leaked_bytes = max(0, (engine.leaked_bytes or 0) - (verdict.adjust[0] if verdict.adjust else 0))
     result.details = dict(engine.details)
@@ -1110,6 +1119,13 @@ def _judged_figures(result: TestResult, runs: TestRuns, verdict: Verdict, engine
     result.tensors += [group.to_json() for groups in engine.other_groups.values() for group in groups]
     if engine.cycles_failed:
         result.tensors += [group.to_json() for group in _cycle_groups(runs, engine)]
+    _runs_figures(result, runs, verdict)
+
+
+def _runs_figures(result: TestResult, runs: TestRuns, verdict: Verdict) -> None:
+    """What the runs after the first showed (their pattern, what each left, the growth), and where
+    one failed, whether the first run alone decides the test or leaves it undecided."""
+    decision, repetitions = verdict.decision, runs.repetitions
     if len(repetitions.runs) > 1 or repetitions.rerun_failed:
         result.pattern = decision.pattern
         result.repetitions = repetitions.series(verdict.adjust)
@@ -1158,24 +1174,30 @@ def _step_figures(check: Check, result: TestResult, *, allowed: bool = False) ->
     )
     if not check.steps:
         return
-    last = next((step for step in reversed(check.steps) if step.grows), check.steps[-1])
-    if allowed and last.grows:
-        result.reason = f"allowed by @pytest.mark.{EXEMPT_MARKER}: {last.describe().splitlines()[0]}"
-    result.steps = list(last.steps)
-    result.warmup_steps = list(last.warmup_steps)
-    result.step_history_nodes = list(last.history) if last.history else None
-    if last.leak is not None and not result.tensors:
-        result.tensors = [group.to_json() for group in last.leak.groups]
-    result.growth_bytes = last.verdict.growth_bytes if last.verdict is not None else result.growth_bytes
-    result.settled_after_step = last.settled_after
-    if last.settled_after is not None:
-        result.notes.append(last.describe())
-    result.device = result.device or last.device
+    shown = next((step for step in reversed(check.steps) if step.grows), check.steps[-1])
+    _one_step_check(result, shown, allowed)
     undecided = [step.undecided for step in check.steps if step.undecided]
     if result.verdict == "unchecked" and result.reason is None:
         result.reason = next((step.reason for step in check.steps if step.reason), None) or next(iter(undecided), None)
     elif undecided and result.step_verdict != "leaked":
         result.notes += undecided
+
+
+def _one_step_check(result: TestResult, step: StepResult, allowed: bool) -> None:
+    """The record's figures of one step check (the one that grew, else the last): its steps, what
+    it kept, its growth, where it settled. ``allowed``: the test is marked ``allow_vram_leak``."""
+    if allowed and step.grows:
+        result.reason = f"allowed by @pytest.mark.{EXEMPT_MARKER}: {step.describe().splitlines()[0]}"
+    result.steps = list(step.steps)
+    result.warmup_steps = list(step.warmup_steps)
+    result.step_history_nodes = list(step.history) if step.history else None
+    if step.leak is not None and not result.tensors:
+        result.tensors = [group.to_json() for group in step.leak.groups]
+    result.growth_bytes = step.verdict.growth_bytes if step.verdict is not None else result.growth_bytes
+    result.settled_after_step = step.settled_after
+    if step.settled_after is not None:
+        result.notes.append(step.describe())
+    result.device = result.device or step.device
 
 
 def _cycle_groups(runs: TestRuns, first: CheckResult) -> list[Any]:
@@ -1355,11 +1377,9 @@ def _test_classes(item: pytest.Item) -> list[NamedRoot]:
 def _failure_frames(item: pytest.Item) -> list[NamedRoot]:
     """The frames of the test's own failure, where its call failed and its exception is alive."""
     check = current_check(item)
-    traceback = check.failure.__traceback__ if check is not None and check.failure is not None else None
-    frames = []
-    while traceback is not None:
-        frame = traceback.tb_frame
-        where = f"{frame.f_code.co_name}:{traceback.tb_lineno}"
-        frames.append(NamedRoot(f"the frame {where} of the failure of {item.name}", frame, "pytest", role="failure"))
-        traceback = traceback.tb_next
-    return frames
+    return [
+        NamedRoot(
+            f"the frame {frame.f_code.co_name}:{line} of the failure of {item.name}", frame, "pytest", role="failure"
+        )
+        for frame, line in traceback_frames(check.failure if check is not None else None)
+    ]

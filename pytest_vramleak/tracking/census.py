@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..judging.words import Reached
 from . import gc_functions as gc
 from .torch_api import objects_referring_to
 
@@ -258,7 +259,7 @@ class Found:
     key: StorageKey
     nbytes: int
     tensor: Any
-    via: str = "gc"
+    via: Reached = "gc"
     """``"gc"`` for a Python-visible tensor, ``"grad"`` for a gradient, ``"graph"`` for a saved tensor,
     ``"storage"`` for a storage object kept without a tensor (``tensor`` is then that object)."""
     owner: Any = None

@@ -427,10 +427,6 @@ class SiteRecorder:
         threading's bootstrap), is the outermost frame below threading's, in the function the
         thread runs (file, line); None for the main thread."""
 
-    @property
-    def tracing(self) -> bool:
-        return tracemalloc.is_tracing()
-
     def start(self, frames: int = FRAMES_TRACED) -> None:
         if not tracemalloc.is_tracing():
             start_tracing(frames)
