@@ -299,23 +299,33 @@ class LeakCheck:
             )
             if main:
                 result.groups = found.groups + found.history
-                self._set_aside(found.set_aside)
+                self._set_aside(found.set_aside, nothing_left=not result.groups)
             else:
                 result.other_groups[device] = found.groups
 
-    def _set_aside(self, set_aside: list[tuple[str, list[TensorGroup]]]) -> None:
+    def _set_aside(self, set_aside: list[tuple[str, list[TensorGroup]]], *, nothing_left: bool = False) -> None:
         """Take out of the leak what :func:`name_leak` found is not the check's (with whose it is,
-        as naming found: PyTorch's caches, C++, older threads, a note each), and decide again."""
+        as naming found: PyTorch's caches, C++, older threads, a note each), and decide again.
+        ``nothing_left``: no tensor is left the check's; then the autograd nodes kept are those of
+        the tensors that pytest's records of the test alone hold, where those are among what is set aside."""
         result = self.result
         if not set_aside or result.leaked_bytes is None:
             return
         for holders, groups in set_aside:
-            discounted = sum(group.bytes for group in groups)
+            # a group's memory is its tensors' and what their graph saved; a history group's, its nodes
+            tensors = [group for group in groups if group.kind != "history"]
+            discounted = sum(group.bytes + group.graph_bytes for group in tensors)
+            nodes = sum(group.nodes for group in groups if group.kind == "history")
+            if nothing_left and holders in _PYTESTS_OWN and result.graph is not None:
+                nodes = result.graph.nodes  # (a tensor named among the storages gets no history group)
             result.leaked_bytes = max(0, result.leaked_bytes - discounted)
             if result.created_bytes is not None:
                 result.created_bytes = max(0, result.created_bytes - discounted)
+            if nodes and result.graph is not None:
+                result.graph = result.graph._replace(nodes=max(0, result.graph.nodes - nodes))
             result.set_aside.append((holders, groups))
-            result.notes.append(f"{format_size(discounted)} {holders}: not counted")
+            kept = format_size(discounted) + (f" and {nodes:,} autograd nodes" if nodes else "")
+            result.notes.append(f"{kept} {holders}: not counted")
         self._apply_rules()
         if result.outcome != "leaked":
             result.groups = []
@@ -354,6 +364,11 @@ FAILURE_KEPT = (
     "held only by the frames of the test's own failure, kept with its traceback (by pytest, or a plugin such as "
     "pytest-rerunfailures, which keeps a failure's traceback on the test item)"
 )
+
+
+_PYTESTS_OWN = (FAILURE_KEPT, PYTEST_WARNINGS_KEPT)
+"""What pytest keeps of a test (its failure's frames, the warnings it recorded): the autograd history
+only they keep is set aside with the tensors."""
 
 
 def _held_by_the_autocast_cache(groups: list[TensorGroup]) -> None:
@@ -410,9 +425,14 @@ def name_leak(
             matched = [group for group in groups if predicate(group)]
         else:
             matched = [piece for whole in merge_parts(groups) if predicate(whole) for piece in whole.parts]
-        if matched:
-            set_aside.append((holders, matched))
+        # the autograd history that only pytest's records of the test hold goes with them
+        kept_history = (
+            [group for group in history if group.holders and predicate(group)] if holders in _PYTESTS_OWN else []
+        )
+        if matched or kept_history:
+            set_aside.append((holders, matched + kept_history))
             groups = [group for group in groups if group not in matched]
+            history = [group for group in history if group not in kept_history]
     # pytest's lists that gain an entry with every run: record_property values, recorded warnings
     kept_by_pytest = [group for group in groups if kept_by_pytest_lists(group)]
     return NamedLeak(groups, history, set_aside, kept_by_pytest)

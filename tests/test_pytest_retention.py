@@ -106,6 +106,11 @@ def test_fails_holding_a_batch():
     assert batch.sum() == 0
 
 @pytest.mark.vram_budget
+def test_fails_holding_activations_with_their_graph():
+    activations = [torch.ones(256, 256, requires_grad=True) * 2 for _ in range(4)]
+    assert activations[0].sum() == 0
+
+@pytest.mark.vram_budget
 def test_fails_and_leaks():
     CACHE.append(torch.ones(300_000))
     assert False, "the body failed"
@@ -125,9 +130,11 @@ def test_what_only_a_failures_traceback_holds_is_not_a_leak_whoever_keeps_it(
     result = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "-p", "no:randomly", *rerunfailures.split(), f"--vramleak-report={path}"
     )
-    result.assert_outcomes(failed=2)
+    result.assert_outcomes(failed=3)
     report = read_report(path)
     assert report["test_fails_holding_a_batch"]["verdict"] == "passed"
+    # the graph behind what the failure's frames hold is theirs too: its saved leaves and its nodes
+    assert report["test_fails_holding_activations_with_their_graph"]["verdict"] == "passed"
     assert report["test_fails_and_leaks"]["verdict"] == "leaked"  # its own leak is shown beside its failure
     output = result.stdout.str()
     assert output.count("vramleak: the test also leaked") == 1
