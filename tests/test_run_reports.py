@@ -64,6 +64,7 @@ def test_json_report_schema(pytester: pytest.Pytester) -> None:
                         "count": 1,
                         "held_by": ["test_it.CACHE['user-42']"],
                         "held_by_paths": [[["test_it", "module"], [".CACHE", "dict"], ["['user-42']", "Tensor"]]],
+                        "holders_not_searched": 0,
                         "allocated_at": ["test_it.py:6 in test_leaks()"],
                         "diagnoses": [],
                         "kind": "tensor",
@@ -279,3 +280,45 @@ def test_an_interrupted_run_keeps_the_saved_run(pytester: pytest.Pytester) -> No
     assert result.ret == pytest.ExitCode.INTERRUPTED
     assert saved.read_text() == '{"version": 1, "tests": {}}\n'
     result.stdout.fnmatch_lines(["vramleak: the run was interrupted: the saved run 'base' was left as it was"])
+
+
+def test_every_report_says_how_many_tensors_of_a_group_had_no_holder_searched(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        CACHE = {}
+
+        @pytest.mark.vram_budget
+        def test_fills_a_cache():
+            for user in range(100):
+                CACHE[f"user-{user}"] = torch.ones(64)
+        """
+    )
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "--vramleak-report=r.json", "--vramleak-report=r.html", "--vramleak-markdown=s.md"
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.re_match_lines(
+        [
+            re.escape("float32[64] on cpu: 100 tensors, 25.0 KiB"),
+            re.escape("    allocated at test_it.py:7 in test_fills_a_cache()"),
+            *[re.escape("    held by test_it.CACHE['user-") + r"\d+'\]"] * 3,
+            re.escape("    ... and 97 more alike, whose holders were not searched"),
+        ]
+    )
+    (group,) = json.loads((pytester.path / "r.json").read_text())["tests"][0]["tensors"]
+    assert (group["count"], len(group["held_by"]), group["holders_not_searched"]) == (100, 3, 97)
+    page = (pytester.path / "r.html").read_text()
+    assert page.count("<li>held by <code>test_it.CACHE[") == 3
+    assert '<p class="more">… and 97 more alike, whose holders were not searched</p>' in page
+    (line,) = [line for line in (pytester.path / "s.md").read_text().splitlines() if line.startswith("- ")]
+    assert re.fullmatch(
+        re.escape(
+            "- `test_it.py::test_fills_a_cache`: float32[64], 100 tensors, 25.0 KiB, held by `test_it.CACHE['user-"
+        )
+        + r"\d+"
+        + re.escape(
+            "']` (2 more holders in the JSON and HTML reports; 97 more tensors alike, whose holders were not searched)"
+        ),
+        line,
+    ), line

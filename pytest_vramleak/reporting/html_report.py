@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .outcomes import PYTEST_ORDER, headline, verdict_of, why_passed
-from .report import leaked_figure, shape_text, size_text
+from .report import holders_not_searched, leaked_figure, shape_text, size_text
 
 VERDICT_ORDER = {"leaked": 0, "over_budget": 1, "passed": 2, "unchecked": 3}
 OUTCOME_ORDER = {"failed": 0, "error": 1, "xpassed": 2, "passed": 3, "xfailed": 4, "skipped": 5}
@@ -363,6 +363,11 @@ def _group_html(group: Mapping[str, Any], ident: str) -> str:
             + "".join(f"<li>held by <code>{_escape(h)}</code></li>" for h in group["held_by"])
             + "</ul>"
         )
+    unsearched = holders_not_searched(
+        str(group.get("kind") or "tensor"), int(group.get("count") or 0), len(group.get("held_by") or [])
+    )
+    if unsearched:
+        parts.append(f'<p class="more">… and {unsearched:,} more alike, whose holders were not searched</p>')
     if group.get("allocated_at"):
         parts.append(
             '<ul class="sites">'
