@@ -328,15 +328,21 @@ def _group_target(group: Mapping[str, Any]) -> str:
 
 
 def _figures(result: Mapping[str, Any]) -> str:
+    """A card's figures in one line; those of a test's first run say so where it ran again."""
     figures = [f"device {result.get('device') or '—'}"]
     budget = result.get("budget") or {}
+    run = []
     if result.get("baseline_bytes") is not None:
-        figures.append(f"baseline {size_text(result['baseline_bytes'])}")
+        run.append(f"baseline {size_text(result['baseline_bytes'])}")
     if result.get("end_bytes") is not None:
-        figures.append(f"after teardown {size_text(result['end_bytes'])}")
+        run.append(f"after teardown {size_text(result['end_bytes'])}")
     if result.get("leaked_bytes") is not None:
         allowed = f" (allowed {size_text(budget['leak'])})" if budget.get("leak") is not None else ""
-        figures.append(f"leaked {size_text(result['leaked_bytes'])}{allowed}")
+        run.append(f"leaked {size_text(result['leaked_bytes'])}{allowed}")
+    if run and len(result.get("repetitions") or []) > 1:
+        figures.append("first run: " + ", ".join(run))
+    else:
+        figures += run
     if result.get("peak_bytes") is not None:
         allowed = f" (budget {size_text(budget['peak'])})" if budget.get("peak") is not None else ""
         figures.append(f"peak above baseline {size_text(result['peak_bytes'])}{allowed}")
