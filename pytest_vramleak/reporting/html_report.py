@@ -386,6 +386,10 @@ def _group_html(group: Mapping[str, Any], ident: str) -> str:
     return "".join(parts)
 
 
+def _count(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def _nodes(count: int) -> str:
     return f"{count:,} nodes"
 
@@ -460,7 +464,7 @@ def _charts(result: Mapping[str, Any]) -> list[str]:
         warmup = result.get("warmup_steps") or []
         parts.append(
             f'<figure class="steps">{step_chart(warmup, result["steps"], title="memory after each step of " + result["nodeid"])}'
-            f"<figcaption>memory above the warm-up baseline after each step; {len(warmup)} warm-up steps shaded, "
+            f"<figcaption>memory above the warm-up baseline after each step; {_count(len(warmup), 'warm-up step')} shaded, "
             f"{len(result['steps'])} measured</figcaption></figure>"
         )
     history = result.get("step_history_nodes") or []
@@ -483,7 +487,7 @@ def _charts(result: Mapping[str, Any]) -> list[str]:
         )
         parts.append(
             f'<figure class="steps runs">{chart}<figcaption>memory left after each run of the test, above the first run\'s baseline; '
-            f"{warm} warm-up runs shaded, {len(runs) - warm} measured"
+            f"{_count(warm, 'warm-up run')} shaded, {len(runs) - warm} measured"
             + (f"; pattern: {_escape(result['pattern'])}" if result.get("pattern") else "")
             + "</figcaption></figure>"
         )
