@@ -798,6 +798,7 @@ section.test h2 { font-size: 15px; margin: 12px 0 4px; }
 .group h3 { font-size: 14px; margin: 4px 0; }
 .graph-box { padding: 4px 0; }
 .graph-box svg.graph { max-width: 100%; height: auto; }
+section.test code { overflow-wrap: anywhere; }
 td.number { white-space: nowrap; }
 #tests td:first-child code { word-break: break-all; }
 ul.notes { margin: 0 0 8px; padding-left: 20px; color: var(--muted); }
