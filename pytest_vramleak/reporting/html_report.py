@@ -61,9 +61,12 @@ def step_chart(
     unit: str = "step",
     above: str = "the warm-up baseline",
     figure: Callable[[int], str] = size_text,
+    first: int = 1,
 ) -> str:
     """An SVG line chart of memory above ``above`` after each step (or run: ``unit``), warm-up
-    shaded; ``figure`` writes a value (a size, by default; a count of autograd nodes)."""
+    shaded; ``figure`` writes a value (a size, by default; a count of autograd nodes), and
+    ``first`` is the number of the first step drawn (a step check's steps are numbered as its loop
+    numbers them, from 0; a chart of its measured steps only starts after the warm-up)."""
     values = [*warmup_steps, *steps]
     if not values:
         return ""
@@ -101,7 +104,7 @@ def step_chart(
     stride = max(1, (count + 11) // 12)
     for index in range(0, count, stride):
         parts.append(
-            f'<text class="tick" x="{x(index):.1f}" y="{top + plot_height + 18}" text-anchor="middle">{index + 1}</text>'
+            f'<text class="tick" x="{x(index):.1f}" y="{top + plot_height + 18}" text-anchor="middle">{index + first}</text>'
         )
     parts.append(
         f'<text class="axis" x="{left + plot_width / 2:.1f}" y="{height - 4}" text-anchor="middle">{unit}</text>'
@@ -112,7 +115,7 @@ def step_chart(
         phase = f"warm-up {unit}" if index < warm else unit
         parts.append(
             f'<circle class="{"point warm" if index < warm else "point"}" cx="{x(index):.1f}" cy="{y(value):.1f}" r="3.5">'
-            f"<title>{phase} {index + 1}: {_escape(figure(value))} above {_escape(above)}</title></circle>"
+            f"<title>{phase} {index + first}: {_escape(figure(value))}{' above ' + _escape(above) if above else ''}</title></circle>"
         )
     parts.append("</svg>")
     return "".join(parts)
@@ -463,14 +466,15 @@ def _charts(result: Mapping[str, Any]) -> list[str]:
     if result.get("steps"):
         warmup = result.get("warmup_steps") or []
         parts.append(
-            f'<figure class="steps">{step_chart(warmup, result["steps"], title="memory after each step of " + result["nodeid"])}'
-            f"<figcaption>memory above the warm-up baseline after each step; {_count(len(warmup), 'warm-up step')} shaded, "
+            f'<figure class="steps">{step_chart(warmup, result["steps"], title="memory after each step of " + result["nodeid"], first=0)}'
+            f"<figcaption>memory above the warm-up baseline after each step (numbered as the loop's steps, from 0); "
+            f"{_count(len(warmup), 'warm-up step')} shaded, "
             f"{len(result['steps'])} measured</figcaption></figure>"
         )
     history = result.get("step_history_nodes") or []
     if len(history) > 1 and history[-1] > history[0]:
         parts.append(
-            f'<figure class="steps history">{step_chart([], history, title="autograd nodes kept after each step of " + result["nodeid"], unit="measured step", above="none", figure=_nodes)}'
+            f'<figure class="steps history">{step_chart([], history, title="autograd nodes kept after each step of " + result["nodeid"], unit="step", above="", figure=_nodes, first=len(result.get("warmup_steps") or []))}'
             f"<figcaption>autograd nodes made by earlier measured steps that tensors alive after each measured step keep: "
             f"{', '.join(f'{n:,}' for n in history)}; the graph grew {_escape(_per_step(history))} nodes a step "
             "(each step's graph linked to the one before)</figcaption></figure>"
@@ -547,7 +551,8 @@ _COLUMNS = (
 
 def _row(result: Mapping[str, Any], anchor: str | None) -> str:
     nodeid = _escape(result["nodeid"])
-    name = f'<a href="#{anchor}">{nodeid}</a>' if anchor else nodeid
+    shown = nodeid.replace("::", "::<wbr>")  # a long id wraps between its file and its test first
+    name = f'<a href="#{anchor}">{shown}</a>' if anchor else shown
     if result.get("shard"):
         name += f' <span class="shard">{_escape(result["shard"])}</span>'
     verdict = verdict_of(result)
@@ -799,8 +804,9 @@ section.test h2 { font-size: 15px; margin: 12px 0 4px; }
 .graph-box { padding: 4px 0; }
 .graph-box svg.graph { max-width: 100%; height: auto; }
 section.test code { overflow-wrap: anywhere; }
+p.more { color: var(--muted); font-size: 12.5px; margin: 2px 0 6px 20px; }
 td.number { white-space: nowrap; }
-#tests td:first-child code { word-break: break-all; }
+#tests td:first-child code { overflow-wrap: anywhere; }
 ul.notes { margin: 0 0 8px; padding-left: 20px; color: var(--muted); }
 ul.held, ul.sites, ul.diagnoses { margin: 4px 0; padding-left: 20px; }
 ul.diagnoses li { color: var(--leaked); }
