@@ -322,3 +322,34 @@ def test_every_report_says_how_many_tensors_of_a_group_had_no_holder_searched(py
         ),
         line,
     ), line
+
+
+def test_a_fixtures_holders_past_three_are_counted_in_the_summary_and_listed_in_the_reports(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        REGISTRY = []
+
+        @pytest.fixture(scope="module")
+        def tables():
+            made = [torch.ones(256 * (n + 1)) for n in range(5)]
+            REGISTRY.extend(made)  # outlives the fixture's teardown
+            return made
+
+        def test_uses_tables(tables):
+            assert len(tables) == 5
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak", "--vramleak-report=r.json")
+    result.assert_outcomes(passed=1)
+    result.stdout.re_match_lines(
+        [
+            re.escape("fixture 'tables' (module scope, test_it.py) still holds 15.0 KiB it allocated, after its teardown"),
+            *[r"    held by test_it\.REGISTRY\[\d\]"] * 3,
+            re.escape("    ... and 2 more holders (the JSON and HTML reports list them all)"),
+        ]
+    )
+    (fixture,) = json.loads((pytester.path / "r.json").read_text())["fixtures"]
+    assert sorted(fixture["held_by"]) == [f"test_it.REGISTRY[{n}]" for n in range(5)]
