@@ -346,7 +346,9 @@ def test_a_fixtures_holders_past_three_are_counted_in_the_summary_and_listed_in_
     result.assert_outcomes(passed=1)
     result.stdout.re_match_lines(
         [
-            re.escape("fixture 'tables' (module scope, test_it.py) still holds 15.0 KiB it allocated, after its teardown"),
+            re.escape(
+                "fixture 'tables' (module scope, test_it.py) still holds 15.0 KiB it allocated, after its teardown"
+            ),
             *[r"    held by test_it\.REGISTRY\[\d\]"] * 3,
             re.escape("    ... and 2 more holders (the JSON and HTML reports list them all)"),
         ]
