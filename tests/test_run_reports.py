@@ -355,3 +355,37 @@ def test_a_fixtures_holders_past_three_are_counted_in_the_summary_and_listed_in_
     )
     (fixture,) = json.loads((pytester.path / "r.json").read_text())["fixtures"]
     assert sorted(fixture["held_by"]) == [f"test_it.REGISTRY[{n}]" for n in range(5)]
+
+
+def test_the_summary_and_a_failure_say_how_many_they_left_out_and_how_to_see_them(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        KEPT = []
+
+        @pytest.mark.vram_budget
+        @pytest.mark.parametrize("n", range(7))
+        def test_leaks(n):
+            KEPT.append(torch.ones(256 * (n + 1)))
+
+        @pytest.mark.vram_budget
+        def test_leaks_twelve_shapes():
+            KEPT.extend(torch.ones(n + 1) for n in range(12))
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak-report=r.json")
+    result.assert_outcomes(failed=8)
+    result.stdout.fnmatch_lines(
+        [
+            "float32[[]3[]] on cpu: 1 tensor, 12 B",
+            "... and 2 more groups, 12 B (--vramleak-report=PATH.json or .html lists them all)",
+            "largest leaks:",
+            "     7.0 KiB  test_it.py::test_leaks[[]6[]] (cpu, grows)",
+            "  ... and 3 more tests that leaked (-vv lists them all)",
+        ]
+    )
+    (twelve,) = [t for t in json.loads((pytester.path / "r.json").read_text())["tests"] if "twelve" in t["nodeid"]]
+    assert len(twelve["tensors"]) == 12
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", "-vv")
+    result.stdout.fnmatch_lines(["largest leaks:", *["*test_it.py::test_leaks*"] * 7])
+    result.stdout.no_fnmatch_line("*more tests that leaked*")
