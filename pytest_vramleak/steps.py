@@ -661,9 +661,16 @@ class _Loop:
         replaced = {id(ref) for ref in replacing}
         refs = [ref for ref in lasting if id(ref) not in replaced] or lasting
         if len(refs) < len(lasting):
+            several = len(replacing) > 1
             notes.append(
-                f"not listed: {len(replacing)} storages ({format_size(sum(ref.nbytes for ref in replacing))}) that outlived "
-                "their step only as the latest of their kind: each took the place of storages of its size that earlier "
+                f"not listed: {len(replacing)} storage{'s' if several else ''} "
+                f"({format_size(sum(ref.nbytes for ref in replacing))}) that outlived "
+                + (
+                    "their step only as the latest of their kind: each"
+                    if several
+                    else "its step only as the latest of its kind: it"
+                )
+                + " took the place of storages of its size that earlier "
                 "measured steps made and freed since (such as a gradient set to None and made again, or a buffer a loop "
                 "replaces every few steps)"
             )

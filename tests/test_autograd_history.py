@@ -118,7 +118,7 @@ def test_the_faqs_accumulated_loss_fails_a_step_check_as_growing_history(
     # No storage grows (the 4-byte total is replaced, or added to in place): only the autograd
     # nodes each step links behind it do.
     pytester.makepyfile(test_it=STEP_LOOP.format(start=start, kept="loss"))
-    result, report = run_checked("-p", "no:randomly")
+    result, report = run_checked("-p", "no:randomly", "--vramleak-report=r.html")
     entry = report["test_steps"]
     assert entry["verdict"] == "leaked", result.stdout.str()
     assert entry["step_history_nodes"][0] == 0 and entry["step_history_nodes"][-1] == 8 * 7, entry  # 8 nodes a step
@@ -131,6 +131,10 @@ def test_the_faqs_accumulated_loss_fails_a_step_check_as_growing_history(
             "    held by test_steps:* local 'trainer'.total_loss",
         ]
     )
+    # the HTML card charts that growth, the whole leak here, at the rate of the series beside it
+    page = (pytester.path / "r.html").read_text()
+    assert '<figure class="steps history">' in page
+    assert "after each measured step keep: 0, 8, 16, 24, 32, 40, 48, 56; the graph grew 8 nodes a step " in page
 
 
 @pytest.mark.parametrize("kept", ["loss.detach()", "loss.item()"])

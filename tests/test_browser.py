@@ -377,3 +377,46 @@ def test_adam_step():
         assert abs(width - page["bar"][2] * categories[name] / total) <= 1.5
     assert {name for name, _ in page["areas"]} >= {"optimizer state", "parameters"}
     assert all(height > 0 for name, height in page["areas"] if name in ("optimizer state", "parameters"))
+
+
+def test_a_wide_holder_graph_shrinks_to_the_page_without_a_scrollbar(browser: Any, tmp_path: Path) -> None:
+    from pytest_vramleak.reporting.html_report import render_html
+
+    # A chain of twelve long edges: its drawing is far wider than the page.
+    path = [["module test_it", "module"]] + [[f".a_rather_long_attribute_name_{n}", "Holder"] for n in range(12)]
+    path[-1][1] = "Tensor"
+    record = {
+        "nodeid": "test_it.py::test_deep",
+        "device": "cpu",
+        "outcome": "failed",
+        "verdict": "leaked",
+        "leaked_bytes": 4096,
+        "budget": {"leak": 0, "peak": None},
+        "tensors": [
+            {
+                "title": "float32[1024] on cpu: 1 tensor, 4.0 KiB",
+                "dtype": "float32",
+                "shape": [1024],
+                "device": "cpu",
+                "bytes": 4096,
+                "count": 1,
+                "held_by": ["test_it" + "".join(edge for edge, _ in path[1:])],
+                "held_by_paths": [path],
+            }
+        ],
+    }
+    page = tmp_path / "r.html"
+    page.write_text(render_html([record]))
+    browser.get(page.as_uri())
+    assert errors(browser) == []
+    sizes = browser.execute_script(
+        """
+        const box = document.querySelector('.graph-box');
+        const svg = box.querySelector('svg.graph');
+        return {scroll: box.scrollWidth, client: box.clientWidth, drawn: svg.getBoundingClientRect().width,
+                natural: Number(svg.getAttribute('width')), page: document.documentElement.scrollWidth,
+                window: document.documentElement.clientWidth};
+        """
+    )
+    assert sizes["natural"] > sizes["client"] >= sizes["drawn"] > 0, sizes  # drawn smaller than it was made
+    assert sizes["scroll"] <= sizes["client"] and sizes["page"] <= sizes["window"], sizes  # nothing to scroll to

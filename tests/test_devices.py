@@ -255,7 +255,7 @@ def test_plugin_checks_a_cuda_device_through_the_fake(pytester: pytest.Pytester,
     result.stdout.fnmatch_lines(
         [
             "leaked 4.0 MiB on cuda:0, allowed 0 B",
-            "before set-up 0 B, after teardown 4.0 MiB (the test kept 4.0 MiB), peak during the call 4.0 MiB, reserved by the caching allocator 8.0 MiB",
+            "first run: before set-up 0 B, after teardown 4.0 MiB (the test kept 4.0 MiB), peak during the call 4.0 MiB, reserved by the caching allocator 8.0 MiB",
             "driver-level usage grew 0 B: the allocator served the leaked tensors from memory it had cached*",
             "4.0 MiB reserved but not allocated: blocks the caching allocator keeps for reuse*",
             "leaked tensors:",

@@ -236,3 +236,23 @@ def test_a_tests_card_says_which_run_left_the_tensors_it_draws() -> None:
     assert page.all("p", class_="from") and f"tensors left by {which}:" in page.text["p"]
     page = Elements(render_html([result("t.py::test_it", "leaked", leaked_bytes=16, tensors=[group])]))
     assert page.all("p", class_="from") == []
+
+
+def test_a_step_checks_charts_number_the_steps_as_its_loop_does() -> None:
+    # the loop's steps run from 0, as the note "stayed flat after step 2" numbers them
+    record = {
+        "nodeid": "t.py::test_loop",
+        "device": "cpu",
+        "outcome": "failed",
+        "verdict": "leaked",
+        "warmup_steps": [-100, 0],
+        "steps": [100, 200, 300, 400],
+        "step_history_nodes": [0, 8, 16, 24],
+    }
+    charts = re.findall(r'<figure class="steps[^"]*">.*?</figure>', render_html([record]), flags=re.S)
+    steps, history = (Elements(chart) for chart in charts)
+    assert [t for t in steps.text["text"] if t.isdigit()] == ["0", "1", "2", "3", "4", "5"]
+    assert "step 2: 100 B above the warm-up baseline" in steps.text["title"]
+    assert "numbered as the loop's steps, from 0" in " ".join(steps.text["figcaption"])
+    assert [t for t in history.text["text"] if t.isdigit()] == ["2", "3", "4", "5"]
+    assert history.text["title"][0] == "step 2: 0 nodes"

@@ -1,8 +1,9 @@
 """What the reports say happened to each test: pytest's outcome, in pytest's words, beside the leak
 check's verdict and the step checks' verdict, the same in the JSON report, JUnit XML, the
 Markdown summary, the HTML page and the terminal's headline, for every combination of a body
-that passes or fails, a leak or none, a step check that grows, is undecided or passes, a peak
-over budget, a skip, an xfail and an xpass."""
+that passes or fails, a leak or none, a step check that grows, is undecided or passes (with a
+leak of the whole test or none), a peak over budget, a skip, an xfail and an xpass (with a leak
+or none)."""
 
 from __future__ import annotations
 
@@ -94,10 +95,37 @@ def test_xpasses():
     torch.ones(256)
 
 @pytest.mark.vram_budget
+@pytest.mark.xfail(reason="known bug")
+def test_xfails_leaks():
+    CACHE.append(torch.ones(256))
+    assert False
+
+@pytest.mark.vram_budget
+@pytest.mark.xfail(reason="fixed since")
+def test_xpasses_leaks():
+    CACHE.append(torch.ones(256))
+
+@pytest.mark.vram_budget
 def test_set_up_fails(broken):
     pass
+
+@pytest.mark.vram_budget
+def test_steps_pass_whole_test_leaks(vramleak):
+    for step in vramleak.steps(6):
+        torch.ones(256).sum()
+    CACHE.append(torch.ones(256))
+
+def test_steps_pass_body_fails(vramleak):
+    for step in vramleak.steps(6):
+        torch.ones(256).sum()
+    assert False, "the body failed"
 """
     + UNDECIDED
+    + UNDECIDED.replace(
+        "def test_steps_undecided(vramleak):",
+        "@pytest.mark.vram_budget\ndef test_steps_undecided_whole_test_leaks(vramleak):",
+    )
+    + "    CACHE.append(torch.ones(256))\n"
 )
 
 # test: (pytest's outcome, verdict, step verdict)
@@ -113,11 +141,16 @@ EXPECTED = {
     "test_skipped": ("skipped", "unchecked", None),
     "test_xfails": ("xfailed", "unchecked", None),
     "test_xpasses": ("xpassed", "passed", None),
+    "test_xfails_leaks": ("xfailed", "unchecked", None),
+    "test_xpasses_leaks": ("xpassed", "leaked", None),
     "test_set_up_fails": ("error", "unchecked", None),
+    "test_steps_pass_whole_test_leaks": ("failed", "leaked", "passed"),
+    "test_steps_pass_body_fails": ("failed", "unchecked", "passed"),  # (its failure ends the check)
+    "test_steps_undecided_whole_test_leaks": ("failed", "leaked", "undecided"),
 }
 HEADLINE = (
-    "12 checked tests: 5 failed, 3 passed, 1 skipped, 1 xfailed, 1 xpassed, 1 error; "
-    "3 leaked, 1 over budget, 4 unchecked, 1 step check undecided"
+    "17 checked tests: 8 failed, 3 passed, 1 skipped, 2 xfailed, 2 xpassed, 1 error; "
+    "6 leaked, 1 over budget, 6 unchecked, 2 step checks undecided"
 )
 
 
@@ -163,8 +196,14 @@ def test_the_json_report_gives_pytests_outcome_beside_the_verdicts(run: Path) ->
 
 def test_the_terminal_counts_as_pytest_does_and_its_headline_says_the_same(run: Path) -> None:
     stdout = (run / "stdout.txt").read_text()
-    assert re.search(r"=+ 5 failed, 3 passed, 1 skipped, 1 xfailed, 1 xpassed, 1 error in [\d.]+s", stdout), stdout
+    assert re.search(r"=+ 8 failed, 3 passed, 1 skipped, 2 xfailed, 2 xpassed, 1 error in [\d.]+s", stdout), stdout
     assert HEADLINE in stdout.splitlines(), stdout
+    assert "not measured" not in stdout  # a CPU failure prints no figure it could not measure
+    # a leak does not fail a test pytest counts XPASS: the summary says so
+    assert (
+        "test_suite.py::test_xpasses_leaks: leaked, and pytest counts it XPASS: a test marked xfail that passes "
+        "is not failed for a leak (its holders are in the JSON and HTML reports)"
+    ) in stdout.splitlines()
     # pytest's -rA lines give each test the word the reports give it
     words = {"FAILED": "failed", "LEAKED": "failed", "OVER BUDGET": "failed", "PASSED": "passed"}
     words |= {"SKIPPED": "skipped", "XFAIL": "xfailed", "XPASS": "xpassed", "ERROR": "error"}

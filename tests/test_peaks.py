@@ -233,3 +233,31 @@ def test_a_src_layout_packages_files_read_alike_in_every_part_of_a_failure(pytes
     assert "made by aten::ones, from src/mlkit/__init__.py:5 in make()" in output
     assert "allocated at src/mlkit/__init__.py:5 in make(), called from test_kit.py:6 in test_make()" in output
     assert " mlkit/__init__.py" not in output
+
+
+def test_the_tensors_of_a_kind_past_the_three_largest_are_counted(pytester: pytest.Pytester, run_checked) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+
+        @pytest.mark.vram_budget(peak="16 KiB")
+        def test_many_at_the_peak():
+            scratch = [torch.ones(1024 * (n + 1)) for n in range(8)]
+            del scratch
+        """
+    )
+    result, report = run_checked()
+    result.assert_outcomes(failed=1)
+    breakdown = report["test_many_at_the_peak"]["peak_breakdown"]
+    ((kind, listed),) = breakdown["largest"].items()
+    assert [item["bytes"] for item in listed] == [32768, 28672, 24576]
+    assert breakdown["not_listed"] == {kind: 5}
+    result.stdout.fnmatch_lines(
+        [
+            f"  {kind} *",
+            "        32.0 KiB  made by aten::ones*",
+            "        28.0 KiB  made by aten::ones*",
+            "        24.0 KiB  made by aten::ones*",
+            "      ... and 5 smaller tensors of this kind, not listed",
+        ]
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 from pathlib import Path
 
@@ -129,3 +130,16 @@ def test_a_run_that_runs_no_test_leaves_every_report_as_it_was(
     assert lines[lines.index(wrote) + 1].startswith("1 passed")  # pytest's own line comes next
     assert (pytester.path / "r.json").read_text().startswith("{")
     assert saved.read_text().startswith("{")
+
+
+def test_a_run_that_checks_no_test_replaces_the_files_it_was_asked_for(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_it="def test_it():\n    pass\n")
+    for name in ("r.json", "summary.md"):
+        (pytester.path / name).write_text(f"the last real run's {name}\n")
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "-q", "--vramleak-report=r.json", "--vramleak-markdown=summary.md"
+    )
+    result.assert_outcomes(passed=1)
+    assert result.stdout.lines[-2:-1] == ["vramleak: wrote summary.md, r.json"]
+    assert (pytester.path / "summary.md").read_text() == "## vramleak: 0 checked tests\n"
+    assert json.loads((pytester.path / "r.json").read_text())["tests"] == []

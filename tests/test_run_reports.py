@@ -64,6 +64,7 @@ def test_json_report_schema(pytester: pytest.Pytester) -> None:
                         "count": 1,
                         "held_by": ["test_it.CACHE['user-42']"],
                         "held_by_paths": [[["test_it", "module"], [".CACHE", "dict"], ["['user-42']", "Tensor"]]],
+                        "holders_not_searched": 0,
                         "allocated_at": ["test_it.py:6 in test_leaks()"],
                         "diagnoses": [],
                         "kind": "tensor",
@@ -320,3 +321,112 @@ def test_an_interrupted_run_marks_its_reports_and_leaves_the_benchmark_figures(p
             "vramleak: wrote summary.md, r.json, r.html (each marked as from an interrupted run: *",
         ]
     )
+
+
+def test_every_report_says_how_many_tensors_of_a_group_had_no_holder_searched(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        CACHE = {}
+
+        @pytest.mark.vram_budget
+        def test_fills_a_cache():
+            for user in range(100):
+                CACHE[f"user-{user}"] = torch.ones(64)
+        """
+    )
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "--vramleak-report=r.json", "--vramleak-report=r.html", "--vramleak-markdown=s.md"
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.re_match_lines(
+        [
+            re.escape("float32[64] on cpu: 100 tensors, 25.0 KiB"),
+            re.escape("    allocated at test_it.py:7 in test_fills_a_cache()"),
+            *[re.escape("    held by test_it.CACHE['user-") + r"\d+'\]"] * 3,
+            re.escape("    ... and 97 more alike, whose holders were not searched"),
+        ]
+    )
+    (group,) = json.loads((pytester.path / "r.json").read_text())["tests"][0]["tensors"]
+    assert (group["count"], len(group["held_by"]), group["holders_not_searched"]) == (100, 3, 97)
+    page = (pytester.path / "r.html").read_text()
+    assert page.count("<li>held by <code>test_it.CACHE[") == 3
+    assert '<p class="more">… and 97 more alike, whose holders were not searched</p>' in page
+    (line,) = [line for line in (pytester.path / "s.md").read_text().splitlines() if line.startswith("- ")]
+    assert re.fullmatch(
+        re.escape(
+            "- `test_it.py::test_fills_a_cache`: float32[64], 100 tensors, 25.0 KiB, held by `test_it.CACHE['user-"
+        )
+        + r"\d+"
+        + re.escape(
+            "']` (2 more holders in the JSON and HTML reports; 97 more tensors alike, whose holders were not searched)"
+        ),
+        line,
+    ), line
+
+
+def test_a_fixtures_holders_past_three_are_counted_in_the_summary_and_listed_in_the_reports(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        REGISTRY = []
+
+        @pytest.fixture(scope="module")
+        def tables():
+            made = [torch.ones(256 * (n + 1)) for n in range(5)]
+            REGISTRY.extend(made)  # outlives the fixture's teardown
+            return made
+
+        def test_uses_tables(tables):
+            assert len(tables) == 5
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak", "--vramleak-report=r.json")
+    result.assert_outcomes(passed=1)
+    result.stdout.re_match_lines(
+        [
+            re.escape(
+                "fixture 'tables' (module scope, test_it.py) still holds 15.0 KiB it allocated, after its teardown"
+            ),
+            *[r"    held by test_it\.REGISTRY\[\d\]"] * 3,
+            re.escape("    ... and 2 more holders (the JSON and HTML reports list them all)"),
+        ]
+    )
+    (fixture,) = json.loads((pytester.path / "r.json").read_text())["fixtures"]
+    assert sorted(fixture["held_by"]) == [f"test_it.REGISTRY[{n}]" for n in range(5)]
+
+
+def test_the_summary_and_a_failure_say_how_many_they_left_out_and_how_to_see_them(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest, torch
+        KEPT = []
+
+        @pytest.mark.vram_budget
+        @pytest.mark.parametrize("n", range(7))
+        def test_leaks(n):
+            KEPT.append(torch.ones(256 * (n + 1)))
+
+        @pytest.mark.vram_budget
+        def test_leaks_twelve_shapes():
+            KEPT.extend(torch.ones(n + 1) for n in range(12))
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak-report=r.json")
+    result.assert_outcomes(failed=8)
+    result.stdout.fnmatch_lines(
+        [
+            "float32[[]3[]] on cpu: 1 tensor, 12 B",
+            "... and 2 more groups, 12 B (--vramleak-report=PATH.json or .html lists them all)",
+            "largest leaks:",
+            "     7.0 KiB  test_it.py::test_leaks[[]6[]] (cpu, grows)",
+            "  ... and 3 more tests that leaked (-vv lists them all)",
+        ]
+    )
+    (twelve,) = [t for t in json.loads((pytester.path / "r.json").read_text())["tests"] if "twelve" in t["nodeid"]]
+    assert len(twelve["tensors"]) == 12
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", "-vv")
+    result.stdout.fnmatch_lines(["largest leaks:", *["*test_it.py::test_leaks*"] * 7])
+    result.stdout.no_fnmatch_line("*more tests that leaked*")

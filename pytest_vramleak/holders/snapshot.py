@@ -29,7 +29,7 @@ from typing import Any
 from ..judging.sizes import format_size
 from ..judging.words import GroupKind
 from ..meters.devices import Meter, make_meter, resolve_device
-from ..reporting.report import HOLDERS_SAMPLED, render_groups, shape_text
+from ..reporting.report import HOLDERS_SAMPLED, holders_not_searched, render_groups, shape_text
 from ..tracking import gc_functions as gc
 from ..tracking.backward import graph_leaves
 from ..tracking.census import (
@@ -226,6 +226,7 @@ class TensorGroup:
             "count": self.count,
             "held_by": list(self.held_by),
             "held_by_paths": [[list(step) for step in path] for path in self.held_by_paths],
+            "holders_not_searched": holders_not_searched(self.kind, self.count, len(self.holders)),
             "allocated_at": list(self.allocated_at),
             "diagnoses": list(self.diagnoses),
             "kind": self.kind,

@@ -72,6 +72,9 @@ class PeakBreakdown:
     peak_bytes: int
     categories: dict[str, int]
     largest: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    not_listed: dict[str, int] = field(default_factory=dict)
+    """Per category, how many more tensors made during the call were alive at the peak, smaller
+    than the :data:`MAX_LARGEST` listed."""
     times_us: list[int] = field(default_factory=list)
     timeline: dict[str, list[int]] = field(default_factory=dict)
 
@@ -91,6 +94,11 @@ class PeakBreakdown:
             share = 100 * size / self.peak_bytes if self.peak_bytes > 0 else 0.0
             lines.append(f"  {name:<16} {format_size(size):>10}  {share:5.1f}%")
             lines += [f"      {format_size(nbytes):>10}  {what}" for nbytes, what in self.largest.get(name, [])]
+            rest = self.not_listed.get(name, 0)
+            if rest:
+                lines.append(
+                    f"      ... and {rest:,} smaller tensor{'' if rest == 1 else 's'} of this kind, not listed"
+                )
         dominant = self.dominant
         if dominant is not None:
             lines.append(f"  remedy: {REMEDIES[dominant]}")
@@ -105,6 +113,7 @@ class PeakBreakdown:
                 name: [{"bytes": nbytes, "what": what} for nbytes, what in items]
                 for name, items in self.largest.items()
             },
+            "not_listed": dict(self.not_listed),
             "dominant": dominant,
             "remedy": REMEDIES[dominant] if dominant is not None else None,
             "timeline": {
@@ -130,9 +139,9 @@ def breakdown(kineto_results: Any, device: str = "cpu") -> PeakBreakdown | None:
     if peak_index < 0:
         return PeakBreakdown(0, {name: 0 for name in CATEGORIES})
     preexisting = {(key, version) for _, kind, (key, version), _ in timeline if kind == action.PREEXISTING}
-    largest = _largest(at_peak, preexisting, category, producers)
+    largest, not_listed = _largest(at_peak, preexisting, category, producers)
     ordered = dict(sorted(peak_totals.items(), key=lambda item: -item[1]))
-    result = PeakBreakdown(peak - start, ordered, largest)
+    result = PeakBreakdown(peak - start, ordered, largest, not_listed)
     if points:
         result.times_us, result.timeline = _thinned(points)
     return result
@@ -237,17 +246,21 @@ def _largest(
     preexisting: set[tuple[Any, int]],
     category: Callable[[Any, int], str],
     producers: dict[tuple[Any, int], Any],
-) -> dict[str, list[tuple[int, str]]]:
+) -> tuple[dict[str, list[tuple[int, str]]], dict[str, int]]:
     """The largest tensors made during the call and alive at the peak, :data:`MAX_LARGEST` per
-    category, with where each was made."""
+    category, with where each was made; and how many more each category had."""
     largest: dict[str, list[tuple[int, str]]] = {}
+    not_listed: dict[str, int] = {}
     for entry, nbytes in sorted(at_peak.items(), key=lambda item: -item[1]):
         if entry in preexisting:
             continue
-        items = largest.setdefault(category(*entry), [])
+        name = category(*entry)
+        items = largest.setdefault(name, [])
         if len(items) < MAX_LARGEST:
             items.append((nbytes, _describe(producers.get(entry), nbytes)))
-    return largest
+        else:
+            not_listed[name] = not_listed.get(name, 0) + 1
+    return largest, not_listed
 
 
 def _thinned(points: list[tuple[int, dict[str, int]]]) -> tuple[list[int], dict[str, list[int]]]:

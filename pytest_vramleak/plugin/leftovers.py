@@ -35,13 +35,8 @@ def look_for_drift(session: SessionState, *, due: bool) -> None:
         except Exception as error:  # the finding stands without its holders
             finding["held_by"] = [f"not named: vramleak could not search the heap: {type(error).__name__}: {error}"]
         else:
-            finding["held_by"] = list(dict.fromkeys(chain for group in groups for chain in group.held_by))[
-                :MAX_FIXTURE_CHAINS
-            ]
+            finding["held_by"] = list(dict.fromkeys(chain for group in groups for chain in group.held_by))
         session.drift.append(finding)
-
-
-MAX_FIXTURE_CHAINS = 3
 
 
 def fixture_leftovers(session: SessionState) -> list[dict[str, Any]]:
@@ -70,9 +65,7 @@ def fixture_leftovers(session: SessionState) -> list[dict[str, Any]]:
                 [],
             )
         else:
-            leftover["held_by"] = list(dict.fromkeys(chain for group in groups for chain in group.held_by))[
-                :MAX_FIXTURE_CHAINS
-            ]
+            leftover["held_by"] = list(dict.fromkeys(chain for group in groups for chain in group.held_by))
             leftover["diagnoses"] = list(dict.fromkeys(finding for group in groups for finding in group.diagnoses))
         leftovers.append(leftover)
     return leftovers

@@ -61,13 +61,12 @@ def run_about(settings: Settings) -> dict[str, str]:
 
 def write_markdown(path: str | None, results: list[dict[str, Any]], interrupted: str | None = None) -> str | None:
     """The Markdown summary, to ``--vramleak-markdown`` or appended to ``$GITHUB_STEP_SUMMARY``;
-    where it went (None: nowhere)."""
-    if not results:
-        return None
+    where it went (None: nowhere). A file asked for is written in a run that checked no test too
+    (``0 checked tests``), so that no earlier run's summary is left there to be read as this one's."""
     if path:
         write_text_atomically(path, render_markdown(results, interrupted))
         return path
-    if os.environ.get("GITHUB_STEP_SUMMARY"):
+    if results and os.environ.get("GITHUB_STEP_SUMMARY"):
         with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as stream:  # other steps append there too
             stream.write(render_markdown(results, interrupted))
         return "$GITHUB_STEP_SUMMARY (appended)"
@@ -75,13 +74,14 @@ def write_markdown(path: str | None, results: list[dict[str, Any]], interrupted:
 
 
 def shown_path(path: str | os.PathLike[str], invoked: Path) -> str:
-    """A file's path as the summary prints it: relative to where pytest was invoked, where it is
-    under that folder, else absolute."""
-    full = Path(os.path.abspath(path))
+    """A file's path as the summary prints it: relative to where pytest was invoked, as the sites
+    in failures are (``../out/r.json`` run from ``tests/``), unless more than two folders up."""
+    full = os.path.abspath(path)
     try:
-        return str(full.relative_to(invoked))
-    except ValueError:
-        return str(full)
+        relative = os.path.relpath(full, invoked)
+    except ValueError:  # another drive
+        return full
+    return full if relative.split(os.sep)[:3] == [os.pardir] * 3 else relative
 
 
 def write_outputs(session: pytest.Session, owner: SessionState) -> None:

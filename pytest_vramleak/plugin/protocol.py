@@ -125,9 +125,10 @@ def finish_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> str | No
 
 
 def why_stopped(reports: Iterable[pytest.TestReport]) -> str | None:
-    """Why a run is the last: it failed, was skipped or xfailed (None where it passed)."""
+    """Why a run is the last: it failed, was skipped or xfailed (None where it passed, an
+    unexpected pass of an ``xfail`` test too: pytest gives its report ``wasxfail`` as well)."""
     for report in reports:
-        if hasattr(report, "wasxfail"):
+        if hasattr(report, "wasxfail") and report.skipped:
             return "the test xfailed"
         if report.failed or report.skipped:
             return f"the test {'was skipped' if report.skipped else 'failed'} in {report.when}"

@@ -1215,7 +1215,9 @@ def _failure_text(runs: TestRuns, verdict: Verdict) -> str:
     engine = verdict.first.engine
     assert engine is not None
     first = engine.result
-    lines = [decision.message, first.figures(), *[note for note in first.notes if note], *verdict.all_notes]
+    # where the test ran again, the figures are its first run's: say so beside the runs' own
+    figures = ("first run: " if len(runs.repetitions.runs) > 1 else "") + first.figures()
+    lines = [decision.message, figures, *[note for note in first.notes if note], *verdict.all_notes]
     if first.peak_over and first.peak_breakdown is not None:
         lines.append(first.peak_breakdown.render())
     lines += first.left_behind

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .outcomes import PYTEST_ORDER, headline, verdict_of, why_passed
-from .report import leaked_figure, shape_text, size_text
+from .report import holders_not_searched, leaked_figure, shape_text, size_text
 
 VERDICT_ORDER = {"leaked": 0, "over_budget": 1, "passed": 2, "unchecked": 3}
 OUTCOME_ORDER = {"failed": 0, "error": 1, "xpassed": 2, "passed": 3, "xfailed": 4, "skipped": 5}
@@ -61,9 +61,12 @@ def step_chart(
     unit: str = "step",
     above: str = "the warm-up baseline",
     figure: Callable[[int], str] = size_text,
+    first: int = 1,
 ) -> str:
     """An SVG line chart of memory above ``above`` after each step (or run: ``unit``), warm-up
-    shaded; ``figure`` writes a value (a size, by default; a count of autograd nodes)."""
+    shaded; ``figure`` writes a value (a size, by default; a count of autograd nodes), and
+    ``first`` is the number of the first step drawn (a step check's steps are numbered as its loop
+    numbers them, from 0; a chart of its measured steps only starts after the warm-up)."""
     values = [*warmup_steps, *steps]
     if not values:
         return ""
@@ -101,7 +104,7 @@ def step_chart(
     stride = max(1, (count + 11) // 12)
     for index in range(0, count, stride):
         parts.append(
-            f'<text class="tick" x="{x(index):.1f}" y="{top + plot_height + 18}" text-anchor="middle">{index + 1}</text>'
+            f'<text class="tick" x="{x(index):.1f}" y="{top + plot_height + 18}" text-anchor="middle">{index + first}</text>'
         )
     parts.append(
         f'<text class="axis" x="{left + plot_width / 2:.1f}" y="{height - 4}" text-anchor="middle">{unit}</text>'
@@ -112,7 +115,7 @@ def step_chart(
         phase = f"warm-up {unit}" if index < warm else unit
         parts.append(
             f'<circle class="{"point warm" if index < warm else "point"}" cx="{x(index):.1f}" cy="{y(value):.1f}" r="3.5">'
-            f"<title>{phase} {index + 1}: {_escape(figure(value))} above {_escape(above)}</title></circle>"
+            f"<title>{phase} {index + first}: {_escape(figure(value))}{' above ' + _escape(above) if above else ''}</title></circle>"
         )
     parts.append("</svg>")
     return "".join(parts)
@@ -328,15 +331,21 @@ def _group_target(group: Mapping[str, Any]) -> str:
 
 
 def _figures(result: Mapping[str, Any]) -> str:
+    """A card's figures in one line; those of a test's first run say so where it ran again."""
     figures = [f"device {result.get('device') or '—'}"]
     budget = result.get("budget") or {}
+    run = []
     if result.get("baseline_bytes") is not None:
-        figures.append(f"baseline {size_text(result['baseline_bytes'])}")
+        run.append(f"baseline {size_text(result['baseline_bytes'])}")
     if result.get("end_bytes") is not None:
-        figures.append(f"after teardown {size_text(result['end_bytes'])}")
+        run.append(f"after teardown {size_text(result['end_bytes'])}")
     if result.get("leaked_bytes") is not None:
         allowed = f" (allowed {size_text(budget['leak'])})" if budget.get("leak") is not None else ""
-        figures.append(f"leaked {size_text(result['leaked_bytes'])}{allowed}")
+        run.append(f"leaked {size_text(result['leaked_bytes'])}{allowed}")
+    if run and len(result.get("repetitions") or []) > 1:
+        figures.append("first run: " + ", ".join(run))
+    else:
+        figures += run
     if result.get("peak_bytes") is not None:
         allowed = f" (budget {size_text(budget['peak'])})" if budget.get("peak") is not None else ""
         figures.append(f"peak above baseline {size_text(result['peak_bytes'])}{allowed}")
@@ -363,6 +372,11 @@ def _group_html(group: Mapping[str, Any], ident: str) -> str:
             + "".join(f"<li>held by <code>{_escape(h)}</code></li>" for h in group["held_by"])
             + "</ul>"
         )
+    unsearched = holders_not_searched(
+        str(group.get("kind") or "tensor"), int(group.get("count") or 0), len(group.get("held_by") or [])
+    )
+    if unsearched:
+        parts.append(f'<p class="more">… and {unsearched:,} more alike, whose holders were not searched</p>')
     if group.get("allocated_at"):
         parts.append(
             '<ul class="sites">'
@@ -373,6 +387,10 @@ def _group_html(group: Mapping[str, Any], ident: str) -> str:
         parts.append('<ul class="diagnoses">' + "".join(f"<li>{_escape(d)}</li>" for d in group["diagnoses"]) + "</ul>")
     parts.append("</div>")
     return "".join(parts)
+
+
+def _count(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def _nodes(count: int) -> str:
@@ -448,14 +466,15 @@ def _charts(result: Mapping[str, Any]) -> list[str]:
     if result.get("steps"):
         warmup = result.get("warmup_steps") or []
         parts.append(
-            f'<figure class="steps">{step_chart(warmup, result["steps"], title="memory after each step of " + result["nodeid"])}'
-            f"<figcaption>memory above the warm-up baseline after each step; {len(warmup)} warm-up steps shaded, "
+            f'<figure class="steps">{step_chart(warmup, result["steps"], title="memory after each step of " + result["nodeid"], first=0)}'
+            f"<figcaption>memory above the warm-up baseline after each step (numbered as the loop's steps, from 0); "
+            f"{_count(len(warmup), 'warm-up step')} shaded, "
             f"{len(result['steps'])} measured</figcaption></figure>"
         )
     history = result.get("step_history_nodes") or []
     if len(history) > 1 and history[-1] > history[0]:
         parts.append(
-            f'<figure class="steps history">{step_chart([], history, title="autograd nodes kept after each step of " + result["nodeid"], unit="measured step", above="none", figure=_nodes)}'
+            f'<figure class="steps history">{step_chart([], history, title="autograd nodes kept after each step of " + result["nodeid"], unit="step", above="", figure=_nodes, first=len(result.get("warmup_steps") or []))}'
             f"<figcaption>autograd nodes made by earlier measured steps that tensors alive after each measured step keep: "
             f"{', '.join(f'{n:,}' for n in history)}; the graph grew {_escape(_per_step(history))} nodes a step "
             "(each step's graph linked to the one before)</figcaption></figure>"
@@ -472,7 +491,7 @@ def _charts(result: Mapping[str, Any]) -> list[str]:
         )
         parts.append(
             f'<figure class="steps runs">{chart}<figcaption>memory left after each run of the test, above the first run\'s baseline; '
-            f"{warm} warm-up runs shaded, {len(runs) - warm} measured"
+            f"{_count(warm, 'warm-up run')} shaded, {len(runs) - warm} measured"
             + (f"; pattern: {_escape(result['pattern'])}" if result.get("pattern") else "")
             + "</figcaption></figure>"
         )
@@ -532,7 +551,8 @@ _COLUMNS = (
 
 def _row(result: Mapping[str, Any], anchor: str | None) -> str:
     nodeid = _escape(result["nodeid"])
-    name = f'<a href="#{anchor}">{nodeid}</a>' if anchor else nodeid
+    shown = nodeid.replace("::", "::<wbr>")  # a long id wraps between its file and its test first
+    name = f'<a href="#{anchor}">{shown}</a>' if anchor else shown
     if result.get("shard"):
         name += f' <span class="shard">{_escape(result["shard"])}</span>'
     verdict = verdict_of(result)
@@ -787,8 +807,10 @@ section.test h2 { font-size: 15px; margin: 12px 0 4px; }
 .group h3 { font-size: 14px; margin: 4px 0; }
 .graph-box { padding: 4px 0; }
 .graph-box svg.graph { max-width: 100%; height: auto; }
+section.test code { overflow-wrap: anywhere; }
+p.more { color: var(--muted); font-size: 12.5px; margin: 2px 0 6px 20px; }
 td.number { white-space: nowrap; }
-#tests td:first-child code { word-break: break-all; }
+#tests td:first-child code { overflow-wrap: anywhere; }
 ul.notes { margin: 0 0 8px; padding-left: 20px; color: var(--muted); }
 ul.held, ul.sites, ul.diagnoses { margin: 4px 0; padding-left: 20px; }
 ul.diagnoses li { color: var(--leaked); }

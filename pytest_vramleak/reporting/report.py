@@ -25,6 +25,12 @@ HOLDERS_SAMPLED = 3
 device, and a search for each of 10^5 such tensors would cost minutes and name the same holder."""
 
 
+def holders_not_searched(kind: str, count: int, holders: int) -> int:
+    """How many tensors of a group had their holders not searched: all but the
+    :data:`HOLDERS_SAMPLED` searched, in a group of tensors or gradients whose holders were found."""
+    return count - HOLDERS_SAMPLED if holders and kind in ("tensor", "grad") and count > HOLDERS_SAMPLED else 0
+
+
 def size_text(value: int | None) -> str:
     """A figure for a table: its size, or a dash where it was not measured."""
     return "—" if value is None else format_size(value)
@@ -59,8 +65,8 @@ def render_groups(groups: Sequence[Any]) -> str:
             lines.append(f"    held by {chain}")
         if not group.held_by:
             lines.append("    held by: no chain found")
-        elif group.kind in ("tensor", "grad") and group.count > HOLDERS_SAMPLED:
-            lines.append(f"    ... and {group.count - HOLDERS_SAMPLED:,} more alike, whose holders were not searched")
+        elif unsearched := holders_not_searched(group.kind, group.count, len(group.held_by)):
+            lines.append(f"    ... and {unsearched:,} more alike, whose holders were not searched")
         for finding in group.diagnoses:
             lines.append(f"    diagnosis: {finding}" if finding not in stated else "    diagnosis: as above")
             stated.add(finding)
@@ -204,10 +210,31 @@ def render_markdown(results: Sequence[dict[str, Any]], interrupted: str | None =
         for nodeid, group in holders:
             held = group["held_by"][0] if group["held_by"] else "no chain found"
             lines.append(
-                f"- {_code(nodeid)}: {group['dtype']}{shape_text(group['shape'])}, {format_size(group['bytes'])}, held by {_code(held)}"
+                f"- {_code(nodeid)}: {group['dtype']}{shape_text(group['shape'])}, {_tensors(group)}{format_size(group['bytes'])}, "
+                f"held by {_code(held)}{_more_holders(group)}"
             )
         lines += ["", "</details>"]
     return "\n".join(lines) + "\n"
+
+
+def _more_holders(group: Mapping[str, Any]) -> str:
+    """What the Markdown summary's one holder of a group leaves out: the group's other holders
+    found (in the JSON and HTML reports), and its tensors whose holders were not searched."""
+    held = group.get("held_by") or []
+    count = int(group.get("count") or 0)
+    more = []
+    if len(held) > 1:
+        more.append(f"{len(held) - 1} more holder{'' if len(held) == 2 else 's'} in the JSON and HTML reports")
+    unsearched = holders_not_searched(str(group.get("kind") or "tensor"), count, len(held))
+    if unsearched:
+        more.append(f"{unsearched:,} more tensors alike, whose holders were not searched")
+    return f" ({'; '.join(more)})" if more else ""
+
+
+def _tensors(group: Mapping[str, Any]) -> str:
+    """How many tensors a group of several tensors or gradients has, for the Markdown summary."""
+    count = int(group.get("count") or 0)
+    return f"{count:,} tensors, " if count > 1 and (group.get("kind") or "tensor") in ("tensor", "grad") else ""
 
 
 NOT_PASSING = ("failed", "error", "xpassed")

@@ -183,6 +183,36 @@ def test_gradients_replaced_every_other_step_are_not_listed_as_what_leaks(pytest
     result.stdout.no_fnmatch_line("*].grad*")
 
 
+def test_a_buffer_replaced_every_other_step_is_set_aside_with_its_causes_given_as_examples(
+    pytester: pytest.Pytester,
+) -> None:
+    # No gradient here: the note names its causes as examples, not as what this loop did.
+    pytester.makepyfile(
+        test_it="""
+        import torch
+
+        def test_buffer(vramleak):
+            losses, buffers = [], {}
+            for step in vramleak.steps(10, warmup=2):
+                if step % 2 == 0:
+                    buffers["scratch"] = torch.randn(512)
+                losses.append(torch.ones(1).sum())  # the leak: 4 B a step
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "memory grew 4 B per step over 8 measured steps (32 B in total) on cpu, tolerance 0 B",
+            "not listed: 1 storage (2.0 KiB) that outlived its step only as the latest of its kind: it took the place of "
+            "storages of its size that earlier measured steps made and freed since (such as a gradient set to None and "
+            "made again, or a buffer a loop replaces every few steps)",
+            "float32[[][]] on cpu: 7 tensors, 28 B",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*every other step*")
+
+
 def test_a_leak_whose_tensors_are_the_size_of_the_batch_it_frees_is_still_listed() -> None:
     # Each step keeps a copy of its batch, and the batch of the step before (the same size) is
     # freed: the copies are not the latest of their kind, the earlier ones are alive.
