@@ -89,6 +89,18 @@ def test_a_report_that_cannot_be_written_at_the_end_is_said_and_fails_the_run(py
     result.stdout.no_fnmatch_line("*INTERNALERROR*")
 
 
+def test_a_run_that_runs_no_test_does_not_call_a_missing_file_an_earlier_runs(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_it="def test_it():\n    pass\n")
+    (pytester.path / "r.html").write_text("the last real run's r.html\n")
+    result = pytester.runpytest("--vramleak-report=r.json", "--vramleak-report=r.html", "-k", "nothing")
+    result.stdout.fnmatch_lines(
+        [
+            "vramleak: no test ran, so no file was written: r.html is from an earlier run, left as it was; r.json was not made"
+        ]
+    )
+    assert not (pytester.path / "r.json").exists()
+
+
 @pytest.mark.parametrize(
     "args",
     [("--collect-only",), ("-k", "matches_no_test"), ("test_broken.py",)],

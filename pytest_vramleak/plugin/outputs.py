@@ -9,7 +9,7 @@ import json
 import os
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -156,7 +156,8 @@ def write_outputs(session: pytest.Session, owner: SessionState) -> None:
         files = [*settings.report_paths, settings.benchmark_json, settings.markdown]
         if settings.save:
             files.append(str(saved_run_path(config.rootpath, settings.save)))
-        owner.not_written = [shown_path(file, invoked) for file in files if file]
+        owner.not_written = [shown_path(file, invoked) for file in files if file and os.path.exists(file)]
+        owner.not_made = [shown_path(file, invoked) for file in files if file and not os.path.exists(file)]
         return
     errors = owner.output_errors
     for what, target, write in outputs:
@@ -172,15 +173,26 @@ def write_outputs(session: pytest.Session, owner: SessionState) -> None:
         session.exitstatus = pytest.ExitCode.USAGE_ERROR
 
 
-def files_line(written: list[str], not_written: list[str], errors: list[str], interrupted: bool = False) -> str | None:
+def files_line(
+    written: list[str],
+    not_written: list[str],
+    errors: list[str],
+    interrupted: bool = False,
+    not_made: Sequence[str] = (),
+) -> str | None:
     """The summary's last line: every file the run wrote (marked as from an interrupted run, where
-    it was), or that it wrote none, and why."""
-    if not_written:
-        return (
-            f"vramleak: no test ran, so no file was written: {', '.join(not_written)} "
-            f"{'is' if len(not_written) == 1 else 'are'} from an earlier run, left as "
-            f"{'it was' if len(not_written) == 1 else 'they were'}"
-        )
+    it was), or that it wrote none, and why (``not_written``: files from an earlier run, left as
+    they were; ``not_made``: files asked for that no run made)."""
+    if not_written or not_made:
+        parts = []
+        if not_written:
+            parts.append(
+                f"{', '.join(not_written)} {'is' if len(not_written) == 1 else 'are'} from an earlier run, left as "
+                f"{'it was' if len(not_written) == 1 else 'they were'}"
+            )
+        if not_made:
+            parts.append(f"{', '.join(not_made)} {'was' if len(not_made) == 1 else 'were'} not made")
+        return f"vramleak: no test ran, so no file was written: {'; '.join(parts)}"
     if written:
         marked = " (each marked as from an interrupted run: only the tests that ran are there)" if interrupted else ""
         return f"vramleak: wrote {', '.join(written)}{marked}"

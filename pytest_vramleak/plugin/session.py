@@ -426,7 +426,7 @@ class VramleakSession(SessionState):
                 f"{', '.join(idle)} had nothing to act on",
                 yellow=True,
             )
-        files = files_line(self.written, self.not_written, self.output_errors, self.interrupted)
+        files = files_line(self.written, self.not_written, self.output_errors, self.interrupted, self.not_made)
         if files:
             terminalreporter.write_line(files)
 

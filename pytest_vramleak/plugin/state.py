@@ -104,6 +104,8 @@ class SessionState:
     output_errors: list[str] = field(default_factory=list)
     not_written: list[str] = field(default_factory=list)
     """The files a run that ran no test left as they were."""
+    not_made: list[str] = field(default_factory=list)
+    """The files asked for that a run that ran no test did not make, and no earlier run had."""
     written: list[str] = field(default_factory=list)
     """The files the run wrote, as the summary's last line names them."""
     interrupted: bool = False
