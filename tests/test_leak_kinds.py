@@ -810,7 +810,7 @@ def test_a_kept_mkldnn_model_is_named_through_its_torchscript_attributes(pyteste
         import pytest, torch, torch.utils.mkldnn
         KEEP = {}
 
-        @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit.script_method
+        @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")  # torch.jit.script_method
         @pytest.mark.vram_budget
         def test_it():
             KEEP["mkldnn_model"] = torch.utils.mkldnn.to_mkldnn(torch.nn.Linear(64, 64))

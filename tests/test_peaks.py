@@ -3,6 +3,8 @@ out-of-memory failure, show a breakdown from torch's memory profiler with the re
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 MODEL = """
@@ -135,7 +137,9 @@ def test_running_out_of_memory_shows_the_breakdown(pytester: pytest.Pytester) ->
             "*vramleak: what filled the memory*",
             "*",
             "memory at the peak (2.0 MiB above the start), by kind*",
-            "*made by aten::ones, from test_it.py:6 in <listcomp>()",
+            "*made by aten::ones, from test_it.py:6 in <listcomp>()"
+            if sys.version_info < (3, 12)  # (from 3.12 a comprehension runs in the frame around it)
+            else "*made by aten::ones, from test_it.py:6 in test_runs_out()",
         ]
     )
 
