@@ -66,6 +66,7 @@ def test_json_report_schema(pytester: pytest.Pytester) -> None:
                         "held_by_paths": [[["test_it", "module"], [".CACHE", "dict"], ["['user-42']", "Tensor"]]],
                         "holders_not_searched": 0,
                         "allocated_at": ["test_it.py:6 in test_leaks()"],
+                        "sites_not_looked_up": 0,
                         "diagnoses": [],
                         "kind": "tensor",
                         "class": "",
@@ -430,3 +431,35 @@ def test_the_summary_and_a_failure_say_how_many_they_left_out_and_how_to_see_the
     result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", "-vv")
     result.stdout.fnmatch_lines(["largest leaks:", *["*test_it.py::test_leaks*"] * 7])
     result.stdout.no_fnmatch_line("*more tests that leaked*")
+
+
+def test_a_group_made_at_more_than_three_sites_says_how_many_sites_were_not_looked_up(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import torch
+        KEPT = []
+
+        def test_keeps_batches_made_on_five_lines():
+            KEPT.append(torch.ones(64))
+            KEPT.append(torch.ones(64))
+            KEPT.append(torch.ones(64))
+            KEPT.append(torch.ones(64))
+            KEPT.append(torch.ones(64))
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--vramleak", "--vramleak-report=r.json", "--vramleak-report=r.html"
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "float32[[]64[]] on cpu: 5 tensors, *",
+            *["    allocated at test_it.py:*"] * 3,
+            "    ... and the sites of 2 more tensors, not looked up",
+        ]
+    )
+    (group,) = json.loads((pytester.path / "r.json").read_text())["tests"][0]["tensors"]
+    assert (len(group["allocated_at"]), group["sites_not_looked_up"]) == (3, 2)
+    assert "… and the sites of 2 more tensors, not looked up" in (pytester.path / "r.html").read_text()

@@ -149,6 +149,9 @@ class TensorGroup:
     graph_tensors: int = 0
     allocated_at: list[str] = field(default_factory=list)
     """Where the tensors were created (``file:line in function()``, then callers), where recorded."""
+    sites_not_looked_up: int = 0
+    """Tensors of the group whose site was not looked up: once it showed ``MAX_CHAINS_PER_GROUP``
+    sites, the rest may have been made at any of them, or elsewhere."""
     diagnoses: list[str] = field(default_factory=list)
     """The leak patterns recognised, each with its cause and fix (see :mod:`pytest_vramleak.holders.diagnosis`)."""
     kind: GroupKind = "tensor"
@@ -228,6 +231,7 @@ class TensorGroup:
             "held_by_paths": [[list(step) for step in path] for path in self.held_by_paths],
             "holders_not_searched": holders_not_searched(self.kind, self.count, len(self.holders)),
             "allocated_at": list(self.allocated_at),
+            "sites_not_looked_up": self.sites_not_looked_up,
             "diagnoses": list(self.diagnoses),
             "kind": self.kind,
             "class": self.cls,
@@ -942,6 +946,8 @@ class _Grouping:
         site = _allocation_site(self.sites, found) if len(group.allocated_at) < MAX_CHAINS_PER_GROUP else None
         if site is not None and site not in group.allocated_at:
             group.allocated_at.append(site)
+        elif len(group.allocated_at) >= MAX_CHAINS_PER_GROUP:
+            group.sites_not_looked_up += 1
         ask = getattr(self.sites, "made_inside_library", None) if found.via in ("gc", "storage") else None
         inside = ask(found.tensor) if ask is not None else None
         if inside is not None:
@@ -1094,6 +1100,7 @@ def merge_parts(groups: Sequence[TensorGroup]) -> list[TensorGroup]:
         for site in group.allocated_at:
             if site not in whole.allocated_at and len(whole.allocated_at) < MAX_CHAINS_PER_GROUP:
                 whole.allocated_at.append(site)
+        whole.sites_not_looked_up += group.sites_not_looked_up
     for whole in merged.values():
         whole.diagnoses = diagnose(whole)
     return sorted(merged.values(), key=lambda g: -(g.bytes + (0 if g.kind == "graph" else g.graph_bytes)))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .outcomes import PYTEST_ORDER, headline, verdict_of, why_passed
-from .report import holders_not_searched, leaked_figure, shape_text, size_text
+from .report import holders_not_searched, leaked_figure, shape_text, sites_not_looked_up_text, size_text
 
 VERDICT_ORDER = {"leaked": 0, "over_budget": 1, "passed": 2, "unchecked": 3}
 OUTCOME_ORDER = {"failed": 0, "error": 1, "xpassed": 2, "passed": 3, "xfailed": 4, "skipped": 5}
@@ -383,6 +383,8 @@ def _group_html(group: Mapping[str, Any], ident: str) -> str:
             + "".join(f"<li>allocated at <code>{_escape(s)}</code></li>" for s in group["allocated_at"])
             + "</ul>"
         )
+    if group.get("sites_not_looked_up"):
+        parts.append(f'<p class="more">… and {sites_not_looked_up_text(int(group["sites_not_looked_up"]))}</p>')
     if group.get("diagnoses"):
         parts.append('<ul class="diagnoses">' + "".join(f"<li>{_escape(d)}</li>" for d in group["diagnoses"]) + "</ul>")
     parts.append("</div>")

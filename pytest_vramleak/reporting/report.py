@@ -31,6 +31,11 @@ def holders_not_searched(kind: str, count: int, holders: int) -> int:
     return count - HOLDERS_SAMPLED if holders and kind in ("tensor", "grad") and count > HOLDERS_SAMPLED else 0
 
 
+def sites_not_looked_up_text(count: int) -> str:
+    """What a group's sites leave out, once it showed 3: ``the sites of 97 more tensors, not looked up``."""
+    return f"the site{'' if count == 1 else 's'} of {count:,} more tensor{'' if count == 1 else 's'}, not looked up"
+
+
 def size_text(value: int | None) -> str:
     """A figure for a table: its size, or a dash where it was not measured."""
     return "—" if value is None else format_size(value)
@@ -61,6 +66,8 @@ def render_groups(groups: Sequence[Any]) -> str:
             lines.append(f"    allocated at {storage}")
             if view:
                 lines.append(f"        kept through a view made at {view}")
+        if group.sites_not_looked_up:
+            lines.append(f"    ... and {sites_not_looked_up_text(group.sites_not_looked_up)}")
         for chain in group.held_by:
             lines.append(f"    held by {chain}")
         if not group.held_by:
