@@ -184,13 +184,12 @@ class Index:
         """Bytes of the known live storages, by device."""
         self.kinds = Kinds()
         self._dead: list[StorageRef] = []
-        self._dead_tensors: list[int] = []
-        self._storage_died = self._dead.append  # bound once: indexing makes a reference per storage
-        self._tensor_died = self._on_tensor_death
-
-    def _on_tensor_death(self, ref: TensorRef) -> None:
-        # Runs wherever the tensor dies, in any thread: note it and nothing else.
-        self._dead_tensors.append(ref.ident)
+        self._dead_tensors: list[TensorRef] = []
+        # Bound once (indexing makes a reference per storage and tensor), and in C: a callback runs
+        # wherever an object dies, in any thread, and a Python function there is where a pending
+        # Ctrl-C would be raised, and then lost as an exception ignored in a weakref callback.
+        self._storage_died = self._dead.append
+        self._tensor_died = self._dead_tensors.append
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -387,7 +386,7 @@ class Index:
         """Note the deaths the callbacks reported: forget dead tensors, take dead storages off the
         totals and tell the ledger, and read again the tensors that used them."""
         while self._dead_tensors:
-            ident = self._dead_tensors.pop()
+            ident = self._dead_tensors.pop().ident
             entry = self.entries.get(ident)
             if entry is not None and entry.ref() is None:
                 self.forget(ident, entry)
