@@ -295,6 +295,8 @@ def test_an_interrupted_run_marks_its_reports_and_leaves_the_benchmark_figures(p
             KEEP.append(torch.ones(500_000))
 
         def test_interrupted():
+            # (a process started by one that ignores SIGINT, as an xdist worker may, inherits that)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             os.kill(os.getpid(), signal.SIGINT)
 
         def test_never_runs():
