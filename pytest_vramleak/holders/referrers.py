@@ -18,7 +18,7 @@ import operator
 import sys
 import threading
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import objgraph
@@ -258,13 +258,17 @@ def _search_forward(
     parent: dict[int, Any] = {id(root): None for root in roots}  # also what was seen: one table, not two
     level = list(roots)
     visited = len(level)
-    referents: Callable[[Any], Any] = _root_referents  # the roots' level; then gc's
     while level and remaining and visited < limit:
         following: list[Any] = []
         note = following.append
-        for node, children in zip(level, map(referents, level), strict=False):
+        for node, children in zip(level, map(gc.get_referents, level), strict=False):
             if is_ndarray(node):  # it keeps its base tensor without telling gc
                 children = _referents(node, by_storage)
+            elif type(node) in (FrameLocal, NamedRoot):
+                # a root that a record of this package's stands for: what it holds is the value
+                # it names, not the record's own class (a walk on from there would reach the
+                # whole plugin, and chains that start at a local the frame does not have)
+                children = [node.value]
             for child in children:
                 ident = id(child)
                 if ident in parent or ident in ignore or type(child) in excluded:
@@ -283,17 +287,8 @@ def _search_forward(
                             remaining.clear()
         visited += len(following)
         level = following
-        referents = gc.get_referents
     parent.clear()
     return found
-
-
-def _root_referents(root: Any) -> Any:
-    """What a root of a forward walk refers to. A root that a record of this package's stands for
-    (a frame's local, a named value) holds the value it names, not the record's own class: a walk
-    on from there would reach the whole plugin, and make chains that start at a local the frame
-    does not have."""
-    return [root.value] if type(root) in (FrameLocal, NamedRoot) else gc.get_referents(root)
 
 
 def _users_modules(modules: Sequence[Any]) -> list[Any]:

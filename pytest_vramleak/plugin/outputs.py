@@ -156,9 +156,8 @@ def write_outputs(session: pytest.Session, owner: SessionState) -> None:
         files = [*settings.report_paths, settings.benchmark_json, settings.markdown]
         if settings.save:
             files.append(str(saved_run_path(config.rootpath, settings.save)))
-        owner.not_written, owner.not_made = [], []
-        for file in filter(None, files):
-            (owner.not_written if os.path.exists(file) else owner.not_made).append(shown_path(file, invoked))
+        owner.not_written = [shown_path(file, invoked) for file in files if file and os.path.exists(file)]
+        owner.not_made = [shown_path(file, invoked) for file in files if file and not os.path.exists(file)]
         return
     errors = owner.output_errors
     for what, target, write in outputs:

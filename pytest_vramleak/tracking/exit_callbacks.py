@@ -24,11 +24,12 @@ _noted: list[tuple[str, weakref.ref[Any]]] = []
 
 
 def _callback_name(func: Any) -> str:
+    name = getattr(type(func), "__qualname__", "?")
     if type(func) is types.MethodType:
         return f"{type(func.__self__).__qualname__}.{getattr(func.__func__, '__name__', '?')}"
     if isinstance(func, types.FunctionType):
         return func.__qualname__
-    return f"a {getattr(type(func), '__qualname__', '?')}"
+    return f"a {name}"
 
 
 def _weakly(value: Any) -> weakref.ref[Any] | None:

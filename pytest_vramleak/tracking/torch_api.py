@@ -21,7 +21,6 @@ The tested range is ``OLDEST_TESTED`` to ``NEWEST_TESTED``, the torch versions t
 from __future__ import annotations
 
 import functools
-import sys
 from typing import Any
 
 from . import gc_functions as gc
@@ -84,6 +83,8 @@ def default_device(torch: Any) -> str:
 def not_compiled(function: Any) -> Any:
     """``function`` run with ``torch.compile`` off where torch's compiler is loaded (through its public
     ``torch.compiler.disable``), else ``function`` itself: importing the compiler costs a second."""
+    import sys
+
     if "torch._dynamo" not in sys.modules:
         return function
     try:
