@@ -825,6 +825,32 @@ def test_a_kept_mkldnn_model_is_named_through_its_torchscript_attributes(pyteste
     result.stdout.no_fnmatch_line("*held from C++*")
 
 
+def test_numpy_arrays_next_to_a_kept_mkldnn_model_are_not_named_its_holders(pytester: pytest.Pytester) -> None:
+    # An mkldnn tensor exposes no data pointer: it stands for its memory by its TensorImpl's
+    # address. Small numpy arrays allocated next to that object in the process's heap do not
+    # share its memory.
+    pytester.makepyfile(
+        test_it="""
+        import numpy, pytest, torch, torch.utils.mkldnn
+        KEEP = {}
+        ARRAYS = []
+
+        @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")  # torch.jit.script_method
+        @pytest.mark.vram_budget
+        def test_it():
+            KEEP["mkldnn_model"] = torch.utils.mkldnn.to_mkldnn(torch.nn.Linear(64, 64))
+            ARRAYS.extend(numpy.zeros(8) for _ in range(2000))
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["float32[[]64, 64[]] on cpu: * 16.0 KiB", "    held by test_it.KEEP[[]'mkldnn_model'[]].weight"]
+    )
+    result.stdout.no_fnmatch_line("*numpy array*")
+    result.stdout.no_fnmatch_line("*ARRAYS*")
+
+
 ATEXIT_LEAK = """
 import atexit
 import torch

@@ -604,14 +604,19 @@ def _paths_through_opaque_holders(
 
 
 def _spans(torch: Any, targets: list[Any]) -> list[tuple[int, int, Any]]:
-    """``(start, end, target)``: the memory of each target (a tensor, or a storage object seen without one)."""
+    """``(start, end, target)``: the memory of each target (a tensor, or a storage object seen without one).
+    An opaque tensor (``to_mkldnn()``) stands for its memory by its own object's address, which
+    only a record of that tensor gives: its span is that address alone, or whatever the process
+    allocated next to it (a numpy array's data) would be taken for a holder of its memory."""
     spans: list[tuple[int, int, Any]] = []
     with torch._C.DisableTorchFunction():
         for target in targets:
-            for storage in tensor_storages(target) if is_tensor_type(type(target)) else [target]:
+            tensor = is_tensor_type(type(target))
+            for storage in tensor_storages(target) if tensor else [target]:
                 facts = storage_facts(storage)
                 if facts is not None:
-                    spans.append((facts[1], facts[1] + facts[2], target))
+                    opaque = tensor and storage is target
+                    spans.append((facts[1], facts[1] + (1 if opaque else facts[2]), target))
     return spans
 
 
