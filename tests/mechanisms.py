@@ -1097,13 +1097,13 @@ CATALOGUE: list[Mechanism] = [
         def capture_activations(module, inputs, output):
             if not hasattr(module, "activations"):
                 module.activations = []
-            module.activations.append(inputs[0].detach())
+            module.activations.append(inputs[0].detach())  # here
 
         MODEL[0].register_forward_hook(capture_activations)
 
         def test_it():
             with torch.no_grad():
-                MODEL(torch.ones(32, 64))  # here
+                MODEL(torch.ones(32, 64))
         """,
         fixed="""
         MODEL = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU())
@@ -1939,10 +1939,6 @@ GAPS: dict[str, dict[Part, str]] = {
     },
     "partial_hook_on_grad_fn": {
         "holder": "held by <OrderedDict held outside Python's gc>[5].args[0].covar",
-    },
-    "forward_hook_stores_activations": {
-        "site": "allocated at test_leak.py:8 in capture_activations(), called from test_leak.py:14 in test_it()",
-        "diagnosis": "diagnosis: (none)",
     },
     "logging_handler_added_every_run": {
         "holder": "held by _multicall:147 local 'teardowns'[0] -> <generator>.__self__.attached_loggers[42].manager.loggerDict['stats'].handlers[4].model.weight",

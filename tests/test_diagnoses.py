@@ -1085,3 +1085,45 @@ def test_a_class_attribute_shared_by_every_instance_is_told_from_a_module_level_
     )
     result.stdout.no_fnmatch_line("*a module-level container gained*")
     result.stdout.no_fnmatch_line("*LEAKED*test_instance_attribute_cache*")
+
+
+MODULE_HOOK_LEAK = """
+import torch
+
+HOOKED = torch.nn.Linear(64, 64)
+PLAIN = torch.nn.Linear(64, 64)
+
+def capture_activations(module, inputs, output):
+    if not hasattr(module, "activations"):
+        module.activations = []
+    module.activations.append(inputs[0].detach())
+
+HOOKED.register_forward_hook(capture_activations)
+
+def test_hook_stores_on_its_module():
+    with torch.no_grad():
+        HOOKED(torch.ones(32, 64))
+
+def test_module_stores_without_a_hook():
+    PLAIN.history = getattr(PLAIN, "history", [])
+    PLAIN.history.append(torch.ones(32, 64))
+"""
+
+
+def test_a_hook_storing_on_its_module_is_named_and_a_module_storing_without_one_is_not(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_it=MODULE_HOOK_LEAK)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_hook_stores_on_its_module*",
+            "    held by test_it.HOOKED.activations[[]*]",
+            "    diagnosis: a module hook keeps what it is given (a forward hook of a Linear, capture_activations(), "
+            "is registered on the module whose .activations holds these tensors)*",
+            "*test_module_stores_without_a_hook*",
+            "    held by test_it.PLAIN.history[[]*]",
+        ]
+    )
+    assert sum("a module hook keeps" in line for line in result.stdout.lines) == 1

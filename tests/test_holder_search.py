@@ -128,10 +128,38 @@ def test_a_container_a_module_hook_appends_to_is_named_with_the_hook() -> None:
     Hostile.armed = True
     try:
         held = hook_holdings([model])
-        assert held == {id(seen[0]): "a forward hook of a Hostile"}
+        assert held == {
+            id(seen[0]): "a forward hook of a Hostile, a lambda in "
+            "test_a_container_a_module_hook_appends_to_is_named_with_the_hook(), appends to what holds these tensors"
+        }
         assert id(other) not in held
     finally:
         Hostile.armed = False
+
+
+def test_a_container_on_the_module_a_hook_is_registered_on_is_named_with_the_hook() -> None:
+    def capture(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
+        module.activations.append(inputs[0].detach())
+
+    model = Hostile(4, 4)
+    model.activations = []
+    model.register_forward_hook(capture)
+    unhooked = torch.nn.Linear(4, 4)
+    unhooked.activations = [torch.ones(2)]
+    model(torch.ones(1, 4))
+    Hostile.armed = True
+    try:
+        held = hook_holdings([model, unhooked])
+    finally:
+        Hostile.armed = False
+    kept = model.activations[0]
+    assert held[id(kept)] == (
+        "a forward hook of a Hostile, test_a_container_on_the_module_a_hook_is_registered_on_is_named_with_the_hook"
+        ".capture(), is registered on the module whose .activations holds these tensors"
+    )
+    # the module's own parameters, and what a module without hooks keeps, are not a hook's
+    assert id(model.weight) not in held
+    assert id(unhooked.activations[0]) not in held
 
 
 def test_the_frames_searched_are_the_callers_not_the_listing_functions_own() -> None:

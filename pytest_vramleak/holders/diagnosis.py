@@ -284,7 +284,7 @@ def hook_keeps(group: Group, found: Sequence[str]) -> str | None:
     tensor = any(path.has("tensor hooks") for path in group.holders)
     return (
         ("a tensor's hook (register_hook) keeps what it is given" if tensor else "a module hook keeps what it is given")
-        + (f" ({group.hook} appends to what holds these tensors)" if group.hook else "")
+        + (f" ({group.hook})" if group.hook else "")
         + ": keep the handle register_*_hook() returns and call handle.remove() when done, or clear what the "
         "hook appends to"
     )

@@ -930,34 +930,85 @@ def module_types() -> list[type]:
     return found
 
 
+_MODULE_TABLES = frozenset({"_parameters", "_buffers", "_modules"})
+"""An ``nn.Module``'s own tables (exact dicts): what they hold is the module's, not what a hook kept."""
+_FILLED_TYPES = (list, dict, collections.deque)
+
+
 def hook_holdings(modules: Sequence[Any]) -> dict[int, str]:
-    """Ids of the objects that a container (a list, dict or deque) held by a module hook's
-    closure holds, each with the hook, as ``a forward hook of a Linear``: what a hook that
-    appends what it sees to a list keeps. Ids only: nothing is kept alive.
+    """Ids of the objects that a module hook may be keeping, each with what says so: the items
+    of a container (a list, dict or deque) that a hook function's closure holds ("a forward hook
+    of a Linear, capture(), appends to what holds these tensors"), and the items of a container
+    that is an attribute of a module with hooks ("... is registered on the module whose
+    .activations holds these tensors"): what a hook that stores what it sees keeps. Ids only:
+    nothing is kept alive.
 
     From each of ``modules`` (``nn.Module`` instances) down through its hook dicts, the cells of
-    each hook function's closure and the containers in them: all read through C-level attributes
-    and exact types, so no code of a module, a hook or a container runs."""
+    each hook function's closure and the containers in them, and its own attributes: all read
+    through C-level attributes and exact types, so no code of a module, a hook or a container runs."""
     held: dict[int, str] = {}
     for module in modules:
         namespace = instance_dict(module) or {}
-        for attribute in _HOOK_ATTRIBUTES:
-            hooks: Any = namespace.get(attribute)
-            if not issubclass(type(hooks), dict):
-                continue
-            kind = attribute.strip("_").removesuffix("_hooks").replace("_", " ")
-            for function in dict.values(hooks):
-                if type(function) is not types.FunctionType:
-                    continue
-                for cell in function.__closure__ or ():  # an exact function: its C attribute
-                    try:
-                        contents = cell.cell_contents
-                    except ValueError:  # an empty cell
-                        continue
-                    if type(contents) in (list, dict, collections.deque):
-                        for item in gc.get_referents(contents):
-                            held.setdefault(id(item), f"a {kind} hook of a {type_name(module)}")
+        hooks = _module_hooks(namespace)
+        for kind, function in hooks:
+            hook = f"a {kind} hook of a {type_name(module)}, {_function_label(function)}"
+            for container in _closure_containers(function):
+                for item in gc.get_referents(container):
+                    held.setdefault(id(item), f"{hook}, appends to what holds these tensors")
+        if not hooks:
+            continue
+        kind, function = hooks[0]
+        hook = f"a {kind} hook of a {type_name(module)}, {_function_label(function)}"
+        for attribute, container in _container_attributes(namespace):
+            for item in gc.get_referents(container):
+                held.setdefault(id(item), f"{hook}, is registered on the module whose .{attribute} holds these tensors")
     return held
+
+
+def _module_hooks(namespace: dict[str, Any]) -> list[tuple[str, types.FunctionType]]:
+    """Each Python function in a module's hook dicts, with the kind of hook (``forward``)."""
+    found: list[tuple[str, types.FunctionType]] = []
+    for attribute in _HOOK_ATTRIBUTES:
+        hooks: Any = namespace.get(attribute)
+        if not issubclass(type(hooks), dict):
+            continue
+        kind = attribute.strip("_").removesuffix("_hooks").replace("_", " ")
+        found.extend((kind, function) for function in dict.values(hooks) if type(function) is types.FunctionType)
+    return found
+
+
+def _function_label(function: types.FunctionType) -> str:
+    """``capture()``, ``Probe.record()``, ``a lambda in test_it()``: a function's qualified name
+    (its ``<locals>`` left out), read from its C attribute."""
+    qualname = vars(types.FunctionType)["__qualname__"].__get__(function)
+    if type(qualname) is not str:
+        return "a function"
+    parts = qualname.replace(".<locals>", "").split(".")
+    if parts[-1] != "<lambda>":
+        return ".".join(parts) + "()"
+    return "a lambda" + (f" in {'.'.join(parts[:-1])}()" if len(parts) > 1 else "")
+
+
+def _closure_containers(function: types.FunctionType) -> list[Any]:
+    """The containers (lists, dicts, deques) in the cells of an exact function's closure."""
+    found: list[Any] = []
+    for cell in function.__closure__ or ():  # an exact function: its C attribute
+        try:
+            contents = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if type(contents) in _FILLED_TYPES:
+            found.append(contents)
+    return found
+
+
+def _container_attributes(namespace: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The containers (lists, dicts, deques) that are a module's own attributes, by name."""
+    return [
+        (name, value)
+        for name, value in dict.items(namespace)
+        if type(name) is str and name not in _MODULE_TABLES and type(value) in _FILLED_TYPES
+    ]
 
 
 MAX_CYCLE_CANDIDATES = 64

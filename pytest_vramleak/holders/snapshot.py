@@ -67,7 +67,6 @@ from .referrers import (
 __all__ = ["HELD_FROM_CPP", "Leak", "Snapshot", "TensorGroup", "describe", "describe_history", "diff", "take_snapshot"]
 
 MAX_CHAINS_PER_GROUP = HOLDERS_SAMPLED
-MAX_HOOK_CHECKS = 3
 STEP_FUNCTION = "the step function "
 """How a step check names the function given to ``check()`` where it holds a leak."""
 
@@ -970,7 +969,7 @@ class _Grouping:
         # is the test's local, but the hook is the cause.
         checked: set[int] = set()
         for target, (group, through_grad) in zip(self.targets, self.target_groups, strict=False):
-            if through_grad or id(group) in checked or group.kind != "tensor" or len(checked) >= MAX_HOOK_CHECKS:
+            if through_grad or id(group) in checked or group.kind != "tensor":
                 continue
             checked.add(id(group))
             if _may_be_hooked(group):
@@ -979,12 +978,14 @@ class _Grouping:
 
 def _may_be_hooked(group: TensorGroup) -> bool:
     """Whether a module hook may hold the container that holds the group: it is held through a
-    running frame's local or a closure (where a hook's container is usually seen; a step function
-    given to check() is the closure itself), and through no hook dict already."""
-    local = any(
-        (path.through_local() or path.has("closure variable")) and path.root.kind != "step" for path in group.holders
+    running frame's local, a closure (where a hook's container is usually seen; a step function
+    given to check() is the closure itself) or an attribute (a hook that stores on its module),
+    and through no hook dict already."""
+    reachable = any(
+        (path.through_local() or path.has("closure variable", "attribute")) and path.root.kind != "step"
+        for path in group.holders
     )
-    return local and not any(path.hook_entries() for path in group.holders)
+    return reachable and not any(path.hook_entries() for path in group.holders)
 
 
 def _name_targets(

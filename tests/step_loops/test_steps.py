@@ -465,7 +465,7 @@ def test_a_hook_that_appends_to_a_local_list_is_diagnosed(pytester: pytest.Pytes
     result.stdout.fnmatch_lines(
         [
             "    held by test_it:* local 'activations'[[]*]",
-            "    diagnosis: a module hook keeps what it is given (a forward hook of a Linear appends to what holds these tensors)*",
+            "    diagnosis: a module hook keeps what it is given (a forward hook of a Linear, a lambda in test_it(), appends to what holds these tensors)*",
         ]
     )
 
