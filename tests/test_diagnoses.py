@@ -69,6 +69,7 @@ WEAK = "a WeakKeyDictionary keeps each value while its key is alive"
 APPENDED = "the test (or code it called) added entries to a list or dict that pytest keeps as a parametrize value"
 STATE = "an object pytest keeps as a parametrize value for the whole session kept what the test computed on it"
 COMPUTE = "a metric's cached compute() result"
+FALLBACK = "PLAIN['a'] keeps these tensors after the test: it hangs from module test_it"
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +104,7 @@ def diagnoses(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
         ("test_appends_to_a_parametrized_list", APPENDED, [STATE, COMPUTE, MOCK]),
         ("test_sets_state_on_a_parametrized_object", STATE, [APPENDED, COMPUTE]),
         ("test_caches_a_computed_result", COMPUTE, [APPENDED]),
-        ("test_plain_dict", None, [MOCK, WEAK, APPENDED, STATE]),
+        ("test_plain_dict", FALLBACK, [MOCK, WEAK, APPENDED, STATE]),
     ],
 )
 def test_a_diagnosis_follows_from_the_path(
@@ -860,6 +861,13 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
             kind="grad",
         ),
     ),
+    "what keeps it": (
+        diagnosis.what_keeps_it,
+        "KEEP['m'] keeps these tensors after the test: it hangs from module test_it, alive as long as the process, "
+        "and the code added this entry and never removed it",
+        _group(module("test_it", attr("KEEP", "dict"), item("'m'"))),
+        _group(HELD_IN_CPP_PATH),
+    ),
 }
 
 
@@ -870,6 +878,28 @@ def test_every_diagnosis_is_given_on_its_path_and_not_on_a_path_alike(name: str)
     assert not any(finding.startswith(words) for finding in diagnosis.diagnose(alike)), diagnosis.diagnose(alike)  # type: ignore[arg-type]
     assert (rule(fits, []) or "").startswith(words)  # type: ignore[arg-type]
     assert not (rule(alike, []) or "").startswith(words)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "name", ["unittest.mock", "module-level container", "class attribute", "closure", "atexit", "itertools.cycle"]
+)
+def test_what_keeps_it_is_said_only_where_no_other_rule_fits(name: str) -> None:
+    fits = EVERY_DIAGNOSIS[name][2]
+    found = diagnosis.diagnose(fits)  # type: ignore[arg-type]
+    assert found and not any(" keeps these tensors after the test: it hangs from " in line for line in found)
+
+
+def test_every_named_holder_gets_a_diagnosis() -> None:
+    paths = [
+        module("test_it", attr("STATE", "Store"), attr("last")),
+        root("frame local", "worker:12 local 'batch'"),
+        root("fixture", "fixture 'model' (module scope)", attr("cache", "dict"), item("3")),
+        module("test_it", attr("RING", "deque"), edge("container item", "deque")),
+    ]
+    for path in paths:
+        assert diagnosis.diagnose(_group(path)), path  # type: ignore[arg-type]
+    # nothing named in Python: no holder to quote
+    assert diagnosis.what_keeps_it(_group(HELD_IN_CPP_PATH), []) is None  # type: ignore[arg-type]
 
 
 def test_a_finalizer_is_not_told_it_is_a_class_attribute() -> None:

@@ -992,6 +992,68 @@ def module_level_container(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
+_ROOT_LIFETIMES: dict[str, str] = {
+    "module": "it hangs from module {name}, alive as long as the process",
+    "frame local": "it hangs from a local of a frame still running ({label})",
+    "thread local": "it hangs from a local of a frame of another thread ({label}), alive as long as that frame",
+    "frame": "it hangs from a frame a traceback keeps ({label}), alive as long as the traceback",
+    "class": "it hangs from {label}, alive as long as the process",
+    "fixture": "it hangs from {label}, alive until that scope ends",
+    "parametrize": "it hangs from {label}, which pytest keeps for the session",
+    "pytest instance": "it hangs from {label}",
+    "test class": "it hangs from {label}, which its module keeps for the session",
+    "TestCase class": "it hangs from {label}, which its module keeps for the session",
+    "failure": "it hangs from a frame of the test's failure ({label}), kept with its traceback",
+    "step": "it hangs from the step function given to the check",
+    "atexit": "it hangs from a callback registered with atexit, kept until the process exits",
+    "cycle": "it hangs from a reference cycle ({label}) that only the cyclic collector frees",
+}
+_LAST_EDGE_FIXES: dict[str, str] = {
+    "item": "the code added this entry and never removed it: remove it (del, .pop(), .clear()) when done, or keep "
+    "only what is needed (.item() for a number, .detach().cpu() for a value without its graph)",
+    "attribute": "the code set this attribute and never reset it: set it back to None (or del it) when done, or "
+    "keep only what is needed (.item() for a number, .detach() for a value without its graph)",
+    "local": "the frame keeps it until its function returns: del the local when done, or return it",
+    "gradient": "a parameter's .grad keeps it: model.zero_grad(set_to_none=True) or del param.grad when done",
+    "closure variable": "a function's closure captured it: capture only what the function needs, or drop the "
+    "function when done",
+}
+_LAST_EDGE_KINDS: dict[str, str] = {
+    "item": "item",
+    "container item": "item",
+    "set element": "item",
+    "dict key": "item",
+    "attribute": "attribute",
+    "hook dict": "attribute",
+    "local": "local",
+    "suspended local": "local",
+    "gradient": "gradient",
+    "closure variable": "closure variable",
+    "cell contents": "closure variable",
+}
+MAX_HOLDER_TEXT = 80
+"""How much of a holder's path a fallback diagnosis quotes (its end, where it is longer)."""
+
+
+def what_keeps_it(group: Group, found: Sequence[str]) -> str | None:
+    """Where no other rule fits a group with a holder named in Python, what holds it and for how long, from the path's root and last edge."""
+    path = next((path for path in group.holders if not path.opaque), None)
+    if found or path is None:
+        return None
+    holder = "".join(edge.text() for edge in path.edges).removeprefix(".") or path.root.label
+    if len(holder) > MAX_HOLDER_TEXT:
+        holder = "..." + holder[-MAX_HOLDER_TEXT:]
+    root = path.root
+    lifetime = _ROOT_LIFETIMES.get(root.kind, "it hangs from {label}").format(
+        name=root.name or root.label, label=root.label
+    )
+    last = path.edges[-1].kind if path.edges else ("local" if path.through_local() else "")
+    fix = _LAST_EDGE_FIXES.get(
+        _LAST_EDGE_KINDS.get(last, ""), "drop this reference when done, or keep only what is needed"
+    )
+    return f"{holder} keeps these tensors after the test: {lifetime}, and {fix}"
+
+
 SOLE_RULES: list[Rule] = [kept_history_in_a_gradient, kept_history, torch_cache, checkpoint_hooks]
 """Rules whose diagnosis, where one fits, is the group's only one (the first that fits)."""
 
@@ -1038,5 +1100,6 @@ RULES: list[Rule] = [
     held_in_cpp_for_the_test,
     class_attribute,
     module_level_container,
+    what_keeps_it,
 ]
 """Rules that each add their diagnosis, in the order a report lists them (the last reads what came before)."""
