@@ -1157,3 +1157,18 @@ def test_a_hook_storing_on_its_module_is_named_and_a_module_storing_without_one_
         ]
     )
     assert sum("a module hook keeps" in line for line in result.stdout.lines) == 1
+
+
+def test_what_keeps_a_kept_model_is_the_entry_it_was_added_as_not_its_parameters_attribute() -> None:
+    held = module(
+        "test_it",
+        attr("MODELS", "list"),
+        item("4", "Net"),
+        attr("encoder", "Sequential"),
+        attr("0", "Linear"),
+        attr("weight", "Parameter"),
+    )
+    found = diagnosis.what_keeps_it(_group(held), [])  # type: ignore[arg-type]
+    assert found is not None
+    assert found.startswith("MODELS[4] keeps these tensors after the test (through its encoder.0.weight): ")
+    assert "the code added this entry and never removed it" in found

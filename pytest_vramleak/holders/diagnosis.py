@@ -1035,23 +1035,37 @@ MAX_HOLDER_TEXT = 80
 """How much of a holder's path a fallback diagnosis quotes (its end, where it is longer)."""
 
 
+def _decisive_edge(path: HolderPath) -> int:
+    """The index of the edge the fix is about: the last entry of a container on the path (what
+    holds a kept model is the entry the model was added as, not its parameter's attribute), else
+    the last edge (-1 where there is none)."""
+    entries = [index for index, edge in enumerate(path.edges) if _LAST_EDGE_KINDS.get(edge.kind) == "item"]
+    return entries[-1] if entries else len(path.edges) - 1
+
+
+def _edges_text(edges: Sequence[Edge]) -> str:
+    text = "".join(edge.text() for edge in edges).removeprefix(".")
+    return text if len(text) <= MAX_HOLDER_TEXT else "..." + text[-MAX_HOLDER_TEXT:]
+
+
 def what_keeps_it(group: Group, found: Sequence[str]) -> str | None:
-    """Where no other rule fits a group with a holder named in Python, what holds it and for how long, from the path's root and last edge."""
+    """Where no other rule fits a group with a holder named in Python, what holds it and for how long, from the path's root and its last entry or edge."""
     path = next((path for path in group.holders if not path.opaque), None)
     if found or path is None:
         return None
-    holder = "".join(edge.text() for edge in path.edges).removeprefix(".") or path.root.label
-    if len(holder) > MAX_HOLDER_TEXT:
-        holder = "..." + holder[-MAX_HOLDER_TEXT:]
+    decisive = _decisive_edge(path)
+    holder = _edges_text(path.edges[: decisive + 1]) or path.root.label
+    rest = _edges_text(path.edges[decisive + 1 :])
     root = path.root
     lifetime = _ROOT_LIFETIMES.get(root.kind, "it hangs from {label}").format(
         name=root.name or root.label, label=root.label
     )
-    last = path.edges[-1].kind if path.edges else ("local" if path.through_local() else "")
+    last = path.edges[decisive].kind if path.edges else ("local" if path.through_local() else "")
     fix = _LAST_EDGE_FIXES.get(
         _LAST_EDGE_KINDS.get(last, ""), "drop this reference when done, or keep only what is needed"
     )
-    return f"{holder} keeps these tensors after the test: {lifetime}, and {fix}"
+    through = f" (through its {rest})" if rest else ""
+    return f"{holder} keeps these tensors after the test{through}: {lifetime}, and {fix}"
 
 
 SOLE_RULES: list[Rule] = [kept_history_in_a_gradient, kept_history, torch_cache, checkpoint_hooks]
