@@ -1170,5 +1170,6 @@ def test_what_keeps_a_kept_model_is_the_entry_it_was_added_as_not_its_parameters
     )
     found = diagnosis.what_keeps_it(_group(held), [])  # type: ignore[arg-type]
     assert found is not None
-    assert found.startswith("MODELS[4] keeps these tensors after the test (through its encoder.0.weight): ")
+    # the same words for each of the model's tensors: a report says "as above" after the first
+    assert found.startswith("what MODELS[4] holds keeps these tensors after the test: ")
     assert "the code added this entry and never removed it" in found

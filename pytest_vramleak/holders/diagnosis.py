@@ -1055,7 +1055,7 @@ def what_keeps_it(group: Group, found: Sequence[str]) -> str | None:
         return None
     decisive = _decisive_edge(path)
     holder = _edges_text(path.edges[: decisive + 1]) or path.root.label
-    rest = _edges_text(path.edges[decisive + 1 :])
+    rest = path.edges[decisive + 1 :]
     root = path.root
     lifetime = _ROOT_LIFETIMES.get(root.kind, "it hangs from {label}").format(
         name=root.name or root.label, label=root.label
@@ -1064,8 +1064,8 @@ def what_keeps_it(group: Group, found: Sequence[str]) -> str | None:
     fix = _LAST_EDGE_FIXES.get(
         _LAST_EDGE_KINDS.get(last, ""), "drop this reference when done, or keep only what is needed"
     )
-    through = f" (through its {rest})" if rest else ""
-    return f"{holder} keeps these tensors after the test{through}: {lifetime}, and {fix}"
+    what = f"what {holder} holds" if rest else holder  # (the held by line gives the rest of the path)
+    return f"{what} keeps these tensors after the test: {lifetime}, and {fix}"
 
 
 SOLE_RULES: list[Rule] = [kept_history_in_a_gradient, kept_history, torch_cache, checkpoint_hooks]
