@@ -1949,9 +1949,6 @@ GAPS: dict[str, dict[Part, str]] = {
     "average_meter_of_tensors": {
         "site": "allocated at (none)",
     },
-    "metric_list_state_never_reset": {
-        "diagnosis": "diagnosis: a module-level container gained 2 entries and never let them go (a cache without eviction, a history list)...",
-    },
 }
 
 

@@ -62,6 +62,31 @@ class Metric:
 @pytest.mark.parametrize("metric", [Metric()])
 def test_caches_a_computed_result(metric):
     metric._computed = torch.ones(2)
+
+class MeanMetric:
+    def __init__(self):
+        self.values = []
+
+    def update(self, value):
+        self.values.append(value)
+
+    def reset(self):
+        self.values.clear()
+
+class Recorder:
+    def __init__(self):
+        self.values = []
+
+MEAN = MeanMetric()
+RECORDER = Recorder()
+
+def test_updates_a_metric_never_reset():
+    MEAN.update(torch.ones(16))
+    MEAN.update(torch.ones(16))
+
+def test_records_on_an_object_without_reset():
+    RECORDER.values.append(torch.ones(16))
+    RECORDER.values.append(torch.ones(16))
 """
 
 MOCK = "a unittest.mock mock keeps the arguments of every call"
@@ -69,6 +94,7 @@ WEAK = "a WeakKeyDictionary keeps each value while its key is alive"
 APPENDED = "the test (or code it called) added entries to a list or dict that pytest keeps as a parametrize value"
 STATE = "an object pytest keeps as a parametrize value for the whole session kept what the test computed on it"
 COMPUTE = "a metric's cached compute() result"
+RESET = "MEAN.values accumulates what every update adds (a metric's or a meter's state) until MEAN.reset() is called"
 FALLBACK = "PLAIN['a'] keeps these tensors after the test: it hangs from module test_it"
 
 
@@ -105,6 +131,8 @@ def diagnoses(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
         ("test_sets_state_on_a_parametrized_object", STATE, [APPENDED, COMPUTE]),
         ("test_caches_a_computed_result", COMPUTE, [APPENDED]),
         ("test_plain_dict", FALLBACK, [MOCK, WEAK, APPENDED, STATE]),
+        ("test_updates_a_metric_never_reset", RESET, [FALLBACK, "a module-level container"]),
+        ("test_records_on_an_object_without_reset", "a module-level container gained 2 entries", ["reset()"]),
     ],
 )
 def test_a_diagnosis_follows_from_the_path(
@@ -860,6 +888,14 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
             module("test_it", attr("MODEL", "Linear"), attr("weight", "Parameter"), edge("gradient", "grad")),
             kind="grad",
         ),
+    ),
+    "accumulator never reset": (
+        diagnosis.accumulator_never_reset,
+        "METRIC.preds accumulates what every update adds (a metric's or a meter's state) until METRIC.reset() is called",
+        _group(
+            module("test_it", Edge("attribute", "METRIC", "BinaryAUROC", resets=True), attr("preds", "list"), item("0"))
+        ),
+        _group(module("test_it", attr("METRIC", "BinaryAUROC"), attr("preds", "list"), item("0"))),
     ),
     "what keeps it": (
         diagnosis.what_keeps_it,

@@ -977,6 +977,32 @@ def class_attribute(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
+_FILLED = frozenset({"list", "dict", "deque", "OrderedDict", "defaultdict"})
+
+
+def _accumulated_state(path: HolderPath) -> str | None:
+    """``METRIC.preds`` where the path goes from an object with a reset() method into a container
+    it keeps as an attribute, then into an entry of it."""
+    edges = path.edges
+    for index, edge in enumerate(edges[:-2]):
+        state, entry = edges[index + 1], edges[index + 2]
+        if edge.resets and state.kind == "attribute" and state.type_name in _FILLED and entry.kind == "item":
+            return f"{edge.name}.{state.name}"
+    return None
+
+
+def accumulator_never_reset(group: Group, found: Sequence[str]) -> str | None:
+    """State a metric or meter (an object with a reset() method) accumulated in a container, never reset."""
+    held = [at for path in group.holders if (at := _accumulated_state(path)) is not None]
+    if not held:
+        return None
+    owner = held[0].rpartition(".")[0]
+    return (
+        f"{held[0]} accumulates what every update adds (a metric's or a meter's state) until {owner}.reset() is "
+        f"called: call {owner}.reset() after compute() (at the end of each test or epoch), or make a new one per test"
+    )
+
+
 def module_level_container(group: Group, found: Sequence[str]) -> str | None:
     """Entries a module-level container gained and never let go, where nothing more specific fits."""
     if (
@@ -1113,6 +1139,7 @@ RULES: list[Rule] = [
     autocast_region_left_open,
     held_in_cpp_for_the_test,
     class_attribute,
+    accumulator_never_reset,
     module_level_container,
     what_keeps_it,
 ]

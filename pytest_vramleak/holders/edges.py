@@ -78,6 +78,25 @@ def type_name(obj: Any) -> str:
     return name if type(name) is str else "?"
 
 
+_MRO = type.__dict__["__mro__"]
+_CLASS_DICT = type.__dict__["__dict__"]
+_PLAIN_TYPES = frozenset(
+    {dict, list, tuple, set, frozenset, str, bytes, int, float, types.FunctionType, types.ModuleType}
+)
+
+
+def has_reset(obj: Any) -> bool:
+    """Whether ``obj``'s class, or one it derives from, defines ``reset`` (a metric, a meter),
+    read from the classes' own dicts: no code of the object's or its class's runs."""
+    kind = type(obj)
+    if kind in _PLAIN_TYPES:
+        return False
+    try:
+        return any("reset" in _CLASS_DICT.__get__(cls) for cls in _MRO.__get__(kind) if cls is not object)
+    except Exception:  # a class whose dict cannot be read
+        return False
+
+
 def is_ndarray(obj: Any) -> bool:
     cls = type(obj)
     return cls.__name__ == "ndarray" and cls.__module__ == "numpy"
@@ -420,5 +439,5 @@ def holder_path(chain: Sequence[Any]) -> HolderPath:
         except Exception:
             kind, name, mode = "reference", type_name(child), None
         if kind is not None:
-            edges.append(Edge(kind, name, type_name(child)))
+            edges.append(Edge(kind, name, type_name(child), has_reset(child)))
     return HolderPath(root_of(chain[0]), tuple(edges))

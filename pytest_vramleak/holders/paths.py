@@ -140,6 +140,9 @@ class Edge:
     """The attribute, local or closure variable, the key as source text, the class of a node."""
     type_name: str = ""
     """The class of the object it leads to."""
+    resets: bool = False
+    """Whether the object it leads to has a ``reset()`` method (a metric, a meter): state it
+    accumulates is meant to be let go by calling it."""
 
     def text(self) -> str:
         """How the edge reads after what it leaves: ``.cache``, ``['user-42']``, `` -> closure var 'seen'``."""
