@@ -60,7 +60,7 @@ def test_a_run_from_a_subfolder_names_files_relative_to_it(
     result.stdout.fnmatch_lines(
         [
             "first run: before set-up *, after teardown * (the test kept 1.0 KiB)",
-            f"leaked tensors, as one run leaves them ({tensors_from}):",
+            f"leaked tensors, as one run leaves them ({tensors_from}), 1.0 KiB in all:",
             "float32[256] on cpu: 1 tensor, 1.0 KiB",
             f"    allocated at {site}",
             "    held by pkg.cache.KEPT[[]4]",
@@ -81,7 +81,7 @@ def test_a_run_from_a_subfolder_names_files_relative_to_it(
     # JUnit XML carries the failure's text as the terminal prints it: the same run, the same paths
     (failure,) = ElementTree.parse(pytester.path / "tests" / "junit.xml").iter("failure")
     text = failure.text or ""
-    assert f"leaked tensors, as one run leaves them ({tensors_from}):" in text.splitlines()
+    assert f"leaked tensors, as one run leaves them ({tensors_from}), 1.0 KiB in all:" in text.splitlines()
     assert f"    allocated at {site}" in text.splitlines() and "    held by pkg.cache.KEPT[4]" in text.splitlines()
     assert str(pytester.path) not in text + page + json.dumps(entry)
     summary = (pytester.path / "tests" / "summary.md").read_text()

@@ -1261,7 +1261,7 @@ def _leaked_tensor_lines(runs: TestRuns, verdict: Verdict) -> list[str]:
     if verdict.decision.opens_with_growth:
         heading = f"tensors left by {verdict.shown}:" if verdict.shown else "tensors left by the runs:"
     elif verdict.shown:
-        heading = f"leaked tensors, as one run leaves them ({verdict.shown}):"
+        heading = f"leaked tensors, as one run leaves them ({verdict.shown}){_listed_total(verdict)}:"
     else:
         heading = "leaked tensors:"
     lines = [heading, render_groups(verdict.groups)]
@@ -1269,6 +1269,19 @@ def _leaked_tensor_lines(runs: TestRuns, verdict: Verdict) -> list[str]:
     if stored and not any(group.allocated_at for group in stored) and runs.sites is not None:
         lines.append(f"allocated at: not recorded: {_why_no_sites(runs)}")
     return lines
+
+
+def _listed_total(verdict: Verdict) -> str:
+    """What the groups listed add up to, and, where that is not the leak the failure opens with
+    (the first run's), why: the groups are another run's."""
+    listed = sum(group.bytes + group.graph_bytes for group in verdict.groups if group.kind != "history")
+    engine = verdict.first.engine
+    leaked = engine.result.leaked_bytes if engine is not None else None
+    if not listed:
+        return ""
+    if leaked is None or leaked == listed:
+        return f", {format_size(listed)} in all"
+    return f", {format_size(listed)} in all, where the figure above, {format_size(leaked)}, is the first run's"
 
 
 def _why_no_sites(runs: TestRuns) -> str:
