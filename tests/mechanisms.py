@@ -1937,9 +1937,6 @@ GAPS: dict[str, dict[Part, str]] = {
         "site": "no tensors listed for the leak",
         "diagnosis": "no tensors listed for the leak",
     },
-    "partial_hook_on_grad_fn": {
-        "holder": "held by <OrderedDict held outside Python's gc>[5].args[0].covar",
-    },
     "logging_handler_added_every_run": {
         "holder": "held by _multicall:147 local 'teardowns'[0] -> <generator>.__self__.attached_loggers[42].manager.loggerDict['stats'].handlers[4].model.weight",
     },

@@ -169,3 +169,19 @@ def test_the_frames_searched_are_the_callers_not_the_listing_functions_own() -> 
 
     names = [frame.f_code.co_name for frame in _frames_not_ours(set())]
     assert names[0] == "test_the_frames_searched_are_the_callers_not_the_listing_functions_own"
+
+
+def test_an_autograd_nodes_hooks_dict_is_named_as_such_and_another_ordered_dict_is_not() -> None:
+    import collections
+    import functools
+
+    from pytest_vramleak.holders.edges import NODE_HOOKS, root_of
+
+    weight = torch.nn.Parameter(torch.ones(4))
+    cache = weight * 2
+    handle = cache.grad_fn.register_hook(functools.partial(print, "done"))
+    hooks = handle.hooks_dict_ref()
+    assert root_of(hooks).label == NODE_HOOKS
+    assert root_of(collections.OrderedDict(a=print)).label == "<OrderedDict held outside Python's gc>"
+    assert root_of(collections.OrderedDict()).label == "<OrderedDict held outside Python's gc>"
+    handle.remove()

@@ -8,6 +8,8 @@ parent has one small function, tried in the order of :data:`_EDGE_RULES`.
 from __future__ import annotations
 
 import _thread
+import collections
+import functools
 import itertools
 import operator
 import re
@@ -212,7 +214,22 @@ def root_of(root: Any) -> Root:
     if type(root) is types.FunctionType:  # (a hook torch keeps in C++: which one is its name)
         name = function_name(root)
         return Root("outside gc", f"<function {name} held outside Python's gc>", "function", name=name)
+    if _is_node_hooks(root):
+        return Root("outside gc", NODE_HOOKS, type_name(root))
     return Root("outside gc", f"<{type(root).__qualname__} held outside Python's gc>", type_name(root))
+
+
+NODE_HOOKS = "<the hooks of an autograd node (grad_fn.register_hook), held from C++ outside Python's gc>"
+_HOOK_TYPES = frozenset({functools.partial, types.FunctionType, types.MethodType})
+
+
+def _is_node_hooks(root: Any) -> bool:
+    """Whether ``root``, which nothing gc sees refers to, is the hooks dict torch.utils.hooks keeps
+    for an autograd node in C++: an OrderedDict of handle ids to callables (a tensor's and a
+    module's hooks dicts are their attributes, seen by gc). Read through dict's C methods."""
+    if type(root) is not collections.OrderedDict or not dict.__len__(root):
+        return False
+    return all(type(key) is int and type(value) in _HOOK_TYPES for key, value in dict.items(root))
 
 
 def function_name(function: types.FunctionType) -> str:
