@@ -314,7 +314,7 @@ class LeakCheck:
         for holders, groups in set_aside:
             # a group's memory is its tensors' and what their graph saved; a history group's, its nodes
             tensors = [group for group in groups if group.kind != "history"]
-            discounted = sum(group.bytes + group.graph_bytes for group in tensors)
+            discounted = sum(group.total_bytes for group in tensors)
             nodes = sum(group.nodes for group in groups if group.kind == "history")
             if nothing_left and holders in _PYTESTS_OWN and result.graph is not None:
                 nodes = result.graph.nodes  # (a tensor named among the storages gets no history group)

@@ -193,6 +193,12 @@ class TensorGroup:
         self.holders.append(path)
         return True
 
+    @property
+    def total_bytes(self) -> int:
+        """The memory the group keeps: its tensors' and what their autograd graph saved (a
+        ``graph`` group's ``bytes`` are its graph's, once :func:`describe` has finished it)."""
+        return self.bytes if self.kind == "graph" else self.bytes + self.graph_bytes
+
     def title(self) -> str:
         """One line: what the tensors are, how many, how many bytes."""
         shape = shape_text(self.shape) + (f" {self.cls}" if self.cls else "")
@@ -216,6 +222,12 @@ class TensorGroup:
             self.kind == "grad" and self.graph_tensors
         ):  # (backward(create_graph=True)): what their graphs saved is theirs
             title += f", and their autograd graph's {self.graph_tensors} saved tensors, {format_size(self.graph_bytes)}"
+        elif self.graph_tensors:  # a loss kept with its graph: the graph is most of what it keeps
+            behind = "it" if self.count == 1 else "them"
+            title += (
+                f", and the autograd graph behind {behind}: {self.graph_tensors} saved tensors, "
+                f"{format_size(self.graph_bytes)}"
+            )
         return title
 
     def to_json(self) -> dict[str, Any]:
@@ -1029,7 +1041,7 @@ def _finish(groups: list[TensorGroup]) -> list[TensorGroup]:
         if group.kind == "graph":
             group.bytes = group.graph_bytes
         group.diagnoses = diagnose(group)
-    return sorted(groups, key=lambda g: -(g.bytes + (0 if g.kind == "graph" else g.graph_bytes)))
+    return sorted(groups, key=lambda g: -g.total_bytes)
 
 
 def _has_graph(tensor: Any) -> bool:
@@ -1109,7 +1121,7 @@ def merge_parts(groups: Sequence[TensorGroup]) -> list[TensorGroup]:
         whole.sites_not_looked_up += group.sites_not_looked_up
     for whole in merged.values():
         whole.diagnoses = diagnose(whole)
-    return sorted(merged.values(), key=lambda g: -(g.bytes + (0 if g.kind == "graph" else g.graph_bytes)))
+    return sorted(merged.values(), key=lambda g: -g.total_bytes)
 
 
 CYCLE_DIAGNOSIS = (

@@ -1274,7 +1274,7 @@ def _leaked_tensor_lines(runs: TestRuns, verdict: Verdict) -> list[str]:
 def _listed_total(verdict: Verdict) -> str:
     """What the groups listed add up to, and, where that is not the leak the failure opens with
     (the first run's), why: the groups are another run's."""
-    listed = sum(group.bytes + group.graph_bytes for group in verdict.groups if group.kind != "history")
+    listed = sum(group.total_bytes for group in verdict.groups if group.kind != "history")
     engine = verdict.first.engine
     leaked = engine.result.leaked_bytes if engine is not None else None
     if not listed:
