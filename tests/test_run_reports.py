@@ -67,7 +67,12 @@ def test_json_report_schema(pytester: pytest.Pytester) -> None:
                         "holders_not_searched": 0,
                         "allocated_at": ["test_it.py:6 in test_leaks()"],
                         "sites_not_looked_up": 0,
-                        "diagnoses": [],
+                        "diagnoses": [
+                            "CACHE['user-42'] keeps these tensors: it hangs from module test_it, alive as long as the "
+                            "process, and the code added this entry and never removed it: remove it (del, .pop(), "
+                            ".clear()) when done, or keep only what is needed (.item() for a number, .detach().cpu() "
+                            "for a value without its graph)"
+                        ],
                         "kind": "tensor",
                         "class": "",
                         "graph_bytes": 0,

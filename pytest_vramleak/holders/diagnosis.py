@@ -1077,8 +1077,8 @@ def _edges_text(edges: Sequence[Edge]) -> str:
 def what_keeps_it(group: Group, found: Sequence[str]) -> str | None:
     """Where no other rule fits a group with a holder named in Python, what holds it and for how long, from the path's root and its last entry or edge."""
     path = next((path for path in group.holders if not path.opaque), None)
-    if found or path is None:
-        return None
+    if found or path is None or (not path.edges and path.root.kind == "frame local"):
+        return None  # (a running function's own local: its business until it returns)
     decisive = _decisive_edge(path)
     holder = _edges_text(path.edges[: decisive + 1]) or path.root.label
     rest = path.edges[decisive + 1 :]
@@ -1091,7 +1091,7 @@ def what_keeps_it(group: Group, found: Sequence[str]) -> str | None:
         _LAST_EDGE_KINDS.get(last, ""), "drop this reference when done, or keep only what is needed"
     )
     what = f"what {holder} holds" if rest else holder  # (the held by line gives the rest of the path)
-    return f"{what} keeps these tensors after the test: {lifetime}, and {fix}"
+    return f"{what} keeps these tensors: {lifetime}, and {fix}"
 
 
 SOLE_RULES: list[Rule] = [kept_history_in_a_gradient, kept_history, torch_cache, checkpoint_hooks]

@@ -112,7 +112,7 @@ def test_a_leaking_loop_is_explained_in_a_few_passes_over_the_heap(pytester: pyt
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
-            "float32[[][]] on cpu: 3 tensors, 12 B",
+            "float32[[][]] on cpu: 3 tensors, 12 B, and the autograd graph behind them: 3 saved tensors, 384.0 KiB",
             "    allocated at test_loop.py:* in step(), called from test_loop.py:* in test_leaks()",
             "    held by test_leaks:* local 'step' -> closure var 'kept'[[]2[]]",
             "    held by test_leaks:* local 'step' -> closure var 'kept'[[]3[]]",
