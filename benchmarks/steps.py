@@ -1,5 +1,8 @@
 """Time the step check against the bare loop: a small CPU training loop of a few ms a step.
 
+This times the loop alone, inside the test. What a user pays for a step check, the test's set-up
+and teardown included, is timed by ``costs.py``.
+
     python benchmarks/steps.py [--steps 50] [--rounds 5]
     python benchmarks/steps.py --short [--rounds 7]
 

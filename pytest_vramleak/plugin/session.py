@@ -33,6 +33,7 @@ from ..holders.snapshot import memory_contents
 from ..judging.verdict import Budget
 from ..meters.devices import CudaMeter, Meter, is_out_of_memory, pin_worker
 from ..meters.release import ReleaseScheduler
+from ..readings import readings_for
 from ..tracking import gc_functions as gc
 from ..tracking.tracker import Tracker
 from .leftovers import fixture_leftovers, look_for_drift
@@ -179,6 +180,7 @@ class VramleakSession(SessionState):
             dropped.clear()
             gc.collect()
         if budget is None:
+            self._track_for_steps(check, meter)
             return
         try:
             check.engine = self._leak_check(item, runs, meter, budget)
@@ -189,6 +191,20 @@ class VramleakSession(SessionState):
             # A run again gets a fresh instance of the test's class, as every test does; the last
             # run's goes as this run sets up, inside its check, as a test's own would after it.
             fresh_instance(item)
+
+    def _track_for_steps(self, check: Check, meter: Meter) -> None:
+        """A test checked only through the vramleak fixture is tracked from its set-up to the end of
+        its teardown, as a checked test is: its step loops then read only what was made since it
+        began, so a loop after another checked test's indexes nothing again, and what the test made
+        before its loop is read whole, whichever generation Python's collector has moved it to."""
+        tracker = self.tracker
+        assert tracker is not None
+        try:
+            tracker.begin(index=readings_for(meter, tracker).names_each_storage)
+        except Exception as error:
+            check.error = f"{type(error).__name__}: {error}"
+        else:
+            check.tracks_steps = True
 
     def _leak_check(self, item: pytest.Item, runs: TestRuns, meter: Meter, budget: Budget) -> LeakCheck:
         """The check of a test's run: the first measures and names as asked; a run again only
@@ -322,6 +338,9 @@ class VramleakSession(SessionState):
             self.active = None
             if check.engine is not None:
                 check.engine.close()
+            elif check.tracks_steps and self.tracker is not None:
+                check.tracks_steps = False
+                self.tracker.end()
             if self.drift_span is None:
                 self.drift_span = [item.nodeid, item.nodeid]
             self.drift_span[1] = item.nodeid

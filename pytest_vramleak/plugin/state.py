@@ -45,6 +45,9 @@ class Check:
     step_leaked: bool = False
     left_early: StepResult | None = None
     """A step loop left early that grew: it fails the test as it tears down."""
+    tracks_steps: bool = False
+    """The tracker began at set-up for the step loops of a test checked only through the fixture,
+    and ends as its teardown does."""
     call_failed: bool = False
     """The test's call failed on its own: checked once, on what remains once its traceback is let go."""
     failure: BaseException | None = None

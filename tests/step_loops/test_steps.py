@@ -515,3 +515,35 @@ def test_a_step_that_raises_shows_the_users_frames_only(pytester: pytest.Pyteste
         ["*vramleak.check(train_step, steps=6)", '*raise ValueError("bad batch")', "E *ValueError: bad batch"]
     )
     result.stdout.no_fnmatch_line("*pytest_vramleak*")
+
+
+def test_a_loop_after_another_checked_test_sees_what_its_test_made_before_it(pytester: pytest.Pytester) -> None:
+    # The batches are made before the loop and moved to Python's oldest generation; each step
+    # frees one and keeps a tensor of its size: memory stays flat, after a checked test as alone.
+    pytester.makepyfile(
+        test_it="""
+        import gc, torch
+
+        def test_first(vramleak):
+            for step in vramleak.steps(4):
+                pass
+
+        def test_frees_as_it_keeps(vramleak):
+            batches = [torch.randn(1000) for _ in range(12)]
+            gc.collect(1)
+            kept = []
+            for step in vramleak.steps(10):
+                batches.pop()
+                kept.append(torch.randn(1000))
+
+        def test_keeps(vramleak):
+            batches = [torch.randn(1000) for _ in range(12)]
+            gc.collect(1)
+            kept = []
+            for step in vramleak.steps(10):
+                kept.append(torch.randn(1000))
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["FAILED test_it.py::test_keeps - VramLeak: memory grew 3.9 KiB per step*"])
