@@ -418,11 +418,14 @@ class Index:
         """The live indexed tensors that used these storages when last read (strong references)."""
         found = []
         seen: set[int] = set()
+        entries = self.entries
         for ref in refs:
             for ident in ref.users:
-                entry = self.entries.get(ident)
+                if ident in seen:
+                    continue
+                entry = entries.get(ident)
                 tensor = entry.ref() if entry is not None else None
-                if tensor is not None and ident not in seen:
+                if tensor is not None:
                     seen.add(ident)
                     found.append(tensor)
         return found
@@ -430,9 +433,17 @@ class Index:
     def pairs(self, refs: list[StorageRef]) -> list[tuple[Any, Any]]:
         """``(tensor, storage)`` for each live indexed tensor that used one of these storages when last read."""
         found = []
+        entries = self.entries
         for ref in refs:
             storage = ref()
-            if storage is not None:
+            if storage is None:
+                continue
+            if len(ref.users) == 1:  # the common case, without a list and a set per storage
+                entry = entries.get(ref.users[0])
+                tensor = entry.ref() if entry is not None else None
+                if tensor is not None:
+                    found.append((tensor, storage))
+            else:
                 found += [(tensor, storage) for tensor in self.users([ref])]
         return found
 
