@@ -430,22 +430,66 @@ class Index:
                     found.append(tensor)
         return found
 
+    def users_of_each(self, refs: list[StorageRef], tensors: list[Any]) -> list[StorageRef] | None:
+        """Append to ``tensors`` the live indexed tensors that used each of ``refs`` (as
+        :meth:`users` of that one alone), and return each one's storage; None where a storage has
+        no such tensor."""
+        owners: list[StorageRef] = []
+        entries = self.entries
+        for ref in refs:
+            if len(ref.users) == 1:  # the common case, without a list and a set per storage
+                entry = entries.get(ref.users[0])
+                tensor = entry.ref() if entry is not None else None
+                if tensor is None:
+                    return None
+                tensors.append(tensor)
+                owners.append(ref)
+                continue
+            found = self.users([ref])
+            if not found:
+                return None
+            tensors += found
+            owners += [ref] * len(found)
+        return owners
+
     def pairs(self, refs: list[StorageRef]) -> list[tuple[Any, Any]]:
         """``(tensor, storage)`` for each live indexed tensor that used one of these storages when last read."""
         found = []
         entries = self.entries
-        for ref in refs:
-            storage = ref()
-            if storage is None:
-                continue
-            if len(ref.users) == 1:  # the common case, without a list and a set per storage
-                entry = entries.get(ref.users[0])
-                tensor = entry.ref() if entry is not None else None
-                if tensor is not None:
-                    found.append((tensor, storage))
-            else:
-                found += [(tensor, storage) for tensor in self.users([ref])]
+        with collections_paused():  # a pair per storage: no collection of the heap every few hundred
+            for ref in refs:
+                storage = ref()
+                if storage is None:
+                    continue
+                if len(ref.users) == 1:  # the common case, without a list and a set per storage
+                    entry = entries.get(ref.users[0])
+                    tensor = entry.ref() if entry is not None else None
+                    if tensor is not None:
+                        found.append((tensor, storage))
+                else:
+                    found += [(tensor, storage) for tensor in self.users([ref])]
         return found
+
+    def read_before(self, pairs: list[tuple[Any, Any]], clock: int) -> tuple[list[tuple[Any, Any]], list[Any]]:
+        """Split ``(tensor, storage)`` pairs (a storage object kept alone is paired with itself)
+        into those whose tensor or storage object was first read at ``clock`` or later, or is not
+        indexed, and the objects of the others."""
+        later: list[tuple[Any, Any]] = []
+        before: list[Any] = []
+        entries, storages = self.entries, self.storages
+        for pair in pairs:
+            obj = pair[0]
+            if obj is pair[1]:
+                ref = storages.get(id(obj))
+                born = ref.born if ref is not None and ref() is obj else clock
+            else:
+                entry = entries.get(id(obj))
+                born = entry.born if entry is not None and entry.ref() is obj else clock
+            if born < clock:
+                before.append(obj)
+            else:
+                later.append(pair)
+        return later, before
 
     def entries_born_since(self, clock: int) -> list[Entry]:
         """Live indexed tensors first read at ``clock`` or later (a walk of the index: for a leak)."""

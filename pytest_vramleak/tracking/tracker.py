@@ -369,9 +369,19 @@ class Tracker:
         """The live indexed tensors that used these storages when last read (strong references)."""
         return self.index.users(refs)
 
+    def users_of_each(self, refs: list[StorageRef], tensors: list[Any]) -> list[StorageRef] | None:
+        """The tensors that used each storage, appended to ``tensors``, and each one's storage (see
+        :meth:`Index.users_of_each`)."""
+        return self.index.users_of_each(refs, tensors)
+
     def pairs(self, refs: list[StorageRef]) -> list[tuple[Any, Any]]:
         """``(tensor, storage)`` for each live indexed tensor that used one of these storages when last read."""
         return self.index.pairs(refs)
+
+    def read_before(self, pairs: list[tuple[Any, Any]], clock: int) -> tuple[list[tuple[Any, Any]], list[Any]]:
+        """The pairs whose object was first read at ``clock`` or later, and the objects of the others
+        (see :meth:`Index.read_before`)."""
+        return self.index.read_before(pairs, clock)
 
     def kept_graph(
         self, *, threshold: int | None = None, entries: list[Entry] | None = None, before: int | None = None
