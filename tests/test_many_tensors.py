@@ -131,3 +131,26 @@ def test_objects_are_grouped_alike_one_at_a_time_and_all_at_once(make: object) -
     with torch._C.DisableTorchFunction():
         one_at_a_time = [sites_module._group_of(obj, base, {}) for obj in objects]
         assert sites_module._groups_of(objects, base) == one_at_a_time
+
+
+def test_the_recording_run_pairs_apart_what_was_read_before_it() -> None:
+    """The tensors and storage objects read before a clock are set apart from the pairs of those
+    read since, which keep the order :meth:`Index.pairs` gives them (storage objects last)."""
+    torch = pytest.importorskip("torch")
+    from pytest_vramleak.tracking.index import Index
+    from pytest_vramleak.tracking.ledger import Ledger
+
+    ledger = Ledger()
+    index = Index(ledger)
+    old, new = torch.ones(4), torch.ones(4)
+    index.reread([old])
+    ledger.clock += 1
+    index.reread([new])
+    refs = [index.storages[id(tensor.untyped_storage())] for tensor in (old, new)]
+    later, before = index.pairs_since(refs, ledger.clock)
+    new_storage, old_storage = new.untyped_storage(), old.untyped_storage()
+    assert [(id(a), id(b)) for a, b in later] == [(id(new), id(new_storage)), (id(new_storage), id(new_storage))]
+    assert [id(obj) for obj in before] == [id(old), id(old_storage)]
+    later, before = index.pairs_since(refs, ledger.clock + 1)
+    assert later == []
+    assert [id(obj) for obj in before] == [id(old), id(new), id(old_storage), id(new_storage)]

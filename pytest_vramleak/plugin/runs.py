@@ -684,11 +684,12 @@ def _recording_run(
             storages.stop()
             alive = tracker.alive_since("cpu", runs.first_begin)
             # tensors, and storage objects kept without one: who made each, while tracing still knows
-            pairs = tracker.pairs(alive) + [
-                (storage, storage) for storage in (ref() for ref in alive) if storage is not None
-            ]
             if recorder.owns_tracing:  # (the earlier runs' tensors are grouped once tracing stops)
-                pairs, earlier = tracker.read_before(pairs, untraced)
+                pairs, earlier = tracker.pairs_since(alive, untraced)
+            else:
+                pairs = tracker.pairs(alive) + [
+                    (storage, storage) for storage in (ref() for ref in alive) if storage is not None
+                ]
             recorder.capture(pairs)
             pairs.clear()
         finally:  # (tracing is never left on, even where a timeout cuts the capture short)

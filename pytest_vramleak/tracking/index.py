@@ -470,25 +470,39 @@ class Index:
                     found += [(tensor, storage) for tensor in self.users([ref])]
         return found
 
-    def read_before(self, pairs: list[tuple[Any, Any]], clock: int) -> tuple[list[tuple[Any, Any]], list[Any]]:
-        """Split ``(tensor, storage)`` pairs (a storage object kept alone is paired with itself)
-        into those whose tensor or storage object was first read at ``clock`` or later, or is not
-        indexed, and the objects of the others."""
+    def pairs_since(self, refs: list[StorageRef], clock: int) -> tuple[list[tuple[Any, Any]], list[Any]]:
+        """As :meth:`pairs`, followed by ``(storage, storage)`` for each live storage object, for
+        the tensors and storage objects first read at ``clock`` or later; the others, read before,
+        apart. Reads only the index's own numbers (no ``id()`` per tensor): made while tracemalloc
+        traces, each new number would be traced."""
+        with collections_paused():
+            return self._pairs_since(refs, clock)
+
+    def _pairs_since(self, refs: list[StorageRef], clock: int) -> tuple[list[tuple[Any, Any]], list[Any]]:
         later: list[tuple[Any, Any]] = []
         before: list[Any] = []
-        entries, storages = self.entries, self.storages
-        for pair in pairs:
-            obj = pair[0]
-            if obj is pair[1]:
-                ref = storages.get(id(obj))
-                born = ref.born if ref is not None and ref() is obj else clock
+        entries = self.entries
+        for ref in refs:
+            storage = ref()
+            if storage is None:
+                continue
+            for ident in ref.users if len(ref.users) == 1 else [id(tensor) for tensor in self.users([ref])]:
+                entry = entries.get(ident)
+                tensor = entry.ref() if entry is not None else None
+                if tensor is None:
+                    continue
+                if entry.born < clock:  # type: ignore[union-attr]
+                    before.append(tensor)
+                else:
+                    later.append((tensor, storage))
+        for ref in refs:
+            storage = ref()
+            if storage is None:
+                continue
+            if ref.born < clock:
+                before.append(storage)
             else:
-                entry = entries.get(id(obj))
-                born = entry.born if entry is not None and entry.ref() is obj else clock
-            if born < clock:
-                before.append(obj)
-            else:
-                later.append(pair)
+                later.append((storage, storage))
         return later, before
 
     def entries_born_since(self, clock: int) -> list[Entry]:

@@ -378,10 +378,10 @@ class Tracker:
         """``(tensor, storage)`` for each live indexed tensor that used one of these storages when last read."""
         return self.index.pairs(refs)
 
-    def read_before(self, pairs: list[tuple[Any, Any]], clock: int) -> tuple[list[tuple[Any, Any]], list[Any]]:
-        """The pairs whose object was first read at ``clock`` or later, and the objects of the others
-        (see :meth:`Index.read_before`)."""
-        return self.index.read_before(pairs, clock)
+    def pairs_since(self, refs: list[StorageRef], clock: int) -> tuple[list[tuple[Any, Any]], list[Any]]:
+        """The pairs of tensors and storages, and of storage objects with themselves, first read at
+        ``clock`` or later, and the objects read before (see :meth:`Index.pairs_since`)."""
+        return self.index.pairs_since(refs, clock)
 
     def kept_graph(
         self, *, threshold: int | None = None, entries: list[Entry] | None = None, before: int | None = None
