@@ -4,13 +4,14 @@
 
 A test appends ``--tensors`` tensors of four floats to a module's list each time it runs: it fails
 under ``--vramleak`` (run again, then once more recording sites), and the failure names the list.
-Prints the wall time of plain pytest and of ``--vramleak``, alternated within one invocation, and
-their ratio.
+Prints the wall time, CPU time (user and system) and peak resident memory of plain pytest and of
+``--vramleak``, each in a process of its own, alternated within one invocation, and their ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import subprocess
 import sys
@@ -30,15 +31,21 @@ def test_keeps_tiny_tensors():
 """
 
 
-def timed(folder: Path, *args: str) -> tuple[float, str]:
+def timed(folder: Path, *args: str) -> tuple[float, float, int, str]:
+    """Wall seconds, CPU seconds (user and system), peak resident KiB and output of one pytest process."""
     start = time.perf_counter()
-    done = subprocess.run(
+    process = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
         cwd=folder,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
     )
-    return time.perf_counter() - start, done.stdout
+    assert process.stdout is not None
+    output = process.stdout.read()
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    return time.perf_counter() - start, usage.ru_utime + usage.ru_stime, usage.ru_maxrss, output
 
 
 def main() -> None:
@@ -50,19 +57,25 @@ def main() -> None:
         folder = Path(directory)
         (folder / "test_kept.py").write_text(TEST.format(tensors=options.tensors))
         (folder / "pytest.ini").write_text("[pytest]\n")
-        plain, checked = [], []
-        output = ""
+        plain: list[tuple[float, float, int, str]] = []
+        checked: list[tuple[float, float, int, str]] = []
         for _ in range(options.rounds):
-            plain.append(timed(folder)[0])
-            seconds, output = timed(folder, "--vramleak")
-            checked.append(seconds)
+            plain.append(timed(folder))
+            checked.append(timed(folder, "--vramleak"))
     import torch
 
     print(
         f"{platform.processor() or platform.machine()}, Python {platform.python_version()}, torch {torch.__version__}"
     )
-    print(f"a test keeping {options.tensors} tensors of 4 floats per run, best of {options.rounds}")
-    print(f"plain {min(plain):.2f}s, --vramleak {min(checked):.2f}s: {min(checked) / min(plain):.2f}x")
+    print(f"a test keeping {options.tensors} tensors of 4 floats per run, best of {options.rounds} alternated rounds")
+    for what, index, unit in (("wall", 0, "s"), ("CPU", 1, "s"), ("peak resident", 2, "MiB")):
+        scale = 1024 if unit == "MiB" else 1
+        best_plain = min(run[index] for run in plain) / scale
+        best_checked = min(run[index] for run in checked) / scale
+        print(
+            f"{what}: plain {best_plain:.2f} {unit}, --vramleak {best_checked:.2f} {unit}: {best_checked / best_plain:.2f}x"
+        )
+    output = checked[-1][3]
     named = "test_kept.KEPT" in output and f"{options.tensors} tensors" in output
     print(f"failed with the list named and the run's tensors counted: {named}")
     if not named:

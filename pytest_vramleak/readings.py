@@ -195,7 +195,7 @@ class LedgerReadings:
             result.cycle_groups = cycle_garbage(pending, saving_since, sites)
         if not pending:  # nothing the body made is alive, in a cycle or otherwise
             return 0
-        tracker.observe(watch=False)
+        tracker.observe(watch=False, just_read=True)
         return sum(ref.nbytes for ref in pending if ref() is None)
 
     def read(self, result: CheckResult, begin_clock: int, graphs: int | None, *, since: Mark | None = None) -> None:

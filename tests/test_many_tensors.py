@@ -4,6 +4,7 @@ sites are looked for in a bounded sample of each."""
 from __future__ import annotations
 
 import textwrap
+import warnings
 
 import pytest
 
@@ -88,3 +89,68 @@ def test_sites_are_captured_for_a_sample_of_each_group(monkeypatch: pytest.Monke
     assert len(looked_up) == 2 * SITES_PER_GROUP
     assert {recorder.made_inside_library(tensor) for tensor in tensors} == {False}
     assert recorder.site_of(tensors[-1], tensors[-1].untyped_storage()) is not None
+
+
+def test_tensors_made_before_tracing_take_the_answer_of_a_full_sample() -> None:
+    """Tensors made before the recorder began (an earlier run's) are grouped after it stops: they
+    take their group's answer where the sample of the group was full and agreed, else none."""
+    torch = pytest.importorskip("torch")
+    earlier = [torch.ones(4) for _ in range(100)]
+    older_of_a_small_group = [torch.ones(3)]
+    recorder = SiteRecorder()
+    recorder.start()
+    try:
+        assert recorder.owns_tracing
+        later = [torch.ones(4) for _ in range(SITES_PER_GROUP + 5)]
+        few = [torch.ones(3) for _ in range(SITES_PER_GROUP - 1)]
+        recorder.capture([(tensor, tensor.untyped_storage()) for tensor in later + few])
+    finally:
+        recorder.stop()
+    recorder.share(earlier + older_of_a_small_group)
+    assert {recorder.made_inside_library(tensor) for tensor in earlier + later + few} == {False}
+    assert recorder.made_inside_library(older_of_a_small_group[0]) is None
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda torch: [torch.ones(4), torch.ones(2, 3, dtype=torch.int8), torch.nn.Parameter(torch.ones(3))],
+        lambda torch: [torch.ones(4).untyped_storage(), torch.ones(2).untyped_storage()],
+        lambda torch: [torch.ones(4), torch.ones(4).untyped_storage(), torch.ones(2).storage(), torch.ones(1)],
+        lambda torch: [torch.ones(4), torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])],
+        lambda torch: [],
+    ],
+    ids=["tensors", "storages", "mixed", "nested", "none"],
+)
+def test_objects_are_grouped_alike_one_at_a_time_and_all_at_once(make: object) -> None:
+    torch = pytest.importorskip("torch")
+    with warnings.catch_warnings():  # (typed storages and strided nested tensors are deprecated)
+        warnings.simplefilter("ignore")
+        objects = make(torch)  # type: ignore[operator]
+    base = torch._C.TensorBase
+    with torch._C.DisableTorchFunction():
+        one_at_a_time = [sites_module._group_of(obj, base, {}) for obj in objects]
+        assert sites_module._groups_of(objects, base) == one_at_a_time
+
+
+def test_the_recording_run_pairs_apart_what_was_read_before_it() -> None:
+    """The tensors and storage objects read before a clock are set apart from the pairs of those
+    read since, which keep the order :meth:`Index.pairs` gives them (storage objects last)."""
+    torch = pytest.importorskip("torch")
+    from pytest_vramleak.tracking.index import Index
+    from pytest_vramleak.tracking.ledger import Ledger
+
+    ledger = Ledger()
+    index = Index(ledger)
+    old, new = torch.ones(4), torch.ones(4)
+    index.reread([old])
+    ledger.clock += 1
+    index.reread([new])
+    refs = [index.storages[id(tensor.untyped_storage())] for tensor in (old, new)]
+    later, before = index.pairs_since(refs, ledger.clock)
+    new_storage, old_storage = new.untyped_storage(), old.untyped_storage()
+    assert [(id(a), id(b)) for a, b in later] == [(id(new), id(new_storage)), (id(new_storage), id(new_storage))]
+    assert [id(obj) for obj in before] == [id(old), id(old_storage)]
+    later, before = index.pairs_since(refs, ledger.clock + 1)
+    assert later == []
+    assert [id(obj) for obj in before] == [id(old), id(new), id(old_storage), id(new_storage)]

@@ -37,6 +37,7 @@ from ..tracking.census import (
     StorageKey,
     _graph_tensors,
     _keys_of,
+    collections_paused,
     is_tensor_type,
     live_tensors,
     storage_facts,
@@ -779,8 +780,8 @@ def tensor_key(tensor: Any) -> tuple[str, tuple[int, ...], str]:
     torch = _torch()
     base = torch._C.TensorBase
     with torch._C.DisableTorchFunction():
-        dtype = str(base.dtype.__get__(tensor)).removeprefix("torch.")
-        device = str(base.device.__get__(tensor))
+        dtype = _name_of(base.dtype.__get__(tensor))
+        device = _name_of(base.device.__get__(tensor))
         try:
             shape = tuple(base.size(tensor))
         except Exception:  # nested tensors have no single shape
@@ -790,6 +791,20 @@ def tensor_key(tensor: Any) -> tuple[str, tuple[int, ...], str]:
                 shape = ()
             dtype = f"nested {dtype}"
     return dtype, shape, device
+
+
+_names: dict[Any, str] = {}
+
+
+def _name_of(value: Any) -> str:
+    """A dtype's name (``float32``) or a device's (``cuda:0``): named once each (``str`` of
+    either costs more than the rest of a tensor's key)."""
+    name = _names.get(value)
+    if name is None:
+        name = str(value).removeprefix("torch.")
+        if len(_names) < 1_000:
+            _names[value] = name
+    return name
 
 
 def _primary(finds: list[Found], orphans: set[int]) -> Found:
@@ -855,13 +870,16 @@ def describe(
     targets = grouping.targets
     known: list[Any] = []
     try:
-        located, orphans, hooked = _find_storages(keys, device, known)
-        primaries = [_primary(finds, orphans.ids) for finds in located.values()]
-        located.clear()
-        primaries.sort(key=lambda f: (f.via == "graph", grouping.order[f.key]))  # owners' groups first
-        for found in primaries:
-            grouping.add(found)
-        primaries.clear()
+        # Describing makes an object or more per storage: the collections that would set off, each a
+        # walk of the whole heap (unfrozen here), cost more than the describing itself.
+        with collections_paused():
+            located, orphans, hooked = _find_storages(keys, device, known)
+            primaries = [_primary(finds, orphans.ids) for finds in located.values()]
+            located.clear()
+            primaries.sort(key=lambda f: (f.via == "graph", grouping.order[f.key]))  # owners' groups first
+            for found in primaries:
+                grouping.add(found)
+            primaries.clear()
         if name and targets:
             paths = _name_targets(targets, frames, named, collected, (orphans.asked, known))
             grouping.name(paths, hooked)

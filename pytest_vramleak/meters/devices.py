@@ -14,6 +14,8 @@ Every meter takes its torch module as an argument so unit tests can drive the lo
 
 from __future__ import annotations
 
+import itertools
+import operator
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -471,12 +473,13 @@ class CpuMeter:
             events = autograd._disable_profiler_legacy(autograd._ProfilerDisableOptions(True, True))
         except RuntimeError:
             return None  # the test stopped or replaced the profiler itself
-        level = peak = 0
-        for thread_events in events:
-            for event in thread_events:
-                if event.kind() == "memory_alloc":
-                    level += event.cpu_memory_usage()
-                    peak = max(peak, level)
+        # The running total of the allocation events' memory at its highest, picked and added up in
+        # C: a test making 10^6 tensors leaves 8 x 10^6 events.
+        every = itertools.chain.from_iterable  # (twice over the lists: no list of 10^7 events more)
+        allocations = itertools.compress(
+            every(events), map("memory_alloc".__eq__, map(operator.methodcaller("kind"), every(events)))
+        )
+        peak: int = max(itertools.accumulate(map(operator.methodcaller("cpu_memory_usage"), allocations), initial=0))
         return peak
 
     def _stop_categorized(self) -> int | None:

@@ -37,7 +37,7 @@ from ..judging.verdict import Budget
 from ..reporting.report import TestResult, render_groups
 from ..steps import StepResult
 from ..tracking import exit_callbacks
-from ..tracking.census import StorageKey
+from ..tracking.census import StorageKey, collections_paused
 from ..tracking.sites import FRAMES_FOR_CPP_HELD, FRAMES_TRACED, SiteRecorder, Sites, SiteSource, StorageSites
 from ..tracking.tracker import NODE_BYTES, StorageRef, Tracker
 from .options import Settings
@@ -672,24 +672,32 @@ def _recording_run(
     # Memory only C++ holds is named by where it was made, from the user's line or from inside a
     # library (PyTorch's own, set aside): a few frames tell that, and no view is kept from Python.
     light = runs.held_in_cpp = runs.held_in_cpp if runs.cpp_known else _held_from_cpp_only(tracker, runs.first_begin)
+    untraced = tracker.clock  # what was read before tracing began has no site
     recorder.start(frames=FRAMES_FOR_CPP_HELD if light else FRAMES_TRACED)
     if not light:
         storages.start()
     try:
         return run()
     finally:
+        earlier: list[Any] = []
         try:
             storages.stop()
             alive = tracker.alive_since("cpu", runs.first_begin)
             # tensors, and storage objects kept without one: who made each, while tracing still knows
-            recorder.capture(
-                tracker.pairs(alive)
-                + [(storage, storage) for storage in (ref() for ref in alive) if storage is not None]
-            )
+            if recorder.owns_tracing:  # (the earlier runs' tensors are grouped once tracing stops)
+                pairs, earlier = tracker.pairs_since(alive, untraced)
+            else:
+                pairs = tracker.pairs(alive) + [
+                    (storage, storage) for storage in (ref() for ref in alive) if storage is not None
+                ]
+            recorder.capture(pairs)
+            pairs.clear()
         finally:  # (tracing is never left on, even where a timeout cuts the capture short)
             recorder.stop()
             runs.sites_lost = runs.sites_lost or recorder.stopped_by_others
             runs.naming_run = False
+        recorder.share(earlier)
+        earlier.clear()
 
 
 def _pytorchs_own(tracker: Tracker, runs: TestRuns, refs: list[StorageRef]) -> list[Any] | None:
@@ -722,14 +730,7 @@ def _kept_tensors(tracker: Tracker, refs: list[StorageRef], tensors: list[Any]) 
     """Fill ``tensors`` with the live tensors that use each of ``refs`` (the caller's list, and no
     other, holds them: another would be a holder to whoever asks who refers to them), and return
     each one's storage; None where a storage is seen through no tensor, or there is none."""
-    owners: list[StorageRef] = []
-    for ref in refs:
-        count = len(tensors)
-        tensors += tracker.users([ref])
-        if len(tensors) == count:
-            return None
-        owners += [ref] * (len(tensors) - count)
-    return owners or None
+    return tracker.users_of_each(refs, tensors) or None
 
 
 def _held_from_cpp_only(tracker: Tracker, since: int) -> bool:
@@ -737,9 +738,10 @@ def _held_from_cpp_only(tracker: Tracker, since: int) -> bool:
     seen through a tensor)."""
     tensors: list[Any] = []
     try:
-        if _kept_tensors(tracker, tracker.alive_since("cpu", since), tensors) is None:
-            return False
-        return len(without_python_holders(tensors)) == len({id(tensor) for tensor in tensors})
+        with collections_paused():  # (an object or two per tensor: no collection of the heap every few hundred)
+            if _kept_tensors(tracker, tracker.alive_since("cpu", since), tensors) is None:
+                return False
+            return len(without_python_holders(tensors)) == len({id(tensor) for tensor in tensors})
     except Exception:  # the full recording is never wrong, only slower
         return False
     finally:

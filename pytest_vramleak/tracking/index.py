@@ -418,23 +418,92 @@ class Index:
         """The live indexed tensors that used these storages when last read (strong references)."""
         found = []
         seen: set[int] = set()
+        entries = self.entries
         for ref in refs:
             for ident in ref.users:
-                entry = self.entries.get(ident)
+                if ident in seen:
+                    continue
+                entry = entries.get(ident)
                 tensor = entry.ref() if entry is not None else None
-                if tensor is not None and ident not in seen:
+                if tensor is not None:
                     seen.add(ident)
                     found.append(tensor)
         return found
 
+    def users_of_each(self, refs: list[StorageRef], tensors: list[Any]) -> list[StorageRef] | None:
+        """Append to ``tensors`` the live indexed tensors that used each of ``refs`` (as
+        :meth:`users` of that one alone), and return each one's storage; None where a storage has
+        no such tensor."""
+        owners: list[StorageRef] = []
+        entries = self.entries
+        for ref in refs:
+            if len(ref.users) == 1:  # the common case, without a list and a set per storage
+                entry = entries.get(ref.users[0])
+                tensor = entry.ref() if entry is not None else None
+                if tensor is None:
+                    return None
+                tensors.append(tensor)
+                owners.append(ref)
+                continue
+            found = self.users([ref])
+            if not found:
+                return None
+            tensors += found
+            owners += [ref] * len(found)
+        return owners
+
     def pairs(self, refs: list[StorageRef]) -> list[tuple[Any, Any]]:
         """``(tensor, storage)`` for each live indexed tensor that used one of these storages when last read."""
         found = []
+        entries = self.entries
+        with collections_paused():  # a pair per storage: no collection of the heap every few hundred
+            for ref in refs:
+                storage = ref()
+                if storage is None:
+                    continue
+                if len(ref.users) == 1:  # the common case, without a list and a set per storage
+                    entry = entries.get(ref.users[0])
+                    tensor = entry.ref() if entry is not None else None
+                    if tensor is not None:
+                        found.append((tensor, storage))
+                else:
+                    found += [(tensor, storage) for tensor in self.users([ref])]
+        return found
+
+    def pairs_since(self, refs: list[StorageRef], clock: int) -> tuple[list[tuple[Any, Any]], list[Any]]:
+        """As :meth:`pairs`, followed by ``(storage, storage)`` for each live storage object, for
+        the tensors and storage objects first read at ``clock`` or later; the others, read before,
+        apart. Reads only the index's own numbers (no ``id()`` per tensor): made while tracemalloc
+        traces, each new number would be traced."""
+        with collections_paused():
+            return self._pairs_since(refs, clock)
+
+    def _pairs_since(self, refs: list[StorageRef], clock: int) -> tuple[list[tuple[Any, Any]], list[Any]]:
+        later: list[tuple[Any, Any]] = []
+        before: list[Any] = []
+        entries = self.entries
         for ref in refs:
             storage = ref()
-            if storage is not None:
-                found += [(tensor, storage) for tensor in self.users([ref])]
-        return found
+            if storage is None:
+                continue
+            for ident in ref.users if len(ref.users) == 1 else [id(tensor) for tensor in self.users([ref])]:
+                entry = entries.get(ident)
+                tensor = entry.ref() if entry is not None else None
+                if tensor is None:
+                    continue
+                if entry.born < clock:  # type: ignore[union-attr]
+                    before.append(tensor)
+                else:
+                    later.append((tensor, storage))
+        for ref in refs:
+            storage = ref()
+            if storage is None:
+                continue
+            if ref.born < clock:
+                before.append(storage)
+            else:
+                later.append((storage, storage))
+        return later, before
 
     def entries_born_since(self, clock: int) -> list[Entry]:
         """Live indexed tensors first read at ``clock`` or later (a walk of the index: for a leak)."""

@@ -18,7 +18,9 @@ import ast
 import ctypes
 import functools
 import importlib.util
+import itertools
 import linecache
+import operator
 import os
 import sys
 import sysconfig
@@ -28,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from .census import is_tensor_type, storage_facts, tensor_storages
+from .census import collections_paused, is_tensor_type, storage_facts, tensor_storages
 from .torch_api import not_compiled
 
 MAX_CALLERS = 3
@@ -419,6 +421,8 @@ class SiteRecorder:
         self._inside_library: dict[int, bool] = {}
         """By id of each object captured: whether library code (torch) made it, not the user's."""
         self._owns_tracing = False
+        self._agreed: dict[Any, bool] = {}
+        """Each group whose sample :meth:`capture` took was full and agreed, with its answer."""
         self.stopped_by_others = False
         """Tracing it started was stopped by other code (the test's ``tracemalloc.stop()``)."""
         self._threads: dict[int, tuple[int, int, tuple[str, int] | None]] = {}
@@ -431,6 +435,11 @@ class SiteRecorder:
         if not tracemalloc.is_tracing():
             start_tracing(frames)
             self._owns_tracing = True
+
+    @property
+    def owns_tracing(self) -> bool:
+        """Whether tracing runs because :meth:`start` began it: what was made before has no site."""
+        return self._owns_tracing and tracemalloc.is_tracing()
 
     def stop(self) -> None:
         """Stop tracing (the sites captured so far stay known)."""
@@ -451,16 +460,15 @@ class SiteRecorder:
             return
         import torch
 
-        sampled: dict[Any, list[bool | None]] = {}
-        left_out: list[tuple[Any, int]] = []
-        classes: dict[type, bool] = {}
-        with torch._C.DisableTorchFunction():  # no code of a tensor subclass runs
-            for tensor, storage in reversed(pairs):
-                group = _group_of(tensor, torch._C.TensorBase, classes)
-                made = sampled.setdefault(group, [])
-                if len(made) >= SITES_PER_GROUP:
-                    left_out.append((group, id(tensor)))
-                    continue
+        # (no code of a tensor subclass runs; nor do the collections that making an object or two
+        # per tensor sets off, each a walk of the heap)
+        with torch._C.DisableTorchFunction(), collections_paused():
+            objects = [pair[0] for pair in reversed(pairs)]
+            groups = _groups_of(objects, torch._C.TensorBase)
+            sampled: dict[Any, list[bool | None]] = {}
+            for position in _sample(groups):
+                tensor, storage = pairs[len(pairs) - 1 - position]
+                made = sampled.setdefault(groups[position], [])
                 frames = _frames_of(tensor)
                 made.append(None)
                 if frames and not frames[0][0].startswith(_PLUGIN_DIR):
@@ -475,11 +483,38 @@ class SiteRecorder:
                     facts = storage_facts(storage)
                     if facts is not None:
                         self._sites[id(storage)] = (facts[1], facts[2], stack)
-        agreed = {group: made[0] for group, made in sampled.items() if len(set(made)) == 1}
-        for group, ident in left_out:
-            answer = agreed.get(group)
-            if answer is not None:
-                self._inside_library[ident] = answer
+        # (a group with tensors left out has a full sample)
+        self._agreed = {
+            group: made[0]
+            for group, made in sampled.items()
+            if len(made) == SITES_PER_GROUP and len(set(made)) == 1 and made[0] is not None
+        }
+        self._answer(objects, groups)  # the sample's own have their answer already: the same
+        objects.clear()
+
+    def share(self, objects: list[Any]) -> None:
+        """Give tensors and storage objects made before tracing began, older than every one
+        :meth:`capture` saw, their group's answer to whether library code made them, where the
+        sample :meth:`capture` took of the group was full and agreed (they have no site, and
+        would have been left out of it). Called once tracing stopped: grouping them makes an
+        object or more each, and tracing each of those costs more than the grouping."""
+        if not self._agreed or not objects:
+            return
+        import torch
+
+        with torch._C.DisableTorchFunction(), collections_paused():
+            self._answer(objects, _groups_of(objects, torch._C.TensorBase))
+
+    def _answer(self, objects: list[Any], groups: list[Any]) -> None:
+        """Note the answer of each object's group, where it agreed (picked in C: a Python loop
+        over 10^6 tensors takes a second)."""
+        if self._agreed:
+            answers: list[Any] = list(map(self._agreed.get, groups))
+            self._inside_library.update(
+                itertools.compress(
+                    zip(map(id, objects), answers, strict=True), map(operator.is_not, answers, itertools.repeat(None))
+                )
+            )
 
     def made_inside_library(self, obj: Any) -> bool | None:
         """Whether library code (torch's own) made this tensor or storage object, rather than a
@@ -543,6 +578,49 @@ def _group_of(obj: Any, base: Any, tensor_classes: dict[type, bool]) -> tuple[An
         return (cls, base.dtype.__get__(obj), tuple(base.size(obj)), base.device.__get__(obj))
     except Exception:  # a nested tensor has no single shape: grouped by its class
         return (cls,)
+
+
+def _groups_of(objects: list[Any], base: Any) -> list[tuple[Any, ...]]:
+    """:func:`_group_of` of each object, read by torch's getters mapped over the list in C (the
+    tensors apart from the storage objects of each class), or one at a time where one fails."""
+    classes = list(map(type, objects))
+    tensor_classes = {cls: is_tensor_type(cls) for cls in set(classes)}
+    try:
+        if all(tensor_classes.values()):
+            return list(
+                zip(
+                    classes,
+                    map(base.dtype.__get__, objects),
+                    map(tuple, map(base.size, objects)),
+                    map(base.device.__get__, objects),
+                    strict=True,
+                )
+            )
+        if len(tensor_classes) == 1:
+            (cls,) = tensor_classes
+            return list(zip(classes, map(cls.nbytes, objects), strict=True))  # type: ignore[attr-defined]
+    except Exception:  # a nested tensor has no single shape: each object is read alone
+        return [_group_of(obj, base, tensor_classes) for obj in objects]
+    # Tensors and storage objects (or storage objects of several classes): each kind apart.
+    kinds = list(map(tensor_classes.__getitem__, classes)) if any(tensor_classes.values()) else classes
+    parts = {
+        kind: iter(_groups_of([obj for obj, its in zip(objects, kinds, strict=True) if its == kind], base))
+        for kind in set(kinds)
+    }
+    return [next(parts[kind]) for kind in kinds]
+
+
+def _sample(groups: list[Any]) -> list[int]:
+    """The positions of the first ``SITES_PER_GROUP`` members of each group, in order."""
+    taken: dict[Any, int] = {}
+    get = taken.get
+    positions = []
+    for position, group in enumerate(groups):
+        count = get(group, 0)
+        if count < SITES_PER_GROUP:
+            taken[group] = count + 1
+            positions.append(position)
+    return positions
 
 
 class StorageSites:

@@ -105,6 +105,8 @@ class Tracker:
         self.settled: list[tuple[int, int, str]] = []
         """What the last :meth:`settle` freed: when each storage was first seen, its bytes and device."""
         self._observed = False
+        self._last_scan_seconds = 0.0
+        """How long the last observation took, collecting and reading what is young."""
         self.freeze = HeapFreeze(self)
 
     # -- the protocol around a test -------------------------------------------------------------
@@ -177,7 +179,13 @@ class Tracker:
     # -- observing ------------------------------------------------------------------------------
 
     def observe(
-        self, *, collect: bool = True, since: Mark | None = None, watch: bool = True, generations: int = 2
+        self,
+        *,
+        collect: bool = True,
+        since: Mark | None = None,
+        watch: bool = True,
+        generations: int = 2,
+        just_read: bool = False,
     ) -> Mark:
         """Collect young garbage, note what died, read what is young, and return the moment.
 
@@ -185,19 +193,25 @@ class Tracker:
         what is older for changes since then (:mod:`pytest_vramleak.tracking.watches`). Leave ``watch``
         off where an allocator counts the memory. ``generations=1`` collects the youngest two of
         the unfrozen generations only: where garbage left in the oldest is frozen next and cannot
-        die before the measurements that follow (a step loop's baseline).
+        die before the measurements that follow (a step loop's baseline). ``just_read``: the
+        observation just before read what is young (without collecting) and nothing ran since, so
+        it is read again only where this collection found garbage, whose finalizers and weakref
+        callbacks run code that may change it.
         """
         started = time.perf_counter()
         offsets_before = len(self.ledger.freed)
-        if collect:
-            gc.collect(generations)  # while frozen: what was made since the freeze only
+        collected = gc.collect(generations) if collect else 0  # while frozen: what was made since the freeze only
         graphs = graph_clock(_torch()) if watch else None
         self.ledger.clock += 1
         self._observed = True
         self.index.process_dead()
-        if self._scan(thaw=self.freeze.watching_thaw):
+        read_before = 0.0
+        if just_read and collect and not collected:
+            read_before = self._last_scan_seconds  # what a scan now would take again, for the freeze below
+        elif self._scan(thaw=self.freeze.watching_thaw):
             self._someone_thawed(offsets_before)
-        scanned = time.perf_counter() - started
+        scanned = time.perf_counter() - started + read_before
+        self._last_scan_seconds = 0.0 if read_before else scanned
         if watch and since is not None:
             self.watches.look(graphs is None or since.graphs is None or graphs != since.graphs)
         # (only just after a collection: young garbage not yet collected would be frozen with the
@@ -355,9 +369,19 @@ class Tracker:
         """The live indexed tensors that used these storages when last read (strong references)."""
         return self.index.users(refs)
 
+    def users_of_each(self, refs: list[StorageRef], tensors: list[Any]) -> list[StorageRef] | None:
+        """The tensors that used each storage, appended to ``tensors``, and each one's storage (see
+        :meth:`Index.users_of_each`)."""
+        return self.index.users_of_each(refs, tensors)
+
     def pairs(self, refs: list[StorageRef]) -> list[tuple[Any, Any]]:
         """``(tensor, storage)`` for each live indexed tensor that used one of these storages when last read."""
         return self.index.pairs(refs)
+
+    def pairs_since(self, refs: list[StorageRef], clock: int) -> tuple[list[tuple[Any, Any]], list[Any]]:
+        """The pairs of tensors and storages, and of storage objects with themselves, first read at
+        ``clock`` or later, and the objects read before (see :meth:`Index.pairs_since`)."""
+        return self.index.pairs_since(refs, clock)
 
     def kept_graph(
         self, *, threshold: int | None = None, entries: list[Entry] | None = None, before: int | None = None
