@@ -233,7 +233,7 @@ def test_a_tests_card_says_which_run_left_the_tensors_it_draws() -> None:
     page = Elements(
         render_html([result("t.py::test_it", "leaked", leaked_bytes=16, tensors=[group], tensors_from=which)])
     )
-    assert page.all("p", class_="from") and f"tensors left by {which}:" in page.text["p"]
+    assert page.all("p", class_="from") and f"tensors left by {which}, 16 B in all:" in page.text["p"]
     page = Elements(render_html([result("t.py::test_it", "leaked", leaked_bytes=16, tensors=[group])]))
     assert page.all("p", class_="from") == []
 
@@ -256,3 +256,18 @@ def test_a_step_checks_charts_number_the_steps_as_its_loop_does() -> None:
     assert "numbered as the loop's steps, from 0" in " ".join(steps.text["figcaption"])
     assert [t for t in history.text["text"] if t.isdigit()] == ["2", "3", "4", "5"]
     assert history.text["title"][0] == "step 2: 0 nodes"
+
+
+def test_the_tensors_heading_gives_their_total_and_says_when_it_is_not_the_first_runs_leak() -> None:
+    from pytest_vramleak.reporting.html_report import _listed_total
+
+    tensors = [
+        {"kind": "tensor", "bytes": 1024, "graph_bytes": 3072},
+        {"kind": "graph", "bytes": 2048, "graph_bytes": 2048},  # a graph group's bytes are its graph's
+        {"kind": "history", "bytes": 500},
+    ]
+    assert _listed_total({"tensors": tensors, "leaked_bytes": 6144}) == ", 6.0 KiB in all"
+    assert _listed_total({"tensors": tensors, "leaked_bytes": 1024}) == (
+        ", 6.0 KiB in all, where the leak above, 1.0 KiB, is the first run's"
+    )
+    assert _listed_total({"tensors": [], "leaked_bytes": 1024}) == ""

@@ -74,7 +74,7 @@ def test_a_run_from_a_subfolder_names_files_relative_to_it(
     assert entry["nodeid"] == "tests/test_it.py::test_remembers"  # pytest's id, as JUnit XML and --lf have it
     page = (pytester.path / "out" / "r.html").read_text()
     assert f"<li>allocated at <code>{site}</code></li>" in page
-    assert f'<p class="from">tensors left by {tensors_from}:</p>' in page
+    assert f'<p class="from">tensors left by {tensors_from}, 1.0 KiB in all:</p>' in page
     assert re.search(
         r'<p class="figures">device cpu · first run: baseline [^·]*, leaked 1.0 KiB \(allowed 0 B\) · ', page
     )

@@ -360,6 +360,22 @@ def _figures(result: Mapping[str, Any]) -> str:
     return " · ".join(_escape(f) for f in figures)
 
 
+def _listed_total(result: Mapping[str, Any]) -> str:
+    """What one run's groups add up to, and where that is not the first run's leak the card
+    opens with, that the figure above is the first run's (as the terminal's heading says)."""
+    listed = sum(
+        group.get("bytes", 0) + (0 if group.get("kind") == "graph" else group.get("graph_bytes", 0))
+        for group in result.get("tensors") or []
+        if group.get("kind") != "history"
+    )
+    leaked = result.get("leaked_bytes")
+    if not listed:
+        return ""
+    if leaked is None or leaked == listed:
+        return f", {size_text(listed)} in all"
+    return f", {size_text(listed)} in all, where the leak above, {size_text(leaked)}, is the first run's"
+
+
 def _group_html(group: Mapping[str, Any], ident: str) -> str:
     title = group.get("title") or _group_target(group)
     parts = [f'<div class="group"><h3>{_escape(title)}</h3>']
@@ -454,7 +470,9 @@ def _section(result: Mapping[str, Any], anchor: str) -> str:
     parts += _ranks(result, anchor)
     groups = result.get("tensors") or []
     if groups and result.get("tensors_from"):
-        parts.append(f'<p class="from">tensors left by {_escape(str(result["tensors_from"]))}:</p>')
+        parts.append(
+            f'<p class="from">tensors left by {_escape(str(result["tensors_from"]))}{_listed_total(result)}:</p>'
+        )
     parts += [_group_html(group, f"{anchor}-{i}") for i, group in enumerate(groups[:MAX_GROUPS_DRAWN])]
     parts += _more_groups(groups)
     parts.append("</section>")
