@@ -1,0 +1,1 @@
+"""Unit tests of pytest_vramleak.tracking: what is watched around a test."""
