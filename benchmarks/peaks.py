@@ -11,13 +11,13 @@ wall time and peak resident memory (the process's ``ru_maxrss``), and their rati
 from __future__ import annotations
 
 import argparse
-import os
 import platform
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from kept import timed  # noqa: E402  (wall and CPU seconds, peak resident KiB and output of one pytest process)
 
 TEST = """
 import torch
@@ -35,23 +35,6 @@ CONFIGURATIONS = {
 }
 
 
-def measured(folder: Path, *args: str) -> tuple[float, int, str]:
-    """Wall seconds, peak resident KiB and output of one pytest process."""
-    start = time.perf_counter()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
-        cwd=folder,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert process.stdout is not None
-    output = process.stdout.read()
-    _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
-    return time.perf_counter() - start, usage.ru_maxrss, output
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tensors", type=int, default=1_000_000, help="tensors the test holds at its peak")
@@ -66,7 +49,7 @@ def main() -> None:
         (folder / "pytest.ini").write_text("[pytest]\n")
         for _ in range(options.rounds):
             for name, args in CONFIGURATIONS.items():
-                wall, peak, outputs[name] = measured(folder, *args)
+                wall, _, peak, outputs[name] = timed(folder, *args)
                 seconds[name].append(wall)
                 memory[name].append(peak)
     import torch
