@@ -949,19 +949,22 @@ def hook_holdings(modules: Sequence[Any]) -> dict[int, str]:
     held: dict[int, str] = {}
     for module in modules:
         namespace = instance_dict(module) or {}
-        hooks = _module_hooks(namespace)
-        for kind, function in hooks:
-            hook = f"a {kind} hook of a {type_name(module)}, {_function_label(function)}"
+        hooks = [
+            (f"a {kind} hook of a {type_name(module)}, {_function_label(function)}", function)
+            for kind, function in _module_hooks(namespace)
+        ]
+        for hook, function in hooks:
             for container in _closure_containers(function):
                 for item in gc.get_referents(container):
                     held.setdefault(id(item), f"{hook}, appends to what holds these tensors")
         if not hooks:
             continue
-        kind, function = hooks[0]
-        hook = f"a {kind} hook of a {type_name(module)}, {_function_label(function)}"
+        first = hooks[0][0]
         for attribute, container in _container_attributes(namespace):
             for item in gc.get_referents(container):
-                held.setdefault(id(item), f"{hook}, is registered on the module whose .{attribute} holds these tensors")
+                held.setdefault(
+                    id(item), f"{first}, is registered on the module whose .{attribute} holds these tensors"
+                )
     return held
 
 
