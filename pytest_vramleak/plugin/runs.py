@@ -34,7 +34,7 @@ from ..judging.repeats import (
 )
 from ..judging.sizes import format_size
 from ..judging.verdict import Budget
-from ..reporting.report import TestResult, render_groups
+from ..reporting.report import TestResult, listed_total_text, render_groups
 from ..steps import StepResult
 from ..tracking import exit_callbacks
 from ..tracking.census import StorageKey, collections_paused
@@ -1278,12 +1278,7 @@ def _listed_total(verdict: Verdict) -> str:
     (the first run's), why: the groups are another run's."""
     listed = sum(group.total_bytes for group in verdict.groups if group.kind != "history")
     engine = verdict.first.engine
-    leaked = engine.result.leaked_bytes if engine is not None else None
-    if not listed:
-        return ""
-    if leaked is None or leaked == listed:
-        return f", {format_size(listed)} in all"
-    return f", {format_size(listed)} in all, where the figure above, {format_size(leaked)}, is the first run's"
+    return listed_total_text(listed, engine.result.leaked_bytes if engine is not None else None, "figure")
 
 
 def _why_no_sites(runs: TestRuns) -> str:

@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .outcomes import PYTEST_ORDER, headline, verdict_of, why_passed
-from .report import holders_not_searched, leaked_figure, shape_text, sites_not_looked_up_text, size_text
+from .report import (
+    holders_not_searched,
+    leaked_figure,
+    listed_total_text,
+    shape_text,
+    sites_not_looked_up_text,
+    size_text,
+)
 
 VERDICT_ORDER = {"leaked": 0, "over_budget": 1, "passed": 2, "unchecked": 3}
 OUTCOME_ORDER = {"failed": 0, "error": 1, "xpassed": 2, "passed": 3, "xfailed": 4, "skipped": 5}
@@ -368,12 +375,7 @@ def _listed_total(result: Mapping[str, Any]) -> str:
         for group in result.get("tensors") or []
         if group.get("kind") != "history"
     )
-    leaked = result.get("leaked_bytes")
-    if not listed:
-        return ""
-    if leaked is None or leaked == listed:
-        return f", {size_text(listed)} in all"
-    return f", {size_text(listed)} in all, where the leak above, {size_text(leaked)}, is the first run's"
+    return listed_total_text(listed, result.get("leaked_bytes"), "leak")
 
 
 def _group_html(group: Mapping[str, Any], ident: str) -> str:

@@ -53,6 +53,17 @@ def leaked_figure(result: Mapping[str, Any]) -> int:
     return int(max(result.get("leaked_bytes") or result.get("growth_bytes") or 0, history))
 
 
+def listed_total_text(listed: int, leaked: int | None, above: str) -> str:
+    """``, 2.0 MiB in all``: what one run's listed tensors add up to, and, where that is not the
+    first run's leak the failure opens with, that the one above is the first run's (``above``: how
+    the renderer names it, ``figure`` or ``leak``). Empty where nothing is listed."""
+    if not listed:
+        return ""
+    if leaked is None or leaked == listed:
+        return f", {format_size(listed)} in all"
+    return f", {format_size(listed)} in all, where the {above} above, {format_size(leaked)}, is the first run's"
+
+
 def render_groups(groups: Sequence[Any]) -> str:
     """Each leaked group, its holders, and a note on autograd graphs it keeps alive."""
     if not groups:
