@@ -410,7 +410,7 @@ def test_heap_is_never_left_frozen(pytester: pytest.Pytester) -> None:
             test_leaks.kept = torch.ones(16)
 
         def test_after():
-            assert gc.get_freeze_count() == FROZEN_BEFORE
+            assert gc.get_freeze_count() <= FROZEN_BEFORE
         """
     )
     result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")

@@ -67,7 +67,7 @@ def whole_heap() -> Iterator[None]:
     The heap is unfrozen meanwhile and frozen again after; trackers that froze it index the
     tensors created since first, so their next measurement still finds every tensor.
     """
-    if gc.get_freeze_count() == 0:
+    if not gc.frozen_by_anyone():
         yield
         return
     freezers = list(FREEZERS)

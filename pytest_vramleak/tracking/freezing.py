@@ -46,8 +46,8 @@ class HeapFreeze:
     def frozen_by_others(self) -> bool:
         """Whether the heap was found frozen by someone else, for the first time, as a test begins."""
         if (
-            not self.froze and not self.foreign and gc.get_freeze_count() > 0
-        ):  # walks the frozen list: empty unless someone froze
+            not self.froze and not self.foreign and gc.frozen_by_anyone()
+        ):  # walks the frozen list: empty (on Python 3.12, the interpreter's own) unless someone froze
             self.foreign = True
             return True
         return False

@@ -11,6 +11,7 @@ later bound to. Modules import this one as ``gc``.
 from __future__ import annotations
 
 import gc as _gc
+import sys
 
 DEBUG_SAVEALL = _gc.DEBUG_SAVEALL
 _collect = _gc.collect
@@ -29,6 +30,18 @@ def collect(generation: int = 2) -> int:
     finally:
         added = list(_callbacks)
         _callbacks[:] = kept + [callback for callback in added if callback not in kept]
+
+
+INTERPRETER_FROZEN = min(_gc.get_freeze_count(), 10_000) if sys.version_info[:2] == (3, 12) else 0
+"""Objects in the permanent generation that nobody froze: Python 3.12's collector keeps the
+interpreter's immortal objects there (a few hundred tuples of its own modules, from startup on),
+so its ``gc.get_freeze_count()`` is not 0 in a process that never called ``gc.freeze()``. (Where a
+heap was frozen before the plugin was imported, the cap keeps that freeze from passing for them.)"""
+
+
+def frozen_by_anyone() -> bool:
+    """Whether someone froze the heap (``gc.freeze()``) and has not unfrozen it."""
+    return _gc.get_freeze_count() > INTERPRETER_FROZEN
 
 
 disable = _gc.disable
