@@ -94,7 +94,25 @@ def fake_cuda_plugin(monkeypatch: pytest.MonkeyPatch):
         monkeypatch.setitem(sys.modules, "vramleak_fake_cuda", shared)
         for module in (state, summary):  # each test's meter and the device option's check; the header
             monkeypatch.setattr(module, "resolve_device", lambda spec, torch: "cuda:0")
-        monkeypatch.setattr(state, "make_meter", lambda name, torch: CudaMeter(name, cuda, retire_pinned=cuda.retire_pinned))
+        monkeypatch.setattr(
+            state, "make_meter", lambda name, torch: CudaMeter(name, cuda, retire_pinned=cuda.retire_pinned)
+        )
         return cuda
 
     return install
+
+
+@pytest.fixture
+def counting_allocator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Measure the CPU as an accelerator is measured: an allocator's counters (see
+    :class:`tests.fakes.CountingAllocator`), with the tracker asked only to name what leaked."""
+    import pytest_vramleak.plugin.state as state
+    import pytest_vramleak.plugin.summary as summary
+    from pytest_vramleak.meters.devices import CudaMeter
+
+    from .fakes import CountingAllocator
+
+    allocator = CountingAllocator()
+    for module in (state, summary):
+        monkeypatch.setattr(module, "resolve_device", lambda spec, torch: "cpu")
+    monkeypatch.setattr(state, "make_meter", lambda name, torch: CudaMeter(name, allocator))

@@ -763,11 +763,9 @@ def _name_runs(item: pytest.Item, runs: TestRuns, verdict: Verdict, *, listing: 
         return
     if len(runs.checks) == 1:
         _name_single_run(runs, verdict)
-    elif not first.readings.names_each_storage:  # the last run's check named what it left, with the allocator's index
-        last = runs.checks[-1].engine
-        if last is not None:
-            verdict.groups, verdict.named = list(last.result.groups), True
     else:
+        if not first.readings.names_each_storage:  # the allocator counted: the rest of the heap is read now
+            _tracker(item).catch_up(after_runs=runs.first_begin)
         _name_kept(item, runs, verdict)
 
 

@@ -242,7 +242,7 @@ class VramleakSession(SessionState):
             # A test run again is confirmed once, after its runs (a full collection costs a walk of
             # the heap); a test run once is confirmed as it ends.
             settle_leaks=not runs.may_rerun,
-            name_leaks=not runs.may_rerun or (runs.naming_run and meter.keeps_counters),
+            name_leaks=not runs.may_rerun,
             sites=runs.sites if runs.naming_run else None,
             clear_caches=first,
         )

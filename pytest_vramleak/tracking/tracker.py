@@ -123,8 +123,9 @@ class Tracker:
             self._rebuild()
         elif self.freeze.foreign:
             gc.collect()  # older garbage goes before the test, so it cannot offset what the test leaks
-            if index:
-                self._scan()
+            # (read where an allocator counts too: with nothing frozen, what the test makes can be
+            # told from what was there only by what was read before it began)
+            self._scan()
         else:
             if index:
                 self.index.read_generations((0, 1))  # made since the last checked test ended
@@ -142,7 +143,7 @@ class Tracker:
         """The test is over: unfreeze the heap (older cycles are collected by Python's own schedule)."""
         self.index.process_dead()
         begun = self.ledger.begun
-        if begun and not self._observed and self.freeze.froze:
+        if begun and not self._observed and (self.freeze.froze or self.freeze.foreign):
             # A test that ended before its check observed anything (skipped by a marker as its
             # set-up began, a set-up error): what it made and kept is young, so reading it now
             # costs what it did, where indexing the heap again before the next test costs the heap.
@@ -308,17 +309,20 @@ class Tracker:
             self._scan()
         self.stale = self.unindexed = False
 
-    def catch_up(self) -> None:
+    def catch_up(self, *, after_runs: int | None = None) -> None:
         """Read everything again before naming a leak the allocator found.
 
         What the test made is young and read as such; where earlier checks did not index what
         they kept (:attr:`unindexed`), the rest of the heap is indexed as older than the test.
+        ``after_runs``: the test ran several times, each run's end indexed what it kept (see
+        :meth:`end`), and this is the clock as the first began: what was never read is older.
         """
-        self._observed = True
+        self._observed = after_runs is None
         self.index.process_dead()
-        self._scan()
+        if after_runs is None:
+            self._scan()
         if self.unindexed or self.stale:
-            self.ledger.born_override = self.begin_clock - 1
+            self.ledger.born_override = (self.begin_clock if after_runs is None else after_runs) - 1
             try:
                 with whole_heap():
                     self._scan()
