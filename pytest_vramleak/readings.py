@@ -368,9 +368,7 @@ def _other_devices(meter: CudaMeter) -> list[tuple[CudaMeter, int]]:
     others = []
     for index in range(meter.backend.device_count()):
         if index != meter.index:
-            other = CudaMeter(
-                f"cuda:{index}", meter.backend, meter.clear_workspaces, meter.warm_up, meter.retire_pinned
-            )
+            other = CudaMeter(f"cuda:{index}", meter.backend, meter.clear_workspaces, meter.warm_up)
             other.settle()
             others.append((other, other.allocated_bytes()))
     return others

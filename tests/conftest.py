@@ -94,9 +94,7 @@ def fake_cuda_plugin(monkeypatch: pytest.MonkeyPatch):
         monkeypatch.setitem(sys.modules, "vramleak_fake_cuda", shared)
         for module in (state, summary):  # each test's meter and the device option's check; the header
             monkeypatch.setattr(module, "resolve_device", lambda spec, torch: "cuda:0")
-        monkeypatch.setattr(
-            state, "make_meter", lambda name, torch: CudaMeter(name, cuda, retire_pinned=cuda.retire_pinned)
-        )
+        monkeypatch.setattr(state, "make_meter", lambda name, torch: CudaMeter(name, cuda))
         return cuda
 
     return install

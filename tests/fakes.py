@@ -44,9 +44,6 @@ class FakeCuda:
     peak_reserved: dict[int, int] = field(default_factory=dict)
     pinned: list[int] = field(default_factory=lambda: [0, 0])
     """Pinned host memory: bytes handed out now, and the most since the last reset."""
-    pinned_in_use_by_copies: int = 0
-    """Pinned bytes freed after a copy on a stream: counted as handed out until the allocator's
-    next allocation sees the copy done (``retire_pinned``)."""
 
     def is_available(self) -> bool:
         return self.available
@@ -95,13 +92,6 @@ class FakeCuda:
     def pin(self, nbytes: int) -> None:
         self.pinned[0] += nbytes
         self.pinned[1] = max(self.pinned[1], self.pinned[0])
-
-    def free_pinned_after_copy(self, nbytes: int) -> None:
-        self.pinned_in_use_by_copies += nbytes
-
-    def retire_pinned(self) -> None:
-        self.pinned[0] -= self.pinned_in_use_by_copies
-        self.pinned_in_use_by_copies = 0
 
     def host_memory_stats(self) -> dict[str, int]:
         return {"active_bytes.current": self.pinned[0], "active_bytes.peak": self.pinned[1]}

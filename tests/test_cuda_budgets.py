@@ -85,11 +85,6 @@ def test_pinned_host_memory_is_counted_and_budgeted(pytester: pytest.Pytester, f
             CUDA.pin(8 * 1024 * 1024)
             CUDA.pin(-8 * 1024 * 1024)
 
-        @pytest.mark.vram_budget
-        def test_frees_a_pinned_buffer_it_copied_from():
-            CUDA.pin(8 * 1024 * 1024)
-            CUDA.free_pinned_after_copy(8 * 1024 * 1024)
-
         @pytest.mark.vram_budget(pinned="1 MiB")
         def test_pins_too_much_at_once():
             CUDA.pin(8 * 1024 * 1024)
@@ -100,7 +95,6 @@ def test_pinned_host_memory_is_counted_and_budgeted(pytester: pytest.Pytester, f
     assert {name: entry["verdict"] for name, entry in report.items()} == {
         "test_keeps_a_pinned_buffer": "leaked",
         "test_frees_its_pinned_buffer": "passed",
-        "test_frees_a_pinned_buffer_it_copied_from": "passed",
         "test_pins_too_much_at_once": "over_budget",
     }
     result.stdout.fnmatch_lines(["leaked 8.0 MiB of pinned host memory (torch.cuda.host_memory_stats), allowed 0 B*"])

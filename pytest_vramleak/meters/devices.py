@@ -149,11 +149,6 @@ class CudaMeter:
     """Creates the device's context and random-number state (a tiny random tensor, as PyTorch's
     own check does) before the first measurement, so the first test to touch the device is not
     blamed for them."""
-    retire_pinned: Callable[[], None] | None = None
-    """Has the pinned host allocator take back the blocks freed since its last allocation. A block
-    freed after a copy on a stream (``.item()``, ``pin_memory()``, a non-blocking ``.to()``) stays
-    counted in ``active_bytes`` until the allocator, at its next allocation, sees the copy done:
-    without this a test that freed everything it pinned read as leaking it."""
     _peak_base: int = 0
     _reserved_base: int = 0
     _pinned_base: int = 0
@@ -221,13 +216,7 @@ class CudaMeter:
             return None
 
     def pinned_bytes(self) -> int | None:
-        """Bytes of pinned host memory handed out to tensors (``active_bytes.current``), where known,
-        once the device's queued copies are done and the allocator has taken back what was freed."""
-        if self._host_stats() is None:
-            return None
-        if self.retire_pinned is not None:
-            self.backend.synchronize(self.index)
-            self.retire_pinned()
+        """Bytes of pinned host memory handed out to tensors (``active_bytes.current``), where known."""
         stats = self._host_stats()
         if stats is None or "active_bytes.current" not in stats:
             return None
@@ -518,15 +507,7 @@ def make_meter(name: str, torch: Any) -> Meter:
         def warm_up(index: int) -> None:
             torch.randn(1, device=f"cuda:{index}")
 
-        def retire_pinned() -> None:
-            # the allocator retires finished blocks as it allocates; the byte goes back to its cache
-            try:
-                torch.empty(1, dtype=torch.uint8, device="cpu", pin_memory=True)
-            except RuntimeError:
-                pass
-
-        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-        return CudaMeter(name, torch.cuda, clear, warm_up, retire_pinned)
+        return CudaMeter(name, torch.cuda, getattr(torch._C, "_cuda_clearCublasWorkspaces", None), warm_up)
     if kind == "mps":
         return MpsMeter(torch.mps)
     return CudaMeter(name, getattr(torch, kind))  # xpu keeps CUDA's memory API
