@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Runs the examples and every test marked for GPU on a real CUDA machine, then prints a compact
 # summary of verdicts and figures. On a machine without CUDA it says so and exits 0.
-# Usage: scripts/gpu-check.sh   (from the repository root, with the project installed)
+# Usage: scripts/gpu-check.sh [LOG_DIR]   (from the repository root, with the project installed;
+# the logs and JSON reports are kept in LOG_DIR, a new temporary folder if none is given)
 set -uo pipefail
-case "${1:-}" in -h | --help) sed -n '2,4s/^# //p' "$0"; exit 0 ;; esac
+case "${1:-}" in -h | --help) sed -n '2,5s/^# //p' "$0"; exit 0 ;; esac
 cd "$(dirname "$0")/.."
 python3 - 2>/dev/null <<'PY' || { echo "gpu-check: no CUDA device here (or no torch in this environment); nothing to check"; exit 0; }
 import sys, torch
 sys.exit(0 if torch.cuda.is_available() else 1)
 PY
-out=$(mktemp -d)
+out=${1:-$(mktemp -d)}
+mkdir -p "$out"
+echo "gpu-check: logs in $out"
 python3 -c 'import torch; print(f"gpu-check: {torch.cuda.get_device_name(0)}, {torch.cuda.device_count()} device(s), torch {torch.__version__}, CUDA {torch.version.cuda}")'
 parallel=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 4")
 # shellcheck disable=SC2086

@@ -58,6 +58,7 @@ def test_what_leaked_is_named_and_nothing_older(
             "leaked 768 B on cpu, allowed 0 B",
             "leaked tensors, as one run leaves them*",
             "float32[[]1, 64] on cpu: 3 tensors, 768 B",
+            "    allocated at test_it.py:16 in test_grows()",
             "    held by test_it.EMBEDDINGS[[]*]",
         ]
     )

@@ -682,7 +682,8 @@ def _recording_run(
         earlier: list[Any] = []
         try:
             storages.stop()
-            alive = tracker.alive_since("cpu", runs.first_begin)
+            first = runs.checks[0].meter if runs.checks else None
+            alive = tracker.alive_since(first.name if first is not None else "cpu", runs.first_begin)
             # tensors, and storage objects kept without one: who made each, while tracing still knows
             if recorder.owns_tracing:  # (the earlier runs' tensors are grouped once tracing stops)
                 pairs, earlier = tracker.pairs_since(alive, untraced)
