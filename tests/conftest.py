@@ -75,15 +75,23 @@ def _no_ci_job_summary(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
+def _measure_through(monkeypatch: pytest.MonkeyPatch, device: str, backend: Any) -> None:
+    """Have the plugin resolve every device to ``device`` and measure it through ``backend``'s
+    allocator functions (torch.cuda's)."""
+    import pytest_vramleak.plugin.state as state
+    import pytest_vramleak.plugin.summary as summary
+    from pytest_vramleak.meters.devices import CudaMeter
+
+    for module in (state, summary):  # each test's meter and the device option's check; the header
+        monkeypatch.setattr(module, "resolve_device", lambda spec, torch: device)
+    monkeypatch.setattr(state, "make_meter", lambda name, torch: CudaMeter(name, backend))
+
+
 @pytest.fixture
 def fake_cuda_plugin(monkeypatch: pytest.MonkeyPatch):
     """Point the plugin at a fake CUDA backend; test files reach it as ``from vramleak_fake_cuda import CUDA``."""
     import sys
     import types
-
-    import pytest_vramleak.plugin.state as state
-    import pytest_vramleak.plugin.summary as summary
-    from pytest_vramleak.meters.devices import CudaMeter
 
     from .fakes import FakeCuda
 
@@ -92,9 +100,7 @@ def fake_cuda_plugin(monkeypatch: pytest.MonkeyPatch):
         shared = types.ModuleType("vramleak_fake_cuda")
         shared.CUDA = cuda  # type: ignore[attr-defined]
         monkeypatch.setitem(sys.modules, "vramleak_fake_cuda", shared)
-        for module in (state, summary):  # each test's meter and the device option's check; the header
-            monkeypatch.setattr(module, "resolve_device", lambda spec, torch: "cuda:0")
-        monkeypatch.setattr(state, "make_meter", lambda name, torch: CudaMeter(name, cuda))
+        _measure_through(monkeypatch, "cuda:0", cuda)
         return cuda
 
     return install
@@ -104,13 +110,6 @@ def fake_cuda_plugin(monkeypatch: pytest.MonkeyPatch):
 def counting_allocator(monkeypatch: pytest.MonkeyPatch) -> None:
     """Measure the CPU as an accelerator is measured: an allocator's counters (see
     :class:`tests.fakes.CountingAllocator`), with the tracker asked only to name what leaked."""
-    import pytest_vramleak.plugin.state as state
-    import pytest_vramleak.plugin.summary as summary
-    from pytest_vramleak.meters.devices import CudaMeter
-
     from .fakes import CountingAllocator
 
-    allocator = CountingAllocator()
-    for module in (state, summary):
-        monkeypatch.setattr(module, "resolve_device", lambda spec, torch: "cpu")
-    monkeypatch.setattr(state, "make_meter", lambda name, torch: CudaMeter(name, allocator))
+    _measure_through(monkeypatch, "cpu", CountingAllocator())

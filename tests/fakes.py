@@ -144,7 +144,7 @@ class FakeTorch:
 @dataclass
 class CountingAllocator(FakeCuda):
     """An accelerator's allocator whose counter is the bytes of the CPU tensors that the test
-    modules (``test_*``) hold, through containers, objects and modules: the plugin's accelerator path
+    modules (``test_*``) hold, through dicts, lists, tuples, sets and torch modules: the plugin's accelerator path
     (the allocator says how much, the tracker names which tensors) driven by real tensors on a
     machine without one. It reads no frozen list (a census would refreeze the heap as it ends,
     which no allocator does). Its tests' tensors are whole, not views."""

@@ -317,7 +317,7 @@ class Tracker:
         ``after_runs``: the test ran several times, each run's end indexed what it kept (see
         :meth:`end`), and this is the clock as the first began: what was never read is older.
         """
-        self._observed = after_runs is None
+        self._observed = True
         self.index.process_dead()
         if after_runs is None:
             self._scan()
