@@ -2,9 +2,14 @@
 # Runs the examples and every test marked for GPU on a real CUDA machine, then prints a compact
 # summary of verdicts and figures. On a machine without CUDA it says so and exits 0.
 # Usage: scripts/gpu-check.sh [LOG_DIR]   (from the repository root, with the project installed;
-# the logs and JSON reports are kept in LOG_DIR, a new temporary folder if none is given)
+# the logs and JSON reports are kept in LOG_DIR, a new or empty folder; a new temporary one if none is given)
 set -uo pipefail
 case "${1:-}" in -h | --help) sed -n '2,5s/^# //p' "$0"; exit 0 ;; esac
+case "${1:-}" in "" | /*) ;; *) set -- "$PWD/$1" ;; esac  # (read before the cd below)
+if [ -n "${1:-}" ] && [ -e "$1" ] && { [ ! -d "$1" ] || [ -n "$(ls -A "$1")" ]; }; then
+    echo "gpu-check: $1 is not a new or empty folder: its logs go to a folder of their own, and no file is replaced" >&2
+    exit 2
+fi
 cd "$(dirname "$0")/.."
 python3 - 2>/dev/null <<'PY' || { echo "gpu-check: no CUDA device here (or no torch in this environment); nothing to check"; exit 0; }
 import sys, torch

@@ -42,6 +42,29 @@ def test_the_gpu_check_says_there_is_no_gpu_here() -> None:
     assert "gpu-check: no CUDA device here" in result.stdout
 
 
+@pytest.mark.parametrize("kind", ["file", "fifo", "link to a file", "folder with a file"])
+def test_the_gpu_check_replaces_nothing_it_is_given_as_its_log_folder(tmp_path: Path, kind: str) -> None:
+    target = tmp_path / "given"
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "folder with a file":
+        target.mkdir()
+        (target / "gpu.log").write_text("kept")
+    else:
+        (tmp_path / "file").write_text("kept")
+        if kind == "file":
+            (tmp_path / "file").rename(target)
+        else:
+            target.symlink_to(tmp_path / "file")
+    result = _run("bash", str(SCRIPTS / "gpu-check.sh"), str(target))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "is not a new or empty folder" in result.stderr
+    if kind == "folder with a file":
+        assert (target / "gpu.log").read_text() == "kept"
+    elif kind != "fifo":
+        assert target.read_text() == "kept"
+
+
 def test_the_ranks_crash_loop_runs_a_two_rank_world_once() -> None:
     result = _run(sys.executable, str(SCRIPTS / "ranks-crash-loop.py"), "--runs", "1", "--show")
     assert result.returncode == 0, result.stdout + result.stderr
