@@ -84,9 +84,12 @@ class TestRuns:
     """Nothing in Python referred to any tensor the runs kept before the run that records sites."""
     first_kept: list[int] | None = None
     """The sizes of the storages the first run kept, where it may run again (sorted)."""
+    between: list[tuple[int, int, str]] = field(default_factory=list)
+    """What died between the runs, each storage's clock of birth, bytes and device (a run again
+    collects every generation as it begins: :meth:`Tracker.collect_between_runs`)."""
     credit: list[int] | None = None
-    """Per run, the bytes it freed of an earlier run's garbage on cycles (see :func:`_settled_credit`),
-    where a full collection was taken before naming."""
+    """Per run, the bytes it freed of an earlier run's garbage on cycles (see :func:`_credit`):
+    what died between the runs, and what a full collection before naming freed."""
     in_parameters: bool = False
     """What the first run kept is held only inside the test's own parametrize values (see
     :func:`_kept_in_its_parameters`): the test was not run again."""
@@ -637,7 +640,12 @@ def _judge(item: pytest.Item, runs: TestRuns) -> Verdict | None:
         return None
     engine = first.engine.result
     decision = _decide(runs, engine)
-    return Verdict(decision, first, decision)
+    verdict = Verdict(decision, first, decision)
+    credit = _credit(runs, runs.between, engine.device)
+    if any(credit):  # what a run freed of an earlier run's garbage as it began
+        runs.credit = verdict.adjust = credit
+        verdict.decision = _decide(runs, engine, credit)
+    return verdict
 
 
 def _checked_records_sites(item: pytest.Item) -> bool:
@@ -812,7 +820,7 @@ def _name_kept(item: pytest.Item, runs: TestRuns, verdict: Verdict) -> None:
     if pytorchs is None:
         tracker.settle()
         all_freed = bool(refs) and all(ref() is None for ref in refs)  # (as the collection left them)
-        credit = [a + b for a, b in zip(credit, _settled_credit(tracker, runs, device), strict=False)]
+        credit = _add_credit(runs, tracker, device)
         named = _name_in_one_walk(item, runs, verdict, refs, roots, autocast_open=autocast_open)
         _set_aside_older_threads(item, runs, named, refs)
     else:
@@ -1034,15 +1042,20 @@ def _recording_run_text(repetitions: Repetitions) -> str:
     return f"run {judged + 1}, which recorded where tensors are made after the {judged} above"
 
 
-def _settled_credit(tracker: Tracker, runs: TestRuns, device: str) -> list[int]:
-    """After a full collection (:meth:`Tracker.settle`): the bytes each run freed that an earlier
-    run made on a reference cycle (see :func:`~pytest_vramleak.judging.repeats.settled_credit`)."""
+def _credit(runs: TestRuns, deaths: list[tuple[int, int, str]], device: str) -> list[int]:
+    """After a full collection (:meth:`Tracker.settle`, or a run again as it began): from what it
+    freed, the bytes each run freed that an earlier run made on a reference cycle (see
+    :func:`~pytest_vramleak.judging.repeats.settled_credit`)."""
     settled = [
-        (born, nbytes)
-        for born, nbytes, where in tracker.settled
-        if where == device and not runs.made_recording_sites(born)
+        (born, nbytes) for born, nbytes, where in deaths if where == device and not runs.made_recording_sites(born)
     ]
     return settled_credit(runs.clocks, settled)
+
+
+def _add_credit(runs: TestRuns, tracker: Tracker, device: str) -> list[int]:
+    """The runs' credit so far, and what the full collection just taken freed of their garbage."""
+    credit = runs.credit or [0] * len(runs.repetitions.runs)
+    return [a + b for a, b in zip(credit, _credit(runs, tracker.settled, device), strict=False)]
 
 
 def _credit_cycles_first(item: pytest.Item, runs: TestRuns, verdict: Verdict) -> None:
@@ -1062,7 +1075,7 @@ def _credit_cycles_first(item: pytest.Item, runs: TestRuns, verdict: Verdict) ->
     if runs.held_in_cpp:
         return
     tracker.settle()
-    runs.credit = _settled_credit(tracker, runs, "cpu")
+    runs.credit = _add_credit(runs, tracker, "cpu")
     if any(runs.credit):
         verdict.adjust = list(runs.credit)
         verdict.decision = _decide(runs, engine, verdict.adjust)

@@ -58,6 +58,7 @@ from .refs import Entry, StorageRef
 from .watches import COMPARED_PER_CHECK, Watches
 
 __all__ = [
+    "COLLECTIONS_PER_OBSERVATION",
     "COMPARED_PER_CHECK",
     "NODE_BYTES",
     "REFREEZE_AFTER_SECONDS",
@@ -72,6 +73,10 @@ __all__ = [
 REFREEZE_AFTER_SECONDS = 0.002
 """An observation that spent longer than this collecting and scanning young objects (a step
 that imported modules, a set-up that built much) freezes them, so later observations skip them."""
+
+
+COLLECTIONS_PER_OBSERVATION = 4
+"""At most this many collections in one observation of a frozen heap (see :meth:`Tracker._collect`)."""
 
 
 class Mark(NamedTuple):
@@ -201,7 +206,7 @@ class Tracker:
         """
         started = time.perf_counter()
         offsets_before = len(self.ledger.freed)
-        collected = gc.collect(generations) if collect else 0  # while frozen: what was made since the freeze only
+        collected = self._collect(generations) if collect else 0
         graphs = graph_clock(_torch()) if watch else None
         self.ledger.clock += 1
         self._observed = True
@@ -220,6 +225,16 @@ class Tracker:
         if self.freeze.froze and collect and scanned > REFREEZE_AFTER_SECONDS:
             self.freeze.refreeze()
         return Mark(self.clock, graphs)
+
+    def collect_between_runs(self) -> list[tuple[int, int, str]]:
+        """A test is about to run again: collect every generation, and return what died since the
+        last run ended (each storage's clock of birth, bytes and device). The last run's garbage on
+        reference cycles left the young generations with its teardown; not collected now, it would
+        be frozen with the heap through this run and count as kept by both."""
+        gc.collect()
+        deaths: list[tuple[int, int, str]] = []
+        self.index.process_dead(offsets=False, deaths=deaths)
+        return deaths
 
     def drift_due(self) -> bool:
         """Whether :meth:`drift` should run now (see :meth:`Watches.drift_due`)."""
@@ -271,6 +286,21 @@ class Tracker:
         is made after. Older tensors' changes are watched as ever."""
         if self.freeze.froze:
             self.freeze.refreeze()
+
+    def _collect(self, generations: int) -> int:
+        """Collect the young generations (while frozen: what was made since the freeze only), and
+        where the heap is frozen, again while a collection finds garbage, as many as
+        :data:`COLLECTIONS_PER_OBSERVATION` in all. Collecting a tensor's autograd graph makes
+        garbage of the Python objects its nodes held from C++ (saved tensors, hooks, their cycles),
+        which only the next collection can see; the young heap may be frozen after this
+        observation, and what is garbage then would be kept as if alive through the test."""
+        found = collected = gc.collect(generations)
+        rounds = 1
+        while found and self.freeze.froze and rounds < COLLECTIONS_PER_OBSERVATION:
+            found = gc.collect(generations)
+            collected += found
+            rounds += 1
+        return collected
 
     def _scan(self, *, thaw: bool = False) -> bool:
         """Read every tensor and storage object in the unfrozen generations; with ``thaw``, say
