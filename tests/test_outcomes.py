@@ -274,6 +274,30 @@ def test_a_tests_outcome_is_the_first_of_its_phases_that_did_not_pass(categories
     assert outcome_of_phases(categories) == outcome
 
 
+@pytest.mark.skipif(not hasattr(pytest, "Subtests"), reason="pytest's own subtests fixture came with pytest 9")
+def test_a_tests_outcome_is_its_own_not_its_subtests(pytester: pytest.Pytester) -> None:
+    # pytest counts subtests apart ("4 failed, 1 passed, 2 subtests passed"); a test whose first
+    # subtest passed was counted as "subtests passed" instead of its own outcome.
+    pytester.makepyfile(
+        test_it="""
+        def test_some_fail(subtests):
+            for i in range(3):
+                with subtests.test(i=i):
+                    assert i != 1
+
+        def test_all_pass(subtests):
+            with subtests.test("x"):
+                pass
+        """
+    )
+    report = pytester.path / "vramleak.json"
+    # (pytest gives passed subtests a category of their own at any verbosity but 0)
+    result = pytester.runpytest("-q", "-p", "no:cacheprovider", "--vramleak", f"--vramleak-report={report}")
+    result.stdout.fnmatch_lines(["2 checked tests: 1 failed, 1 passed; none leaked or went over budget"])
+    outcomes = {test["nodeid"]: test["outcome"] for test in json.loads(report.read_text())["tests"]}
+    assert outcomes == {"test_it.py::test_some_fail": "failed", "test_it.py::test_all_pass": "passed"}
+
+
 def test_the_headline_counts_a_run_with_nothing_to_say() -> None:
     assert headline([]) == "0 checked tests"
     assert (

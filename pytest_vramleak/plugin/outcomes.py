@@ -33,7 +33,11 @@ class PytestOutcomes:
         self._phases: dict[str, list[str]] = {}
 
     def note(self, config: pytest.Config, report: pytest.TestReport) -> None:
-        """Note a logged report; on a checked test's teardown, write pytest's outcome into its record."""
+        """Note a logged report; on a checked test's teardown, write pytest's outcome into its record.
+        A subtest's report (pytest's ``subtests`` fixture, pytest-subtests) is counted by pytest
+        apart from its test ("2 subtests passed"): the test's outcome is its own reports'."""
+        if type(report).__name__.lower() == "subtestreport":
+            return
         status = config.hook.pytest_report_teststatus(report=report, config=config)
         phases = self._phases.setdefault(report.nodeid, [])
         phases.append(str(status[0]) if status else "")
