@@ -108,6 +108,17 @@ class TestRuns:
     result: TestResult | None = None
 
     @property
+    def collects_between(self) -> bool:
+        """Whether the run now beginning collects the whole heap first
+        (:meth:`Tracker.collect_between_runs`): a run again after one that kept autograd nodes.
+        Garbage the last run left on cycles is frozen through the next run otherwise, and kept
+        graphs would read as growing; its bytes alone are credited by the full collection after
+        the runs (a collection of the heap costs 0.1 s or more with torch loaded: not for every
+        run again)."""
+        runs = self.repetitions.runs
+        return self.repetitions.started > 1 and bool(runs) and runs[-1].history_nodes > 0
+
+    @property
     def clocks(self) -> list[int]:
         """The tracker's clock as each measured run began."""
         return [run.begin_clock for run in self.repetitions.runs]

@@ -183,7 +183,7 @@ class VramleakSession(SessionState):
             self._track_for_steps(check, meter)
             return
         try:
-            if runs.repetitions.started > 1 and readings_for(meter, tracker).names_each_storage:
+            if runs.collects_between and readings_for(meter, tracker).names_each_storage:
                 runs.between += tracker.collect_between_runs()
             check.engine = self._leak_check(item, runs, meter, budget)
             check.engine.begin()
