@@ -11,6 +11,8 @@ import pytest
 
 from pytest_vramleak.tracking.sites import enclosing_function, site_text, thread_entry
 
+from .conftest import read_report
+
 SOURCE = textwrap.dedent(
     """\
     import torch
@@ -248,3 +250,29 @@ def test_recording_sites_leaves_compiled_code_alone(pytester: pytest.Pytester) -
         ["*allocated at test_it.py:*, called from test_it.py:10 in test_keeps_compiled_outputs()"]
     )
     result.stdout.no_fnmatch_line("*warning*")
+
+
+def test_a_gradient_is_allocated_where_backward_was_called(pytester: pytest.Pytester) -> None:
+    # backward() makes a gradient in C++; Python makes its object where it first reads `.grad`,
+    # here inside optimizer.step(), or where the test reads it. The site is the backward() line.
+    pytester.makepyfile(
+        test_it="""
+        import torch
+        KEPT = []
+
+        def test_keeps_models_and_optimizers():
+            model = torch.nn.Linear(32, 32)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            KEPT.append((model, optimizer))
+            model(torch.ones(4, 32)).sum().backward()
+            optimizer.step()
+            assert model.weight.grad is not None
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak", "--vramleak-report=r.json")
+    result.assert_outcomes(failed=1)
+    tests = read_report(pytester.path / "r.json")
+    gradients = [group for group in tests["test_keeps_models_and_optimizers"]["tensors"] if group["kind"] == "grad"]
+    assert gradients, result.stdout.str()
+    for group in gradients:
+        assert group["allocated_at"] == ["test_it.py:8 in test_keeps_models_and_optimizers()"], result.stdout.str()

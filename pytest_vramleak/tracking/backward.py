@@ -8,7 +8,10 @@ thread it runs; torch itself replaces that function, in both modules that hold i
 backward (``torch.compiler._patch_engine_backward``). :class:`BackwardWatch` does the same while a
 check runs: before the engine starts, it walks the graph from the roots and hands the tensors it
 may write to a callback, then runs the engine as it would have run. It keeps no reference to them
-and calls no user code: it reads ``next_functions`` and ``variable`` of C++ nodes.
+and calls no user code: it reads ``next_functions`` and ``variable`` of C++ nodes. While
+tracemalloc traces (the run that records where tensors are made), it reads ``.grad`` of those
+tensors once the engine returns, so that each new gradient's Python object, and with it the site
+tracemalloc records, is made on the line that called backward.
 
 What it cannot see: a backward started without that function (the C++ engine called directly,
 TorchScript). :attr:`BackwardWatch.watching` says whether the wrapper is still the one torch calls.
@@ -17,6 +20,7 @@ TorchScript). :attr:`BackwardWatch.watching` says whether the wrapper is still t
 from __future__ import annotations
 
 import sys
+import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +59,21 @@ def graph_leaves(roots: Any, inputs: Any) -> list[Any]:
     return found
 
 
+def _give_gradients_objects(leaves: list[Any]) -> None:
+    """Make the Python object of each leaf's gradient now, in the frame of the code that called
+    backward: while tracemalloc traces (a recording run), that is where a gradient is made. Left to
+    itself, torch makes the object where Python first reads ``.grad`` (inside ``optimizer.step()``,
+    say), which is not where the gradient was allocated."""
+    tensor_type = sys.modules["torch"]._C.TensorBase
+    read_grad, is_leaf = tensor_type.grad.__get__, tensor_type.is_leaf.__get__
+    for leaf in leaves:
+        try:
+            if is_leaf(leaf):  # (reading .grad of a tensor given as inputs= that is no leaf warns)
+                read_grad(leaf)
+        except Exception:  # a leaf that will not say: its gradient keeps the site Python gives it
+            pass
+
+
 def _gradient_edge() -> Any:
     graph = sys.modules.get(_MODULES[0])
     return getattr(graph, "GradientEdge", None)
@@ -83,14 +102,24 @@ class BackwardWatch:
         def run_backward(t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
             # torch.autograd.grad passes accumulate_grad=False: it writes no .grad. A wrapper left
             # in place after stop() (someone restored it over torch's own) only passes through.
-            if self._wrapper is run_backward and kwargs.get("accumulate_grad", True):
-                inputs = kwargs["inputs"] if "inputs" in kwargs else (args[3] if len(args) > 3 else ())
-                try:
+            if self._wrapper is not run_backward or not kwargs.get("accumulate_grad", True):
+                return original(t_outputs, *args, **kwargs)
+            inputs = kwargs["inputs"] if "inputs" in kwargs else (args[3] if len(args) > 3 else ())
+            leaves: list[Any] = []
+            try:
+                with torch_function_off():
+                    leaves = graph_leaves(t_outputs, inputs)
+                    noted(leaves)
+            except Exception:
+                self.failed = True
+            if not tracemalloc.is_tracing():
+                leaves = []  # (held through the engine's run only where their gradients are named)
+            try:
+                return original(t_outputs, *args, **kwargs)
+            finally:
+                if leaves and tracemalloc.is_tracing():
                     with torch_function_off():
-                        noted(graph_leaves(t_outputs, inputs))
-                except Exception:
-                    self.failed = True
-            return original(t_outputs, *args, **kwargs)
+                        _give_gradients_objects(leaves)
 
         run_backward.__wrapped__ = original  # type: ignore[attr-defined]
         self._original, self._wrapper = original, run_backward

@@ -8,8 +8,10 @@ by ``torch.compile`` are exactly as without it. Tracing every allocation is not 
 code that allocates much runs up to twice as slow meanwhile), so it runs only where asked: the
 first measured steps of a step check, and checked tests with ``--vramleak-sites=on``.
 
-Tensors made inside C++ and handed to Python later (a gradient ``backward()`` made, read later
-through ``.grad``) get the site where Python first saw them, or none.
+A gradient ``backward()`` made gets the line that called backward: while tracing runs, the
+backward watch gives each new gradient its Python object there
+(:mod:`pytest_vramleak.tracking.backward`). Other tensors made inside C++ and handed to Python
+later get the site where Python first saw them, or none.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ FRAMES_FOR_CPP_HELD = 4
 nearest callers. tracemalloc's cost grows with the frames it records (16 cost test code heavy in
 small allocations 25x, 4 cost 8x)."""
 _PLUGIN_DIR = os.path.dirname(os.path.dirname(__file__)) + os.sep  # the package, every layer of it
+_BACKWARD_FILE = os.path.join(os.path.dirname(__file__), "backward.py")
+"""Where the plugin makes the Python objects of the gradients a backward pass made, standing in
+for the backward pass itself (see :func:`pytest_vramleak.tracking.backward._give_gradients_objects`)."""
 SITES_PER_GROUP = 32
 """Tensors of one dtype, shape and device (a group, as a leak report names it) whose sites a
 recording run captures: a report shows three sites a group, and the stack of every one of 10^5
@@ -337,6 +342,12 @@ def _raw_traceback() -> Any | None:
     return function
 
 
+def _made_by_plugin(frames: list[tuple[str, int, str]]) -> bool:
+    """Whether an object whose stack this is was made by the plugin reading a tensor (no site of
+    the user's): the gradients the backward watch gives objects are the backward pass's own."""
+    return frames[0][0].startswith(_PLUGIN_DIR) and frames[0][0] != _BACKWARD_FILE
+
+
 def _frames_of(obj: Any) -> list[tuple[str, int, str]] | None:
     """The stack (innermost first) where ``obj`` was allocated while tracemalloc ran, or None.
 
@@ -471,10 +482,10 @@ class SiteRecorder:
                 made = sampled.setdefault(groups[position], [])
                 frames = _frames_of(tensor)
                 made.append(None)
-                if frames and not frames[0][0].startswith(_PLUGIN_DIR):
+                if frames and not _made_by_plugin(frames):
                     made[-1] = self._inside_library[id(tensor)] = frame_kind_of_file(frames[0][0]) != "user"
                 # (an object the plugin made, reading a tensor, says nothing of the thread that made it)
-                facts = storage_facts(storage) if frames and not frames[0][0].startswith(_PLUGIN_DIR) else None
+                facts = storage_facts(storage) if frames and not _made_by_plugin(frames) else None
                 if frames and facts is not None:
                     self._threads[id(storage)] = (facts[1], facts[2], thread_entry(frames))
                 stack = self._stack(tensor, frames or [])
@@ -532,7 +543,7 @@ class SiteRecorder:
 
     def _stack(self, tensor: Any, frames: list[tuple[str, int, str]] | None = None) -> tuple[Site, ...]:
         frames = _frames_of(tensor) if frames is None else frames
-        if not frames or frames[0][0].startswith(_PLUGIN_DIR):
+        if not frames or _made_by_plugin(frames):
             return ()  # an object the plugin itself made, reading a tensor: no site of the user's
         return user_sites(frames)  # functions are named as a site is asked for: reading the source costs
 
@@ -693,7 +704,7 @@ class StorageSites:
                 key = (facts[1], facts[2])
                 if key[0] and key not in self._storages:
                     frames = _frames_of(value)
-                    if frames and not frames[0][0].startswith(_PLUGIN_DIR):
+                    if frames and not _made_by_plugin(frames):
                         self._storages[key] = user_sites(frames)
 
     def site_of(self, tensor: Any, storage: Any) -> tuple[Site, ...] | None:

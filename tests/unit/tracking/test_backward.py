@@ -132,3 +132,46 @@ def test_a_check_whose_watch_failed_compares_every_gradient(monkeypatch: pytest.
         assert [ref.nbytes for ref in tracker.created("cpu", since=before.clock)] == [4]
     finally:
         tracker.end()
+
+
+def _made_on(tensor: torch.Tensor) -> int | None:
+    """The line of this file where tracemalloc saw the tensor's Python object made."""
+    from pytest_vramleak.tracking.sites import _frames_of
+
+    frames = _frames_of(tensor) or []
+    return next((line for filename, line, _ in frames if filename == __file__), None)
+
+
+def test_while_tracing_a_gradient_is_made_where_backward_was_called(noted, recwarn) -> None:
+    from pytest_vramleak.tracking.sites import SiteRecorder
+
+    model = torch.nn.Linear(4, 4)
+    hidden = model(torch.ones(2, 4))
+    recorder = SiteRecorder()
+    recorder.start()
+    try:
+        (hidden * hidden).sum().backward(inputs=[hidden, model.weight])  # backward
+        line = _made_on(model.weight.grad)
+    finally:
+        recorder.stop()
+    with open(__file__) as source:
+        backward_line = next(n for n, text in enumerate(source, 1) if text.rstrip().endswith("# backward"))
+    assert line == backward_line
+    assert not recwarn.list  # (nothing read .grad of the input that is no leaf)
+
+
+def test_without_tracing_the_gradient_is_left_unread(noted) -> None:
+    from pytest_vramleak.tracking.sites import SiteRecorder
+
+    model = torch.nn.Linear(4, 4)
+    model(torch.ones(2, 4)).sum().backward()
+    recorder = SiteRecorder()
+    recorder.start()
+    try:
+        gradient = model.weight.grad  # read
+        line = _made_on(gradient)
+    finally:
+        recorder.stop()
+    with open(__file__) as source:
+        read_line = next(n for n, text in enumerate(source, 1) if text.rstrip().endswith("# read"))
+    assert line == read_line  # its object was made here, not by the watch during backward
