@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,38 @@ def read_report(path: Path) -> dict[str, dict[str, Any]]:
     document = json.loads(path.read_text())
     assert document["version"] == 2
     return {entry["nodeid"].rsplit("::", 1)[-1]: entry for entry in document["tests"]}
+
+
+class Elements(HTMLParser):
+    """Every start tag of a page with its attributes, and the text inside each tag name."""
+
+    def __init__(self, page: str) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.text: dict[str, list[str]] = {}
+        self._open: list[str] = []
+        self.feed(page)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+        if tag not in ("circle", "rect", "path", "line", "polyline", "meta", "br"):
+            self._open.append(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in self._open:
+            while self._open.pop() != tag:
+                pass
+
+    def handle_data(self, data: str) -> None:
+        if self._open:
+            self.text.setdefault(self._open[-1], []).append(data)
+
+    def all(self, tag: str, **attrs: str) -> list[dict[str, str | None]]:
+        return [a for t, a in self.tags if t == tag and all(a.get(k.rstrip("_")) == v for k, v in attrs.items())]
+
+
+CHECKPOINT_HOOK = "torch.utils.checkpoint._checkpoint_hook.__init__.<locals>.pack_hook"
+"""torch.utils.checkpoint's pack hook, which keeps what a checkpointed region saved: the name a holder is given."""
 
 
 @pytest.fixture

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# The units the tests move a fake's figures in.
+MIB = 1024**2
+GIB = 1024**3
+
 
 @dataclass
 class FakeMemory:

@@ -1,0 +1,816 @@
+"""The diagnosis rules as decision tables: each on a holder path built by hand that it fits, none on a path alike."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_vramleak.holders import diagnosis
+from pytest_vramleak.holders.diagnosis import Rule
+from pytest_vramleak.holders.paths import (
+    AUTOCAST_CACHE_PATH,
+    HELD_IN_CPP_PATH,
+    Edge,
+    EdgeKind,
+    HolderPath,
+    Root,
+    RootKind,
+)
+
+from ...conftest import CHECKPOINT_HOOK
+
+
+def _group(*paths: HolderPath, **fields: object) -> object:
+    from pytest_vramleak.holders.snapshot import TensorGroup
+
+    group = TensorGroup("float32", (64,), "cpu", bytes=256, count=int(fields.pop("count", 1)))  # type: ignore[arg-type]
+    group.holders = list(paths)
+    for name, value in fields.items():
+        setattr(group, name, value)
+    return group
+
+
+def module(name: str, *edges: Edge) -> HolderPath:
+    return HolderPath(Root("module", name, "module", name=name), edges)
+
+
+def root(kind: RootKind, label: str, *edges: Edge, type_name: str = "", thread: str = "") -> HolderPath:
+    return HolderPath(Root(kind, label, type_name or kind, thread=thread), edges)
+
+
+def attr(name: str, to: str = "Tensor") -> Edge:
+    return Edge("attribute", name, to)
+
+
+def item(key: str, to: str = "Tensor") -> Edge:
+    return Edge("item", key, to)
+
+
+def edge(kind: EdgeKind, name: str = "", to: str = "Tensor") -> Edge:
+    return Edge(kind, name, to)
+
+
+PYTEST_SELF = "self (the TestModel instance pytest keeps until the session ends)"
+# Each rule: the words its diagnosis starts with, a group whose path it fits, and one whose path
+# looks alike (a name that reads the same, a near type) that it must not be given.
+EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
+    "history": (
+        diagnosis.kept_history,
+        "autograd history kept",
+        _group(module("test_it", attr("TRAINER", "Trainer"), attr("total_loss")), kind="history", nodes=40),
+        _group(module("test_it", attr("TRAINER", "Trainer"), attr("total_loss_history", "list"), item("0"))),
+    ),
+    "history in a gradient": (
+        diagnosis.kept_history_in_a_gradient,
+        "autograd history kept in a gradient",
+        _group(module("test_it", attr("MODEL", "Linear"), edge("gradient", "grad")), kind="history", grad_graph=True),
+        _group(module("test_it", attr("MODEL", "Linear"), edge("gradient", "grad")), kind="history"),
+    ),
+    "graph carried by a loop": (
+        diagnosis.graph_carried_by_a_loop,
+        "autograd graph kept alive: 1.0 KiB in 4 saved tensors behind a tensor a running loop",
+        _group(root("frame local", "test_it:9 local 'hidden'"), kind="graph", graph_bytes=1024, graph_tensors=4),
+        _group(root("frame local", "test_it:9 local 'hidden'"), kind="tensor"),
+    ),
+    "graph kept": (
+        diagnosis.graph_kept,
+        "autograd graph kept alive: 1.0 KiB in 4 saved tensors behind a tensor that still has its grad_fn",
+        _group(module("test_it", attr("LOSSES", "list"), item("0")), graph_bytes=1024, graph_tensors=4),
+        _group(module("test_it", attr("LOSSES", "list"), item("0"))),
+    ),
+    "grad_fn kept": (
+        diagnosis.grad_fn_kept,
+        "an autograd node (a grad_fn) was kept",
+        _group(
+            module("test_it", attr("NODES", "list"), item("0", "SumBackward0"), edge("autograd node", "SumBackward0"))
+        ),
+        _group(module("test_it", attr("autograd_graph_of_sums", "list"), item("0"))),
+    ),
+    "numpy array": (
+        diagnosis.numpy_array,
+        "a numpy array made by tensor.numpy()",
+        _group(module("test_it", attr("ARRAYS", "list"), item("0", "ndarray"), edge("array base"))),
+        _group(module("test_it", attr("HOLDER", "Base"), attr("base"))),
+    ),
+    "module hook": (
+        diagnosis.hook_keeps,
+        "a module hook keeps what it is given",
+        _group(
+            module(
+                "test_it",
+                attr("MODEL", "Linear"),
+                edge("hook dict", "_forward_hooks", "OrderedDict"),
+                item("0", "function"),
+                edge("closure variable", "seen", "list"),
+                item("0"),
+            )
+        ),
+        _group(module("test_it", attr("MODEL", "Linear"), attr("my_forward_hooks", "dict"), item("0"))),
+    ),
+    "tensor hook": (
+        diagnosis.hook_keeps,
+        "a tensor's hook (register_hook) keeps what it is given",
+        _group(
+            module(
+                "test_it",
+                attr("PARAM", "Parameter"),
+                edge("tensor hooks", "_backward_hooks", "OrderedDict"),
+                item("4", "function"),
+                edge("closure variable", "big"),
+            )
+        ),
+        _group(
+            module(
+                "test_it",
+                attr("MODEL", "Linear"),
+                edge("hook dict", "_backward_hooks", "OrderedDict"),
+                item("4", "function"),
+                edge("closure variable", "big"),
+            )
+        ),
+    ),
+    "lru_cache": (
+        diagnosis.lru_cache,
+        "functools.lru_cache / functools.cache keeps every result it returned",
+        _group(module("test_it", attr("embed", "_lru_cache_wrapper"), edge("lru_cache", to="dict"), item("(3,)"))),
+        _group(module("test_it", attr("lru_cache", "dict"), item("'embed'"))),
+    ),
+    "sys.last_traceback": (
+        diagnosis.last_error,
+        "sys.last_traceback / sys.last_value keep the last reported error's frames",
+        _group(
+            module(
+                "sys",
+                attr("last_traceback", "traceback"),
+                edge("traceback frame", "test_fit:12", "frame"),
+                edge("local", "batch"),
+            )
+        ),
+        _group(module("test_it", attr("last_traceback", "list"), item("0"))),
+    ),
+    "pytest-rerunfailures": (
+        diagnosis.rerunfailures_failure,
+        "pytest-rerunfailures keeps each failure's traceback on its test item",
+        _group(
+            module(
+                "_pytest.main",
+                attr("items", "list"),
+                item("1", "Function"),
+                attr("_rerun_condition_excinfos", "dict"),
+                item("'call'", "list"),
+                item("0", "ExceptionInfo"),
+                attr("_traceback", "Traceback"),
+                edge("traceback frame", "test_fit:12", "frame"),
+                edge("local", "batch"),
+            )
+        ),
+        _group(
+            module(
+                "test_it",
+                attr("ERRORS", "list"),
+                item("0", "RuntimeError"),
+                edge("traceback", to="traceback"),
+                edge("traceback frame", "test_fit:12", "frame"),
+                edge("local", "batch"),
+            )
+        ),
+    ),
+    "stored exception": (
+        diagnosis.stored_exception,
+        "a stored exception keeps its traceback",
+        _group(
+            module(
+                "test_it",
+                attr("ERRORS", "list"),
+                item("0", "RuntimeError"),
+                edge("traceback", to="traceback"),
+                edge("traceback frame", "test_fit:12", "frame"),
+                edge("local", "batch"),
+            )
+        ),
+        _group(module("test_it", attr("ERRORS", "list"), item("0", "RuntimeError"), attr("args", "tuple"), item("0"))),
+    ),
+    "closure": (
+        diagnosis.closure,
+        "a closure (a callback, a logger) captured it",
+        _group(module("test_it", attr("CALLBACKS", "list"), item("0", "function"), edge("closure variable", "batch"))),
+        _group(module("test_it", attr("CALLBACKS", "dict"), item("'closure var batch'"))),
+    ),
+    "a thread's frame": (
+        diagnosis.thread_frame,
+        "the thread 'pin_memory' is still running, and a frame of it keeps these tensors",
+        _group(root("thread local", "thread 'pin_memory' _loop:8 local 'kept'", item("0"), thread="pin_memory")),
+        _group(root("frame local", "test_fit:8 local 'kept'", item("0"))),
+    ),
+    "atexit": (
+        diagnosis.exit_callback,
+        "atexit keeps every callback registered with it, and what the callback refers to, until the interpreter exits",
+        _group(root("atexit", "atexit callback MetricsWriter.flush -> __self__", attr("pending", "list"), item("0"))),
+        _group(module("test_it", attr("WRITER", "MetricsWriter"), attr("pending", "list"), item("0"))),
+    ),
+    "weakref.finalize": (
+        diagnosis.finalizer_keeps_its_object,
+        "weakref.finalize keeps its callback and arguments until it runs",
+        _group(
+            module(
+                "weakref",
+                attr("finalize", "type"),
+                attr("_registry", "dict"),
+                item("<finalize key>", "finalize._Info"),
+                attr("func", "method"),
+                attr("__self__", "Trainer"),
+                attr("state"),
+            )
+        ),
+        _group(module("test_it", attr("TRAINER", "Trainer"), attr("finalize_state", "dict"), item("'state'"))),
+    ),
+    "torch.utils.checkpoint's hooks": (
+        diagnosis.checkpoint_hooks,
+        "torch.utils.checkpoint keeps what a checkpointed region saved or recomputed for backward",
+        _group(
+            HolderPath(
+                Root("outside gc", "<function ... held outside Python's gc>", "function", name=CHECKPOINT_HOOK),
+                (edge("closure variable", "frame", "_CheckpointFrame"), attr("recomputed", "defaultdict")),
+            )
+        ),
+        _group(
+            HolderPath(
+                Root("outside gc", "<function ... held outside Python's gc>", "function", name="test_it.pack_hook"),
+                (edge("closure variable", "frame", "_CheckpointFrame"), attr("recomputed", "defaultdict")),
+            )
+        ),
+    ),
+    "fixture gradients": (
+        diagnosis.fixture_gradients,
+        "backward() through the model fixture 'model' (module scope)",
+        _group(
+            root("fixture", "fixture 'model' (module scope)", attr("weight", "Parameter"), edge("gradient", "grad")),
+            kind="grad",
+        ),
+        _group(
+            module("test_it", attr("fixture_cache", "dict"), item("'model'", "Linear"), attr("weight")), kind="grad"
+        ),
+    ),
+    "fixture state": (
+        diagnosis.fixture_state,
+        "state kept on a value that fixture 'data' (module scope) shares",
+        _group(root("fixture", "fixture 'data' (module scope)", attr("cache", "list"), item("0"))),
+        _group(
+            module("test_it", attr("fixtures_seen", "dict"), item("'data'", "Data"), attr("cache", "list"), item("0"))
+        ),
+    ),
+    "pytest's test instance": (
+        diagnosis.test_instance,
+        "pytest keeps each test's class instance until the session ends, and with it what the test set on self (self.t)",
+        _group(root("pytest instance", PYTEST_SELF, attr("t"), type_name="pytest")),
+        _group(root("frame local", "test_fit:12 local 'self'", attr("t"))),
+    ),
+    "a test class's list": (
+        diagnosis.test_class_attribute,
+        "TestModel.outputs is a class attribute, not an instance attribute: pytest makes a fresh "
+        "instance for every test, but the test class and what its attributes hold live until the session ends, so what every test adds "
+        "to it stays: clear it in teardown_method (self.outputs.clear()), or give each test its own (self.outputs = [] "
+        "in setup_method)",
+        _group(root("test class", "TestModel", attr("outputs", "list"), item("4"), type_name="pytest")),
+        _group(root("pytest instance", PYTEST_SELF, attr("outputs", "list"), item("4"), type_name="pytest")),
+    ),
+    "a TestCase class's dict": (
+        diagnosis.test_class_attribute,
+        "TestModel.cache is a class attribute, not an instance attribute: pytest makes a fresh "
+        "instance for every test, but the test class and what its attributes hold live until the session ends, so what every test adds "
+        "to it stays: clear it in tearDown (self.cache.clear()), or give each test its own (self.cache = {} in setUp)",
+        _group(root("TestCase class", "TestModel", attr("cache", "dict"), item("'a'"), type_name="pytest")),
+        _group(module("test_it", attr("TestModel", "type"), attr("cache", "dict"), item("'a'"))),
+    ),
+    "a test class's tensor": (
+        diagnosis.test_class_attribute,
+        "TestModel.weights is a class attribute, not an instance attribute: pytest makes a fresh "
+        "instance for every test, but the test class and what its attributes hold live until the session ends: set it back to None in "
+        "teardown_class, or set it on self in setup_method",
+        _group(root("test class", "TestModel", attr("weights"), type_name="pytest")),
+        _group(root("test class", "TestModel", edge("class internals"), type_name="pytest")),
+    ),
+    "record_property": (
+        diagnosis.record_property,
+        "pytest keeps every record_property value",
+        _group(root("record_property", "record_property values of test_fit", item("0", "tuple"), item("1"))),
+        _group(module("test_it", attr("record_property_values", "list"), item("0"))),
+    ),
+    "pytest's warnings": (
+        diagnosis.recorded_warning,
+        "pytest keeps every warning it recorded",
+        _group(
+            root(
+                "pytest warnings",
+                "the warnings pytest recorded",
+                item("0", "WarningMessage"),
+                attr("message", "UserWarning"),
+                attr("args", "tuple"),
+                item("0"),
+            )
+        ),
+        _group(module("test_it", attr("WARNINGS", "list"), item("0", "UserWarning"), attr("args", "tuple"), item("0"))),
+    ),
+    "a parametrized list appended to": (
+        diagnosis.parametrized_list_appended_to,
+        "the test (or code it called) added entries to a list or dict that pytest keeps as a parametrize value",
+        _group(root("parametrize", "parametrize value callbacks of test_fit", item("2"))),
+        _group(module("test_it", attr("CALLBACKS", "list"), item("2"))),
+    ),
+    "state on a parametrized object": (
+        diagnosis.parametrized_object_state,
+        "an object pytest keeps as a parametrize value for the whole session kept what the test computed on it (a cached",
+        _group(root("parametrize", "parametrize value holder of test_fit", attr("state"))),
+        _group(module("test_it", attr("HOLDER", "Holder"), attr("state"))),
+    ),
+    "unittest.mock": (
+        diagnosis.mock_calls,
+        "a unittest.mock mock keeps the arguments of every call",
+        _group(module("test_it", attr("LOGGER", "Mock"), attr("_mock_call_args"))),
+        _group(module("test_it", attr("DATA", "MockData"), attr("items", "list"), item("0"))),
+    ),
+    "WeakKeyDictionary": (
+        diagnosis.weak_key_value_holds_its_key,
+        "a WeakKeyDictionary keeps each value while its key is alive",
+        _group(
+            module("test_it", attr("CACHE", "WeakKeyDictionary"), attr("data", "dict"), item("...", "tuple"), item("1"))
+        ),
+        _group(module("test_it", attr("CACHE", "WeakValueDictionary"), attr("data", "dict"), item("..."))),
+    ),
+    "held from C++, made by the test": (
+        diagnosis.held_in_cpp_for_the_test,
+        "nothing in Python refers to these tensors the test made",
+        _group(HELD_IN_CPP_PATH, made_inside_library=False),
+        _group(HELD_IN_CPP_PATH, made_inside_library=None),
+    ),
+    "autocast region left open": (
+        diagnosis.autocast_region_left_open,
+        "an autocast region entered and never exited",
+        _group(AUTOCAST_CACHE_PATH, made_inside_library=False),
+        _group(HELD_IN_CPP_PATH, made_inside_library=False),
+    ),
+    "class attribute": (
+        diagnosis.class_attribute,
+        "Model.CACHE is a class attribute, not an instance attribute",
+        _group(module("test_it", attr("Model", "type"), attr("CACHE", "dict"), item("'a'"))),
+        _group(module("test_it", attr("MODEL", "Model"), attr("cache", "dict"), item("'a'"))),
+    ),
+    "class attribute set to a tensor": (
+        diagnosis.class_attribute,
+        "Registry.last is a class attribute, not an instance attribute: it lives as long as the class",
+        _group(module("test_it", attr("Registry", "type"), attr("last"))),
+        _group(module("test_it", attr("REGISTRY", "Registry"), attr("last"))),
+    ),
+    "module-level container": (
+        diagnosis.module_level_container,
+        "a module-level container gained 3 entries",
+        _group(*(module("test_it", attr("CACHE", "dict"), item(f"'{key}'")) for key in "abc"), count=3),
+        _group(module("test_it", attr("CACHE", "dict"), item("'a'")), count=1),
+    ),
+    "PyTorch's compile cache": (
+        diagnosis.torch_cache,
+        "held by a cache PyTorch keeps itself",
+        _group(module("test_it", attr("__compiled_fn_3_7f00", "function"), attr("__closure__", "tuple"), item("0"))),
+        _group(module("test_it", attr("__compiled_fn_cache", "list"), item("0"))),
+    ),
+    "a global module hook": (
+        diagnosis.global_module_hook,
+        "a global module hook (torch.nn.modules.module._global_forward_hooks",
+        _group(
+            module(
+                "torch.nn.modules.module",
+                edge("hook dict", "_global_forward_hooks", "OrderedDict"),
+                item("0", "function"),
+                edge("closure variable", "seen", "cell"),
+                item("0"),
+            )
+        ),
+        _group(
+            module(
+                "test_it",
+                attr("MODEL", "Linear"),
+                edge("hook dict", "_global_forward_hooks", "OrderedDict"),
+                item("0", "function"),
+                edge("closure variable", "seen", "cell"),
+                item("0"),
+            )
+        ),
+    ),
+    "a hook on an autograd node": (
+        diagnosis.hook_on_an_autograd_node,
+        "a hook registered on an autograd node (tensor.grad_fn.register_hook) is kept by the node in C++",
+        _group(
+            HolderPath(
+                Root("outside gc", "<OrderedDict held outside Python's gc>", "OrderedDict"),
+                (item("4", "partial"), attr("args", "tuple"), item("0", "Strategy"), attr("covar")),
+            )
+        ),
+        _group(
+            HolderPath(
+                Root("outside gc", "<OrderedDict held outside Python's gc>", "OrderedDict"),
+                (item("4", "Strategy"), attr("covar")),
+            )
+        ),
+    ),
+    "a hook bound to a tensor": (
+        diagnosis.hook_bound_to_a_tensor,
+        "a hook registered on a tensor (register_hook, register_post_accumulate_grad_hook) stays with the tensor, "
+        "here a parameter",
+        _group(
+            module(
+                "test_it",
+                attr("MODEL", "Linear"),
+                attr("weight", "Parameter"),
+                edge("tensor hooks", "_post_accumulate_grad_hooks", "OrderedDict"),
+                item("0", "partial"),
+                attr("args", "tuple"),
+                item("0", "GradientLog"),
+                attr("norms", "list"),
+                item("0"),
+            )
+        ),
+        _group(
+            module(
+                "test_it",
+                attr("MODEL", "Linear"),
+                attr("weight", "Parameter"),
+                edge("reference", "Parameter", "OrderedDict"),
+                item("0", "GradientLog"),
+                attr("norms", "list"),
+                item("0"),
+            )
+        ),
+    ),
+    "a memoizing wrapper": (
+        diagnosis.memoizing_wrapper,
+        "a memoizing wrapper keeps every result it returned in a dict it closes over ('cache')",
+        _group(
+            module(
+                "test_it",
+                attr("Dataset", "type"),
+                attr("__getitem__", "function"),
+                edge("closure variable", "cache", "cell"),
+                item("(<Dataset key>, 4)"),
+            )
+        ),
+        _group(
+            module(
+                "test_it",
+                attr("CALLBACKS", "list"),
+                item("0", "function"),
+                edge("closure variable", "seen", "cell"),
+                item("'loss'"),
+            )
+        ),
+    ),
+    "models kept in a registry": (
+        diagnosis.models_kept_in_a_registry,
+        "ACCELERATOR._models keeps every model put in it, with its parameters",
+        _group(
+            module(
+                "test_it",
+                attr("ACCELERATOR", "Accelerator"),
+                attr("_models", "list"),
+                item("0", "Linear"),
+                attr("weight", "Parameter"),
+            )
+        ),
+        _group(module("test_it", attr("MODEL", "Sequential"), attr("0", "Linear"), attr("weight", "Parameter"))),
+    ),
+    "submodules kept in a ModuleDict": (
+        diagnosis.models_kept_in_a_registry,
+        "PEFT_MODEL.adapters gained submodules ('adapter_0') and keeps each with its parameters",
+        _group(
+            module(
+                "test_it",
+                attr("PEFT_MODEL", "PeftModel"),
+                attr("adapters", "ModuleDict"),
+                attr("adapter_0", "Linear"),
+                attr("weight", "Parameter"),
+            )
+        ),
+        _group(
+            module(
+                "test_it",
+                attr("PEFT_MODEL", "PeftModel"),
+                attr("adapters", "ModuleDict"),
+                attr("adapter_0", "Linear"),
+                attr("weight", "Parameter"),
+                edge("gradient", "grad"),
+            ),
+            kind="grad",
+        ),
+    ),
+    "optimizer state": (
+        diagnosis.optimizer_state,
+        "optimizer.state keeps each parameter's state",
+        _group(
+            module(
+                "test_it",
+                attr("OPTIMIZER", "Adam"),
+                attr("state", "defaultdict"),
+                item("<Parameter key>", "dict"),
+                item("'exp_avg'"),
+            )
+        ),
+        _group(
+            module("test_it", attr("TRAINER", "Trainer"), attr("state", "dict"), item("'best'", "dict"), item("'w'"))
+        ),
+    ),
+    "optimizers kept in a registry": (
+        diagnosis.optimizer_state,
+        "ACCELERATOR._optimizers keeps every optimizer put in it, and with each its state",
+        _group(
+            module(
+                "test_it",
+                attr("ACCELERATOR", "Accelerator"),
+                attr("_optimizers", "list"),
+                item("0", "Adam"),
+                attr("state", "defaultdict"),
+                item("<Parameter key>", "dict"),
+                item("'exp_avg'"),
+            )
+        ),
+        _group(
+            module(
+                "test_it",
+                attr("OPTIMIZER", "Adam"),
+                attr("state", "defaultdict"),
+                item("<Parameter key>", "dict"),
+                item("'exp_avg'"),
+            )
+        ),
+    ),
+    "compiled models cached": (
+        diagnosis.compiled_models_cached,
+        "_COMPILED is a cache of torch.compile'd models (OptimizedModule)",
+        _group(
+            module(
+                "test_it", attr("_COMPILED", "dict"), item("1", "OptimizedModule"), attr("_orig_mod", "Net"), attr("s")
+            )
+        ),
+        _group(module("test_it", attr("MODEL", "OptimizedModule"), attr("_orig_mod", "Net"), attr("s"))),
+    ),
+    "a log record's arguments": (
+        diagnosis.log_record_arguments,
+        "a logging handler that buffers records",
+        _group(
+            module(
+                "test_it",
+                attr("LOGGER", "Logger"),
+                attr("handlers", "list"),
+                item("0", "MemoryHandler"),
+                attr("buffer", "list"),
+                item("0", "LogRecord"),
+                attr("args", "tuple"),
+                item("0"),
+            )
+        ),
+        _group(module("test_it", attr("RECORDS", "list"), item("0", "Record"), attr("args", "tuple"), item("0"))),
+    ),
+    "a handler on a logger": (
+        diagnosis.handler_on_a_logger,
+        "a handler added to a logger (logger.addHandler) stays as long as the logger",
+        _group(
+            module(
+                "logging",
+                attr("root", "RootLogger"),
+                attr("manager", "Manager"),
+                attr("loggerDict", "dict"),
+                item("'stats'", "Logger"),
+                attr("handlers", "list"),
+                item("0", "StatsHandler"),
+                attr("model", "Linear"),
+                attr("weight", "Parameter"),
+            )
+        ),
+        _group(
+            module(
+                "test_it",
+                attr("PIPELINE", "Pipeline"),
+                attr("handlers", "list"),
+                item("0", "Step"),
+                attr("model", "Linear"),
+                attr("weight", "Parameter"),
+            )
+        ),
+    ),
+    "a warning's arguments": (
+        diagnosis.warning_arguments,
+        "a warning made with a tensor among its arguments",
+        _group(
+            module(
+                "test_it",
+                attr("TRAINER", "Trainer"),
+                attr("caught", "list"),
+                item("0", "WarningMessage"),
+                attr("message", "LossSpike"),
+                attr("args", "tuple"),
+                item("1"),
+            )
+        ),
+        _group(
+            root(
+                "pytest warnings",
+                "the warnings pytest recorded",
+                item("0", "WarningMessage"),
+                attr("message", "UserWarning"),
+                attr("args", "tuple"),
+                item("0"),
+            )
+        ),
+    ),
+    "itertools.cycle": (
+        diagnosis.itertools_cycle,
+        "itertools.cycle keeps every item of its first pass",
+        _group(module("test_it", attr("BATCHES", "cycle"), edge("reference", "cycle", "list"), item("0"))),
+        _group(module("test_it", attr("SCHEDULE", "Cycle"), attr("items", "list"), item("0"))),
+    ),
+    "a suspended generator": (
+        diagnosis.suspended_generator,
+        "an unfinished generator keeps the locals of its suspended frame (a shuffle buffer, batches read ahead) for "
+        "as long as the iterator that runs it lives, here LOOP._iterator",
+        _group(
+            module(
+                "test_it",
+                attr("LOOP", "Loop"),
+                attr("_iterator", "_SingleProcessDataLoaderIter"),
+                attr("_dataset_fetcher", "_IterableDatasetFetcher"),
+                attr("dataset_iter", "generator"),
+                edge("reference", "generator", "list"),
+                item("0"),
+            )
+        ),
+        _group(
+            root(
+                "frame local",
+                "_multicall:147 local 'teardowns'",
+                item("0", "generator"),
+                edge("reference", "generator", "method"),
+                attr("__self__", "catching_logs"),
+                attr("handlers", "list"),
+                item("0"),
+            )
+        ),
+    ),
+    "threading.local": (
+        diagnosis.threading_local,
+        "_LOCAL is a threading.local",
+        _group(
+            module(
+                "test_it",
+                attr("_LOCAL", "_local"),
+                attr("masks", "dict"),
+                item("0"),
+            )
+        ),
+        _group(module("test_it", attr("LOCAL_CACHE", "dict"), item("'masks'", "dict"), item("0"))),
+    ),
+    "a small view of a large storage": (
+        diagnosis.small_view_of_a_large_storage,
+        "a view keeps its whole storage: these tensors' elements take 256 B, the storages they view 1.0 MiB",
+        _group(module("test_it", attr("LAST", "dict"), item("'cls_token'")), bytes=1 << 20),
+        _group(module("test_it", attr("LAST", "dict"), item("'cls_token'"))),
+    ),
+    "lru_cache on a method": (
+        diagnosis.lru_cache,
+        "functools.lru_cache / functools.cache keeps every result it returned, and the arguments of every call as "
+        "its keys: Detector.anchors is a method cached on its class, so every self it was called with",
+        _group(
+            module(
+                "test_it",
+                attr("Detector", "type"),
+                attr("anchors", "_lru_cache_wrapper"),
+                edge("lru_cache", to="dict"),
+                item("(<Detector key>, 2048)"),
+            )
+        ),
+        _group(module("test_it", attr("anchors", "_lru_cache_wrapper"), edge("lru_cache", to="dict"), item("(2048,)"))),
+    ),
+    "lru_cache of a model's parameters": (
+        diagnosis.lru_cache,
+        "functools.lru_cache / functools.cache keeps every result it returned, and the arguments of every call as "
+        "its keys: its results hold a model's parameters",
+        _group(
+            module(
+                "test_it",
+                attr("params_of", "_lru_cache_wrapper"),
+                edge("lru_cache", to="dict"),
+                item("'w'", "Parameter"),
+            ),
+            cls="Parameter",
+        ),
+        _group(module("test_it", attr("embed", "_lru_cache_wrapper"), edge("lru_cache", to="dict"), item("(3,)"))),
+    ),
+    "create_graph cycle": (
+        diagnosis.create_graph_cycle,
+        "backward(create_graph=True) gave these gradients autograd graphs of their own",
+        _group(
+            module("test_it", attr("MODEL", "Linear"), attr("weight", "Parameter"), edge("gradient", "grad")),
+            kind="grad",
+            grad_graph=True,
+        ),
+        _group(
+            module("test_it", attr("MODEL", "Linear"), attr("weight", "Parameter"), edge("gradient", "grad")),
+            kind="grad",
+        ),
+    ),
+    "accumulator never reset": (
+        diagnosis.accumulator_never_reset,
+        "METRIC.preds accumulates what every update adds (a metric's or a meter's state) until METRIC.reset() is called",
+        _group(
+            module("test_it", Edge("attribute", "METRIC", "BinaryAUROC", resets=True), attr("preds", "list"), item("0"))
+        ),
+        _group(module("test_it", attr("METRIC", "BinaryAUROC"), attr("preds", "list"), item("0"))),
+    ),
+    "what keeps it": (
+        diagnosis.what_keeps_it,
+        "KEEP['m'] keeps these tensors: it hangs from module test_it, alive as long as the process, "
+        "and the code added this entry and never removed it",
+        _group(module("test_it", attr("KEEP", "dict"), item("'m'"))),
+        _group(HELD_IN_CPP_PATH),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EVERY_DIAGNOSIS))
+def test_every_diagnosis_is_given_on_its_path_and_not_on_a_path_alike(name: str) -> None:
+    rule, words, fits, alike = EVERY_DIAGNOSIS[name]
+    assert any(finding.startswith(words) for finding in diagnosis.diagnose(fits)), diagnosis.diagnose(fits)  # type: ignore[arg-type]
+    assert not any(finding.startswith(words) for finding in diagnosis.diagnose(alike)), diagnosis.diagnose(alike)  # type: ignore[arg-type]
+    assert (rule(fits, []) or "").startswith(words)  # type: ignore[arg-type]
+    assert not (rule(alike, []) or "").startswith(words)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "name", ["unittest.mock", "module-level container", "class attribute", "closure", "atexit", "itertools.cycle"]
+)
+def test_what_keeps_it_is_said_only_where_no_other_rule_fits(name: str) -> None:
+    fits = EVERY_DIAGNOSIS[name][2]
+    found = diagnosis.diagnose(fits)  # type: ignore[arg-type]
+    assert found and not any(" keeps these tensors: it hangs from " in line for line in found)
+
+
+def test_every_named_holder_gets_a_diagnosis() -> None:
+    paths = [
+        module("test_it", attr("STATE", "Store"), attr("last")),
+        root("frame local", "worker:12 local 'batches'", item("3")),
+        root("fixture", "fixture 'model' (module scope)", attr("cache", "dict"), item("3")),
+        module("test_it", attr("RING", "deque"), edge("container item", "deque")),
+    ]
+    for path in paths:
+        assert diagnosis.diagnose(_group(path)), path  # type: ignore[arg-type]
+    # a running function's own local, as an out-of-memory error finds it: its business until it returns
+    assert diagnosis.what_keeps_it(_group(root("frame local", "test_it:9 local 'activations'")), []) is None  # type: ignore[arg-type]
+    # nothing named in Python: no holder to quote
+    assert diagnosis.what_keeps_it(_group(HELD_IN_CPP_PATH), []) is None  # type: ignore[arg-type]
+
+
+def test_a_finalizer_is_not_told_it_is_a_class_attribute() -> None:
+    fits = EVERY_DIAGNOSIS["weakref.finalize"][2]
+    assert diagnosis.class_attribute(fits, []) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("method", ["function", "_lru_cache_wrapper"])
+def test_a_method_a_class_defines_is_not_told_it_is_a_class_attribute(method: str) -> None:
+    # a memoizing decorator's cache, or lru_cache's, on a method: the cache is the cause, not the class
+    held = module("test_it", attr("Dataset", "type"), attr("__getitem__", method), edge("closure variable", "cache"))
+    assert diagnosis.class_attribute(_group(held), []) is None  # type: ignore[arg-type]
+
+
+def test_every_rule_has_a_case_on_its_path_and_off_it() -> None:
+    covered = {rule for rule, *_ in EVERY_DIAGNOSIS.values()}
+    assert covered == {*diagnosis.SOLE_RULES, *diagnosis.RULES}
+
+
+def test_each_rule_says_in_one_sentence_what_it_recognises() -> None:
+    for rule in [*diagnosis.SOLE_RULES, *diagnosis.RULES]:
+        doc = rule.__doc__ or ""
+        assert doc.strip() and doc.count(". ") == 0 and doc.endswith("."), rule.__name__
+
+
+def test_threads_older_than_the_check_are_told_apart_by_ident_not_name() -> None:
+    from pytest_vramleak.holders.naming import held_by_threads
+
+    path = HolderPath(
+        Root("thread local", "thread 'pin_memory' _loop:8 local 'kept'", thread="pin_memory", thread_id=7)
+    )
+    group = _group(path)
+    assert held_by_threads(group, {7})  # type: ignore[arg-type]
+    assert not held_by_threads(group, {8})  # type: ignore[arg-type]  # another thread of the same name
+    assert not held_by_threads(_group(root("frame local", "test_fit:8 local 'kept'")), {7})  # type: ignore[arg-type]
+
+
+def test_what_keeps_a_kept_model_is_the_entry_it_was_added_as_not_its_parameters_attribute() -> None:
+    held = module(
+        "test_it",
+        attr("MODELS", "list"),
+        item("4", "Net"),
+        attr("encoder", "Sequential"),
+        attr("0", "Linear"),
+        attr("weight", "Parameter"),
+    )
+    found = diagnosis.what_keeps_it(_group(held), [])  # type: ignore[arg-type]
+    assert found is not None
+    # the same words for each of the model's tensors: a report says "as above" after the first
+    assert found.startswith("what MODELS[4] holds keeps these tensors: ")
+    assert "the code added this entry and never removed it" in found

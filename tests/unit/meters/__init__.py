@@ -1,0 +1,1 @@
+"""Unit tests of pytest_vramleak.meters: measuring a device, its allocator's history and its cache."""
