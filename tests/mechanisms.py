@@ -1919,9 +1919,6 @@ CATALOGUE: list[Mechanism] = [
 
 # What the plugin says today where it falls short, by entry and part.
 GAPS: dict[str, dict[Part, str]] = {
-    "saved_tensors_pack_hook_storage": {
-        "diagnosis": "diagnosis: a module-level container gained 2 entries and never let them go (a cache without eviction, a history list)...",
-    },
     "checkpointed_outputs_kept_without_backward": {
         "holder": "held by <function held outside Python's gc> -> closure var 'frame'.recomputed[...].data[<ReferenceType key>] | ...",
         "site": "allocated at (none)",

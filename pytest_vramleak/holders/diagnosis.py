@@ -397,6 +397,20 @@ def exit_callback(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
+def saved_tensors_stored_by_a_pack_hook(group: Group, found: Sequence[str]) -> str | None:
+    """A saved_tensors_hooks pack hook that stores what it packs, given back only by its unpack hook in backward."""
+    stores = [edge for path in group.holders for edge in path.edges if edge.pack_hook]
+    if not stores:
+        return None
+    return (
+        f"{stores[0].pack_hook} is a pack hook of torch.autograd.graph.saved_tensors_hooks that keeps each tensor "
+        f"autograd saves (in {stores[0].name}), and only its unpack hook, which backward() calls, lets it go: a "
+        "forward pass under the hooks whose backward never runs (an evaluation pass, an output or loss dropped "
+        "unused) leaves what it saved there for good: run a pass that will not call backward() under "
+        "torch.no_grad() (nothing is saved then), and clear the store after each step"
+    )
+
+
 def finalizer_keeps_its_object(group: Group, found: Sequence[str]) -> str | None:
     """A weakref.finalize entry, whose callback and arguments live until it runs (a bound method keeps its object)."""
     if not any("finalize._Info" in path.type_names() for path in group.holders):
@@ -1109,6 +1123,7 @@ RULES: list[Rule] = [
     rerunfailures_failure,
     stored_exception,
     exit_callback,
+    saved_tensors_stored_by_a_pack_hook,
     closure,
     thread_frame,
     finalizer_keeps_its_object,

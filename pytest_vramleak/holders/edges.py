@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from ..tracking.census import is_tensor_type
+from ..tracking.saved_hooks import pack_state
 from .paths import Edge, EdgeKind, HolderPath, Root, RootKind
 
 _MODULE_NAMESPACES = ("_modules", "_parameters", "_buffers")
@@ -450,11 +451,12 @@ def holder_path(chain: Sequence[Any]) -> HolderPath:
     object's namespace dict reads as nothing: its attribute is the next edge)."""
     edges: list[Edge] = []
     mode: Mode = None
+    hooks_state = pack_state()
     for parent, child in zip(chain, chain[1:], strict=False):
         try:
             kind, name, mode = name_edge(parent, child, mode)
         except Exception:
             kind, name, mode = "reference", type_name(child), None
         if kind is not None:
-            edges.append(Edge(kind, name, type_name(child), has_reset(child)))
+            edges.append(Edge(kind, name, type_name(child), has_reset(child), hooks_state.get(id(child), "")))
     return HolderPath(root_of(chain[0]), tuple(edges))

@@ -143,6 +143,9 @@ class Edge:
     resets: bool = False
     """Whether the object it leads to has a ``reset()`` method (a metric, a meter): state it
     accumulates is meant to be let go by calling it."""
+    pack_hook: str = ""
+    """Where the object it leads to is the state of a ``saved_tensors_hooks`` pack hook entered
+    while a check ran (what the hook is bound to, or a container it stores in): the hook's name."""
 
     def text(self) -> str:
         """How the edge reads after what it leaves: ``.cache``, ``['user-42']``, `` -> closure var 'seen'``."""

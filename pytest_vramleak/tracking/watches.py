@@ -45,6 +45,7 @@ from .census import _torch
 from .exit_callbacks import ExitCallbacks
 from .index import Index, grad_fn_reader, version_reader
 from .refs import Entry, StorageRef, call
+from .saved_hooks import SavedTensorHooks
 
 COMPARED_PER_CHECK = 2_000
 """Up to this many indexed storages (or leaves that can take a gradient), each check compares all
@@ -83,6 +84,8 @@ class Watches:
         self.backward = BackwardWatch(self._backward_noted)
         self.exit_callbacks = ExitCallbacks()
         """Notes the callbacks registered with ``atexit``, which gc does not see, for naming holders."""
+        self.saved_tensor_hooks = SavedTensorHooks()
+        """Notes the pack hooks of ``saved_tensors_hooks``, for naming what they store."""
         self._touched: dict[int, Entry] = {}
         """Indexed tensors a backward pass may have given a gradient since the last observation."""
         self._touched_new: list[weakref.ref[Any]] = []
@@ -94,10 +97,12 @@ class Watches:
     def start(self) -> None:
         self.backward.start()
         self.exit_callbacks.start()
+        self.saved_tensor_hooks.start()
 
     def stop(self) -> None:
         self.backward.stop()
         self.exit_callbacks.stop()
+        self.saved_tensor_hooks.stop()
         self._touched.clear()
         self._touched_new.clear()
         self._backward_ran = False

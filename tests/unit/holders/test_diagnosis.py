@@ -207,6 +207,19 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         _group(root("atexit", "atexit callback MetricsWriter.flush -> __self__", attr("pending", "list"), item("0"))),
         _group(module("test_it", attr("WRITER", "MetricsWriter"), attr("pending", "list"), item("0"))),
     ),
+    "saved_tensors_hooks pack hook": (
+        diagnosis.saved_tensors_stored_by_a_pack_hook,
+        "Offload.pack is a pack hook of torch.autograd.graph.saved_tensors_hooks that keeps each tensor autograd saves",
+        _group(
+            module(
+                "test_it",
+                Edge("attribute", "OFFLOAD", "Offload", pack_hook="Offload.pack"),
+                attr("storage", "dict"),
+                item("12"),
+            )
+        ),
+        _group(module("test_it", attr("OFFLOAD", "Offload"), attr("storage", "dict"), item("12"))),
+    ),
     "weakref.finalize": (
         diagnosis.finalizer_keeps_its_object,
         "weakref.finalize keeps its callback and arguments until it runs",
@@ -742,7 +755,16 @@ def test_every_diagnosis_is_given_on_its_path_and_not_on_a_path_alike(name: str)
 
 
 @pytest.mark.parametrize(
-    "name", ["unittest.mock", "module-level container", "class attribute", "closure", "atexit", "itertools.cycle"]
+    "name",
+    [
+        "unittest.mock",
+        "module-level container",
+        "class attribute",
+        "closure",
+        "atexit",
+        "itertools.cycle",
+        "saved_tensors_hooks pack hook",
+    ],
 )
 def test_what_keeps_it_is_said_only_where_no_other_rule_fits(name: str) -> None:
     fits = EVERY_DIAGNOSIS[name][2]
