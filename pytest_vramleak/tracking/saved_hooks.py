@@ -43,8 +43,15 @@ def _note(pack_hook: Any) -> None:
         weakref.WeakMethod(pack_hook) if type(pack_hook) is types.MethodType else weakref.ref(pack_hook)
     )
     _noted[:] = [noted for noted in _noted if noted() is not None]
-    if all(noted() is not pack_hook for noted in _noted):
+    if all(_same(noted(), pack_hook) is False for noted in _noted):  # (a loop enters the same hooks each step)
         _noted.append(ref)
+
+
+def _same(one: Any, other: Any) -> bool:
+    """Whether two hooks are one: a bound method is made anew at each ``obj.pack``."""
+    if type(one) is types.MethodType and type(other) is types.MethodType:
+        return one.__self__ is other.__self__ and one.__func__ is other.__func__
+    return one is other
 
 
 def _state_of(hook: Any) -> list[Any]:

@@ -33,6 +33,11 @@ class Offload:
         return self.storage.pop(key)
 
 
+class Copies(Offload):
+    def pack(self, tensor: torch.Tensor) -> int:
+        return super().pack(tensor.detach().clone())  # (a tensor with its graph would keep the hooks from C++)
+
+
 @pytest.fixture
 def watch():
     original = torch._C._autograd._push_saved_tensors_default_hooks
@@ -54,6 +59,15 @@ def test_a_bound_pack_hook_names_its_object(watch) -> None:
     assert pack_state().get(id(offload)) == "Offload.pack"
 
 
+def test_hooks_entered_at_every_step_are_noted_once(watch) -> None:
+    from pytest_vramleak.tracking import saved_hooks
+
+    offload = Copies()
+    for _ in range(5):
+        _forward_under(offload.pack, offload.unpack)
+    assert sum(1 for ref in saved_hooks._noted if getattr(ref(), "__self__", None) is offload) == 1
+
+
 def test_a_function_names_the_containers_its_code_uses(watch) -> None:
     _forward_under(pack_into_store, unpack_from_store)
     state = pack_state()
@@ -70,11 +84,6 @@ def test_a_closure_names_what_its_cells_hold(watch) -> None:
 
     _forward_under(pack, kept.__getitem__)
     assert pack_state().get(id(kept)) == "test_a_closure_names_what_its_cells_hold.<locals>.pack"
-
-
-class Copies(Offload):
-    def pack(self, tensor: torch.Tensor) -> int:
-        return super().pack(tensor.detach().clone())  # (a tensor with its graph would keep the hooks from C++)
 
 
 def test_a_hook_is_noted_weakly_and_forgotten_with_its_object(watch) -> None:
