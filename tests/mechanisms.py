@@ -1505,7 +1505,7 @@ CATALOGUE: list[Mechanism] = [
             finally:
                 logging.getLogger("stats.fixed").removeHandler(handler)
         """,
-        holder="logging.*[[]'stats'[]].handlers[[]*].model.weight",
+        holder="logging.getLogger('stats').handlers[[]*].model.weight",
         diagnosis=("handler", "removeHandler"),
     ),
     # python/cpython#97557 and POSYDON-code/POSYDON#364 (what a warning carries stays with whatever
@@ -1933,9 +1933,6 @@ GAPS: dict[str, dict[Part, str]] = {
         "holder": "no tensors listed for the leak",
         "site": "no tensors listed for the leak",
         "diagnosis": "no tensors listed for the leak",
-    },
-    "logging_handler_added_every_run": {
-        "holder": "held by _multicall:147 local 'teardowns'[0] -> <generator>.__self__.attached_loggers[42].manager.loggerDict['stats'].handlers[4].model.weight",
     },
     "loss_accumulated_with_its_graph": {
         "site": "allocated at (none)",

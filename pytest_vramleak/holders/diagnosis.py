@@ -812,8 +812,10 @@ def log_record_arguments(group: Group, found: Sequence[str]) -> str | None:
 def handler_on_a_logger(group: Group, found: Sequence[str]) -> str | None:
     """A handler added to a logger, which logging keeps for the process, with what the handler refers to."""
     if not any(
-        edge.type_name in _LOGGERS and after is not None and _is_attribute(after, "handlers")
+        (edge.type_name in _LOGGERS and after is not None and _is_attribute(after, "handlers"))
+        or (path.root.type_name in _LOGGERS and _is_attribute(path.edges[0], "handlers"))
         for path in group.holders
+        if path.edges
         for edge, after in path.pairs()
     ) or any(_through(path, "LogRecord", "args") for path in group.holders):
         return None

@@ -446,9 +446,33 @@ def name_edge(parent: Any, child: Any, mode: Mode) -> Named:
     return _object_edge(parent, child, mode)
 
 
+def _named_logger(chain: Sequence[Any]) -> tuple[int, str] | None:
+    """Where a chain reaches a logger through the table logging keeps of them (a ``Manager``'s
+    ``loggerDict``, from whichever module's logger the search came by): its position and name."""
+    logging = sys.modules.get("logging")
+    if logging is None:
+        return None
+    for index in range(2, len(chain) - 1):
+        logger, table, manager = chain[index], chain[index - 1], chain[index - 2]
+        if type(manager) is not logging.Manager or not isinstance(logger, logging.Logger) or type(table) is not dict:
+            continue
+        attributes = instance_dict(manager) or {}
+        name = (instance_dict(logger) or {}).get("name")
+        if attributes.get("loggerDict") is table and type(name) is str:
+            return index, name
+    return None
+
+
 def holder_path(chain: Sequence[Any]) -> HolderPath:
     """The path ``[root, ..., target]`` is: its root, then each edge that reads as something (an
-    object's namespace dict reads as nothing: its attribute is the next edge)."""
+    object's namespace dict reads as nothing: its attribute is the next edge). A path through
+    logging's table of loggers starts at the logger, as the user gets it: ``logging.getLogger('stats')``."""
+    logger = _named_logger(chain)
+    if logger is not None:
+        index, name = logger
+        rest = holder_path(chain[index:])
+        root = Root("module", f"logging.getLogger({name!r})", type_name(chain[index]), name="logging")
+        return HolderPath(root, rest.edges)
     edges: list[Edge] = []
     mode: Mode = None
     hooks_state = pack_state()

@@ -25,7 +25,7 @@ import objgraph
 
 from ..tracking import gc_functions as gc
 from ..tracking.census import is_tensor_type, whole_heap
-from ..tracking.sites import code_folders, is_loaded_standard_library
+from ..tracking.sites import code_folders, frame_kind_of_file, is_loaded_standard_library
 from .edges import (
     _MODULE_NAMESPACE,
     FrameLocal,
@@ -409,6 +409,8 @@ def _search_chains(
     chains_by_target.update(_walk_down(list(search.roots.values()), search.held_by, wanted))
     if search.unrooted:
         _meet_forward(search, targets, frontier, chains_by_target, exclude_types)
+    starts = list(search.runner_roots.values())  # pytest's own frames, where nothing else was found
+    chains_by_target.update(_walk_down(starts, search.held_by, wanted - chains_by_target.keys()))
     # a real root beats a dead end: the farthest holder reached that nothing in Python holds
     starts = list(search.dead_ends.values())
     chains_by_target.update(_walk_down(starts, search.held_by, wanted - chains_by_target.keys()))
@@ -418,6 +420,11 @@ def _search_chains(
     search.clear()
     chains_by_target.clear()
     return chains, rooted, search.limited
+
+
+def _in_runner(root: Any) -> bool:
+    """Whether a root is a local of a frame of pytest's or pluggy's own code."""
+    return type(root) is FrameLocal and frame_kind_of_file(root.frame.f_code.co_filename) == "runner"
 
 
 def _roots_in_frames(named: Sequence[NamedRoot], frames: Sequence[types.FrameType]) -> dict[int, Any]:
@@ -468,6 +475,7 @@ class _Backward:
         "max_frontier",
         "limited",
         "untracked",
+        "runner_roots",
     )
 
     def __init__(
@@ -489,6 +497,10 @@ class _Backward:
         self.max_frontier = max_frontier
         self.limited = False
         self.untracked: tuple[list[Any], list[Any]] | None = None  # numpy arrays, containers gc does not track
+        self.runner_roots: dict[int, Any] = {}
+        """Locals of pytest's and pluggy's running frames met: roots taken only where the search
+        finds no other (what a hook wrapper's frame holds for a moment is also reachable from
+        where it lives, a logger reached from ``logging``)."""
         self.ignore = own | {
             id(self),
             id(self.held_by),
@@ -497,13 +509,17 @@ class _Backward:
             id(running_locals),
             id(self.roots),
             id(self.dead_ends),
+            id(self.runner_roots),
         }
 
     def root_locals(self, frontier: tuple[Any, ...]) -> bool:
         """Root what in ``frontier`` is a running frame's local or a named value; whether a target is left without a root."""
         for obj in frontier:
             local = self.running_locals.get(id(obj))
-            if local is not None:
+            if local is not None and _in_runner(local):
+                self.runner_roots[id(local)] = local
+                self.held_by[id(local)] = [obj]
+            elif local is not None:
                 self.roots[id(local)] = local
                 self.held_by[id(local)] = [obj]
                 self.unrooted &= ~self.origins[id(obj)]
@@ -611,6 +627,7 @@ class _Backward:
             found.clear()
         self.held_by.clear()
         self.roots.clear()
+        self.runner_roots.clear()
         self.dead_ends.clear()
         self.running_locals.clear()
 
@@ -638,9 +655,12 @@ def _meet_forward(
     if not meeting:
         return
     module_roots = [m for m in list(sys.modules.values()) if is_module_root(m)]
-    starts = module_roots + list(search.running_locals.values())
+    plain_locals = [local for local in search.running_locals.values() if not _in_runner(local)]
+    starts = module_roots + plain_locals
+    everything = starts + [local for local in search.running_locals.values() if _in_runner(local)]
     covers = {ident: search.origins.get(ident, 0) for ident in (*remaining, *meeting)}
     ignore.update((id(module_roots), id(starts), id(wanted), id(remaining), id(meeting), id(covers)))
+    ignore.update((id(everything), id(plain_locals)))
     by_storage = {storage: target for target in targets if id(target) in remaining for storage in _storage_ids(target)}
     forward: dict[int, list[Any]] = {}
     # The user's modules first (tests, conftest, the project's own source): torch.compile's
@@ -651,9 +671,11 @@ def _meet_forward(
     # Nor through their namespaces, which their functions' __globals__ reach.
     users = _users_modules(module_roots)
     others = _with_namespaces(module_roots) - _with_namespaces(users)
-    users += search.running_locals.values()
+    users += plain_locals
     ignore.update((id(users), id(others), id(by_storage)))
-    for group, skip in ((users, ignore | others), (starts, ignore)):
+    # pytest's and pluggy's running frames last: what a hook wrapper holds for a moment is also
+    # reachable from where it lives (a logger from logging), by the name the user knows
+    for group, skip in ((users, ignore | others), (starts, ignore), (everything, ignore)):
         forward = _search_forward(
             remaining | meeting.keys(),
             group,
@@ -665,21 +687,32 @@ def _meet_forward(
         )
         if _covered(forward, covers) & unrooted == unrooted:
             break
+    _join(forward, remaining, meeting, search.held_by, chains_by_target)
+    forward.clear()
+    meeting.clear()
+    for found in (module_roots, starts, users, everything, plain_locals):
+        found.clear()
+    by_storage.clear()
+
+
+def _join(
+    forward: dict[int, list[Any]],
+    remaining: set[int],
+    meeting: dict[int, Any],
+    held_by: dict[int, list[Any]],
+    chains_by_target: dict[int, list[Any]],
+) -> None:
+    """Add the chains the forward walk found: to a target, or to where the backward search
+    stopped, then down the backward search's edges to the targets."""
     for ident, chain in forward.items():
         if ident in remaining:
             chains_by_target.setdefault(ident, chain)
     for ident, chain in sorted(forward.items(), key=lambda item: len(item[1])):
         if ident not in meeting:
             continue
-        down = _walk_down([meeting[ident]], search.held_by, remaining - chains_by_target.keys())
+        down = _walk_down([meeting[ident]], held_by, remaining - chains_by_target.keys())
         for target_id, rest in down.items():
             chains_by_target[target_id] = chain + rest[1:]
-    forward.clear()
-    meeting.clear()
-    module_roots.clear()
-    starts.clear()
-    users.clear()
-    by_storage.clear()
 
 
 def _with_namespaces(modules: Sequence[Any]) -> set[int]:

@@ -298,3 +298,19 @@ def test_a_threading_local_reads_as_its_attribute() -> None:
         assert name_holders([holder.LOCAL.masks["a"]]) == ["holder_module.LOCAL.masks['a']"]  # type: ignore[attr-defined]
     finally:
         del sys.modules["holder_module"]
+
+
+def test_a_handler_on_a_named_logger_is_held_by_that_logger() -> None:
+    import logging
+
+    class Keeps(logging.Handler):
+        def __init__(self, tensor: torch.Tensor) -> None:
+            super().__init__()
+            self.tensor = tensor
+
+    logging.getLogger("vramleak-test-stats").addHandler(Keeps(torch.ones(3)))  # (no local of ours holds it)
+    try:
+        named = holder_of(lambda: logging.getLogger("vramleak-test-stats").handlers[0].tensor)
+    finally:
+        logging.getLogger("vramleak-test-stats").handlers.clear()
+    assert named == "logging.getLogger('vramleak-test-stats').handlers[0].tensor"
