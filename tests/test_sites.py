@@ -276,3 +276,27 @@ def test_a_gradient_is_allocated_where_backward_was_called(pytester: pytest.Pyte
     assert gradients, result.stdout.str()
     for group in gradients:
         assert group["allocated_at"] == ["test_it.py:8 in test_keeps_models_and_optimizers()"], result.stdout.str()
+
+
+def test_a_step_check_says_where_a_kept_view_was_made(pytester: pytest.Pytester) -> None:
+    # A loop that caches rows of each batch keeps the batches' storages through views made on
+    # another line: the step check names both lines, as a whole-test check does.
+    pytester.makepyfile(
+        test_it="""
+        import torch
+        CACHE = {}
+
+        def test_cache_rows(vramleak):
+            for step in vramleak.steps(10, warmup=2):
+                logits = torch.randn(32, 64)
+                CACHE.update(zip(range(step * 32, step * 32 + 32), logits))
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "    allocated at test_it.py:6 in test_cache_rows()",
+            "        kept through a view made at test_it.py:7 in test_cache_rows()",
+        ]
+    )

@@ -560,6 +560,17 @@ class SiteRecorder:
             return None
         return self._named(self._stack(tensor)) or None
 
+    def view_site_of(self, tensor: Any, storage: Any) -> tuple[Site, ...] | None:
+        """Where the tensor object kept was made, where the storage was captured made elsewhere by
+        another tensor (the view a loop keeps of a batch: ``zip(ids, logits)`` keeps rows of
+        ``logits``). Used where this recorder is the only source (a step check)."""
+        known = self._sites.get(id(storage))
+        facts = storage_facts(storage) if known is not None else None
+        view = self._objects.get(id(tensor))
+        if known is None or facts is None or known[:2] != facts[1:] or not view or not known[2]:
+            return None
+        return self._named(view) if view[0] != known[2][0] else None
+
     def site_of(self, tensor: Any, storage: Any) -> tuple[Site, ...] | None:
         """Where ``tensor`` (whose storage is ``storage``) was made, if recorded."""
         known = self._sites.get(id(storage))
