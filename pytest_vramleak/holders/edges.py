@@ -454,7 +454,11 @@ def _named_logger(chain: Sequence[Any]) -> tuple[int, str] | None:
         return None
     for index in range(2, len(chain) - 1):
         logger, table, manager = chain[index], chain[index - 1], chain[index - 2]
-        if type(manager) is not logging.Manager or not isinstance(logger, logging.Logger) or type(table) is not dict:
+        if (
+            type(manager) is not logging.Manager
+            or not issubclass(type(logger), logging.Logger)
+            or type(table) is not dict
+        ):
             continue
         attributes = instance_dict(manager) or {}
         name = (instance_dict(logger) or {}).get("name")

@@ -655,12 +655,15 @@ def _meet_forward(
     if not meeting:
         return
     module_roots = [m for m in list(sys.modules.values()) if is_module_root(m)]
-    plain_locals = [local for local in search.running_locals.values() if not _in_runner(local)]
+    plain_locals: list[Any] = []
+    runner_locals: list[Any] = []
+    for local in search.running_locals.values():
+        (runner_locals if _in_runner(local) else plain_locals).append(local)
     starts = module_roots + plain_locals
-    everything = starts + [local for local in search.running_locals.values() if _in_runner(local)]
+    everything = starts + runner_locals
     covers = {ident: search.origins.get(ident, 0) for ident in (*remaining, *meeting)}
     ignore.update((id(module_roots), id(starts), id(wanted), id(remaining), id(meeting), id(covers)))
-    ignore.update((id(everything), id(plain_locals)))
+    ignore.update((id(everything), id(plain_locals), id(runner_locals)))
     by_storage = {storage: target for target in targets if id(target) in remaining for storage in _storage_ids(target)}
     forward: dict[int, list[Any]] = {}
     # The user's modules first (tests, conftest, the project's own source): torch.compile's
@@ -690,7 +693,7 @@ def _meet_forward(
     _join(forward, remaining, meeting, search.held_by, chains_by_target)
     forward.clear()
     meeting.clear()
-    for found in (module_roots, starts, users, everything, plain_locals):
+    for found in (module_roots, starts, users, everything, plain_locals, runner_locals):
         found.clear()
     by_storage.clear()
 

@@ -36,14 +36,17 @@ def _torch_autograd() -> Any:
 
 
 def _note(pack_hook: Any) -> None:
-    module = getattr(pack_hook, "__module__", None) or ""
+    # (read from the function, never from the hook object: a callable of the user's runs no code here)
+    function = pack_hook.__func__ if type(pack_hook) is types.MethodType else pack_hook
+    module = function.__module__ if type(function) is types.FunctionType else type(pack_hook).__module__
+    module = module if type(module) is str else ""
     if module == "torch" or module.startswith("torch."):
         return
     ref: weakref.ref[Any] = (
         weakref.WeakMethod(pack_hook) if type(pack_hook) is types.MethodType else weakref.ref(pack_hook)
     )
     _noted[:] = [noted for noted in _noted if noted() is not None]
-    if all(_same(noted(), pack_hook) is False for noted in _noted):  # (a loop enters the same hooks each step)
+    if not any(_same(noted(), pack_hook) for noted in _noted):  # (a loop enters the same hooks each step)
         _noted.append(ref)
 
 
@@ -68,7 +71,7 @@ def _state_of(hook: Any) -> list[Any]:
             continue
     namespace = hook.__globals__
     found += [namespace[name] for name in hook.__code__.co_names if name in namespace]
-    return [value for value in found if not isinstance(value, _NOT_STATE)]
+    return [value for value in found if not issubclass(type(value), _NOT_STATE)]  # (isinstance may read __class__)
 
 
 def pack_state() -> dict[int, str]:
