@@ -356,7 +356,7 @@ def describe_history(
     owners: dict[int, Any] = {}
     try:
         paths = (
-            holder_paths(tensors, exclude_types=(Found,), frames=frames, named=named, collect=collect)
+            holder_paths(tensors, exclude_types=_RECORDS, frames=frames, named=named, collect=collect)
             if tensors
             else []
         )
@@ -369,7 +369,7 @@ def describe_history(
                 through = dict(
                     zip(
                         map(id, owned),
-                        holder_paths(owned, exclude_types=(Found,), frames=frames, named=named, collect=False),
+                        holder_paths(owned, exclude_types=_RECORDS, frames=frames, named=named, collect=False),
                         strict=False,
                     )
                 )
@@ -499,7 +499,7 @@ def _paths_through_graph_nodes(
         node_paths = dict(
             zip(
                 (id(node) for node in holders),
-                holder_paths(holders, exclude_types=(Found,), frames=frames, named=named),
+                holder_paths(holders, exclude_types=_RECORDS, frames=frames, named=named),
                 strict=False,
             )
         )
@@ -599,7 +599,7 @@ def _paths_through_opaque_holders(
     paths = dict(
         zip(
             holder_ids,
-            holder_paths(holders, exclude_types=(Found, _Holdings), frames=frames, named=named),
+            holder_paths(holders, exclude_types=_RECORDS, frames=frames, named=named),
             strict=False,
         )
     )
@@ -752,7 +752,7 @@ def _unheld_tensors(keys: Sequence[StorageKey], listing: list[Any], holders: lis
                     if graph or any(key in wanted for key, _, _ in _keys_of(obj)):
                         asked.append(obj)
         unheld = (
-            without_python_holders(asked, exclude_types=(Found,), keep=holders, ignore=(listing,)) if asked else set()
+            without_python_holders(asked, exclude_types=_RECORDS, keep=holders, ignore=(listing,)) if asked else set()
         )
         return _Unheld(unheld, owners & unheld, {id(obj) for obj in asked})
     finally:
@@ -915,7 +915,7 @@ def _find_storages(
         if f.via in ("gc", "storage") and id(f.tensor) not in orphans.asked
     ]
     if unasked:
-        orphans.ids |= without_python_holders(unasked, exclude_types=(Found,))
+        orphans.ids |= without_python_holders(unasked, exclude_types=_RECORDS)
     unasked.clear()
     return located, orphans, hooked
 
@@ -1018,6 +1018,10 @@ def _may_be_hooked(group: TensorGroup) -> bool:
     return reachable and not any(path.hook_entries() for path in group.holders)
 
 
+# The records naming keeps of the tensors it names (a group's list of them, its candidates): never holders.
+_RECORDS = (Found, _Holdings, _Grouping)
+
+
 def _name_targets(
     targets: list[Any],
     frames: Sequence[types.FrameType],
@@ -1029,7 +1033,7 @@ def _name_targets(
     Python holds whose graph keeps it; else an object that keeps its memory from C++ (a DLPack
     capsule, a Future); else none (held from C++)."""
     paths = holder_paths(
-        targets, exclude_types=(Found,), frames=frames, named=named, collect=not collected, known=known
+        targets, exclude_types=_RECORDS, frames=frames, named=named, collect=not collected, known=known
     )
     for search in (_paths_through_graph_nodes, _paths_through_opaque_or_none):
         if any(path is None for path in paths):
@@ -1079,10 +1083,10 @@ def held_in_cpp_groups(tensors: Sequence[Any], refs: Sequence[Any]) -> list[Tens
     :func:`describe`, which names holders of every kind. (Not looked for here: a graph of an
     older tensor Python holds that saved one of them; the caller's tensors are all new, made by
     torch's own code, with no holder gc sees.)"""
-    unheld = without_python_holders(tensors, exclude_types=(Found,))
+    unheld = without_python_holders(tensors, exclude_types=_RECORDS)
     if len(unheld) != len({id(tensor) for tensor in tensors}):
         return None
-    if any(path is not None for path in holder_paths(tensors, exclude_types=(Found,), collect=False)):
+    if any(path is not None for path in holder_paths(tensors, exclude_types=_RECORDS, collect=False)):
         return None
     if _paths_through_graph_nodes(list(tensors), (), ()):
         return None
