@@ -299,7 +299,9 @@ def test_checkpointed_output_kept_detached():
 """
 
 
-def test_what_checkpoints_hooks_keep_is_named_with_the_hook(pytester: pytest.Pytester) -> None:
+def test_a_checkpointed_graph_and_what_checkpoints_hooks_keep_are_named(pytester: pytest.Pytester) -> None:
+    # the graph keeps the region's input (2.0 MiB), checkpoint's hooks its RNG state; nothing is
+    # recomputed by reading the graph (the activations a recomputation makes are not listed)
     pytester.makepyfile(test_it=CHECKPOINT_LEAK)
     result = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak", "--vramleak-confirm=0"
@@ -308,11 +310,16 @@ def test_what_checkpoints_hooks_keep_is_named_with_the_hook(pytester: pytest.Pyt
     result.stdout.fnmatch_lines(
         [
             "*test_checkpointed_output_kept_with_its_graph*",
-            "float32[[]512, 1024[]] on cpu: *",
+            "*(the test kept 2.0 MiB)",
+            "float32[[]] on cpu: 1 tensor, 4 B, and the autograd graph behind it: 1 saved tensors, 2.0 MiB",
+            "    held by test_it.OUTPUTS[[]0[]]",
+            "    diagnosis: autograd graph kept alive: * a graph that goes through a torch.utils.checkpoint region*",
+            "uint8[[]*[]] on cpu: 1 tensor, *",
             f"    held by <function {CHECKPOINT_HOOK} held outside Python's gc> -> closure var 'frame'*",
             "    diagnosis: torch.utils.checkpoint keeps what a checkpointed region saved or recomputed for backward*",
         ]
     )
+    result.stdout.no_fnmatch_line("float32[[]512, 1024[]] on cpu: *")
     result.stdout.no_fnmatch_line("*diagnosis: a closure (a callback, a logger) captured it*")
     result.stdout.no_fnmatch_line("*LEAKED*test_checkpointed_output_kept_detached*")
 

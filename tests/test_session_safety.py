@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 
 def test_absent_device_skips_with_reason(pytester: pytest.Pytester) -> None:
@@ -378,3 +379,41 @@ def test_a_thread_an_earlier_test_started_charges_that_test_not_the_later_ones(p
             "made by thread 'feeder', which test_it.py::test_starts_a_feeder started, running since before this test "
             "began (the memory is the test's that started it): not counted"
         ]
+
+
+@pytest.mark.skipif(
+    not hasattr(torch._C._autograd.SavedTensor, "unpack_hook"), reason="this torch cannot read a packed tensor"
+)
+def test_reading_a_kept_graph_never_calls_its_saved_tensors_unpack_hooks(pytester: pytest.Pytester) -> None:
+    # the unpack hook of torch.utils.checkpoint recomputes the region's forward pass, and keeps what it made
+    pytester.makepyfile(
+        test_it="""
+        import torch
+        from torch.utils.checkpoint import checkpoint
+
+        KEPT = []
+        UNPACKED = []
+        RECOMPUTED = []
+
+        def block(x):
+            RECOMPUTED.append(1)
+            return torch.relu(x @ x.T)
+
+        def unpack(tensor):
+            UNPACKED.append(1)
+            return tensor
+
+        def test_keeps_graphs_under_hooks():
+            weight = torch.ones(64, 64, requires_grad=True)
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: t.detach(), unpack):
+                KEPT.append(weight.exp().sum())
+            KEPT.append(checkpoint(block, weight, use_reentrant=False).sum())
+
+        def test_no_hook_ran_and_no_region_was_recomputed():
+            assert UNPACKED == []
+            assert len(RECOMPUTED) == len(KEPT) // 2
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*LEAKED test_it.py::test_keeps_graphs_under_hooks*"])

@@ -13,8 +13,9 @@ their storage is read with ``__torch_function__`` overrides and modes disabled, 
 
 from __future__ import annotations
 
+import types
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -266,6 +267,9 @@ class Found:
     """For ``"grad"`` and ``"graph"``: the Python-visible tensor that keeps this one alive."""
     storage: Any = None
     """The untyped storage object at ``key``."""
+    hooks: frozenset[str] = frozenset()
+    """For ``"graph"``: the names (``module.qualname``) of the ``saved_tensors_hooks`` unpack hooks met
+    in the owner's graph, and :data:`KEEPS_ITS_OUTPUT` where a pack hook kept an op's output."""
 
 
 def storage_key(tensor: Any) -> tuple[StorageKey, int] | None:
@@ -322,18 +326,77 @@ def graph_nodes(
             continue
 
 
-def _graph_tensors(root: Any, visited: set[int], keep: list[Any]) -> Iterator[Any]:
-    """Tensors saved for backward by the graph under ``root``, each node visited once overall."""
+def _tensors_in(value: Any) -> Iterator[Any]:
+    if type(value) in (tuple, list):
+        yield from (v for v in value if is_tensor_type(type(v)))
+    elif is_tensor_type(type(value)):
+        yield value
+
+
+def _hook_name(hook: Any) -> str:
+    """``module.qualname`` of an unpack hook, read from the function or the type (a callable object's
+    code is never run)."""
+    function = hook.__func__ if type(hook) is types.MethodType else hook
+    named = function if type(function) is types.FunctionType else type(hook)
+    module, qualname = named.__module__, named.__qualname__
+    return f"{module}.{qualname}" if type(module) is str and type(qualname) is str else ""
+
+
+KEEPS_ITS_OUTPUT = "a pack hook kept an op's output with its grad_fn"
+"""Noted among a graph's hooks (:func:`_graph_tensors`) where a pack hook returned the output of the
+op that saved it with that op's ``grad_fn`` (``lambda t: t``): the graph holds its own output, a
+reference cycle through C++ that Python's collector cannot break (pytorch/pytorch#115255)."""
+
+
+def _keeps_its_output(node: Any, packed: Any) -> bool:
+    return is_tensor_type(type(packed)) and _torch()._C.TensorBase.grad_fn.__get__(packed) is node
+
+
+def _packed(node: Any, name: str) -> tuple[list[str], list[Any]]:
+    """The names (``module.qualname``) of the ``saved_tensors_hooks`` unpack hooks of what ``node`` saved under ``name``
+    (none where no pack hook packed it), and the objects the pack hooks returned, read without
+    calling the unpack hooks.
+
+    Reading ``node._saved_x`` calls the unpack hook of a hooked saved tensor, which runs user code
+    and may allocate: torch.utils.checkpoint's recomputes the checkpointed forward pass and keeps
+    what it made. ``_raw_saved_x`` gives the saved tensor itself, whose ``unpack_hook`` and ``data``
+    tell the hook and its packed object apart; where torch has neither, the saved tensor is read as
+    it always was (docs/limits.md).
+    """
+    raw_name = "_raw" + name if name.startswith("_saved_") else "_raw_saved_tensors" if name == "saved_tensors" else ""
+    if not raw_name:
+        return [], []
+    try:
+        raw: Any = getattr(node, raw_name)
+        saved: Sequence[Any] = raw if type(raw) in (tuple, list) else (raw,)
+        if not all(hasattr(type(one), "unpack_hook") for one in saved):
+            return [], []
+        hooked = [(hook, one) for one in saved if (hook := one.unpack_hook) is not None]
+        return [_hook_name(hook) for hook, _ in hooked], [one.data for _, one in hooked]
+    except Exception:  # freed by backward(), or not a saved tensor slot
+        return [], []
+
+
+def _graph_tensors(root: Any, visited: set[int], keep: list[Any], hooks: set[str] | None = None) -> Iterator[Any]:
+    """Tensors saved for backward by the graph under ``root``, each node visited once overall. Where
+    a pack hook packed them, the tensors it packed (see :func:`_packed`), and the names of their
+    unpack hooks go into ``hooks`` (with :data:`KEEPS_ITS_OUTPUT` where one kept an op's output)."""
     for node in graph_nodes([root], visited, keep):
         for name in _saved_names(node):
+            names, packed = _packed(node, name)
+            if names:
+                if hooks is not None:
+                    hooks.update(names)
+                    if any(_keeps_its_output(node, value) for value in packed):
+                        hooks.add(KEEPS_ITS_OUTPUT)
+                for value in packed:
+                    yield from _tensors_in(value)
+                continue
             try:
                 value = getattr(node, name)
             except Exception:  # freed by backward(), or not a tensor slot
                 continue
-            if type(value) in (tuple, list):
-                yield from (v for v in value if is_tensor_type(type(v)))
-            elif is_tensor_type(type(value)):
-                yield value
+            yield from _tensors_in(value)
 
 
 def walk(
@@ -400,10 +463,14 @@ def walk(
             grads.clear()
             graph_roots.sort(key=lambda root: id(root[0]) in defer_owners)
             for owner, grad_fn in graph_roots:
-                for saved in _graph_tensors(grad_fn, visited_nodes, keep_nodes):
+                hooks: set[str] = set()
+                saved_tensors = list(_graph_tensors(grad_fn, visited_nodes, keep_nodes, hooks))
+                met = frozenset(hooks)
+                for saved in saved_tensors:
                     for key, nbytes, storage in _keys_of(saved):
                         if on_device(key):
-                            yield Found(key, nbytes, saved, "graph", owner, storage)
+                            yield Found(key, nbytes, saved, "graph", owner, storage, met)
+                saved_tensors.clear()
     finally:
         keep_nodes.clear()
         graph_roots.clear()
