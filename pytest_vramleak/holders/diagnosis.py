@@ -15,6 +15,7 @@ from typing import Protocol
 
 from ..judging.sizes import format_size
 from ..judging.words import GroupKind
+from ..tracking.census import KEEPS_ITS_OUTPUT
 from .edges import PYTEST_WARNINGS
 from .paths import Edge, HolderPath
 
@@ -58,6 +59,7 @@ class Group(Protocol):
     holders: list[HolderPath]
     graph_bytes: int
     graph_tensors: int
+    graph_hooks: set[str]
     nodes: int
     hook: str
     grad_graph: bool
@@ -246,10 +248,47 @@ def graph_carried_by_a_loop(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
+def through_checkpoint(group: Group) -> bool:
+    """Whether the group's graph went through a torch.utils.checkpoint region (its hooks packed some of it)."""
+    return any(name.split(".")[:3] == ["torch", "utils", "checkpoint"] for name in group.graph_hooks)
+
+
+def user_hooks(group: Group) -> list[str]:
+    """The unpack hooks met in the group's graph that are not PyTorch's own, by name."""
+    return sorted(
+        name for name in group.graph_hooks if name != KEEPS_ITS_OUTPUT and name.split(".")[0] not in ("torch", "")
+    )
+
+
+def pack_hook_kept_its_output(group: Group, found: Sequence[str]) -> str | None:
+    """A saved_tensors_hooks pack hook that kept an op's output with its grad_fn: a cycle through C++."""
+    if group.grad_graph or KEEPS_ITS_OUTPUT not in group.graph_hooks:
+        return None
+    where = (
+        " inside a torch.utils.checkpoint region (as used to switch checkpointing off)"
+        if through_checkpoint(group)
+        else ""
+    )
+    return (
+        f"a torch.autograd.graph.saved_tensors_hooks pack hook{where} returned the tensor it was given as it is "
+        "(lambda t: t), and where an op saves its own output (relu, sigmoid, exp) the output's grad_fn then "
+        "holds the output: a reference cycle through C++ that gc.collect() cannot break, so unless backward() "
+        "runs, the graph and all it saved stay: return t.detach() from the pack hook (autograd restores the "
+        "grad_fn on unpack), or run passes without backward under torch.no_grad()"
+    )
+
+
 def graph_kept(group: Group, found: Sequence[str]) -> str | None:
     """A graph behind a stored tensor that still has its grad_fn (a loss stored with its graph)."""
-    if group.grad_graph or not group.graph_bytes or _carried_by_loop(group):
+    if group.grad_graph or not group.graph_bytes or _carried_by_loop(group) or found:
         return None
+    if through_checkpoint(group):
+        return (
+            f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors "
+            "behind a tensor that still has its grad_fn, a graph that goes through a torch.utils.checkpoint "
+            "region, whose saved-tensor hooks keep the region's inputs (and RNG state) to recompute it in "
+            "backward: store loss.item() or out.detach() instead, or run backward() before the graph is dropped"
+        )
     return (
         f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors "
         "behind a tensor that still has its grad_fn (a loss or output stored with its graph); "
@@ -1116,6 +1155,7 @@ SOLE_RULES: list[Rule] = [kept_history_in_a_gradient, kept_history, torch_cache,
 RULES: list[Rule] = [
     create_graph_cycle,
     graph_carried_by_a_loop,
+    pack_hook_kept_its_output,
     graph_kept,
     grad_fn_kept,
     numpy_array,

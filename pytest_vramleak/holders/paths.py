@@ -7,6 +7,7 @@ report writes it out (:meth:`HolderPath.render`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -29,6 +30,7 @@ RootKind = Literal[
     "atexit",  # a callback registered with atexit (or its object, or an argument), which CPython keeps outside gc
     "held from C++",  # nothing in Python refers to it
     "autocast cache",  # held from C++ while an autocast region the test entered is still open
+    "own graph",  # held from C++ by its own autograd graph, to which a saved_tensors_hooks pack hook gave it
     "outside gc",  # the farthest holder found, which nothing gc sees refers to
     "changed",  # its holders changed while they were searched
     "cycle",  # an object on a reference cycle the collector freed
@@ -100,7 +102,7 @@ _EDGE_FORMS: dict[str, str] = {
     "future value": ".value()",
 }
 
-OPAQUE_ROOTS: frozenset[RootKind] = frozenset({"held from C++", "autocast cache", "outside gc", "changed"})
+OPAQUE_ROOTS: frozenset[RootKind] = frozenset({"held from C++", "autocast cache", "own graph", "outside gc", "changed"})
 """Roots that name no holder in Python the test's code can reach."""
 LOCAL_ROOTS: frozenset[RootKind] = frozenset({"frame local", "thread local"})
 PYTEST_LISTS: frozenset[RootKind] = frozenset({"record_property", "pytest warnings"})
@@ -226,3 +228,18 @@ AUTOCAST_CACHE_PATH = HolderPath(
     )
 )
 CHANGED_PATH = HolderPath(Root("changed", CHANGED))
+
+
+def own_graph_path(hooks: Sequence[str], checkpointed: bool) -> HolderPath:
+    """The holder of a tensor its own autograd graph keeps: a saved_tensors_hooks pack hook (of those
+    named in ``hooks``) kept it with its grad_fn."""
+    named = f" (unpack hook {', '.join(hooks)})" if hooks else ""
+    where = " inside a torch.utils.checkpoint region" if checkpointed else ""
+    return HolderPath(
+        Root(
+            "own graph",
+            "<no Python reference: held by its own autograd graph: the pack hook of a "
+            f"torch.autograd.graph.saved_tensors_hooks pair{named}{where} kept it with its grad_fn, a reference "
+            "cycle through C++ that gc cannot collect>",
+        )
+    )

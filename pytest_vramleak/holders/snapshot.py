@@ -33,6 +33,7 @@ from ..reporting.report import HOLDERS_SAMPLED, holders_not_searched, render_gro
 from ..tracking import gc_functions as gc
 from ..tracking.backward import graph_leaves
 from ..tracking.census import (
+    KEEPS_ITS_OUTPUT,
     Found,
     StorageKey,
     _graph_tensors,
@@ -51,8 +52,8 @@ from ..tracking.census import (
     whole_heap,
 )
 from ..tracking.sites import SiteSource, describe_stack
-from .diagnosis import diagnose
-from .paths import HELD_FROM_CPP, HELD_IN_CPP_PATH, Edge, HolderPath
+from .diagnosis import diagnose, through_checkpoint, user_hooks
+from .paths import HELD_FROM_CPP, HELD_IN_CPP_PATH, Edge, HolderPath, own_graph_path
 from .referrers import (
     NamedRoot,
     cycle_holding,
@@ -147,8 +148,14 @@ class TensorGroup:
     graph_bytes: int = 0
     """Bytes of tensors saved by autograd graphs that these tensors keep alive."""
     graph_tensors: int = 0
+    graph_hooks: set[str] = field(default_factory=set, repr=False)
+    """The names of the ``saved_tensors_hooks`` unpack hooks met in that graph (see
+    :attr:`~pytest_vramleak.tracking.census.Found.hooks`)."""
     allocated_at: list[str] = field(default_factory=list)
     """Where the tensors were created (``file:line in function()``, then callers), where recorded."""
+    site_bytes: dict[str, int] = field(default_factory=dict, repr=False)
+    """For ``graph``: the bytes of the saved tensors found allocated at each of ``allocated_at``, which
+    lists the site of the most bytes first."""
     sites_not_looked_up: int = 0
     """Tensors of the group whose site was not looked up: once it showed ``MAX_CHAINS_PER_GROUP``
     sites, the rest may have been made at any of them, or elsewhere."""
@@ -958,10 +965,13 @@ class _Grouping:
             self.target_groups.append((group, False))
         group.graph_bytes += found.nbytes
         group.graph_tensors += 1
+        group.graph_hooks |= found.hooks
         group.keys.append(found.key)
         site = _allocation_site(self.sites, found, found.owner)
-        if group.kind == "graph" and site is not None and site not in group.allocated_at:
-            group.allocated_at.append(site)
+        if group.kind == "graph" and site is not None:
+            if site not in group.allocated_at:
+                group.allocated_at.append(site)
+            group.site_bytes[site] = group.site_bytes.get(site, 0) + found.nbytes
 
     def _add_held(self, found: Found) -> None:
         kind: GroupKind = "tensor" if found.via == "gc" else found.via
@@ -1062,6 +1072,9 @@ def _finish(groups: list[TensorGroup]) -> list[TensorGroup]:
     for group in groups:
         if group.kind == "graph":
             group.bytes = group.graph_bytes
+            group.allocated_at.sort(key=lambda site: -group.site_bytes.get(site, 0))
+        if KEEPS_ITS_OUTPUT in group.graph_hooks and all(path == HELD_IN_CPP_PATH for path in group.holders):
+            group.holders = [own_graph_path(user_hooks(group), through_checkpoint(group))]
         group.diagnoses = diagnose(group)
     return sorted(groups, key=lambda g: -g.total_bytes)
 
@@ -1131,6 +1144,7 @@ def merge_parts(groups: Sequence[TensorGroup]) -> list[TensorGroup]:
         whole.count += group.count
         whole.graph_bytes += group.graph_bytes
         whole.graph_tensors += group.graph_tensors
+        whole.graph_hooks |= group.graph_hooks
         whole.keys += group.keys
         whole.hook = whole.hook or group.hook
         whole.grad_graph = whole.grad_graph or group.grad_graph
@@ -1140,6 +1154,8 @@ def merge_parts(groups: Sequence[TensorGroup]) -> list[TensorGroup]:
         for site in group.allocated_at:
             if site not in whole.allocated_at and len(whole.allocated_at) < MAX_CHAINS_PER_GROUP:
                 whole.allocated_at.append(site)
+        for site, nbytes in group.site_bytes.items():
+            whole.site_bytes[site] = whole.site_bytes.get(site, 0) + nbytes
         whole.sites_not_looked_up += group.sites_not_looked_up
     for whole in merged.values():
         whole.diagnoses = diagnose(whole)

@@ -14,9 +14,13 @@ from pytest_vramleak.holders.paths import (
     HolderPath,
     Root,
     RootKind,
+    own_graph_path,
 )
+from pytest_vramleak.tracking.census import KEEPS_ITS_OUTPUT
 
 from ...conftest import CHECKPOINT_HOOK
+
+CHECKPOINT_UNPACK = "torch.utils.checkpoint._checkpoint_hook.__init__.<locals>.unpack_hook"
 
 
 def _group(*paths: HolderPath, **fields: object) -> object:
@@ -76,6 +80,31 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         "autograd graph kept alive: 1.0 KiB in 4 saved tensors behind a tensor that still has its grad_fn",
         _group(module("test_it", attr("LOSSES", "list"), item("0")), graph_bytes=1024, graph_tensors=4),
         _group(module("test_it", attr("LOSSES", "list"), item("0"))),
+    ),
+    "graph kept through torch.utils.checkpoint": (
+        diagnosis.graph_kept,
+        "autograd graph kept alive: 1.0 KiB in 4 saved tensors behind a tensor that still has its grad_fn, a graph "
+        "that goes through a torch.utils.checkpoint region",
+        _group(
+            module("test_it", attr("LOSSES", "list"), item("0")),
+            graph_bytes=1024,
+            graph_tensors=4,
+            graph_hooks={CHECKPOINT_UNPACK},
+        ),
+        _group(module("test_it", attr("LOSSES", "list"), item("0")), graph_bytes=1024, graph_tensors=4),
+    ),
+    "pack hook kept its output": (
+        diagnosis.pack_hook_kept_its_output,
+        "a torch.autograd.graph.saved_tensors_hooks pack hook returned the tensor it was given as it is",
+        _group(
+            own_graph_path(["test_it.<lambda>"], False),
+            kind="graph",
+            graph_bytes=1024,
+            graph_tensors=2,
+            graph_hooks={KEEPS_ITS_OUTPUT, "test_it.<lambda>"},
+        ),
+        # a pack hook that moved what it packed elsewhere (an offload): the graph holds no output of its own
+        _group(HELD_IN_CPP_PATH, kind="graph", graph_bytes=1024, graph_tensors=2, graph_hooks={"test_it.unpack"}),
     ),
     "grad_fn kept": (
         diagnosis.grad_fn_kept,
