@@ -36,13 +36,14 @@ from .holders.naming import (
     kept_by_pytest_lists,
     name_storages,
 )
-from .holders.paths import AUTOCAST_CACHE_PATH
+from .holders.paths import AUTOCAST_CACHE_PATH, HolderPath, thread_autocast_path
 from .holders.referrers import NamedRoot
 from .holders.snapshot import TensorGroup, merge_parts, meter_for
 from .judging.outcome import CheckFigures, Rules, judge_check
 from .judging.sizes import format_size
 from .judging.verdict import Budget
 from .left_behind import LeftBehind
+from .meters.autocast import ThreadRegion
 from .meters.devices import CpuMeter, CudaMeter, Meter
 from .meters.history import AllocatorHistory
 from .readings import Finishing, readings_for
@@ -371,12 +372,24 @@ _PYTESTS_OWN = (FAILURE_KEPT, PYTEST_WARNINGS_KEPT)
 only they keep is set aside with the tensors."""
 
 
-def _held_by_the_autocast_cache(groups: list[TensorGroup]) -> None:
+def _held_by_the_autocast_cache(groups: list[TensorGroup], path: HolderPath = AUTOCAST_CACHE_PATH) -> None:
     """Name the groups C++ alone holds as held by an open autocast region's cast cache."""
     for group in groups:
-        if group.holders and all(path.root.kind == "held from C++" and not path.edges for path in group.holders):
-            group.holders = [AUTOCAST_CACHE_PATH]
+        if _cpp_only(group):
+            group.holders = [path]
             group.diagnoses = diagnose(group)
+
+
+def _cpp_only(group: TensorGroup) -> bool:
+    return bool(group.holders) and all(path.root.kind == "held from C++" and not path.edges for path in group.holders)
+
+
+def _thread_caching(groups: list[TensorGroup], regions: Sequence[ThreadRegion]) -> ThreadRegion | None:
+    """The autocast region open in another thread that may cache what C++ alone holds, if one is:
+    where that is parameters (a cast's grad_fn keeps its weight), or casts of the region's dtype."""
+    held = [group for group in groups if _cpp_only(group)]
+    weights = any(group.cls == "Parameter" for group in held)
+    return next((region for region in regions if weights or any(g.dtype == region.dtype for g in held)), None)
 
 
 def name_leak(
@@ -392,6 +405,7 @@ def name_leak(
     count_cpp_held: bool,
     part: Callable[[StorageKey], Any] | None = None,
     autocast_open: bool = False,
+    thread_regions: Sequence[ThreadRegion] = (),
 ) -> NamedLeak:
     """Group and name ``refs`` (storages) and the tensors in ``graph_roots`` (weak references with
     the autograd nodes each keeps) (see :func:`~pytest_vramleak.holders.naming.name_storages`), and
@@ -400,16 +414,21 @@ def name_leak(
     running since before the check hold, what only the frames of the test's own failure hold
     (given among ``named``, with the root kind ``failure``), and what only the warnings pytest
     recorded hold. With ``autocast_open`` (the check left an autocast region open), what C++ alone
-    holds is named as the region's cast cache, and counted.
+    holds is named as the region's cast cache, and counted; so it is where one of ``thread_regions``
+    (autocast regions open in other threads) has its casts among it.
 
     With ``part`` (see :func:`~pytest_vramleak.holders.snapshot.describe`), the groups are those of each
     part, and what is set aside is decided on the parts joined."""
     groups, history = name_storages(
         tracker, device, refs, graph_roots, sites=sites, named=named, collected=collected, part=part
     )
+    caching = _thread_caching(groups, thread_regions) if not autocast_open else None
     if autocast_open:  # what C++ alone holds is most likely the open region's cast cache: the test's
         count_cpp_held = True
         _held_by_the_autocast_cache(groups)
+    elif caching is not None:  # another thread's region caches the casts of what the test gave it
+        count_cpp_held = True
+        _held_by_the_autocast_cache(groups, thread_autocast_path(caching.thread, caching.thread_id, caching.function))
     keepers: list[tuple[str, Callable[[TensorGroup], bool]]] = [
         (TORCH_CACHES, held_by_torch_cache),
         (FAILURE_KEPT, held_by_the_failure),

@@ -1922,12 +1922,6 @@ GAPS: dict[str, dict[Part, str]] = {
     "checkpointed_outputs_kept_without_backward": {
         "site": "allocated at test_leak.py:11 in test_it() (the loss's line: the graph's saved tensors have no site of their own)",
     },
-    "autocast_cache_of_a_serving_thread": {
-        "caught": "not caught: passed; 81.2 KiB held by PyTorch itself in C++: nothing in Python refers to it, so nothing the test can free (--vramleak-fail-on=any counts it): not counted",
-        "holder": "no tensors listed for the leak",
-        "site": "no tensors listed for the leak",
-        "diagnosis": "no tensors listed for the leak",
-    },
     "loss_accumulated_with_its_graph": {
         "site": "allocated at (none)",
     },

@@ -967,9 +967,18 @@ def small_view_of_a_large_storage(group: Group, found: Sequence[str]) -> str | N
 
 
 def autocast_region_left_open(group: Group, found: Sequence[str]) -> str | None:
-    """Tensors held from C++ while an autocast region the test entered is still open."""
+    """Tensors held from C++ while an autocast region the test entered, or another thread's, is still open."""
     if not group.holders or not all(path.root.kind == "autocast cache" for path in group.holders):
         return None
+    thread = group.holders[0].root.thread
+    if thread:
+        return (
+            f"an autocast region that thread '{thread}' keeps open around its whole loop caches the low-precision "
+            "cast of each weight it casts, and each cast's grad_fn keeps its weight: the cache is per thread, and "
+            "only that thread's outermost region exit clears it, so every model it serves stays: enter "
+            "torch.autocast inside the loop, around each request (`with torch.autocast(...):`), not around the "
+            "thread's whole loop"
+        )
     return (
         "an autocast region entered and never exited (region.__enter__() without __exit__) caches the "
         "low-precision cast of each weight it casts, and the cast's grad_fn keeps the weight, until the region "

@@ -128,9 +128,9 @@ class Root:
     name: str = ""
     """A module's ``__name__``, a local's name."""
     thread: str = ""
-    """For ``thread local``: the thread's name."""
+    """For ``thread local`` (and ``autocast cache`` of another thread): the thread's name."""
     thread_id: int = 0
-    """For ``thread local``: the thread's ident (names repeat: a test run again starts its thread again)."""
+    """For ``thread local`` (and ``autocast cache`` of another thread): the thread's ident (names repeat: a test run again starts its thread again)."""
 
 
 @dataclass(frozen=True)
@@ -228,6 +228,20 @@ AUTOCAST_CACHE_PATH = HolderPath(
     )
 )
 CHANGED_PATH = HolderPath(Root("changed", CHANGED))
+
+
+def thread_autocast_path(thread: str, thread_id: int, function: str) -> HolderPath:
+    """The holder of what another thread's open autocast region caches (its cache is its own)."""
+    return HolderPath(
+        Root(
+            "autocast cache",
+            f"<no Python reference: held from C++ by the autocast cast cache of thread '{thread}', whose "
+            f"autocast region around {function} is still open (the cache keeps each weight's cast, and through "
+            "it the weight, until that thread's outermost region exits)>",
+            thread=thread,
+            thread_id=thread_id,
+        )
+    )
 
 
 def own_graph_path(hooks: Sequence[str], checkpointed: bool) -> HolderPath:

@@ -34,6 +34,7 @@ from ..judging.repeats import (
 )
 from ..judging.sizes import format_size
 from ..judging.verdict import Budget
+from ..meters.autocast import ThreadRegion, regions_in_other_threads
 from ..reporting.report import TestResult, listed_total_text, render_groups
 from ..steps import StepResult
 from ..tracking import exit_callbacks
@@ -817,10 +818,12 @@ def _name_kept(item: pytest.Item, runs: TestRuns, verdict: Verdict) -> None:
     # the collection and the walks of the heap that naming takes.
     pytorchs = None
     autocast_open = first.result.autocast_left
+    thread_regions = regions_in_other_threads() if runs.held_in_cpp and not autocast_open else []
     if (
         runs.held_in_cpp
         and not runs.rule.strict
         and not autocast_open
+        and not thread_regions
         and not roots
         and second is None
         and not verdict.decision.grows_history
@@ -832,7 +835,9 @@ def _name_kept(item: pytest.Item, runs: TestRuns, verdict: Verdict) -> None:
         tracker.settle()
         all_freed = bool(refs) and all(ref() is None for ref in refs)  # (as the collection left them)
         credit = _add_credit(runs, tracker, device)
-        named = _name_in_one_walk(item, runs, verdict, refs, roots, autocast_open=autocast_open)
+        named = _name_in_one_walk(
+            item, runs, verdict, refs, roots, autocast_open=autocast_open, thread_regions=thread_regions
+        )
         _set_aside_older_threads(item, runs, named, refs)
     else:
         named = NamedLeak([], [], [(CPP_HELD, pytorchs)])
@@ -864,10 +869,12 @@ def _name_in_one_walk(
     roots: list[Any],
     *,
     autocast_open: bool,
+    thread_regions: list[ThreadRegion],
 ) -> NamedLeak:
     """Name the storages ``refs`` (none where autograd history grows: the graph is the leak) and the
     graph at ``roots``, each group told by the run that made it (the run that recorded sites counts
-    as one more). ``autocast_open``: the first run left an autocast region open."""
+    as one more). ``autocast_open``: the first run left an autocast region open;
+    ``thread_regions``: those open in other threads."""
     first = verdict.first.engine
     assert first is not None
     sources: list[SiteSource] = [
@@ -893,6 +900,7 @@ def _name_in_one_walk(
         count_cpp_held=runs.rule.strict,
         part=part,
         autocast_open=autocast_open,
+        thread_regions=thread_regions,
     )
 
 

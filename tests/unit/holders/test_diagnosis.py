@@ -15,6 +15,7 @@ from pytest_vramleak.holders.paths import (
     Root,
     RootKind,
     own_graph_path,
+    thread_autocast_path,
 )
 from pytest_vramleak.tracking.census import KEEPS_ITS_OUTPUT
 
@@ -105,6 +106,12 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         ),
         # a pack hook that moved what it packed elsewhere (an offload): the graph holds no output of its own
         _group(HELD_IN_CPP_PATH, kind="graph", graph_bytes=1024, graph_tensors=2, graph_hooks={"test_it.unpack"}),
+    ),
+    "autocast region of another thread": (
+        diagnosis.autocast_region_left_open,
+        "an autocast region that thread 'inference-server' keeps open around its whole loop",
+        _group(thread_autocast_path("inference-server", 7, "serve_forever() (server.py)"), cls="Parameter"),
+        _group(AUTOCAST_CACHE_PATH, cls="Parameter"),  # the test's own thread: a region it left open
     ),
     "grad_fn kept": (
         diagnosis.grad_fn_kept,
