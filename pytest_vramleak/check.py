@@ -392,6 +392,22 @@ def _thread_caching(groups: list[TensorGroup], regions: Sequence[ThreadRegion]) 
     return next((region for region in regions if weights or any(g.dtype == region.dtype for g in held)), None)
 
 
+def _named_as_autocast_caches(
+    groups: list[TensorGroup], autocast_open: bool, thread_regions: Sequence[ThreadRegion]
+) -> bool:
+    """Name what C++ alone holds as an open autocast region's cast cache, where one may hold it:
+    whether it was (and is counted as the test's)."""
+    if autocast_open:  # what C++ alone holds is most likely the open region's cast cache: the test's
+        _held_by_the_autocast_cache(groups)
+        return True
+    caching = _thread_caching(groups, thread_regions)
+    if caching is None:
+        return False
+    # another thread's region caches the casts of what the test gave it
+    _held_by_the_autocast_cache(groups, thread_autocast_path(caching.thread, caching.thread_id, caching.function))
+    return True
+
+
 def name_leak(
     tracker: Tracker,
     device: str,
@@ -422,13 +438,7 @@ def name_leak(
     groups, history = name_storages(
         tracker, device, refs, graph_roots, sites=sites, named=named, collected=collected, part=part
     )
-    caching = _thread_caching(groups, thread_regions) if not autocast_open else None
-    if autocast_open:  # what C++ alone holds is most likely the open region's cast cache: the test's
-        count_cpp_held = True
-        _held_by_the_autocast_cache(groups)
-    elif caching is not None:  # another thread's region caches the casts of what the test gave it
-        count_cpp_held = True
-        _held_by_the_autocast_cache(groups, thread_autocast_path(caching.thread, caching.thread_id, caching.function))
+    count_cpp_held = _named_as_autocast_caches(groups, autocast_open, thread_regions) or count_cpp_held
     keepers: list[tuple[str, Callable[[TensorGroup], bool]]] = [
         (TORCH_CACHES, held_by_torch_cache),
         (FAILURE_KEPT, held_by_the_failure),

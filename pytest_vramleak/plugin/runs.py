@@ -816,19 +816,11 @@ def _name_kept(item: pytest.Item, runs: TestRuns, verdict: Verdict) -> None:
     refs = tracker.alive_since(device, runs.first_begin, second.begin_clock if second is not None else None)
     # What only PyTorch keeps, made by torch's own code (tracing constants), is set aside without
     # the collection and the walks of the heap that naming takes.
-    pytorchs = None
     autocast_open = first.result.autocast_left
+    # (what C++ alone holds may be another thread's autocast cache, which naming tells)
     thread_regions = regions_in_other_threads() if runs.held_in_cpp and not autocast_open else []
-    if (
-        runs.held_in_cpp
-        and not runs.rule.strict
-        and not autocast_open
-        and not thread_regions
-        and not roots
-        and second is None
-        and not verdict.decision.grows_history
-    ):
-        pytorchs = _pytorchs_own(tracker, runs, refs)
+    quick = _only_pytorch_may_hold(runs, verdict, bool(roots or second or autocast_open or thread_regions))
+    pytorchs = _pytorchs_own(tracker, runs, refs) if quick else None
     credit = list(runs.credit) if runs.credit is not None else [0] * len(runs.repetitions.runs)
     all_freed = False
     if pytorchs is None:
@@ -850,6 +842,13 @@ def _name_kept(item: pytest.Item, runs: TestRuns, verdict: Verdict) -> None:
     if pytorchs is not None and not verdict.failing and key is not None and runs.first_kept:
         session_of(item.config).pytorchs_own.setdefault(key, (pasteable(item.config, item.nodeid), runs.first_kept))
     _show_growing_run(runs, verdict, named)
+
+
+def _only_pytorch_may_hold(runs: TestRuns, verdict: Verdict, named_otherwise: bool) -> bool:
+    """Whether what the runs keep may be set aside as PyTorch's own without naming it: C++ alone
+    holds it, nothing naming must look at may hold it (``named_otherwise``: a kept graph, an open
+    autocast region, a failed re-run), and it is judged on memory, not on autograd history."""
+    return runs.held_in_cpp and not (named_otherwise or runs.rule.strict or verdict.decision.grows_history)
 
 
 def _last_graph_roots(runs: TestRuns) -> list[Any]:
