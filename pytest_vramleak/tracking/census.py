@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import types
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +30,7 @@ StorageKey = tuple[str, int]
 # Weak keys: a strong reference to a class would keep its module, and every tensor the module
 # holds, alive after the test that defined it is gone.
 _tensor_type_cache: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
-_saved_names_cache: weakref.WeakKeyDictionary[type, tuple[str, ...]] = weakref.WeakKeyDictionary()
+_saved_names_cache: weakref.WeakKeyDictionary[type, tuple[tuple[str, str], ...]] = weakref.WeakKeyDictionary()
 
 
 def _torch() -> Any:
@@ -292,14 +292,23 @@ def _keys_of(tensor: Any) -> list[tuple[StorageKey, int, Any]]:
     return found
 
 
-def _saved_names(node: Any) -> tuple[str, ...]:
+def _saved_names(node: Any) -> tuple[tuple[str, str], ...]:
+    """Each attribute under which ``node``'s class gives what it saved, with the attribute that gives
+    the saved tensor itself where torch has one that tells a packed tensor apart (see :func:`_packed`)."""
     cls = type(node)
     names = _saved_names_cache.get(cls)
     if names is None:
         # AccumulateGrad's ``variable`` is the leaf the graph accumulates into, kept alive by it.
-        names = tuple(n for n in dir(cls) if n.startswith("_saved_") or n in ("saved_tensors", "variable"))
+        found = [n for n in dir(cls) if n.startswith("_saved_") or n in ("saved_tensors", "variable")]
+        names = tuple((n, _raw_name(n, set(dir(cls)))) for n in found)
         _saved_names_cache[cls] = names
     return names
+
+
+def _raw_name(name: str, attributes: set[str]) -> str:
+    raw = "_raw" + name if name.startswith("_saved_") else "_raw_saved_tensors" if name == "saved_tensors" else ""
+    saved_tensor = getattr(getattr(_torch()._C, "_autograd", None), "SavedTensor", None)
+    return raw if raw in attributes and hasattr(saved_tensor, "unpack_hook") else ""
 
 
 def graph_nodes(
@@ -352,26 +361,24 @@ def _keeps_its_output(node: Any, packed: Any) -> bool:
     return is_tensor_type(type(packed)) and _torch()._C.TensorBase.grad_fn.__get__(packed) is node
 
 
-def _packed(node: Any, name: str) -> tuple[list[str], list[Any]]:
-    """The names (``module.qualname``) of the ``saved_tensors_hooks`` unpack hooks of what ``node`` saved under ``name``
-    (none where no pack hook packed it), and the objects the pack hooks returned, read without
-    calling the unpack hooks.
+def _packed(node: Any, raw_name: str) -> tuple[list[str], list[Any]]:
+    """The names (``module.qualname``) of the ``saved_tensors_hooks`` unpack hooks of what ``node``
+    saved (``raw_name``: the attribute that gives the saved tensor itself, ``_raw_saved_x``), none
+    where no pack hook packed it, and the objects the pack hooks returned, read without calling
+    the unpack hooks.
 
     Reading ``node._saved_x`` calls the unpack hook of a hooked saved tensor, which runs user code
     and may allocate: torch.utils.checkpoint's recomputes the checkpointed forward pass and keeps
-    what it made. ``_raw_saved_x`` gives the saved tensor itself, whose ``unpack_hook`` and ``data``
-    tell the hook and its packed object apart; where torch has neither, the saved tensor is read as
-    it always was (docs/limits.md).
+    what it made. The saved tensor's ``unpack_hook`` and ``data`` tell the hook and its packed
+    object apart; where torch has neither, the saved tensor is read as it always was
+    (docs/limits.md).
     """
-    raw_name = "_raw" + name if name.startswith("_saved_") else "_raw_saved_tensors" if name == "saved_tensors" else ""
-    if not raw_name:
-        return [], []
     try:
         raw: Any = getattr(node, raw_name)
-        saved: Sequence[Any] = raw if type(raw) in (tuple, list) else (raw,)
-        if not all(hasattr(type(one), "unpack_hook") for one in saved):
-            return [], []
-        hooked = [(hook, one) for one in saved if (hook := one.unpack_hook) is not None]
+        if type(raw) not in (tuple, list):
+            hook = raw.unpack_hook
+            return ([], []) if hook is None else ([_hook_name(hook)], [raw.data])
+        hooked = [(hook, one) for one in raw if (hook := one.unpack_hook) is not None]
         return [_hook_name(hook) for hook, _ in hooked], [one.data for _, one in hooked]
     except Exception:  # freed by backward(), or not a saved tensor slot
         return [], []
@@ -382,8 +389,8 @@ def _graph_tensors(root: Any, visited: set[int], keep: list[Any], hooks: set[str
     a pack hook packed them, the tensors it packed (see :func:`_packed`), and the names of their
     unpack hooks go into ``hooks`` (with :data:`KEEPS_ITS_OUTPUT` where one kept an op's output)."""
     for node in graph_nodes([root], visited, keep):
-        for name in _saved_names(node):
-            names, packed = _packed(node, name)
+        for name, raw_name in _saved_names(node):
+            names, packed = _packed(node, raw_name) if raw_name else ((), ())
             if names:
                 if hooks is not None:
                     hooks.update(names)
