@@ -10,13 +10,15 @@ was left open.
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 import threading
 import types
 from dataclasses import dataclass
 from typing import Any
+
+from ..tracking import gc_functions as gc
+from ..tracking.census import whole_heap
 
 _DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps", "hpu", "mtia", "xla")
 
@@ -81,11 +83,12 @@ def regions_in_other_threads() -> list[ThreadRegion]:
     region_type = getattr(autocast, "autocast", None)
     if region_type is None or autocast_on():
         return []
-    entered = [
-        region
-        for region in gc.get_referrers(region_type)  # (instances of a class defined in Python refer to it)
-        if issubclass(type(region), region_type) and _exit_waits(region)
-    ]
+    with whole_heap():  # (a frozen heap's objects are not among gc's referrers)
+        entered = [
+            region
+            for region in gc.get_referrers(region_type)  # (instances of a class defined in Python refer to it)
+            if issubclass(type(region), region_type) and _exit_waits(region)
+        ]
     if not entered:
         return []
     names = {thread.ident: thread.name for thread in threading.enumerate()}
