@@ -375,19 +375,15 @@ only they keep is set aside with the tensors."""
 def _held_by_the_autocast_cache(groups: list[TensorGroup], path: HolderPath = AUTOCAST_CACHE_PATH) -> None:
     """Name the groups C++ alone holds as held by an open autocast region's cast cache."""
     for group in groups:
-        if _cpp_only(group):
+        if group.held_from_cpp_alone:
             group.holders = [path]
             group.diagnoses = diagnose(group)
-
-
-def _cpp_only(group: TensorGroup) -> bool:
-    return bool(group.holders) and all(path.root.kind == "held from C++" and not path.edges for path in group.holders)
 
 
 def _thread_caching(groups: list[TensorGroup], regions: Sequence[ThreadRegion]) -> ThreadRegion | None:
     """The autocast region open in another thread that may cache what C++ alone holds, if one is:
     where that is parameters (a cast's grad_fn keeps its weight), or casts of the region's dtype."""
-    held = [group for group in groups if _cpp_only(group)]
+    held = [group for group in groups if group.held_from_cpp_alone]
     weights = any(group.cls == "Parameter" for group in held)
     return next((region for region in regions if weights or any(g.dtype == region.dtype for g in held)), None)
 

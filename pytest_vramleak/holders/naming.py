@@ -78,11 +78,7 @@ def held_in_cpp_only(group: TensorGroup) -> bool:
     torch's own code make. Tensors the user's code made that torch keeps for it (a scripted
     module's attributes, kept each time it is scripted), or whose maker is not known, stay the
     test's."""
-    if (
-        group.kind not in ("tensor", "grad", "storage")
-        or not group.holders
-        or not all(path.root.kind == "held from C++" and not path.edges for path in group.holders)
-    ):
+    if group.kind not in ("tensor", "grad", "storage") or not group.held_from_cpp_alone:
         return False
     return group.kind == "storage" or group.made_inside_library is True
 

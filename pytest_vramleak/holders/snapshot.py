@@ -202,6 +202,11 @@ class TensorGroup:
         return True
 
     @property
+    def held_from_cpp_alone(self) -> bool:
+        """Whether every holder path found for the group is "held from C++": nothing in Python holds it."""
+        return bool(self.holders) and all(path.root.kind == "held from C++" and not path.edges for path in self.holders)
+
+    @property
     def total_bytes(self) -> int:
         """The memory the group keeps: its tensors' and what their autograd graph saved (a
         ``graph`` group's ``bytes`` are its graph's, once :func:`describe` has finished it)."""
@@ -1073,7 +1078,7 @@ def _finish(groups: list[TensorGroup]) -> list[TensorGroup]:
         if group.kind == "graph":
             group.bytes = group.graph_bytes
             group.allocated_at.sort(key=lambda site: -group.site_bytes.get(site, 0))
-        if KEEPS_ITS_OUTPUT in group.graph_hooks and all(path == HELD_IN_CPP_PATH for path in group.holders):
+        if KEEPS_ITS_OUTPUT in group.graph_hooks and group.held_from_cpp_alone:
             group.holders = [own_graph_path(user_hooks(group), through_checkpoint(group))]
         group.diagnoses = diagnose(group)
     return sorted(groups, key=lambda g: -g.total_bytes)

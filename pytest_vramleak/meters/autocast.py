@@ -84,11 +84,9 @@ def regions_in_other_threads() -> list[ThreadRegion]:
     if region_type is None or autocast_on():
         return []
     with whole_heap():  # (a frozen heap's objects are not among gc's referrers)
-        entered = [
-            region
-            for region in gc.get_referrers(region_type)  # (instances of a class defined in Python refer to it)
-            if issubclass(type(region), region_type) and _exit_waits(region)
-        ]
+        # (instances of a class defined in Python refer to it)
+        regions = [region for region in gc.get_referrers(region_type) if issubclass(type(region), region_type)]
+        entered = _entered(regions)
     if not entered:
         return []
     names = {thread.ident: thread.name for thread in threading.enumerate()}
@@ -120,11 +118,16 @@ def _region_of(thread: str, ident: int, frame: Any, region: Any) -> ThreadRegion
     return ThreadRegion(thread, ident, f"{code.co_name}() ({os.path.basename(code.co_filename)})", _dtype_of(region))
 
 
-def _exit_waits(region: Any) -> bool:
-    return any(
-        type(holder) is types.MethodType and holder.__self__ is region and holder.__func__.__name__ == "__exit__"
-        for holder in gc.get_referrers(region)
-    )
+def _entered(regions: list[Any]) -> list[Any]:
+    """The regions their own bound ``__exit__`` refers to, found in one pass over the heap."""
+    if not regions:
+        return []
+    waiting = {
+        id(holder.__self__)
+        for holder in gc.get_referrers(*regions)
+        if type(holder) is types.MethodType and holder.__func__.__name__ == "__exit__"
+    }
+    return [region for region in regions if id(region) in waiting]
 
 
 def _frames_holding(frame: Any, entered: list[Any], torch_folder: str) -> list[tuple[Any, Any]]:

@@ -299,8 +299,9 @@ def _saved_names(node: Any) -> tuple[tuple[str, str], ...]:
     names = _saved_names_cache.get(cls)
     if names is None:
         # AccumulateGrad's ``variable`` is the leaf the graph accumulates into, kept alive by it.
-        found = [n for n in dir(cls) if n.startswith("_saved_") or n in ("saved_tensors", "variable")]
-        names = tuple((n, _raw_name(n, set(dir(cls)))) for n in found)
+        attributes = dir(cls)
+        found = [n for n in attributes if n.startswith("_saved_") or n in ("saved_tensors", "variable")]
+        names = tuple((n, _raw_name(n, set(attributes))) for n in found)
         _saved_names_cache[cls] = names
     return names
 
