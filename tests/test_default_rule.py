@@ -595,6 +595,64 @@ def test_memory_a_parametrize_value_holds_that_a_module_holds_too_runs_again(
     assert report["test_runs"]["verdict"] == "passed"  # 3 more runs, and 1 recording sites
 
 
+FIRST_GRADIENTS = """
+import torch
+
+ENCODER = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU())
+RUNS = []
+KEPT = []
+
+
+def test_backward():
+    RUNS.append("backward")
+    ENCODER(torch.randn(8, 64)).pow(2).mean().{backward}
+    {also}
+
+
+def test_runs():
+    assert len(RUNS) == {runs}
+"""
+
+
+def test_the_first_gradients_of_a_module_level_model_are_kept_once_without_running_again(
+    pytester: pytest.Pytester, run_checked
+) -> None:
+    # backward accumulates into a gradient in place: later runs cannot add to it
+    pytester.makepyfile(test_it=FIRST_GRADIENTS.format(backward="backward()", also="", runs=1))
+    result, report = run_checked("-p", "no:randomly", "--vramleak")
+    result.assert_outcomes(passed=2)
+    entry = report["test_backward"]
+    assert (entry["verdict"], entry["leaked_bytes"], entry["pattern"], entry["repetitions"]) == (
+        "passed",
+        (64 * 64 + 64) * 4,
+        "kept_once",
+        None,
+    )
+    assert entry["notes"] == [
+        "kept only the first gradients of leaves made before the test (the parameters of a model made at import or "
+        "by a fixture of a wider scope), which backward accumulates into in place on every later run: kept once, "
+        "not run again"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("backward", "also", "pattern"),
+    [
+        ("backward()", "KEPT.append(torch.ones(16))", "grows"),  # a gradient beside a growing list
+        ("backward(create_graph=True)", "", "grows"),  # a gradient with its graph: a cycle that grows
+    ],
+    ids=["and-a-growing-list", "with-its-graph"],
+)
+def test_gradients_with_anything_else_kept_run_again(
+    pytester: pytest.Pytester, run_checked, backward: str, also: str, pattern: str
+) -> None:
+    pytester.makepyfile(test_it=FIRST_GRADIENTS.format(backward=backward, also=also, runs=5))
+    result, report = run_checked("-p", "no:randomly", "-W", "ignore::UserWarning", "--vramleak")
+    entry = report["test_backward"]
+    assert (entry["verdict"], entry["pattern"]) == ("leaked", pattern), result.stdout.str()
+    assert report["test_runs"]["verdict"] == "passed"  # 3 more runs, and 1 recording sites
+
+
 def test_a_test_its_marks_skip_is_not_measured(
     pytester: pytest.Pytester, run_checked, monkeypatch: pytest.MonkeyPatch
 ) -> None:

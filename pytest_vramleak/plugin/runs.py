@@ -91,9 +91,11 @@ class TestRuns:
     credit: list[int] | None = None
     """Per run, the bytes it freed of an earlier run's garbage on cycles (see :func:`_credit`):
     what died between the runs, and what a full collection before naming freed."""
-    in_parameters: bool = False
-    """What the first run kept is held only inside the test's own parametrize values (see
-    :func:`_kept_in_its_parameters`): the test was not run again."""
+    known_once: str | None = None
+    """Why what the first run kept is known to be kept once, so that the test was not run again
+    (a note for the report): it is held only inside the test's own parametrize values (see
+    :func:`_kept_in_its_parameters`), or it is the first gradients of older leaves (see
+    :func:`_kept_first_gradients`)."""
     as_in: str | None = None
     """The earlier case of the same test function whose runs showed that what this case's first
     run kept, the same storages, is PyTorch's own: this case was not run again."""
@@ -428,8 +430,8 @@ def _after_first_run(item: pytest.Item, runs: TestRuns, reports: list[pytest.Tes
         and not _ending(item)
     ):
         runs.as_in = _kept_as_in_an_earlier_case(item, runs)
-        runs.in_parameters = runs.as_in is None and _kept_in_its_parameters(item, runs, seconds)
-        repetitions.planned = 1 if runs.as_in or runs.in_parameters else 1 + runs.confirm
+        runs.known_once = None if runs.as_in else _known_kept_once(item, runs, seconds)
+        repetitions.planned = 1 if runs.as_in or runs.known_once else 1 + runs.confirm
 
 
 def _run_again(item: pytest.Item, runs: TestRuns, run: _Runner) -> list[pytest.TestReport] | None:
@@ -477,12 +479,8 @@ def _judge_runs(item: pytest.Item, runs: TestRuns, seconds: float) -> Verdict | 
         _set_aside_as_in(runs, verdict)
     if verdict.failing:
         _credit_cycles_first(item, runs, verdict)
-    if runs.in_parameters:
-        names = ", ".join(item.callspec.params)  # type: ignore[attr-defined]
-        verdict.notes.append(
-            f"kept only in its parametrize values ({names}), which pytest keeps for the session and no other run of this case "
-            f"adds to: kept once, not run again (its run took {seconds:.1f} s)"
-        )
+    if runs.known_once:
+        verdict.notes.append(runs.known_once)
     return verdict
 
 
@@ -540,6 +538,50 @@ def _kept_as_in_an_earlier_case(item: pytest.Item, runs: TestRuns) -> str | None
 
 SLOW_RUN_SECONDS = 0.5
 """A test whose run took this long is asked who holds what it kept before it runs again."""
+
+
+def _known_kept_once(item: pytest.Item, runs: TestRuns, seconds: float) -> str | None:
+    """Why what the first run kept is kept once whatever runs next, so that the test need not run
+    again (the note the report gives); None where only its runs can tell."""
+    if _kept_in_its_parameters(item, runs, seconds):
+        names = ", ".join(item.callspec.params)  # type: ignore[attr-defined]
+        return (
+            f"kept only in its parametrize values ({names}), which pytest keeps for the session and no other run of this "
+            f"case adds to: kept once, not run again (its run took {seconds:.1f} s)"
+        )
+    if _kept_first_gradients(item, runs):
+        return (
+            "kept only the first gradients of leaves made before the test (the parameters of a model made at import "
+            "or by a fixture of a wider scope), which backward accumulates into in place on every later run: kept "
+            "once, not run again"
+        )
+    return None
+
+
+def _kept_first_gradients(item: pytest.Item, runs: TestRuns) -> bool:
+    """Whether all the first run kept on CPU is the first gradient (without autograd history) of
+    leaves older than the test, and so little that it passes as memory kept once: a module-level
+    model's parameters given gradients by the first test to run backward through it. Running the
+    test again would only show that backward accumulates into them in place (a test keeping as
+    much as fails it runs again, and its report names what runs again keep, as any other)."""
+    first = runs.checks[0].engine
+    rule = runs.rule
+    if first is None or not first.readings.names_each_storage or rule.strict or first.result.device != "cpu":
+        return False
+    result = first.result
+    if result.history_bytes or (result.graph is not None and result.graph.nodes) or result.other_leaks:
+        return False
+    tracker = _tracker(item)
+    refs = tracker.alive_since("cpu", runs.first_begin)
+    kept = sum(ref.nbytes for ref in refs)
+    if kept != result.leaked_bytes or (
+        rule.fail_on == "significant" and kept > rule.leak_budget and kept >= rule.floor
+    ):
+        return False
+    try:
+        return tracker.first_gradients(refs, runs.first_begin)
+    except Exception:  # running again is never wrong, only slower
+        return False
 
 
 def _kept_in_its_parameters(item: pytest.Item, runs: TestRuns, seconds: float) -> bool:
@@ -642,7 +684,7 @@ def _decide(runs: TestRuns, first: CheckResult, adjust: Sequence[int] = ()) -> D
     """The rule on the runs so far (:func:`~pytest_vramleak.judging.repeats.decide`), ``adjust``
     set aside per run; a case judged by what its parametrize values keep stays kept once."""
     decision = decide(runs.repetitions, first, runs.rule, device=first.device, adjust=adjust, node_bytes=NODE_BYTES)
-    return replace(decision, pattern="kept_once") if runs.in_parameters else decision
+    return replace(decision, pattern="kept_once") if runs.known_once else decision
 
 
 def _judge(item: pytest.Item, runs: TestRuns) -> Verdict | None:
@@ -1163,7 +1205,7 @@ def _runs_figures(result: TestResult, runs: TestRuns, verdict: Verdict) -> None:
         result.repetitions = repetitions.series(verdict.adjust)
         result.repetition_warmup = repetitions.warmup
         result.growth_bytes = decision.growth_bytes
-    elif runs.in_parameters:
+    elif runs.known_once:
         result.pattern = decision.pattern
     if repetitions.rerun_failed and repetitions.stopped:
         if undecided_without_runs(repetitions, decision, runs.rule, verdict.adjust):

@@ -505,6 +505,31 @@ class Index:
                 later.append((storage, storage))
         return later, before
 
+    def first_gradients(self, refs: list[StorageRef], clock: int) -> bool:
+        """Whether each of ``refs`` is the storage of a gradient read at ``clock`` or later, without
+        autograd history, of a leaf read before ``clock``, and used by no other tensor: backward
+        accumulates into such a gradient in place, whatever runs next."""
+        entries, grad_fn = self.entries, grad_fn_reader()
+        with _torch()._C.DisableTorchFunction():
+            for ref in refs:
+                owned = False
+                for ident in ref.users:
+                    entry = entries.get(ident)
+                    tensor = entry.ref() if entry is not None else None
+                    if entry is None or tensor is None:
+                        return False
+                    grad = entry.grad()
+                    grad_entry = entries.get(id(grad)) if grad is not None else None
+                    if grad_entry is not None and entry.born < clock and grad_entry.storages == (ref,):
+                        if grad_fn(grad) is not None or grad_entry.born < clock:
+                            return False
+                        owned = True
+                    elif not any(other.grad() is tensor for other in map(entries.get, ref.users) if other):
+                        return False  # neither a gradient nor a leaf of the storage's
+                if not owned:
+                    return False
+        return bool(refs)
+
     def entries_born_since(self, clock: int) -> list[Entry]:
         """Live indexed tensors first read at ``clock`` or later (a walk of the index: for a leak)."""
         return [entry for entry in self.entries.values() if entry.born >= clock and entry.ref() is not None]

@@ -403,6 +403,10 @@ class Tracker:
         """The live indexed tensors that used these storages when last read (strong references)."""
         return self.index.users(refs)
 
+    def first_gradients(self, refs: list[StorageRef], clock: int) -> bool:
+        """Whether these storages are all first gradients of older leaves (see :meth:`Index.first_gradients`)."""
+        return self.index.first_gradients(refs, clock)
+
     def users_of_each(self, refs: list[StorageRef], tensors: list[Any]) -> list[StorageRef] | None:
         """The tensors that used each storage, appended to ``tensors``, and each one's storage (see
         :meth:`Index.users_of_each`)."""
