@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from ..check import CPP_HELD, CheckResult, NamedLeak, name_leak
+from ..check import CPP_HELD, CheckResult, LeakCheck, NamedLeak, name_leak
 from ..holders.diagnosis import PYTEST_WARNINGS
 from ..holders.paths import RootKind
 from ..holders.referrers import NamedRoot, held_only_inside, traceback_frames, without_python_holders
@@ -525,8 +525,7 @@ def _kept_as_in_an_earlier_case(item: pytest.Item, runs: TestRuns) -> str | None
     Python holding any of them (so this case need not run again); else None. One decision per test
     function: the runs again and the naming of a tracing constant cost seconds per case."""
     tracker = _tracker(item)
-    first = runs.checks[0].engine
-    if first is None or not first.readings.names_each_storage or runs.rule.strict:
+    if _read_on_the_ledger(runs) is None:
         return None
     runs.first_kept = sorted(ref.nbytes for ref in tracker.alive_since("cpu", runs.first_begin))
     key = _function_key(item)
@@ -534,6 +533,14 @@ def _kept_as_in_an_earlier_case(item: pytest.Item, runs: TestRuns) -> str | None
     if earlier is None or earlier[1] != runs.first_kept or not runs.first_kept:
         return None
     return earlier[0] if _held_from_cpp_only(tracker, runs.first_begin) else None
+
+
+def _read_on_the_ledger(runs: TestRuns) -> LeakCheck | None:
+    """The first run's check, where it read each storage on CPU's ledger and the rule is not
+    ``any`` (which judges the first run alone): what that run kept may then be told kept once
+    without running again. None elsewhere."""
+    first = runs.checks[0].engine
+    return first if first is not None and first.readings.names_each_storage and not runs.rule.strict else None
 
 
 SLOW_RUN_SECONDS = 0.5
@@ -564,9 +571,8 @@ def _kept_first_gradients(item: pytest.Item, runs: TestRuns) -> bool:
     model's parameters given gradients by the first test to run backward through it. Running the
     test again would only show that backward accumulates into them in place (a test keeping as
     much as fails it runs again, and its report names what runs again keep, as any other)."""
-    first = runs.checks[0].engine
-    rule = runs.rule
-    if first is None or not first.readings.names_each_storage or rule.strict or first.result.device != "cpu":
+    first, rule = _read_on_the_ledger(runs), runs.rule
+    if first is None:
         return False
     result = first.result
     if result.history_bytes or (result.graph is not None and result.graph.nodes) or result.other_leaks:
@@ -590,14 +596,8 @@ def _kept_in_its_parameters(item: pytest.Item, runs: TestRuns, seconds: float) -
     for the session, and runs the case once: it cannot add to them again, so what they keep is
     kept once, and a slow test (a DDP fit of seconds) need not run again to show it."""
     params = getattr(getattr(item, "callspec", None), "params", None)
-    first = runs.checks[0].engine
-    if (
-        not params
-        or seconds < SLOW_RUN_SECONDS
-        or first is None
-        or not first.readings.names_each_storage
-        or runs.rule.strict
-    ):
+    first = _read_on_the_ledger(runs)
+    if not params or seconds < SLOW_RUN_SECONDS or first is None:
         return False
     if first.result.graph is not None and first.result.graph.nodes:
         return False  # autograd history: judged by its runs
@@ -682,7 +682,7 @@ class Verdict:
 
 def _decide(runs: TestRuns, first: CheckResult, adjust: Sequence[int] = ()) -> Decision:
     """The rule on the runs so far (:func:`~pytest_vramleak.judging.repeats.decide`), ``adjust``
-    set aside per run; a case judged by what its parametrize values keep stays kept once."""
+    set aside per run; a case known to keep what it kept once (see ``known_once``) stays kept once."""
     decision = decide(runs.repetitions, first, runs.rule, device=first.device, adjust=adjust, node_bytes=NODE_BYTES)
     return replace(decision, pattern="kept_once") if runs.known_once else decision
 

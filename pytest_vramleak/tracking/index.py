@@ -61,6 +61,12 @@ def _storage_readers() -> tuple[Any, Any]:
     return base.untyped_storage, base.is_nested.__get__
 
 
+def _only(refs: tuple[StorageRef, ...], ref: StorageRef) -> bool:
+    """Whether ``ref`` is the one storage reference in ``refs`` (by identity: references to live
+    storages compare as their storages do)."""
+    return len(refs) == 1 and refs[0] is ref
+
+
 def _read_version(tensor: Any) -> int:
     """A tensor's version counter, or -2 where it has none to read."""
     try:
@@ -520,7 +526,7 @@ class Index:
                         return False
                     grad = entry.grad()
                     grad_entry = entries.get(id(grad)) if grad is not None else None
-                    if grad_entry is not None and entry.born < clock and grad_entry.storages == (ref,):
+                    if grad_entry is not None and entry.born < clock and _only(grad_entry.storages, ref):
                         if grad_fn(grad) is not None or grad_entry.born < clock:
                             return False
                         owned = True
