@@ -164,7 +164,7 @@ class VramleakSession(SessionState):
         runs = test.runs if test is not None else None
         if test is not None and runs is None and checked(item):
             runs = test.runs = runs_of_another_plugin(item, settings)
-        if test is None or runs is None:  # not checked: this test runs untracked, the index is rebuilt after it
+        if test is None or runs is None:  # not checked: this test runs untracked, the next check reads what it made
             tracker.stale = True
             return
         budget = test.budget

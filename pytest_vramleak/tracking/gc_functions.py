@@ -39,6 +39,22 @@ so its ``gc.get_freeze_count()`` is not 0 in a process that never called ``gc.fr
 heap was frozen before the plugin was imported, the cap keeps that freeze from passing for them.)"""
 
 
+GENERATIONAL = sys.version_info < (3, 14) and getattr(sys, "_is_gil_enabled", lambda: True)()
+"""Whether the collector moves what survives generation 0 into 1, and only a collection of
+generation 1 or 2 moves anything into 2: Python 3.13 and before, with the GIL (Python 3.14's
+collector is incremental, and a build without the GIL has one generation)."""
+
+
+def older_collections() -> tuple[int, int] | None:
+    """How many collections of generations 1 and 2 the collector has run (None where it is not
+    :data:`GENERATIONAL`): while neither count moves, whatever was made since sits in generations 0
+    and 1."""
+    if not GENERATIONAL:
+        return None
+    stats = _gc.get_stats()
+    return stats[1]["collections"], stats[2]["collections"]
+
+
 def frozen_by_anyone() -> bool:
     """Whether someone froze the heap (``gc.freeze()``) and has not unfrozen it."""
     return _gc.get_freeze_count() > INTERPRETER_FROZEN

@@ -55,7 +55,7 @@ def version_reader() -> Any:
 
 
 @functools.lru_cache(maxsize=1)
-def _storage_readers() -> tuple[Any, Any]:
+def storage_readers() -> tuple[Any, Any]:
     """``TensorBase``'s own ``untyped_storage`` and ``is_nested`` getter: no subclass's code runs."""
     base = _torch()._C.TensorBase
     return base.untyped_storage, base.is_nested.__get__
@@ -309,7 +309,7 @@ class Index:
 
     def _read_storages(self, tensor: Any, ident: int) -> tuple[StorageRef, ...]:
         """Index the storages a tensor uses, with the tensor as their user; return their references."""
-        untyped_storage, is_nested = _storage_readers()
+        untyped_storage, is_nested = storage_readers()
         try:  # the common case, one strided storage, without the general function's calls
             storages: Any = (untyped_storage(tensor),) if not is_nested(tensor) else tensor_storages(tensor)
         except Exception:

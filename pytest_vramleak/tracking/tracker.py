@@ -23,7 +23,11 @@ tensor or storage object T, directly, as T's gradient, or through T's autograd g
 
 1. T was made since the last freeze: T is not frozen, so the scan of each observation finds it
    and reads it whole (storages, gradient, graph). Objects made between two checked tests are in
-   the young generations when the next test begins, and are indexed then.
+   the young generations when the next test begins, and are indexed then. So is what a test
+   that ran unchecked made, where Python's collector ran no collection of generation 1 or 2
+   since the last check ended (nothing made since has left generations 0 and 1); what that code
+   changed of older tensors is then compared in full (:meth:`Watches.catch_up`). Where it did
+   run one, the whole heap is indexed again.
 2. T is older: it is in the index, with what it held when last read. What it holds can change
    only when one of its storages dies (the index reads its users again) or in the ways the
    watches look for, each argued in :mod:`pytest_vramleak.tracking.watches`.
@@ -75,6 +79,12 @@ REFREEZE_AFTER_SECONDS = 0.002
 that imported modules, a set-up that built much) freezes them, so later observations skip them."""
 
 
+CAUGHT_UP_TENSORS = 20_000
+"""Up to this many indexed tensors, a check that begins after untracked code compares each of them
+(about a microsecond each, :meth:`Watches.catch_up`) rather than index the whole heap again (about
+0.13 microseconds an object, and a process with torch loaded holds 3x10^5 or more)."""
+
+
 COLLECTIONS_PER_OBSERVATION = 4
 """At most this many collections in one observation of a frozen heap (see :meth:`Tracker._collect`)."""
 
@@ -101,7 +111,8 @@ class Tracker:
         whose owner runs that between tests. A tracker made for one check in a script compares
         them at every observation: nothing else would."""
         self.stale = True
-        """Set when code ran untracked since :meth:`end`: the next :meth:`begin` indexes the whole heap."""
+        """Set when code ran untracked since :meth:`end`: the next :meth:`begin` reads what it made
+        and changed, or indexes the whole heap again (see :meth:`_young_since_end`)."""
         self.unindexed = False
         """Set when a check ended that never observed (its allocator counted): what it kept is not indexed."""
         self.begin_graphs: int | None = None
@@ -113,6 +124,8 @@ class Tracker:
         self._last_scan_seconds = 0.0
         """How long the last observation took, collecting and reading what is young."""
         self.freeze = HeapFreeze(self)
+        self._collections_at_end: tuple[int, int] | None = None
+        """Python's count of collections of generations 1 and 2 as the last check ended."""
 
     # -- the protocol around a test -------------------------------------------------------------
 
@@ -124,7 +137,9 @@ class Tracker:
         """
         if self.freeze.frozen_by_others():
             self.stale = True
-        if index and (self.stale or self.unindexed):
+        if index and self.stale and not self.unindexed and self._young_since_end():
+            self._catch_up_untracked()
+        elif index and (self.stale or self.unindexed):
             self._rebuild()
         elif self.freeze.foreign:
             gc.collect()  # older garbage goes before the test, so it cannot offset what the test leaks
@@ -158,6 +173,7 @@ class Tracker:
         self.ledger.begun = False
         self.watches.stop()
         self.freeze.thaw()
+        self._collections_at_end = gc.older_collections()
 
     @property
     def active(self) -> bool:
@@ -338,6 +354,26 @@ class Tracker:
             self.index.process_dead()
             self._scan()
         self.stale = self.unindexed = False
+
+    def _young_since_end(self) -> bool:
+        """Whether all that ran since the last check ended (untracked: another test, a fixture)
+        made is still in generations 0 and 1: no collection of generation 1 or 2 ran since, nobody
+        froze the heap, and the index is small enough that comparing it costs less than a walk of
+        the heap."""
+        return (
+            self._collections_at_end is not None
+            and not self.freeze.foreign
+            and len(self.index.entries) <= CAUGHT_UP_TENSORS
+            and gc.older_collections() == self._collections_at_end
+        )
+
+    def _catch_up_untracked(self) -> None:
+        """Read what untracked code made (generations 0 and 1) and changed of older tensors, instead
+        of indexing the whole heap again; what it made is older than the test that begins."""
+        self.index.process_dead()
+        self.index.read_generations((0, 1))
+        self.watches.catch_up()
+        self.stale = False
 
     def catch_up(self, *, after_runs: int | None = None) -> None:
         """Read everything again before naming a leak the allocator found.

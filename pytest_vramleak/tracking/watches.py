@@ -43,7 +43,7 @@ from typing import Any
 from .backward import BackwardWatch
 from .census import _torch
 from .exit_callbacks import ExitCallbacks
-from .index import Index, grad_fn_reader, version_reader
+from .index import Index, grad_fn_reader, storage_readers, version_reader
 from .refs import Entry, StorageRef, call
 from .saved_hooks import SavedTensorHooks
 
@@ -173,6 +173,26 @@ class Watches:
             ended = time.perf_counter()
             self._last_drift = (ended, ended - started)
         return found
+
+    def catch_up(self) -> None:
+        """Code ran untracked: compare every older tensor now, as :meth:`drift` does, and charge
+        what changed to no test; also read again the tensors given a new storage while the one
+        they were read with lives on (``.data =``, ``set_``), which no comparison at C speed shows."""
+        self.drift()
+        untyped_storage, _ = storage_readers()
+        moved = []
+        with _torch()._C.DisableTorchFunction():
+            for entry in list(self.index.entries.values()):
+                tensor = entry.ref()
+                if tensor is None or len(entry.storages) != 1:
+                    continue  # dead (forgotten below), or nested or opaque: read as their storages die
+                try:
+                    if untyped_storage(tensor) is not entry.storages[0]():
+                        moved.append(tensor)
+                except Exception:
+                    continue
+        self.index.reread(moved)
+        moved.clear()
 
     def _live(self, lists: Any, kept: dict[int, Entry]) -> tuple[list[Any], list[int]]:
         """The tensors of a comparison list and what was read of them; where some died since,
