@@ -8,7 +8,7 @@
    ``steps(6, warmup=2)``, ``(10, 2)`` or ``(20, 5)`` of a 1 to 4 ms training step, once with
    ``for index in range(n)`` (the bare test) and once with ``for index in vramleak.steps(n)``.
    The module under the fixture is one pytest run, the bare module another: its first test
-   indexes the live tensors (a check after code that ran unchecked must), the others begin
+   indexes the live tensors (the first check of a session must), the others begin
    where the test before them ended. A third run alternates bare and checked tests in one
    session, so that every check follows an unchecked test: the worst case, given apart.
 2. A suite of small torch tests (``suite.py``), plain pytest against ``pytest --vramleak``:

@@ -260,7 +260,7 @@ def main() -> None:
     bare_setup = statistics.median(setup["bare"])
     first, usual = setup["watched"][0] - bare_setup, statistics.median(setup["watched"]) - bare_setup
     print(
-        f"set-up of a test using the fixture: +{1000 * first:.1f} ms after unchecked tests (indexing the live tensors), +{1000 * usual:.1f} ms after a checked one"
+        f"set-up of a test using the fixture: +{1000 * first:.1f} ms as the session's first check (indexing the live tensors), +{1000 * usual:.1f} ms after a checked one"
     )
     first = first_loops(options.steps, options.rounds)
     bare, watched = statistics.median(first["bare"]), statistics.median(first["watched"])
