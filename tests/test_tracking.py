@@ -735,17 +735,23 @@ def test_what_checks_leave_to_later_is_compared_between_tests(pytester: pytest.P
     assert "charged to no test" in (pytester.path / "r.html").read_text()
 
 
+@pytest.fixture
+def rebuilds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one each time the tracker indexes the whole heap."""
+    from pytest_vramleak.tracking.tracker import Tracker
+
+    counted: list[int] = []
+    rebuild = Tracker._rebuild
+    monkeypatch.setattr(Tracker, "_rebuild", lambda self: (counted.append(1), rebuild(self))[1])
+    return counted
+
+
 def test_tests_skipped_or_failing_in_set_up_cost_no_new_index_and_charge_nothing_on(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, rebuilds: list[int]
 ) -> None:
     # A test skipped by a marker (or whose fixture fails) ends before its check observes
     # anything: what it made is read then, at the cost of what it made, not by indexing the
     # whole heap again before the next test (0.2 s at 50,000 live tensors, for every such test).
-    from pytest_vramleak.tracking.tracker import Tracker
-
-    rebuilds = []
-    rebuild = Tracker._rebuild
-    monkeypatch.setattr(Tracker, "_rebuild", lambda self: (rebuilds.append(1), rebuild(self))[1])
     pytester.makepyfile(
         test_it="""
         import pytest, torch
@@ -908,13 +914,8 @@ def pytest_sessionfinish(session):
 
 @pytest.mark.parametrize("kind", sorted(AFTER_UNTRACKED))
 def test_a_check_after_untracked_code_charges_the_test_alone(
-    pytester: pytest.Pytester, run_checked, monkeypatch: pytest.MonkeyPatch, kind: str
+    pytester: pytest.Pytester, run_checked, rebuilds: list[int], kind: str
 ) -> None:
-    from pytest_vramleak.tracking.tracker import Tracker
-
-    rebuilds = []
-    rebuild = Tracker._rebuild
-    monkeypatch.setattr(Tracker, "_rebuild", lambda self: (rebuilds.append(1), rebuild(self))[1])
     verdict, body = AFTER_UNTRACKED[kind]
     first = """
         import gc
@@ -934,13 +935,8 @@ def test_a_check_after_untracked_code_charges_the_test_alone(
 
 
 def test_a_step_check_after_an_unchecked_test_reads_only_what_it_made(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, rebuilds: list[int]
 ) -> None:
-    from pytest_vramleak.tracking.tracker import Tracker
-
-    rebuilds = []
-    rebuild = Tracker._rebuild
-    monkeypatch.setattr(Tracker, "_rebuild", lambda self: (rebuilds.append(1), rebuild(self))[1])
     pytester.makepyfile(
         test_it="""
         import pytest, torch
