@@ -15,6 +15,13 @@ import torch
 import torch._dynamo  # noqa: F401
 import torch.optim  # noqa: F401
 
+# The same for the plugin's engine, which a session loads as its first test is checked: an inline
+# run that loaded it would drop it, and a later test's monkeypatch of one of its modules, by name,
+# would patch a copy the next inline run does not use.
+import pytest_vramleak.plugin.fixture  # noqa: F401
+import pytest_vramleak.plugin.runs  # noqa: F401
+import pytest_vramleak.reporting.html_report  # noqa: F401
+
 pytest_plugins = ["pytester"]
 
 

@@ -31,7 +31,7 @@ def test_fixtures_lists_steps_and_check(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("-p", "no:cacheprovider", "--fixtures")
     result.stdout.fnmatch_lines(
         [
-            "vramleak -- *fixture.py:*",
+            "vramleak -- *pytest_vramleak/plugin/__init__.py:*",
             "    Check repeated training or inference steps for memory that keeps growing.",
             "    ``for i in vramleak.steps(n, warmup=k, max_steps=m): train_step()`` runs n steps*",
             "*``vramleak.check(step, steps=10, warmup=k, max_steps=m)`` calls ``step(i)``*",

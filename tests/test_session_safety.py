@@ -149,6 +149,48 @@ def test_plugin_can_be_disabled(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(passed=1)
 
 
+ENGINE = (
+    "pytest_vramleak.check",
+    "pytest_vramleak.holders.snapshot",
+    "pytest_vramleak.plugin.runs",
+    "pytest_vramleak.readings",
+    "pytest_vramleak.reporting.html_report",
+    "pytest_vramleak.steps",
+    "pytest_vramleak.tracking.tracker",
+)
+"""Modules of the engine: a run that checks no test does not load them."""
+
+LOADED = """
+import json, sys
+
+def pytest_unconfigure(config):
+    with open("loaded.json", "w") as stream:
+        json.dump(sorted(name for name in sys.modules if name.startswith("pytest_vramleak")), stream)
+"""
+
+
+@pytest.mark.parametrize("checks", ["none", "a marked test", "the fixture"])
+def test_a_run_that_checks_nothing_loads_only_the_pytest_layer(pytester: pytest.Pytester, checks: str) -> None:
+    # pytest loads the plugin in every run of an environment it is installed in; where Python
+    # writes no byte-code (PYTHONDONTWRITEBYTECODE), pytest compiles each module it loads afresh.
+    pytester.makeconftest(LOADED)
+    body = {
+        "none": "def test_it():\n    torch.ones(8)\n",
+        "a marked test": "@pytest.mark.vram_budget\ndef test_it():\n    KEPT.append(torch.ones(1024))\n",
+        "the fixture": "def test_it(vramleak):\n    for step in vramleak.steps(6):\n        KEPT.append(torch.ones(1024))\n",
+    }[checks]
+    pytester.makepyfile(test_it="import pytest, torch\nKEPT = []\n" + body)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    loaded = set(json.loads((pytester.path / "loaded.json").read_text()))
+    if checks == "none":
+        result.assert_outcomes(passed=1)
+        assert loaded.isdisjoint(ENGINE), sorted(loaded & set(ENGINE))
+    else:  # the engine loads as the first test is checked, and finds the leak
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines(["*held by test_it.KEPT[[]*]*"])
+        assert {"pytest_vramleak.check", "pytest_vramleak.tracking.tracker"} <= loaded
+
+
 def test_a_mode_the_test_leaves_entered_stays_and_the_site_recorder_leaves(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_it="""

@@ -21,13 +21,15 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from ..judging.sizes import format_size
 from ..tracking import gc_functions as gc
 from ..tracking.census import take_census
 from ..tracking.torch_api import default_device
-from .peaks import PeakBreakdown, breakdown
+
+if TYPE_CHECKING:
+    from .peaks import PeakBreakdown
 
 _CPU_OUT_OF_MEMORY = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
 
@@ -490,6 +492,8 @@ class CpuMeter:
             results = profile.profiler.kineto_results
         except (RuntimeError, AttributeError):
             return None  # the test stopped or replaced the profiler itself
+        from .peaks import breakdown  # (the profiler's reading, loaded where a peak is categorized)
+
         self.peak_breakdown = breakdown(results, "cpu")
         return None if self.peak_breakdown is None else self.peak_breakdown.peak_bytes
 

@@ -15,14 +15,30 @@ between checks), :mod:`~pytest_vramleak.plugin.summary` (the terminal's lines),
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 
-from . import fixture
+from ..tracking import gc_functions  # noqa: F401  (gc's functions as they are before any conftest: see there)
 from .options import OPTIONS
 from .session import VramleakSession
 
-vramleak = fixture.vramleak
-"""The ``vramleak`` fixture (see :mod:`pytest_vramleak.plugin.fixture`): pytest finds fixtures in the plugin's module."""
+if TYPE_CHECKING:
+    from .fixture import VramLeakFixture
+
+
+@pytest.fixture
+def vramleak(request: pytest.FixtureRequest) -> VramLeakFixture:
+    """Check repeated training or inference steps for memory that keeps growing.
+    ``for i in vramleak.steps(n, warmup=k, max_steps=m): train_step()`` runs n steps, measures
+    memory after each past the first k (default: ini vramleak_warmup, 2) and fails the test if it
+    grows across them; where the n steps leave it undecided, up to m run in all.
+    ``vramleak.check(step, steps=10, warmup=k, max_steps=m)`` calls ``step(i)`` (or ``step()``)
+    the same way and returns the check's figures. ``vramleak.results`` holds every check so far.
+    """
+    from .fixture import make_fixture  # (the engine loads as the first test is checked)
+
+    return make_fixture(request)
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from ..steps import StepNotRun, StepResult, StepWatcher, step_caller
-from .runs import TEST, CheckedTest, named_roots
-from .state import EXEMPT_MARKER, Check, VramLeak, meter_for, session_of
+from .runs import named_roots
+from .state import EXEMPT_MARKER, TEST, Check, CheckedTest, VramLeak, meter_for, session_of
 
 
 class VramLeakFixture:
@@ -77,15 +77,9 @@ class VramLeakFixture:
         pytest.fail(message, pytrace=False)
 
 
-@pytest.fixture
-def vramleak(request: pytest.FixtureRequest) -> VramLeakFixture:
-    """Check repeated training or inference steps for memory that keeps growing.
-    ``for i in vramleak.steps(n, warmup=k, max_steps=m): train_step()`` runs n steps, measures
-    memory after each past the first k (default: ini vramleak_warmup, 2) and fails the test if it
-    grows across them; where the n steps leave it undecided, up to m run in all.
-    ``vramleak.check(step, steps=10, warmup=k, max_steps=m)`` calls ``step(i)`` (or ``step()``)
-    the same way and returns the check's figures. ``vramleak.results`` holds every check so far.
-    """
+def make_fixture(request: pytest.FixtureRequest) -> VramLeakFixture:
+    """The value of the ``vramleak`` fixture (declared in :mod:`pytest_vramleak.plugin`) for the
+    test ``request`` sets up."""
     session = session_of(request.config)
     settings = session.settings
     assert settings is not None
@@ -115,7 +109,7 @@ def vramleak(request: pytest.FixtureRequest) -> VramLeakFixture:
         warmup=settings.warmup,
         tolerance=settings.tolerance,
         meter=meter,
-        tracker=session.tracker,
+        tracker=session.start_tracking(),
         record_sites=settings.sites != "off",
         on_result=on_result,
         named_roots=functools.partial(named_roots, request.node),

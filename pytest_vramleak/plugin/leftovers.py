@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..holders.snapshot import describe
 from ..tracking import gc_functions as gc
 from .state import SessionState
 
@@ -25,6 +24,8 @@ def look_for_drift(session: SessionState, *, due: bool) -> None:
         return
     if not found:
         return
+    from ..holders.snapshot import describe  # (the naming layer loads where something is to be named)
+
     where = last if first == last else f"{first} to {last}"
     devices = sorted({ref.device for ref, _ in found})
     for device in devices:
@@ -46,6 +47,8 @@ def fixture_leftovers(session: SessionState) -> list[dict[str, Any]]:
     memories = session.fixtures
     if not any(memory.alive() for memory in memories):
         return leftovers
+    from ..holders.snapshot import describe
+
     gc.collect()  # fixture values on reference cycles (a model and its modules' hooks) are garbage, not kept
     for memory in memories:
         alive = memory.alive()

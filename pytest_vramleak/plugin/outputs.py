@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ..reporting.html_report import is_html_path, render_html
-from ..reporting.report import benchmark_entries, render_markdown, write_json, write_text_atomically
+from ..reporting.report import benchmark_entries, is_html_path, render_markdown, write_json, write_text_atomically
 from .options import Settings, saved_run_path
 from .summary import header_settings, latest
 
@@ -39,6 +38,8 @@ def write_html(
     drift: list[dict[str, Any]],
     interrupted: str | None = None,
 ) -> None:
+    from ..reporting.html_report import render_html  # (loaded where a page is asked for)
+
     page = render_html(
         results, fixtures=leftovers, between_checks=drift, about=run_about(settings), interrupted=interrupted
     )

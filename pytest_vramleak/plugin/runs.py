@@ -52,7 +52,17 @@ from .protocol import (
     run_once,
     why_stopped,
 )
-from .state import EXEMPT_MARKER, Check, VramLeak, pasteable, session_of
+from .state import (
+    EXEMPT_MARKER,
+    Check,
+    CheckedTest,
+    VramLeak,
+    checked,
+    current_check,
+    pasteable,
+    session_of,
+    test_of,
+)
 from .timeouts import cut_short, rearm
 
 
@@ -183,48 +193,6 @@ class RunsOfAnotherPlugin(TestRuns):
         self.release(test)
 
 
-@dataclass
-class CheckedTest:
-    """One checked test: what collection planned for it, its runs while they happen, and the
-    current run's check."""
-
-    budget: Budget | None = None
-    """None for a test checked only through the vramleak fixture."""
-    marked: bool = False
-    """Its own ``vram_budget`` marker gives its budget (judged strictly by default)."""
-    repeat: int | None = None
-    """Runs its marker asks for (``repeat=``); None: the session's setting."""
-    skipped: bool = False
-    """Skipped because its device is missing: no check is set up for it."""
-    allowed: bool = False
-    """Marked ``allow_vram_leak``: not checked as a whole, and its step checks that grow do not fail it."""
-    runs: TestRuns | None = None
-    """Its runs, while they happen (see :mod:`~pytest_vramleak.plugin.runs`)."""
-    current: Check | None = None
-    """The check of its current (or last) run."""
-    timeout: Any = None
-    """pytest-timeout's settings for its timer, where that timer spans the test's protocol (see
-    :mod:`~pytest_vramleak.plugin.timeouts`)."""
-
-
-TEST = pytest.StashKey[CheckedTest]()
-
-
-def test_of(item: pytest.Item) -> CheckedTest | None:
-    """The checked test an item is, if collection or the fixture made it one."""
-    return item.stash.get(TEST, None)
-
-
-def current_check(item: pytest.Item) -> Check | None:
-    test = item.stash.get(TEST, None)
-    return test.current if test is not None else None
-
-
-def current_runs(item: pytest.Item) -> TestRuns | None:
-    test = item.stash.get(TEST, None)
-    return test.runs if test is not None else None
-
-
 def _tracker(item: pytest.Item) -> Tracker:
     tracker = session_of(item.config).tracker
     assert tracker is not None
@@ -240,13 +208,6 @@ def _settings(item: pytest.Item) -> Settings:
     settings = session_of(item.config).settings
     assert settings is not None
     return settings
-
-
-def checked(item: pytest.Item) -> bool:
-    test = test_of(item)
-    if test is None or test.skipped or session_of(item.config).torch_missing is not None:
-        return False
-    return test.budget is not None or "vramleak" in getattr(item, "fixturenames", ())
 
 
 def plan(item: pytest.Item, settings: Settings) -> TestRuns:

@@ -24,56 +24,54 @@ import importlib.util
 import os
 import sys
 from collections.abc import Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ..check import LeakCheck, Rules
-from ..holders.snapshot import memory_contents
 from ..judging.verdict import Budget
 from ..meters.devices import CudaMeter, Meter, is_out_of_memory, pin_worker
 from ..meters.release import ReleaseScheduler
-from ..readings import readings_for
 from ..tracking import gc_functions as gc
-from ..tracking.tracker import Tracker
 from .leftovers import fixture_leftovers, look_for_drift
 from .marker import parse_marker
 from .options import OptionError, Settings
 from .options import read_settings as read_options
 from .outputs import files_line, trace_folder, write_outputs
 from .protocol import fresh_instance
-from .runs import (
-    TEST,
-    CheckedTest,
-    TestRuns,
-    checked,
-    current_check,
-    current_runs,
-    drop_last_error,
-    named_roots,
-    run_protocol,
-    runs_of_another_plugin,
-    test_of,
-)
 from .state import (
     EXEMPT_MARKER,
     MARKER,
     SESSION,
+    TEST,
     Check,
+    CheckedTest,
     FixtureMemory,
     SessionState,
     VramLeak,
     check_device_option,
+    checked,
+    current_check,
+    current_runs,
     drop_fixture_values,
     import_torch,
     meter_for,
     option_and_source,
     pasteable,
     skipped_by_mark,
+    test_of,
     why_unavailable,
 )
 from .summary import header_notes, header_settings, idle_options, latest, status_word, summary_lines
 from .timeouts import armed_settings, cut_short
+
+if TYPE_CHECKING:
+    from ..check import LeakCheck
+    from .runs import TestRuns
+
+# The engine (the check, the naming of holders, a checked test's runs) is imported where a test is
+# to be checked (:meth:`VramleakSession._load_engine`; the hooks import what they call from it):
+# pytest loads the plugin in every run of an environment it is installed in, and a run that
+# checks nothing loads only this layer, the options, the meters and the report writer.
 
 
 class VramleakSession(SessionState):
@@ -105,12 +103,19 @@ class VramleakSession(SessionState):
             )
         if missing is None and settings.device not in ("auto", "cpu"):
             check_device_option(config, settings.device)
-        self.tracker = Tracker(defer=True)
+        if missing is None and settings.every_test:
+            self._load_engine()  # every test is checked: loaded now, before pytest times the session
         workerinput = getattr(config, "workerinput", None)
         if workerinput is not None and settings.pin_workers:
             torch = import_torch()
             if torch is not None:
                 pin_worker(str(workerinput.get("workerid", "")), torch, os.environ)
+
+    def _load_engine(self) -> None:
+        """Import the engine and make the session's tracker: some test will be checked."""
+        from . import fixture, runs  # noqa: F401
+
+        self.start_tracking()
 
     def pytest_report_header(self, config: pytest.Config) -> str | list[str]:
         if self.torch_missing is not None:
@@ -124,6 +129,7 @@ class VramleakSession(SessionState):
         if self.torch_missing is not None:
             return  # nothing can be checked: every test runs as without the plugin
         unavailable: dict[str, str | None] = {}
+        planned = False
         for item in items:
             mark = item.get_closest_marker(MARKER)
             test = CheckedTest()
@@ -138,6 +144,7 @@ class VramleakSession(SessionState):
             if budget is None and "vramleak" not in getattr(item, "fixturenames", ()):
                 continue
             item.stash[TEST] = test
+            planned = True
             # A device a marker asks for that is not there skips the test, with the reason, where the test is.
             spec = (budget.device if budget else None) or settings.device
             if spec in ("auto", "cpu"):
@@ -148,25 +155,35 @@ class VramleakSession(SessionState):
             if reason is not None:
                 item.add_marker(pytest.mark.skip(reason=reason))
                 test.skipped = True
+        if planned:
+            self._load_engine()
 
     # -- one test -------------------------------------------------------------------------------
 
     @pytest.hookimpl
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
         """Run a checked test (again where a leak must be classified) and report it once."""
+        if not checked(item):
+            return None
+        from .runs import run_protocol
+
         return run_protocol(item, nextitem)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
-        tracker, settings = self.tracker, self.settings
-        assert tracker is not None and settings is not None
+        settings = self.settings
+        assert settings is not None
         test = test_of(item)
         runs = test.runs if test is not None else None
         if test is not None and runs is None and checked(item):
+            from .runs import runs_of_another_plugin
+
             runs = test.runs = runs_of_another_plugin(item, settings)
         if test is None or runs is None:  # not checked: this test runs untracked, the next check reads what it made
-            tracker.stale = True
+            if self.tracker is not None:
+                self.tracker.stale = True
             return
+        tracker = self.start_tracking()
         budget = test.budget
         check = test.current = self.active = Check(budget)
         meter = check.meter = meter_for(item, budget.device if budget else None)
@@ -182,6 +199,8 @@ class VramleakSession(SessionState):
         if budget is None:
             self._track_for_steps(check, meter)
             return
+        from ..readings import readings_for
+
         try:
             if runs.collects_between and readings_for(meter, tracker).names_each_storage:
                 runs.between += tracker.collect_between_runs()
@@ -199,8 +218,9 @@ class VramleakSession(SessionState):
         its teardown, as a checked test is: its step loops then read only what was made since it
         began, so a loop after another checked test's indexes nothing again, and what the test made
         before its loop is read whole, whichever generation Python's collector has moved it to."""
-        tracker = self.tracker
-        assert tracker is not None
+        from ..readings import readings_for
+
+        tracker = self.start_tracking()
         try:
             tracker.begin(index=readings_for(meter, tracker).names_each_storage)
         except Exception as error:
@@ -211,6 +231,9 @@ class VramleakSession(SessionState):
     def _leak_check(self, item: pytest.Item, runs: TestRuns, meter: Meter, budget: Budget) -> LeakCheck:
         """The check of a test's run: the first measures and names as asked; a run again only
         measures, and the run that records sites names the cycles the first run failed on."""
+        from ..check import LeakCheck, Rules
+        from .runs import named_roots
+
         settings, tracker = self.settings, self.tracker
         assert settings is not None and tracker is not None
         first = runs.repetitions.started <= 1
@@ -289,6 +312,8 @@ class VramleakSession(SessionState):
         """An out-of-memory error's report gets a section on what filled the memory."""
         if check.meter is None or not is_out_of_memory(error):
             return
+        from ..holders.snapshot import memory_contents
+
         assert self.tracker is not None
         try:
             with self.tracker.unfrozen():
@@ -318,6 +343,8 @@ class VramleakSession(SessionState):
             if check.call_failed:
                 # pytest keeps the failure's traceback (its frames, their tensors) in sys.last_* until
                 # the next failure; the next checked test drops it anyway: what it holds is not a leak.
+                from .runs import drop_last_error
+
                 drop_last_error()
                 # Checked on this run alone, as a test run once is: a suspected leak is confirmed by a
                 # full collection, which frees those frames where an observation during the call froze

@@ -6,19 +6,22 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ..check import LeakCheck
-from ..judging.verdict import Budget
 from ..meters.devices import DeviceUnavailable, Meter, make_meter, resolve_device
-from ..meters.release import ReleaseScheduler
-from ..steps import StepResult
-from ..tracking.census import StorageKey
-from ..tracking.tracker import StorageRef, Tracker
-from .options import Settings
 from .outcomes import PytestOutcomes
+
+if TYPE_CHECKING:  # the engine is imported as the first test is checked (see plugin.session)
+    from ..check import LeakCheck
+    from ..judging.verdict import Budget
+    from ..meters.release import ReleaseScheduler
+    from ..steps import StepResult
+    from ..tracking.census import StorageKey
+    from ..tracking.tracker import StorageRef, Tracker
+    from .options import Settings
+    from .runs import TestRuns
 
 MARKER = "vram_budget"
 EXEMPT_MARKER = "allow_vram_leak"
@@ -115,6 +118,64 @@ class SessionState:
     """The run was interrupted (Ctrl-C): the files it wrote say so."""
     outcomes: PytestOutcomes = field(default_factory=PytestOutcomes)
     """pytest's outcome of each test, written into its record as its teardown is logged."""
+
+    def start_tracking(self) -> Tracker:
+        """The session's tracker, made (and the tracking layer imported) as the first test is
+        checked: a run that checks nothing does not load it."""
+        if self.tracker is None:
+            from ..tracking.tracker import Tracker
+
+            self.tracker = Tracker(defer=True)
+        return self.tracker
+
+
+@dataclass
+class CheckedTest:
+    """One checked test: what collection planned for it, its runs while they happen, and the
+    current run's check."""
+
+    budget: Budget | None = None
+    """None for a test checked only through the vramleak fixture."""
+    marked: bool = False
+    """Its own ``vram_budget`` marker gives its budget (judged strictly by default)."""
+    repeat: int | None = None
+    """Runs its marker asks for (``repeat=``); None: the session's setting."""
+    skipped: bool = False
+    """Skipped because its device is missing: no check is set up for it."""
+    allowed: bool = False
+    """Marked ``allow_vram_leak``: not checked as a whole, and its step checks that grow do not fail it."""
+    runs: TestRuns | None = None
+    """Its runs, while they happen (see :mod:`~pytest_vramleak.plugin.runs`)."""
+    current: Check | None = None
+    """The check of its current (or last) run."""
+    timeout: Any = None
+    """pytest-timeout's settings for its timer, where that timer spans the test's protocol (see
+    :mod:`~pytest_vramleak.plugin.timeouts`)."""
+
+
+TEST = pytest.StashKey[CheckedTest]()
+
+
+def test_of(item: pytest.Item) -> CheckedTest | None:
+    """The checked test an item is, if collection or the fixture made it one."""
+    return item.stash.get(TEST, None)
+
+
+def current_check(item: pytest.Item) -> Check | None:
+    test = item.stash.get(TEST, None)
+    return test.current if test is not None else None
+
+
+def current_runs(item: pytest.Item) -> TestRuns | None:
+    test = item.stash.get(TEST, None)
+    return test.runs if test is not None else None
+
+
+def checked(item: pytest.Item) -> bool:
+    test = test_of(item)
+    if test is None or test.skipped or session_of(item.config).torch_missing is not None:
+        return False
+    return test.budget is not None or "vramleak" in getattr(item, "fixturenames", ())
 
 
 SESSION = pytest.StashKey[SessionState]()

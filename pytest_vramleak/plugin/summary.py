@@ -16,7 +16,6 @@ from ..meters.devices import DeviceUnavailable, resolve_device
 from ..reporting.outcomes import headline
 from ..reporting.report import leaked_figure
 from ..tracking.torch_api import version_notes
-from ..tracking.tracker import COMPARED_PER_CHECK
 from .options import CHECK_ONLY, OPTIONS, Settings
 from .state import MARKER, import_torch
 
@@ -63,6 +62,8 @@ def summary_lines(
         lines += _chain_lines(leftover.get("held_by", []), "    ")
         lines += [f"    diagnosis: {finding}" for finding in leftover.get("diagnoses", [])]
     for finding in between_checks:
+        from ..tracking.watches import COMPARED_PER_CHECK  # (loaded where a check ran)
+
         worker = f" (worker {finding['worker']})" if finding.get("worker") else ""
         lines.append(
             f"older tensors grew in place or were given gradients, {format_size(finding['bytes'])} on {finding['device']}, "

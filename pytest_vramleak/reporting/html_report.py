@@ -34,11 +34,6 @@ MAX_GROUPS_DRAWN = 20
 """Groups of leaked tensors drawn per test; a test that leaks thousands of shapes stays readable."""
 
 
-def is_html_path(path: str) -> bool:
-    """Whether a report path asks for the HTML page (``.html`` or ``.htm``) rather than JSON."""
-    return path.lower().endswith((".html", ".htm"))
-
-
 def _escape(text: object) -> str:
     return html.escape(str(text), quote=True)
 

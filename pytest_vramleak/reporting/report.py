@@ -25,6 +25,11 @@ HOLDERS_SAMPLED = 3
 device, and a search for each of 10^5 such tensors would cost minutes and name the same holder."""
 
 
+def is_html_path(path: str) -> bool:
+    """Whether a report path asks for the HTML page (``.html`` or ``.htm``) rather than JSON."""
+    return path.lower().endswith((".html", ".htm"))
+
+
 def holders_not_searched(kind: str, count: int, holders: int) -> int:
     """How many tensors of a group had their holders not searched: all but the
     :data:`HOLDERS_SAMPLED` searched, in a group of tensors or gradients whose holders were found."""

@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from pytest_vramleak.reporting.html_report import is_html_path, render_html, retention_graph, step_chart
+from pytest_vramleak.reporting.html_report import render_html, retention_graph, step_chart
+from pytest_vramleak.reporting.report import is_html_path
 
 from ...conftest import Elements
 
