@@ -1043,6 +1043,11 @@ def class_attribute(group: Group, found: Sequence[str]) -> str | None:
 
 _FILLED = frozenset({"list", "dict", "deque", "OrderedDict", "defaultdict"})
 
+_RESET_SOURCES = frozenset({"_defaults"})
+"""Containers reset() reads from rather than empties: torchmetrics' ``Metric._defaults`` keeps
+each state's starting value, copied back on every reset, one entry per state however many
+updates ran."""
+
 
 def _accumulated_state(path: HolderPath) -> str | None:
     """``METRIC.preds`` where the path goes from an object with a reset() method into a container
@@ -1050,7 +1055,13 @@ def _accumulated_state(path: HolderPath) -> str | None:
     edges = path.edges
     for index, edge in enumerate(edges[:-2]):
         state, entry = edges[index + 1], edges[index + 2]
-        if edge.resets and state.kind == "attribute" and state.type_name in _FILLED and entry.kind == "item":
+        if (
+            edge.resets
+            and state.kind == "attribute"
+            and state.type_name in _FILLED
+            and state.name not in _RESET_SOURCES
+            and entry.kind == "item"
+        ):
             return f"{edge.name}.{state.name}"
     return None
 

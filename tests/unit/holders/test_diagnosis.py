@@ -781,6 +781,21 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
 }
 
 
+def test_a_metrics_defaults_are_not_taken_for_an_accumulated_state() -> None:
+    # torchmetrics keeps each state's starting value in Metric._defaults, which reset() copies
+    # from: one entry per state, however many updates ran. Calling reset() frees none of it.
+    defaults = _group(
+        module(
+            "test_it",
+            Edge("attribute", "METRIC", "MeanSquaredError", resets=True),
+            attr("_defaults", "dict"),
+            item("'sum'"),
+        )
+    )
+    assert diagnosis.accumulator_never_reset(defaults, []) is None  # type: ignore[arg-type]
+    assert not any("accumulates what every update adds" in finding for finding in diagnosis.diagnose(defaults))  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("name", sorted(EVERY_DIAGNOSIS))
 def test_every_diagnosis_is_given_on_its_path_and_not_on_a_path_alike(name: str) -> None:
     rule, words, fits, alike = EVERY_DIAGNOSIS[name]
