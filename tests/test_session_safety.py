@@ -169,7 +169,7 @@ def pytest_unconfigure(config):
 """
 
 
-@pytest.mark.parametrize("checks", ["none", "a marked test", "the fixture"])
+@pytest.mark.parametrize("checks", ["none", "a marked test", "the fixture", "the fixture by name"])
 def test_a_run_that_checks_nothing_loads_only_the_pytest_layer(pytester: pytest.Pytester, checks: str) -> None:
     # pytest loads the plugin in every run of an environment it is installed in; where Python
     # writes no byte-code (PYTHONDONTWRITEBYTECODE), pytest compiles each module it loads afresh.
@@ -178,6 +178,10 @@ def test_a_run_that_checks_nothing_loads_only_the_pytest_layer(pytester: pytest.
         "none": "def test_it():\n    torch.ones(8)\n",
         "a marked test": "@pytest.mark.vram_budget\ndef test_it():\n    KEPT.append(torch.ones(1024))\n",
         "the fixture": "def test_it(vramleak):\n    for step in vramleak.steps(6):\n        KEPT.append(torch.ones(1024))\n",
+        "the fixture by name": (  # (collection planned no check: the fixture loads the engine)
+            "def test_it(request):\n    vramleak = request.getfixturevalue('vramleak')\n"
+            "    for step in vramleak.steps(6):\n        KEPT.append(torch.ones(1024))\n"
+        ),
     }[checks]
     pytester.makepyfile(test_it="import pytest, torch\nKEPT = []\n" + body)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
