@@ -334,7 +334,7 @@ class Index:
         grad_entry = self.entries.get(id(grad))
         for ref in grad_entry.storages if grad_entry is not None else ():
             if ident not in ref.users:
-                ref.users.append(ident)  # its gradient's death is this tensor's change too
+                ref.users += (ident,)  # its gradient's death is this tensor's change too
 
     def register(self, storage: Any, user: int | None) -> StorageRef | None:
         """Index a storage (``user``: the id of the tensor that uses it), or note its new size."""
@@ -354,7 +354,7 @@ class Index:
                 ref.pointer = facts[1] if facts is not None else 0
                 self.ledger.resized(ref, delta)
             if user is not None and user not in ref.users:
-                ref.users.append(user)
+                ref.users += (user,)
             return ref
         facts = storage_facts(storage, empty=True)  # an empty storage can still grow in place
         if facts is None:
@@ -363,7 +363,7 @@ class Index:
         ref = StorageRef(storage, self._storage_died)
         ref.ident, ref.nbytes, ref.device, ref.pointer, ref.born = ident, nbytes, device, pointer, self.ledger.born
         ref.adopted = False
-        ref.users = [user] if user is not None else []
+        ref.users = (user,) if user is not None else ()
         self.storages[ident] = ref
         if user == ident:  # an opaque tensor, standing for its own storage
             self.opaque.add(ident)

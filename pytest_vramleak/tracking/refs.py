@@ -32,8 +32,10 @@ class StorageRef(weakref.ref):  # type: ignore[type-arg]
     pointer: int
     born: int
     """The tracker's clock when the storage was first seen."""
-    users: list[int]
-    """Ids of the indexed tensors that used the storage when last read."""
+    users: tuple[int, ...]
+    """Ids of the indexed tensors that used the storage when last read (a tuple of ints, which
+    Python's collector stops tracking: a list would add an object to every walk of the heap for
+    each indexed storage)."""
     adopted: bool
     """Made while a test set up, by a fixture of a wider scope: the fixture's, never the test's."""
 
