@@ -147,6 +147,12 @@ def test_imports_are_read_relative_and_absolute() -> None:
     assert "reporting.merge" in graph["__main__"]
 
 
+def test_every_public_name_is_listed_once_and_imported_on_first_use() -> None:
+    assert pytest_vramleak.__all__ == sorted(pytest_vramleak._WHERE)
+    for name in pytest_vramleak.__all__:
+        assert getattr(pytest_vramleak, name).__name__ == name
+
+
 def test_only_the_pytest_layer_imports_pytest() -> None:
     # A training script uses the engine (LeakCheck, StepWatcher, take_snapshot) without pytest.
     importing = set()

@@ -57,7 +57,6 @@ from .state import (
     Check,
     CheckedTest,
     VramLeak,
-    checked,
     current_check,
     pasteable,
     session_of,
@@ -237,8 +236,9 @@ def runs_of_another_plugin(item: pytest.Item, settings: Settings) -> RunsOfAnoth
 
 
 def run_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
-    """Run a checked test (again where a leak must be classified) and report it once."""
-    if not checked(item) or _run_by_another_plugin(item):
+    """Run a checked test (again where a leak must be classified) and report it once (the
+    session's hook calls it for checked tests only)."""
+    if _run_by_another_plugin(item):
         return None
     test = test_of(item)
     assert test is not None

@@ -353,8 +353,8 @@ class Tracker:
         """Whether all that ran since the last check ended (untracked: another test, a fixture)
         made is still in generations 0 and 1: no collection of generation 1 or 2 ran since, and
         nobody froze the heap. Reading those and comparing the indexed tensors then costs about a
-        sixth of a walk of the heap, whatever the number of tensors (each indexed tensor puts six
-        objects on the heap besides itself: its storage's Python object and the index's records):
+        sixth of a walk of the heap, whatever the number of tensors (each indexed tensor puts objects
+        on the heap besides itself: its storage's Python object and the index's records):
         0.7 ms against 32 ms at 10^3 live tensors, 87 ms against 471 ms at 10^5."""
         return (
             self._collections_at_end is not None

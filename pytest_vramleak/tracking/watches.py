@@ -185,7 +185,7 @@ class Watches:
             for entry in list(self.index.entries.values()):
                 tensor = entry.ref()
                 if tensor is None or len(entry.storages) != 1:
-                    continue  # dead (forgotten below), or nested or opaque: read as their storages die
+                    continue  # dead (drift() forgot it), or nested or opaque: read again as a storage dies
                 try:
                     if untyped_storage(tensor) is not entry.storages[0]():
                         moved.append(tensor)
