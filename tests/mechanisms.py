@@ -1918,17 +1918,7 @@ CATALOGUE: list[Mechanism] = [
 
 
 # What the plugin says today where it falls short, by entry and part.
-GAPS: dict[str, dict[Part, str]] = {
-    "checkpointed_outputs_kept_without_backward": {
-        "site": "allocated at test_leak.py:11 in test_it() (the loss's line: the graph's saved tensors have no site of their own)",
-    },
-    "loss_accumulated_with_its_graph": {
-        "site": "allocated at (none)",
-    },
-    "average_meter_of_tensors": {
-        "site": "allocated at (none)",
-    },
-}
+GAPS: dict[str, dict[Part, str]] = {}
 
 
 def _compiled_graphs_hold_module_buffers() -> bool:

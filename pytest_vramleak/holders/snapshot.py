@@ -69,6 +69,8 @@ from .referrers import (
 __all__ = ["HELD_FROM_CPP", "Leak", "Snapshot", "TensorGroup", "describe", "describe_history", "diff", "take_snapshot"]
 
 MAX_CHAINS_PER_GROUP = HOLDERS_SAMPLED
+SAVED_BY_THE_GRAPH = "what its autograd graph saved"
+"""Said after a site of a group's tensors that is where the tensors their graph saved were made."""
 STEP_FUNCTION = "the step function "
 """How a step check names the function given to ``check()`` where it holds a leak."""
 
@@ -154,8 +156,8 @@ class TensorGroup:
     allocated_at: list[str] = field(default_factory=list)
     """Where the tensors were created (``file:line in function()``, then callers), where recorded."""
     site_bytes: dict[str, int] = field(default_factory=dict, repr=False)
-    """For ``graph``: the bytes of the saved tensors found allocated at each of ``allocated_at``, which
-    lists the site of the most bytes first."""
+    """The bytes found allocated at each of ``allocated_at``, which lists the site of the most bytes
+    first where the group keeps an autograd graph (``graph_bytes``)."""
     sites_not_looked_up: int = 0
     """Tensors of the group whose site was not looked up: once it showed ``MAX_CHAINS_PER_GROUP``
     sites, the rest may have been made at any of them, or elsewhere."""
@@ -973,10 +975,13 @@ class _Grouping:
         group.graph_hooks |= found.hooks
         group.keys.append(found.key)
         site = _allocation_site(self.sites, found, found.owner)
-        if group.kind == "graph" and site is not None:
-            if site not in group.allocated_at:
-                group.allocated_at.append(site)
-            group.site_bytes[site] = group.site_bytes.get(site, 0) + found.nbytes
+        if site is None:
+            return
+        if group.kind != "graph":  # the group's own tensors are the owners: say which site is the graph's
+            site = f"{site} ({SAVED_BY_THE_GRAPH})"
+        if site not in group.allocated_at:
+            group.allocated_at.append(site)
+        group.site_bytes[site] = group.site_bytes.get(site, 0) + found.nbytes
 
     def _add_held(self, found: Found) -> None:
         kind: GroupKind = "tensor" if found.via == "gc" else found.via
@@ -993,6 +998,8 @@ class _Grouping:
         if found.via == "grad" and not group.grad_graph:
             group.grad_graph = _has_graph(found.tensor)
         site = _allocation_site(self.sites, found) if len(group.allocated_at) < MAX_CHAINS_PER_GROUP else None
+        if site is not None:
+            group.site_bytes[site] = group.site_bytes.get(site, 0) + found.nbytes
         if site is not None and site not in group.allocated_at:
             group.allocated_at.append(site)
         elif len(group.allocated_at) >= MAX_CHAINS_PER_GROUP:
@@ -1077,6 +1084,7 @@ def _finish(groups: list[TensorGroup]) -> list[TensorGroup]:
     for group in groups:
         if group.kind == "graph":
             group.bytes = group.graph_bytes
+        if group.graph_bytes:  # (where a graph is kept, the site of most bytes first)
             group.allocated_at.sort(key=lambda site: -group.site_bytes.get(site, 0))
         if KEEPS_ITS_OUTPUT in group.graph_hooks and group.held_from_cpp_alone:
             group.holders = [own_graph_path(user_hooks(group), through_checkpoint(group))]
@@ -1163,6 +1171,8 @@ def merge_parts(groups: Sequence[TensorGroup]) -> list[TensorGroup]:
             whole.site_bytes[site] = whole.site_bytes.get(site, 0) + nbytes
         whole.sites_not_looked_up += group.sites_not_looked_up
     for whole in merged.values():
+        if whole.graph_bytes:
+            whole.allocated_at.sort(key=lambda site: -whole.site_bytes.get(site, 0))
         whole.diagnoses = diagnose(whole)
     return sorted(merged.values(), key=lambda g: -g.total_bytes)
 

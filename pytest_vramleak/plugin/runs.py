@@ -39,6 +39,7 @@ from ..reporting.report import TestResult, listed_total_text, render_groups
 from ..steps import StepResult
 from ..tracking import exit_callbacks
 from ..tracking.census import StorageKey, collections_paused
+from ..tracking.graph_sites import GraphSites
 from ..tracking.sites import FRAMES_FOR_CPP_HELD, FRAMES_TRACED, SiteRecorder, Sites, SiteSource, StorageSites
 from ..tracking.tracker import NODE_BYTES, StorageRef, Tracker
 from .options import Settings
@@ -689,7 +690,9 @@ def _recording_run(
     """The last run of a test run again records where its tensors are made (its imports are done
     by then): what it leaves is named with that, should the test fail."""
     recorder, storages = SiteRecorder(), StorageSites()
-    runs.sites = Sites([storages, recorder])
+    # where the runs keep autograd graphs, what the graphs saved is sited by the forward call that made it
+    graphs = GraphSites() if _last_graph_roots(runs) else None
+    runs.sites = Sites([storages, recorder, *([graphs] if graphs is not None else [])])
     runs.naming_run = True
     tracker = _tracker(item)
     # Memory only C++ holds is named by where it was made, from the user's line or from inside a
@@ -699,11 +702,15 @@ def _recording_run(
     recorder.start(frames=FRAMES_FOR_CPP_HELD if light else FRAMES_TRACED)
     if not light:
         storages.start()
+    if graphs is not None:
+        graphs.start()
     try:
         return run()
     finally:
         earlier: list[Any] = []
         try:
+            if graphs is not None:
+                graphs.stop()
             storages.stop()
             first = runs.checks[0].meter if runs.checks else None
             alive = tracker.alive_since(first.name if first is not None else "cpu", runs.first_begin)
@@ -716,6 +723,8 @@ def _recording_run(
                 ]
             recorder.capture(pairs)
             pairs.clear()
+            if graphs is not None:
+                graphs.capture(_last_graph_roots(runs))
         finally:  # (tracing is never left on, even where a timeout cuts the capture short)
             recorder.stop()
             runs.sites_lost = runs.sites_lost or recorder.stopped_by_others
