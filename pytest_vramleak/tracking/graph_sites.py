@@ -82,7 +82,7 @@ class GraphSites:
         that keep them) was made, where a node of the run made it."""
         torch = _torch()
         grad_fn = torch._C.TensorBase.grad_fn.__get__
-        stacks: dict[int, tuple[Site, ...]] = {}
+        stacks: dict[int, tuple[Any, tuple[Site, ...]]] = {}  # (each node kept: its id stays its own)
         visited: set[int] = set()
         keep: list[Any] = []
         try:
@@ -91,15 +91,19 @@ class GraphSites:
                     node = grad_fn(tensor) if tensor is not None else None
                     for saved in _graph_tensors(node, visited, keep) if node is not None else ():
                         self._note(saved, grad_fn(saved), stacks)
+        except Exception:  # a graph that cannot be read: what it saved has no site from it
+            pass
         finally:
             keep.clear()
+            stacks.clear()
 
-    def _note(self, saved: Any, maker: Any, stacks: dict[int, tuple[Site, ...]]) -> None:
+    def _note(self, saved: Any, maker: Any, stacks: dict[int, tuple[Any, tuple[Site, ...]]]) -> None:
         if maker is None:
             return
-        stack = stacks.get(id(maker))
-        if stack is None:
-            stack = stacks[id(maker)] = self._stack_of(maker)
+        known = stacks.get(id(maker))
+        if known is None:
+            known = stacks[id(maker)] = (maker, self._stack_of(maker))
+        stack = known[1]
         if not stack:
             return
         for storage in tensor_storages(saved):
