@@ -702,16 +702,16 @@ def _recording_run(
     recorder.start(frames=FRAMES_FOR_CPP_HELD if light else FRAMES_TRACED)
     if not light:
         storages.start()
-    if graphs is not None:
-        graphs.start()
     try:
+        if graphs is not None:
+            graphs.start()
         return run()
     finally:
         earlier: list[Any] = []
         try:
+            storages.stop()
             if graphs is not None:
                 graphs.stop()
-            storages.stop()
             first = runs.checks[0].meter if runs.checks else None
             alive = tracker.alive_since(first.name if first is not None else "cpu", runs.first_begin)
             # tensors, and storage objects kept without one: who made each, while tracing still knows
