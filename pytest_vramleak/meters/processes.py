@@ -22,6 +22,7 @@ from typing import Any
 
 from ..judging.sizes import format_size
 from ..tracking import gc_functions as gc
+from ..tracking.census import whole_heap
 from ..tracking.sites import site_text, user_sites
 
 
@@ -286,19 +287,21 @@ def _torch_helper(pid: int) -> bool:
 
 def _dataloader_workers() -> set[int]:
     """The pids of the workers of every live multi-process DataLoader iterator (torch's
-    ``_MultiProcessingDataLoaderIter``, found by exact class among gc's objects: paid only when a
-    test left children running)."""
+    ``_MultiProcessingDataLoaderIter``, found by exact class among gc's objects, frozen ones too:
+    paid only when a test left children running)."""
     module = sys.modules.get("torch.utils.data.dataloader")
     iterator_class = getattr(module, "_MultiProcessingDataLoaderIter", None) if module is not None else None
     if iterator_class is None:
         return set()
     pids = set()
-    for obj in gc.get_objects():
-        if type(obj) is iterator_class:
-            for worker in obj.__dict__.get("_workers", ()):
-                pid = getattr(worker, "pid", None)
-                if isinstance(pid, int):
-                    pids.add(pid)
+    with whole_heap():  # (an iterator frozen with the heap is not among gc's objects)
+        iterators = [obj for obj in gc.get_objects() if type(obj) is iterator_class]
+    for iterator in iterators:
+        for worker in iterator.__dict__.get("_workers", ()):
+            pid = getattr(worker, "pid", None)
+            if isinstance(pid, int):
+                pids.add(pid)
+    iterators.clear()
     return pids
 
 
