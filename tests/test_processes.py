@@ -87,41 +87,44 @@ def test_the_default_group_counts_too(pytester: pytest.Pytester, tmp_path) -> No
     )
 
 
+PERSISTENT_ITERATOR = """
+import gc
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+DATA = TensorDataset(torch.arange(8.0))
+KEPT = []
+
+@pytest.mark.vram_budget(leak="1 MiB")
+def test_keeps_a_persistent_iterator():
+    loader = DataLoader(DATA, batch_size=4, num_workers=1, persistent_workers=True)
+    iterator = iter(loader)
+    next(iterator)
+    KEPT.append(iterator)
+"""
+
+WORKERS_LEFT = [
+    "left 1 child process(es) running that it started:",
+    "    DataLoader worker pid * resident)",
+    "    diagnosis: DataLoader workers outlive the test*persistent_workers=False*",
+]
+
+
 def test_dataloader_workers_left_alive_are_reported_and_a_normal_dataloader_is_not(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(
-        test_it="""
-        import pytest
-        import torch
-        from torch.utils.data import DataLoader, TensorDataset
-
-        DATA = TensorDataset(torch.arange(8.0))
-        KEPT = []
-
-        @pytest.mark.vram_budget(leak="1 MiB")
-        def test_keeps_a_persistent_iterator():
-            loader = DataLoader(DATA, batch_size=4, num_workers=1, persistent_workers=True)
-            iterator = iter(loader)
-            next(iterator)
-            KEPT.append(iterator)
-
-        @pytest.mark.vram_budget(leak="1 MiB")
-        def test_normal_loader():
-            for batch in DataLoader(DATA, batch_size=4, num_workers=1):
-                pass
-        """
-    )
+    normal_loader = """
+@pytest.mark.vram_budget(leak="1 MiB")
+def test_normal_loader():
+    for batch in DataLoader(DATA, batch_size=4, num_workers=1):
+        pass
+"""
+    pytester.makepyfile(test_it=PERSISTENT_ITERATOR + normal_loader)
     result, report = outcomes(pytester)
     assert {name: entry["verdict"] for name, entry in report.items()} == {
         "test_keeps_a_persistent_iterator": "leaked",
         "test_normal_loader": "passed",
     }
-    result.stdout.fnmatch_lines(
-        [
-            "left 1 child process(es) running that it started:",
-            "    DataLoader worker pid * resident)",
-            "    diagnosis: DataLoader workers outlive the test*persistent_workers=False*",
-        ]
-    )
+    result.stdout.fnmatch_lines(WORKERS_LEFT)
     result.stdout.no_fnmatch_line("*no live tensor accounts for it*")
 
 
@@ -129,34 +132,10 @@ def test_dataloader_workers_are_told_apart_where_the_heap_is_frozen(pytester: py
     # The iterator that keeps the workers is frozen (the test froze the heap, as suites do to spare
     # Python's collector; the plugin freezes what it has read when reading takes long): gc's
     # listing of objects leaves frozen ones out, so it was named a plain multiprocessing process.
-    pytester.makepyfile(
-        test_it="""
-        import gc
-        import pytest
-        import torch
-        from torch.utils.data import DataLoader, TensorDataset
-
-        DATA = TensorDataset(torch.arange(8.0))
-        KEPT = []
-
-        @pytest.mark.vram_budget(leak="1 MiB")
-        def test_keeps_a_persistent_iterator_and_freezes_the_heap():
-            loader = DataLoader(DATA, batch_size=4, num_workers=1, persistent_workers=True)
-            iterator = iter(loader)
-            next(iterator)
-            KEPT.append(iterator)
-            gc.freeze()
-        """
-    )
+    pytester.makepyfile(test_it=PERSISTENT_ITERATOR + "    gc.freeze()\n")
     result, report = outcomes(pytester)
-    assert report["test_keeps_a_persistent_iterator_and_freezes_the_heap"]["verdict"] == "leaked"
-    result.stdout.fnmatch_lines(
-        [
-            "left 1 child process(es) running that it started:",
-            "    DataLoader worker pid * resident)",
-            "    diagnosis: DataLoader workers outlive the test*persistent_workers=False*",
-        ]
-    )
+    assert report["test_keeps_a_persistent_iterator"]["verdict"] == "leaked"
+    result.stdout.fnmatch_lines(WORKERS_LEFT)
 
 
 def test_a_subprocess_left_running_is_reported_and_a_waited_one_is_not(pytester: pytest.Pytester) -> None:
