@@ -10,7 +10,9 @@
    The module under the fixture is one pytest run, the bare module another: its first test
    indexes the live tensors (the first check of a session must), the others begin
    where the test before them ended. A third run alternates bare and checked tests in one
-   session, so that every check follows an unchecked test: the worst case, given apart.
+   session, so that every check follows an unchecked test: the worst case, given apart. A
+   setting's ratio is the mean checked test of each batch size, added up, against the same of
+   the bare tests; the session's first check (it indexes the live tensors) is left out of it.
 2. A suite of small torch tests (``suite.py``), plain pytest against ``pytest --vramleak``:
    pytest's session time.
 3. The same with 10^4 live tensors the tests never touch (``suite.py``'s ``live``), 180 tests.
@@ -118,14 +120,30 @@ def step_durations(folder: Path, selection: list[str]) -> dict[str, Any]:
     return durations
 
 
-def by_setting(durations: dict[str, Any], kind: str) -> dict[tuple[int, int], list[float]]:
-    """The seconds of the ``kind`` tests (bare or checked), by (steps, warmup), in the order run."""
-    grouped: dict[tuple[int, int], list[float]] = {setting: [] for setting in SETTINGS}
+def by_setting(durations: dict[str, Any], kind: str) -> dict[tuple[int, int], dict[int, list[float]]]:
+    """The seconds of the ``kind`` tests (bare or checked), by (steps, warmup) and batch size, in
+    the order run."""
+    grouped: dict[tuple[int, int], dict[int, list[float]]] = {
+        setting: {batch: [] for batch in BATCHES} for setting in SETTINGS
+    }
     for nodeid, seconds in durations.items():
         if f"::test_{kind}[" in nodeid:
-            steps, warmup = nodeid.split("[", 1)[1].split("-")[:2]
-            grouped[(int(steps), int(warmup))].append(seconds)
+            steps, warmup, batch = nodeid.split("[", 1)[1].split("-")[:3]
+            grouped[(int(steps), int(warmup))][int(batch)].append(seconds)
     return grouped
+
+
+def cost_ratio(checked: dict[int, list[float]], bare: dict[int, list[float]]) -> float:
+    """What the checked tests of a setting cost against the bare ones: the mean test of each batch
+    size, added up. (A median over both sizes at once is the midpoint between the slowest small
+    test and the fastest large one: it swung by 0.2x between rounds.)"""
+    return sum(statistics.mean(checked[batch]) for batch in BATCHES) / sum(
+        statistics.mean(bare[batch]) for batch in BATCHES
+    )
+
+
+def mean_test(tests: dict[int, list[float]]) -> float:
+    return statistics.mean(seconds for batch in BATCHES for seconds in tests[batch])
 
 
 def machine() -> str:
@@ -205,15 +223,20 @@ def main() -> None:
                 step_seconds.setdefault(int(batch), []).extend(seconds)
             checked_durations = step_durations(steps_folder, checked_only)
             checked = by_setting(checked_durations, "checked")
+            first = checked[SETTINGS[0]][BATCHES[0]][0]
             for setting in SETTINGS:
                 # the first checked test indexes the live tensors: counted in the module's ratio, not here
-                later = checked[setting][1:] if setting == SETTINGS[0] else checked[setting]
-                steps_ratio[setting].append(statistics.median(later) / statistics.median(bare[setting]))
-                test_ms[setting].append(1000 * statistics.median(bare[setting]))
+                later = {
+                    batch: tests[1:] if (setting, batch) == (SETTINGS[0], BATCHES[0]) else tests
+                    for batch, tests in checked[setting].items()
+                }
+                steps_ratio[setting].append(cost_ratio(later, bare[setting]))
+                test_ms[setting].append(1000 * mean_test(bare[setting]))
             module_ratio.append(
-                sum(sum(values) for values in checked.values()) / sum(sum(values) for values in bare.values())
+                sum(sum(map(sum, tests.values())) for tests in checked.values())
+                / sum(sum(map(sum, tests.values())) for tests in bare.values())
             )
-            first_extra.append(checked[SETTINGS[0]][0] - statistics.median(bare[SETTINGS[0]]))
+            first_extra.append(first - statistics.mean(bare[SETTINGS[0]][BATCHES[0]]))
             # the worst case: every checked test follows an unchecked one (pytest runs them interleaved)
             order = [
                 f"test_steps.py::test_{kind}[{steps}-{warmup}-{batch}-{index}]"
@@ -225,9 +248,12 @@ def main() -> None:
             mixed = step_durations(steps_folder, ["test_steps.py::test_warm_up", *order])
             mixed_bare, mixed_checked = by_setting(mixed, "bare"), by_setting(mixed, "checked")
             for setting in SETTINGS:
-                mixed_ratio[setting].append(
-                    statistics.median(mixed_checked[setting]) / statistics.median(mixed_bare[setting])
-                )
+                # (its first checked test is the session's first check, which indexes the live tensors)
+                mixed_later = {
+                    batch: tests[1:] if (setting, batch) == (SETTINGS[0], BATCHES[0]) else tests
+                    for batch, tests in mixed_checked[setting].items()
+                }
+                mixed_ratio[setting].append(cost_ratio(mixed_later, mixed_bare[setting]))
             for name, (folder, _, _) in suites.items():
                 plain_seconds = run(folder, ["-p", "no:vramleak"])[1]
                 checked_seconds = run(folder, ["--vramleak"])[1]
