@@ -14,9 +14,10 @@ Python object is the user's own, sited by the recorder. Anomaly mode prints noth
 fails, and then the forward stack of the failing node, as it would for the user.
 
 Anomaly mode asks ``torch.fx.traceback.format_stack`` for each node's stack, which formats every
-frame with its source line: under the tracing of that run, 9 ms a node in a pytest process. While
-it runs, that function is replaced by one that formats only the frames a site is read from (the
-user's, in one string, without source lines: 0.05 ms a node), and it is put back after.
+frame with its source line: under the tracing of that run, 5.6 ms a node 60 frames deep. While it
+runs, that function is replaced by one that formats only the frames a site is read from (the
+user's, in one string, without source lines: 0.14 ms a node, anomaly mode's own work included),
+and it is put back after.
 """
 
 from __future__ import annotations
@@ -138,8 +139,10 @@ def _stack_formatter(fx_traceback: Any, original: Callable[[], list[str]]) -> Ca
     """A ``format_stack`` for anomaly mode that formats only the frames a site is read from: the
     user's innermost ones (:data:`MAX_CALLERS` callers at most, not past the test runner), in
     ``traceback.format_list``'s form but in one string, without source lines (each string is an
-    allocation the run's tracing records). While torch's tracing preserves node metadata, torch's
-    own answers, as it would."""
+    allocation the run's tracing records). The frames are those :func:`~.sites.user_sites` would
+    pick, chosen as the stack is walked: handing it every frame costs a traced tuple for each
+    library frame between (0.2 ms a node against 0.14). While torch's tracing preserves node
+    metadata, torch's own answers, as it would."""
     kinds: dict[str, str] = {}
 
     def format_stack() -> list[str]:
