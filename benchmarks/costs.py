@@ -142,6 +142,15 @@ def cost_ratio(checked: dict[int, list[float]], bare: dict[int, list[float]]) ->
     )
 
 
+def after_first_check(
+    checked: dict[tuple[int, int], dict[int, list[float]]], setting: tuple[int, int]
+) -> dict[int, list[float]]:
+    """A setting's checked tests less the session's first, which the first setting's first batch
+    size runs (it indexes the live tensors)."""
+    first = (SETTINGS[0], BATCHES[0])
+    return {batch: tests[1:] if (setting, batch) == first else tests for batch, tests in checked[setting].items()}
+
+
 def mean_test(tests: dict[int, list[float]]) -> float:
     return statistics.mean(seconds for batch in BATCHES for seconds in tests[batch])
 
@@ -226,11 +235,7 @@ def main() -> None:
             first = checked[SETTINGS[0]][BATCHES[0]][0]
             for setting in SETTINGS:
                 # the first checked test indexes the live tensors: counted in the module's ratio, not here
-                later = {
-                    batch: tests[1:] if (setting, batch) == (SETTINGS[0], BATCHES[0]) else tests
-                    for batch, tests in checked[setting].items()
-                }
-                steps_ratio[setting].append(cost_ratio(later, bare[setting]))
+                steps_ratio[setting].append(cost_ratio(after_first_check(checked, setting), bare[setting]))
                 test_ms[setting].append(1000 * mean_test(bare[setting]))
             module_ratio.append(
                 sum(sum(map(sum, tests.values())) for tests in checked.values())
@@ -249,11 +254,7 @@ def main() -> None:
             mixed_bare, mixed_checked = by_setting(mixed, "bare"), by_setting(mixed, "checked")
             for setting in SETTINGS:
                 # (its first checked test is the session's first check, which indexes the live tensors)
-                mixed_later = {
-                    batch: tests[1:] if (setting, batch) == (SETTINGS[0], BATCHES[0]) else tests
-                    for batch, tests in mixed_checked[setting].items()
-                }
-                mixed_ratio[setting].append(cost_ratio(mixed_later, mixed_bare[setting]))
+                mixed_ratio[setting].append(cost_ratio(after_first_check(mixed_checked, setting), mixed_bare[setting]))
             for name, (folder, _, _) in suites.items():
                 plain_seconds = run(folder, ["-p", "no:vramleak"])[1]
                 checked_seconds = run(folder, ["--vramleak"])[1]

@@ -203,6 +203,11 @@ class TensorGroup:
         self.holders.append(path)
         return True
 
+    def sort_sites(self) -> None:
+        """Where the group keeps an autograd graph, list its sites by the bytes found at each, most first."""
+        if self.graph_bytes:
+            self.allocated_at.sort(key=lambda site: -self.site_bytes.get(site, 0))
+
     @property
     def held_from_cpp_alone(self) -> bool:
         """Whether every holder path found for the group is "held from C++": nothing in Python holds it."""
@@ -1084,8 +1089,7 @@ def _finish(groups: list[TensorGroup]) -> list[TensorGroup]:
     for group in groups:
         if group.kind == "graph":
             group.bytes = group.graph_bytes
-        if group.graph_bytes:  # (where a graph is kept, the site of most bytes first)
-            group.allocated_at.sort(key=lambda site: -group.site_bytes.get(site, 0))
+        group.sort_sites()
         if KEEPS_ITS_OUTPUT in group.graph_hooks and group.held_from_cpp_alone:
             group.holders = [own_graph_path(user_hooks(group), through_checkpoint(group))]
         group.diagnoses = diagnose(group)
@@ -1171,8 +1175,7 @@ def merge_parts(groups: Sequence[TensorGroup]) -> list[TensorGroup]:
             whole.site_bytes[site] = whole.site_bytes.get(site, 0) + nbytes
         whole.sites_not_looked_up += group.sites_not_looked_up
     for whole in merged.values():
-        if whole.graph_bytes:
-            whole.allocated_at.sort(key=lambda site: -whole.site_bytes.get(site, 0))
+        whole.sort_sites()
         whole.diagnoses = diagnose(whole)
     return sorted(merged.values(), key=lambda g: -g.total_bytes)
 
