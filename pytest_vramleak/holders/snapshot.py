@@ -41,6 +41,7 @@ from ..tracking.census import (
     collections_paused,
     is_tensor_type,
     live_tensors,
+    only_worth_reading,
     storage_facts,
     storage_key,
     storage_of_storage_object,
@@ -919,6 +920,10 @@ def _find_storages(
     try:
         hooked = hook_holdings(modules)
         modules.clear()
+        with _torch()._C.DisableTorchFunction():
+            pruned = only_worth_reading(listing, {pointer for _, pointer in keys})
+        listing.clear()
+        listing = pruned
         orphans = _unheld_tensors(keys, listing, known)
         # A graph shared by several tensors is credited to one of them; a tensor that only the
         # graph itself keeps alive (an intermediate result) is a poor owner to show, so it goes last.
