@@ -92,8 +92,9 @@ def test_sites_are_captured_for_a_sample_of_each_group(monkeypatch: pytest.Monke
 
 
 def test_tensors_made_before_tracing_take_the_answer_of_a_full_sample() -> None:
-    """Tensors made before the recorder began (an earlier run's) are grouped after it stops: they
-    take their group's answer where the sample of the group was full and agreed, else none."""
+    """Tensors made before the recorder began (an earlier run's) are grouped as they are asked
+    about, once tracing stopped: they take their group's answer where the sample of the group
+    was full and agreed, else none."""
     torch = pytest.importorskip("torch")
     earlier = [torch.ones(4) for _ in range(100)]
     older_of_a_small_group = [torch.ones(3)]
@@ -106,7 +107,6 @@ def test_tensors_made_before_tracing_take_the_answer_of_a_full_sample() -> None:
         recorder.capture([(tensor, tensor.untyped_storage()) for tensor in later + few])
     finally:
         recorder.stop()
-    recorder.share(earlier + older_of_a_small_group)
     assert {recorder.made_inside_library(tensor) for tensor in earlier + later + few} == {False}
     assert recorder.made_inside_library(older_of_a_small_group[0]) is None
 
@@ -130,12 +130,13 @@ def test_objects_are_grouped_alike_one_at_a_time_and_all_at_once(make: object) -
     base = torch._C.TensorBase
     with torch._C.DisableTorchFunction():
         one_at_a_time = [sites_module._group_of(obj, base, {}) for obj in objects]
-        assert sites_module._groups_of(objects, base) == one_at_a_time
+        assert sites_module.groups_of(objects, base) == one_at_a_time
+        assert sites_module.groups_of(objects, base, distinct=True) == set(one_at_a_time)
 
 
-def test_the_recording_run_pairs_apart_what_was_read_before_it() -> None:
-    """The tensors and storage objects read before a clock are set apart from the pairs of those
-    read since, which keep the order :meth:`Index.pairs` gives them (storage objects last)."""
+def test_the_recording_run_pairs_only_what_was_read_since_it_began() -> None:
+    """The pairs of the tensors and storage objects read since a clock keep the order
+    :meth:`Index.pairs` gives them (storage objects last); those read before are left out."""
     torch = pytest.importorskip("torch")
     from pytest_vramleak.tracking.index import Index
     from pytest_vramleak.tracking.ledger import Ledger
@@ -147,10 +148,7 @@ def test_the_recording_run_pairs_apart_what_was_read_before_it() -> None:
     ledger.clock += 1
     index.reread([new])
     refs = [index.storages[id(tensor.untyped_storage())] for tensor in (old, new)]
-    later, before = index.pairs_since(refs, ledger.clock)
-    new_storage, old_storage = new.untyped_storage(), old.untyped_storage()
+    later = index.pairs_since(refs, ledger.clock)
+    new_storage = new.untyped_storage()
     assert [(id(a), id(b)) for a, b in later] == [(id(new), id(new_storage)), (id(new_storage), id(new_storage))]
-    assert [id(obj) for obj in before] == [id(old), id(old_storage)]
-    later, before = index.pairs_since(refs, ledger.clock + 1)
-    assert later == []
-    assert [id(obj) for obj in before] == [id(old), id(new), id(old_storage), id(new_storage)]
+    assert index.pairs_since(refs, ledger.clock + 1) == []

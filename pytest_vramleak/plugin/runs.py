@@ -707,7 +707,6 @@ def _recording_run(
             graphs.start()
         return run()
     finally:
-        earlier: list[Any] = []
         try:
             storages.stop()
             if graphs is not None:
@@ -715,8 +714,8 @@ def _recording_run(
             first = runs.checks[0].meter if runs.checks else None
             alive = tracker.alive_since(first.name if first is not None else "cpu", runs.first_begin)
             # tensors, and storage objects kept without one: who made each, while tracing still knows
-            if recorder.owns_tracing:  # (the earlier runs' tensors are grouped once tracing stops)
-                pairs, earlier = tracker.pairs_since(alive, untraced)
+            if recorder.owns_tracing:  # (the earlier runs' tensors take their group's answer: see made_inside_library)
+                pairs = tracker.pairs_since(alive, untraced)
             else:
                 pairs = tracker.pairs(alive) + [
                     (storage, storage) for storage in (ref() for ref in alive) if storage is not None
@@ -729,8 +728,6 @@ def _recording_run(
             recorder.stop()
             runs.sites_lost = runs.sites_lost or recorder.stopped_by_others
             runs.naming_run = False
-        recorder.share(earlier)
-        earlier.clear()
 
 
 def _pytorchs_own(tracker: Tracker, runs: TestRuns, refs: list[StorageRef]) -> list[Any] | None:

@@ -458,6 +458,17 @@ class Index:
             owners += [ref] * len(found)
         return owners
 
+    def sole_users(self, refs: list[StorageRef]) -> list[Any]:
+        """For each storage, the live indexed tensor that alone used it, and used no other storage,
+        when last read; None where there is no such tensor (strong references)."""
+        found: list[Any] = []
+        entries = self.entries
+        for ref in refs:
+            users = ref.users
+            entry = entries.get(users[0]) if len(users) == 1 else None
+            found.append(entry.ref() if entry is not None and len(entry.storages) == 1 else None)
+        return found
+
     def pairs(self, refs: list[StorageRef]) -> list[tuple[Any, Any]]:
         """``(tensor, storage)`` for each live indexed tensor that used one of these storages when last read."""
         found = []
@@ -476,17 +487,16 @@ class Index:
                     found += [(tensor, storage) for tensor in self.users([ref])]
         return found
 
-    def pairs_since(self, refs: list[StorageRef], clock: int) -> tuple[list[tuple[Any, Any]], list[Any]]:
+    def pairs_since(self, refs: list[StorageRef], clock: int) -> list[tuple[Any, Any]]:
         """As :meth:`pairs`, followed by ``(storage, storage)`` for each live storage object, for
-        the tensors and storage objects first read at ``clock`` or later; the others, read before,
-        apart. Reads only the index's own numbers (no ``id()`` per tensor): made while tracemalloc
-        traces, each new number would be traced."""
+        the tensors and storage objects first read at ``clock`` or later. Reads only the index's
+        own numbers (no ``id()`` per tensor): made while tracemalloc traces, each new number
+        would be traced."""
         with collections_paused():
             return self._pairs_since(refs, clock)
 
-    def _pairs_since(self, refs: list[StorageRef], clock: int) -> tuple[list[tuple[Any, Any]], list[Any]]:
+    def _pairs_since(self, refs: list[StorageRef], clock: int) -> list[tuple[Any, Any]]:
         later: list[tuple[Any, Any]] = []
-        before: list[Any] = []
         entries = self.entries
         for ref in refs:
             storage = ref()
@@ -495,21 +505,10 @@ class Index:
             for ident in ref.users if len(ref.users) == 1 else [id(tensor) for tensor in self.users([ref])]:
                 entry = entries.get(ident)
                 tensor = entry.ref() if entry is not None else None
-                if tensor is None:
-                    continue
-                if entry.born < clock:  # type: ignore[union-attr]
-                    before.append(tensor)
-                else:
+                if tensor is not None and entry.born >= clock:  # type: ignore[union-attr]
                     later.append((tensor, storage))
-        for ref in refs:
-            storage = ref()
-            if storage is None:
-                continue
-            if ref.born < clock:
-                before.append(storage)
-            else:
-                later.append((storage, storage))
-        return later, before
+        later += [(storage, storage) for ref in refs if ref.born >= clock and (storage := ref()) is not None]
+        return later
 
     def first_gradients(self, refs: list[StorageRef], clock: int) -> bool:
         """Whether each of ``refs`` is the storage of a gradient read at ``clock`` or later, without

@@ -474,12 +474,10 @@ class SiteRecorder:
         # (no code of a tensor subclass runs; nor do the collections that making an object or two
         # per tensor sets off, each a walk of the heap)
         with torch._C.DisableTorchFunction(), collections_paused():
-            objects = [pair[0] for pair in reversed(pairs)]
-            groups = _groups_of(objects, torch._C.TensorBase)
+            newest_first = pairs[::-1]
             sampled: dict[Any, list[bool | None]] = {}
-            for position in _sample(groups):
-                tensor, storage = pairs[len(pairs) - 1 - position]
-                made = sampled.setdefault(groups[position], [])
+            for (tensor, storage), group in _sample(newest_first, torch._C.TensorBase):
+                made = sampled.setdefault(group, [])
                 frames = _frames_of(tensor)
                 made.append(None)
                 if frames and not _made_by_plugin(frames):
@@ -494,43 +492,26 @@ class SiteRecorder:
                     facts = storage_facts(storage)
                     if facts is not None:
                         self._sites[id(storage)] = (facts[1], facts[2], stack)
+            newest_first.clear()
         # (a group with tensors left out has a full sample)
         self._agreed = {
             group: made[0]
             for group, made in sampled.items()
             if len(made) == SITES_PER_GROUP and len(set(made)) == 1 and made[0] is not None
         }
-        self._answer(objects, groups)  # the sample's own have their answer already: the same
-        objects.clear()
-
-    def share(self, objects: list[Any]) -> None:
-        """Give tensors and storage objects made before tracing began, older than every one
-        :meth:`capture` saw, their group's answer to whether library code made them, where the
-        sample :meth:`capture` took of the group was full and agreed (they have no site, and
-        would have been left out of it). Called once tracing stopped: grouping them makes an
-        object or more each, and tracing each of those costs more than the grouping."""
-        if not self._agreed or not objects:
-            return
-        import torch
-
-        with torch._C.DisableTorchFunction(), collections_paused():
-            self._answer(objects, _groups_of(objects, torch._C.TensorBase))
-
-    def _answer(self, objects: list[Any], groups: list[Any]) -> None:
-        """Note the answer of each object's group, where it agreed (picked in C: a Python loop
-        over 10^6 tensors takes a second)."""
-        if self._agreed:
-            answers: list[Any] = list(map(self._agreed.get, groups))
-            self._inside_library.update(
-                itertools.compress(
-                    zip(map(id, objects), answers, strict=True), map(operator.is_not, answers, itertools.repeat(None))
-                )
-            )
 
     def made_inside_library(self, obj: Any) -> bool | None:
         """Whether library code (torch's own) made this tensor or storage object, rather than a
-        line of the user's calling it (None where not known)."""
-        return self._inside_library.get(id(obj))
+        line of the user's calling it (None where not known): as its site said, where
+        :meth:`capture` looked it up, else as the sample of its group agreed, where it was full
+        (a tensor made before tracing began, an earlier run's, is answered so too)."""
+        known = self._inside_library.get(id(obj))
+        if known is not None or not self._agreed:
+            return known
+        import torch
+
+        with torch._C.DisableTorchFunction():
+            return self._agreed.get(_group_of(obj, torch._C.TensorBase, {}))
 
     def made_on(self, storage: Any) -> tuple[str, int] | Literal["main thread"] | None:
         """Which thread made a captured storage's tensor: where a thread other than the main one
@@ -597,52 +578,71 @@ def _group_of(obj: Any, base: Any, tensor_classes: dict[type, bool]) -> tuple[An
     try:
         if not tensor:
             return (cls, cls.nbytes(obj))
-        return (cls, base.dtype.__get__(obj), tuple(base.size(obj)), base.device.__get__(obj))
+        return (cls, base.dtype.__get__(obj), base.size(obj), base.device.__get__(obj))
     except Exception:  # a nested tensor has no single shape: grouped by its class
         return (cls,)
 
 
-def _groups_of(objects: list[Any], base: Any) -> list[tuple[Any, ...]]:
+def groups_of(objects: list[Any], base: Any, *, distinct: bool = False) -> Any:
     """:func:`_group_of` of each object, read by torch's getters mapped over the list in C (the
-    tensors apart from the storage objects of each class), or one at a time where one fails."""
+    tensors apart from the storage objects of each class), or one at a time where one fails.
+    With ``distinct``, the set of the groups met (no list of one per object is made)."""
+    collect: Any = set if distinct else list
     classes = list(map(type, objects))
     tensor_classes = {cls: is_tensor_type(cls) for cls in set(classes)}
     try:
         if all(tensor_classes.values()):
-            return list(
+            return collect(
                 zip(
                     classes,
                     map(base.dtype.__get__, objects),
-                    map(tuple, map(base.size, objects)),
+                    map(base.size, objects),  # (a torch.Size: a tuple, equal and hashed alike)
                     map(base.device.__get__, objects),
                     strict=True,
                 )
             )
         if len(tensor_classes) == 1:
             (cls,) = tensor_classes
-            return list(zip(classes, map(cls.nbytes, objects), strict=True))  # type: ignore[attr-defined]
+            return collect(zip(classes, map(cls.nbytes, objects), strict=True))  # type: ignore[attr-defined]
     except Exception:  # a nested tensor has no single shape: each object is read alone
-        return [_group_of(obj, base, tensor_classes) for obj in objects]
+        return collect(_group_of(obj, base, tensor_classes) for obj in objects)
     # Tensors and storage objects (or storage objects of several classes): each kind apart.
     kinds = list(map(tensor_classes.__getitem__, classes)) if any(tensor_classes.values()) else classes
     parts = {
-        kind: iter(_groups_of([obj for obj, its in zip(objects, kinds, strict=True) if its == kind], base))
+        kind: groups_of(
+            list(itertools.compress(objects, map(operator.eq, kinds, itertools.repeat(kind)))), base, distinct=distinct
+        )
         for kind in set(kinds)
     }
-    return [next(parts[kind]) for kind in kinds]
+    if distinct:
+        return set().union(*parts.values())
+    each = {kind: iter(groups) for kind, groups in parts.items()}
+    return [next(each[kind]) for kind in kinds]
 
 
-def _sample(groups: list[Any]) -> list[int]:
-    """The positions of the first ``SITES_PER_GROUP`` members of each group, in order."""
-    taken: dict[Any, int] = {}
-    get = taken.get
-    positions = []
-    for position, group in enumerate(groups):
-        count = get(group, 0)
-        if count < SITES_PER_GROUP:
-            taken[group] = count + 1
-            positions.append(position)
-    return positions
+def _sample(pairs: list[tuple[Any, Any]], base: Any) -> list[tuple[tuple[Any, Any], Any]]:
+    """The first ``SITES_PER_GROUP`` pairs of each group (see :func:`_group_of`), each with its
+    group, in order: the groups met are found in one pass in C, which makes an object for each
+    group rather than for each pair (under tracing each object made costs more than the
+    grouping), then the pairs are read until each group's are found."""
+    first = [pair[0] for pair in pairs]
+    try:
+        wanted = dict.fromkeys(groups_of(first, base, distinct=True), SITES_PER_GROUP)
+    finally:
+        first.clear()
+    left = sum(wanted.values())
+    taken: list[tuple[tuple[Any, Any], Any]] = []
+    classes: dict[type, bool] = {}
+    for pair in pairs:
+        if not left:
+            break
+        group = _group_of(pair[0], base, classes)
+        count = wanted.get(group, 0)
+        if count:
+            wanted[group] = count - 1
+            taken.append((pair, group))
+            left -= 1
+    return taken
 
 
 class StorageSites:

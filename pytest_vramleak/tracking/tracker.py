@@ -443,13 +443,17 @@ class Tracker:
         :meth:`Index.users_of_each`)."""
         return self.index.users_of_each(refs, tensors)
 
+    def sole_users(self, refs: list[StorageRef]) -> list[Any]:
+        """The tensor that alone used each storage, or None (see :meth:`Index.sole_users`)."""
+        return self.index.sole_users(refs)
+
     def pairs(self, refs: list[StorageRef]) -> list[tuple[Any, Any]]:
         """``(tensor, storage)`` for each live indexed tensor that used one of these storages when last read."""
         return self.index.pairs(refs)
 
-    def pairs_since(self, refs: list[StorageRef], clock: int) -> tuple[list[tuple[Any, Any]], list[Any]]:
+    def pairs_since(self, refs: list[StorageRef], clock: int) -> list[tuple[Any, Any]]:
         """The pairs of tensors and storages, and of storage objects with themselves, first read at
-        ``clock`` or later, and the objects read before (see :meth:`Index.pairs_since`)."""
+        ``clock`` or later (see :meth:`Index.pairs_since`)."""
         return self.index.pairs_since(refs, clock)
 
     def kept_graph(
