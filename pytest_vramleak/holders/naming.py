@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..tracking.census import StorageKey, storage_key
-from ..tracking.sites import SiteSource
+from ..tracking.census import StorageKey, collections_paused, storage_key
+from ..tracking.sites import SiteSource, groups_of
 from ..tracking.tracker import NODE_BYTES, StorageRef, Tracker
 from .diagnosis import diagnose, held_by_torch_cache
 from .edges import NamedRoot
@@ -41,19 +41,93 @@ def name_storages(
     the history groups. A tensor already named among the storages, or held only where a group of
     saved tensors names its holder, says it keeps its graph already: it gets no history group.
     With ``part`` see :func:`~.snapshot.describe`."""
-    keys = [(ref.device, ref.pointer) for ref in refs if ref() is not None]
+    live = [ref for ref in refs if ref() is not None]
+    keys = [(ref.device, ref.pointer) for ref in live]
     wanted = set(keys)
+    sampled, alike = _sample_alike(tracker, live, part)
     roots = [(tensor, nodes) for tensor, nodes in ((ref(), nodes) for ref, nodes in graph_roots) if tensor is not None]
     roots = [(tensor, nodes) for tensor, nodes in roots if (storage_key(tensor) or ((None, 0), 0))[0] not in wanted]
     try:
         with tracker.unfrozen():  # naming holders needs the whole heap
-            groups = describe(keys, device, sites=sites, named=named, collected=collected, part=part) if keys else []
+            groups = describe(sampled, device, sites=sites, named=named, collected=collected, part=part) if keys else []
+            if alike and not _count_in(groups, alike):  # the sample of a kind of tensor told it apart: each is named
+                groups = describe(keys, device, sites=sites, named=named, collected=collected, part=part)
             history = (
                 describe_history(roots, device, node_bytes=NODE_BYTES, named=named, collect=False) if roots else []
             )
     finally:
         roots.clear()
     return groups, _history_not_named(groups, history)
+
+
+NAMED_EACH = 2_000
+"""Storages named one by one: where the runs keep more, those that alike tensors use (one
+storage each, of one dtype, shape, device, class and run) are named for a sample of each kind,
+and the rest counted in with the sample's group."""
+ALIKE_SAMPLED = 16
+"""Tensors of each kind named where more are kept (more than a report shows: see
+:data:`~pytest_vramleak.reporting.report.HOLDERS_SAMPLED`)."""
+
+_Alike = list[tuple[list[StorageKey], list[StorageRef]]]
+
+
+def _sample_alike(
+    tracker: Tracker, refs: list[StorageRef], part: Callable[[StorageKey], Any] | None
+) -> tuple[list[StorageKey], _Alike]:
+    """The keys of ``refs`` to name one by one (in the order given), and, for each kind of alike
+    tensors of which more are kept than :data:`ALIKE_SAMPLED`, the keys of the sample named and
+    the storages left to count in (see :data:`NAMED_EACH`)."""
+    keys = [(ref.device, ref.pointer) for ref in refs]
+    if len(refs) <= NAMED_EACH:
+        return keys, []
+    tensors = tracker.sole_users(refs)
+    known = [index for index, tensor in enumerate(tensors) if tensor is not None]
+    users = [tensors[index] for index in known]
+    tensors.clear()
+    try:
+        with _torch()._C.DisableTorchFunction(), collections_paused():
+            kinds = groups_of(users, _torch()._C.TensorBase)
+    finally:
+        users.clear()
+    each: dict[Any, list[int]] = {}
+    for index, kind in zip(known, kinds, strict=True):
+        each.setdefault((kind, part(keys[index]) if part is not None else None), []).append(index)
+    named = set(range(len(refs))) - set(known)  # (a storage no one tensor alone uses)
+    alike: _Alike = []
+    for members in each.values():  # the newest of each kind: those whose sites the recording run captured
+        named.update(members[-ALIKE_SAMPLED:])
+        if len(members) > ALIKE_SAMPLED:
+            sample, rest = members[-ALIKE_SAMPLED:], members[:-ALIKE_SAMPLED]
+            alike.append(([keys[index] for index in sample], [refs[index] for index in rest]))
+    return [keys[index] for index in sorted(named)], alike
+
+
+def _count_in(groups: list[TensorGroup], alike: _Alike) -> bool:
+    """Count each kind's storages left out into the group its sample was named in, where the whole
+    sample is in one group of tensors or gradients; whether every kind's was (else none is)."""
+    group_of = {key: group for group in groups for key in group.keys}
+    into = []
+    for sample, rest in alike:
+        group = group_of.get(sample[0])
+        if (
+            group is None
+            or group.kind not in ("tensor", "grad")
+            or any(group_of.get(key) is not group for key in sample)
+        ):
+            return False
+        into.append((group, rest))
+    for group, rest in into:
+        group.bytes += sum(ref.nbytes for ref in rest)
+        group.count += len(rest)
+        group.keys += [(ref.device, ref.pointer) for ref in rest]
+        group.sites_not_looked_up += len(rest)
+    return True
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
 
 
 def _history_not_named(groups: list[TensorGroup], history: list[TensorGroup]) -> list[TensorGroup]:

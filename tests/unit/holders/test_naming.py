@@ -1,0 +1,61 @@
+"""Naming many alike tensors: a sample of each kind is named, the rest counted into its group."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from pytest_vramleak.holders.naming import ALIKE_SAMPLED, NAMED_EACH, _count_in, _sample_alike
+from pytest_vramleak.holders.snapshot import TensorGroup
+
+
+def _refs(count: int) -> list[Any]:
+    return [SimpleNamespace(device="cpu", pointer=index + 1, nbytes=16) for index in range(count)]
+
+
+def _sampled(tensors: list[Any], part: Any = None) -> tuple[list[Any], list[Any], Any]:
+    refs = _refs(len(tensors))
+    tracker = SimpleNamespace(sole_users=lambda asked: list(tensors))
+    named, alike = _sample_alike(tracker, refs, part)  # type: ignore[arg-type]
+    return refs, named, alike
+
+
+def test_few_storages_are_each_named() -> None:
+    refs, named, alike = _sampled([torch.ones(4) for _ in range(NAMED_EACH)])
+    assert named == [(ref.device, ref.pointer) for ref in refs]
+    assert alike == []
+
+
+def test_the_newest_of_each_kind_are_named_and_the_rest_counted_into_their_group() -> None:
+    many = NAMED_EACH + 10
+    refs, named, alike = _sampled([torch.ones(4) for _ in range(many)] + [torch.ones(2), None])
+    newest = [("cpu", pointer) for pointer in range(many - ALIKE_SAMPLED + 1, many + 1)]
+    assert named == [*newest, ("cpu", many + 1), ("cpu", many + 2)]  # (the lone tensor; a storage no one tensor uses)
+    ((sample, rest),) = alike
+    assert sample == newest and [ref.pointer for ref in rest] == list(range(1, many - ALIKE_SAMPLED + 1))
+    group = TensorGroup("float32", (4,), "cpu", bytes=16 * ALIKE_SAMPLED, count=ALIKE_SAMPLED, keys=list(sample))
+    lone = TensorGroup("float32", (2,), "cpu", bytes=8, count=1, keys=[("cpu", many + 1)])
+    assert _count_in([group, lone], alike)
+    assert (group.count, group.bytes, group.sites_not_looked_up) == (many, 16 * many, len(rest))
+    assert len(group.keys) == many and lone.count == 1
+
+
+def test_each_run_is_sampled_apart() -> None:
+    many = NAMED_EACH + 10
+    _, named, alike = _sampled([torch.ones(4) for _ in range(many)], part=lambda key: key[1] % 2)
+    assert len(named) == 2 * ALIKE_SAMPLED
+    assert sorted(len(rest) for _, rest in alike) == [many // 2 - ALIKE_SAMPLED] * 2
+
+
+def test_a_sample_named_in_two_groups_counts_nothing_in() -> None:
+    _, _, alike = _sampled([torch.ones(4) for _ in range(NAMED_EACH + 10)])
+    ((sample, _),) = alike
+    half = ALIKE_SAMPLED // 2
+    held = TensorGroup("float32", (4,), "cpu", count=half, keys=list(sample[:half]))
+    saved = TensorGroup("float32", (4,), "cpu", count=half, keys=list(sample[half:]), kind="graph")
+    assert not _count_in([held, saved], alike)
+    assert (held.count, saved.count, held.sites_not_looked_up) == (half, half, 0)
+    whole_graph = TensorGroup("float32", (4,), "cpu", count=ALIKE_SAMPLED, keys=list(sample), kind="graph")
+    assert not _count_in([whole_graph], alike)
