@@ -74,6 +74,7 @@ class LeakCheck:
         name_leaks: bool = True,
         sites: SiteSource | None = None,
         clear_caches: bool = True,
+        body_ended: Callable[[], None] | None = None,
     ) -> None:
         self.meter = meter or meter_for(device)
         self.budget = budget or Budget()
@@ -89,6 +90,8 @@ class LeakCheck:
         self.name_leaks = name_leaks
         """Name the holders of a leak as the check finishes (else :meth:`explain` does, when asked)."""
         self._sites_given = sites
+        self._body_ended = body_ended
+        """Called first as the body ends (the run recording sites captures them then, and stops tracing)."""
         self.clear_caches = clear_caches
         """Clear PyTorch's own caches (compiled graphs) before confirming a leak. A test run again
         keeps them between runs: cleared, each run would compile anew."""
@@ -145,6 +148,8 @@ class LeakCheck:
         """The body returned (or raised): read the peak, what only the cycle collector frees, and
         where the tensors still alive were made."""
         try:
+            if self._body_ended is not None:
+                self._body_ended()
             self.readings.stop(self.result, self.begin_clock, strict=self.rules.strict_cycles, sites=self.sites)
         finally:
             if self.sites is not None:

@@ -300,3 +300,36 @@ def test_a_step_check_says_where_a_kept_view_was_made(pytester: pytest.Pytester)
             "        kept through a view made at test_it.py:7 in test_cache_rows()",
         ]
     )
+
+
+def test_what_set_up_made_and_the_body_kept_is_sited_at_the_fixture(pytester: pytest.Pytester) -> None:
+    """The run that records sites captures them as its body ends: what a fixture made as the test
+    set up is captured with the body's tensors."""
+    pytester.makepyfile(
+        test_it=textwrap.dedent(
+            """
+            import pytest
+            import torch
+
+            KEPT = []
+
+            @pytest.fixture
+            def batch():
+                return torch.ones(64, 64)
+
+            def test_keeps_the_batch(batch):
+                KEPT.append(batch)
+                KEPT.append(torch.zeros(32))
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak", "--vramleak-fail-on=any")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "float32[[]64, 64[]] on cpu: 1 tensor, 16.0 KiB",
+            "    allocated at test_it.py:8 in batch()*",
+            "float32[[]32[]] on cpu: 1 tensor, 128 B",
+            "    allocated at test_it.py:12 in test_keeps_the_batch()*",
+        ]
+    )

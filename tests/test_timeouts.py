@@ -48,25 +48,31 @@ def test_each_run_of_a_test_has_its_whole_timeout(pytester: pytest.Pytester, met
 
 
 @pytest.mark.parametrize(
-    ("module", "owner", "name", "while_doing"),
+    ("module", "owner", "name", "while_doing", "frozen"),
     [
-        ("pytest_vramleak.plugin.runs", None, "kept_once_already", "running the test again"),
+        ("pytest_vramleak.plugin.runs", None, "kept_once_already", "running the test again", False),
+        # (where the suite froze the heap, sites are captured after the run that records them)
         (
             "pytest_vramleak.tracking.sites",
             "SiteRecorder",
             "capture",
             "running the test again to record where its tensors are made",
+            True,
         ),
-        ("pytest_vramleak.plugin.runs", None, "_name_runs", "naming what holds the memory the runs kept"),
+        ("pytest_vramleak.plugin.runs", None, "_name_runs", "naming what holds the memory the runs kept", False),
     ],
 )
 def test_a_timeout_in_the_plugins_own_work_ends_its_check_and_the_session_goes_on(
-    pytester: pytest.Pytester, module: str, owner: str | None, name: str, while_doing: str
+    pytester: pytest.Pytester, module: str, owner: str | None, name: str, while_doing: str, frozen: bool
 ) -> None:
     pytester.makeconftest(
         f"""
+        import gc
         import time
         import {module} as module
+
+        if {frozen!r}:
+            gc.freeze()
 
         owner = getattr(module, {owner!r}) if {owner!r} else module
         slowed = getattr(owner, {name!r})
@@ -110,3 +116,39 @@ def test_a_timeout_in_the_plugins_own_work_ends_its_check_and_the_session_goes_o
     properties = {p.get("name"): p.get("value") for p in cases["test_leaks"].iter("property")}
     assert properties["vramleak_verdict"] == "unchecked"
     assert properties["vramleak_reason"].startswith(cut)
+
+
+def test_a_timeout_as_the_recording_runs_body_ends_leaves_the_leak_judged_with_its_sites_unknown(
+    pytester: pytest.Pytester,
+) -> None:
+    """The run that records sites captures them as its body ends, inside that run (which has the
+    test's whole timeout): a timeout there fails that run, and the leak stands as the runs before
+    it measured it, where its tensors were made said to be not known."""
+    pytester.makeconftest(
+        """
+        import time
+        import pytest_vramleak.plugin.runs as runs
+
+        captured = runs._capture_as_the_body_ends
+
+        def slow(*args, **kwargs):  # longer than the test's timeout
+            time.sleep(5)
+            return captured(*args, **kwargs)
+
+        runs._capture_as_the_body_ends = slow
+        """
+    )
+    pytester.makepyfile(test_it=GROWS)
+    report = pytester.path / "r.json"
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:randomly", "--timeout=1", "--vramleak", f"--vramleak-report={report}",
+    )  # fmt: skip
+    result.stdout.no_fnmatch_line("*INTERNALERROR*")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*memory grew 1.9 MiB per run of the test over 3 measured runs on cpu*",
+            "where the tensors were made is not known: the run that records it failed in call",
+        ]
+    )
+    assert read_report(report)["test_grows"]["verdict"] == "leaked"

@@ -44,7 +44,8 @@ def name_storages(
     live = [ref for ref in refs if ref() is not None]
     keys = [(ref.device, ref.pointer) for ref in live]
     wanted = set(keys)
-    sampled, alike = _sample_alike(tracker, live, part)
+    captured = getattr(sites, "captured_pointers", None)
+    sampled, alike = _sample_alike(tracker, live, part, captured() if captured is not None else set())
     roots = [(tensor, nodes) for tensor, nodes in ((ref(), nodes) for ref, nodes in graph_roots) if tensor is not None]
     roots = [(tensor, nodes) for tensor, nodes in roots if (storage_key(tensor) or ((None, 0), 0))[0] not in wanted]
     try:
@@ -72,11 +73,12 @@ _Alike = list[tuple[list[StorageKey], list[StorageRef]]]
 
 
 def _sample_alike(
-    tracker: Tracker, refs: list[StorageRef], part: Callable[[StorageKey], Any] | None
+    tracker: Tracker, refs: list[StorageRef], part: Callable[[StorageKey], Any] | None, sited: set[int]
 ) -> tuple[list[StorageKey], _Alike]:
     """The keys of ``refs`` to name one by one (in the order given), and, for each kind of alike
     tensors of which more are kept than :data:`ALIKE_SAMPLED`, the keys of the sample named and
-    the storages left to count in (see :data:`NAMED_EACH`)."""
+    the storages left to count in (see :data:`NAMED_EACH`). A kind's sample is its newest
+    storages whose sites were captured (their data pointers are ``sited``), then its newest."""
     keys = [(ref.device, ref.pointer) for ref in refs]
     if len(refs) <= NAMED_EACH:
         return keys, []
@@ -94,11 +96,18 @@ def _sample_alike(
         each.setdefault((kind, part(keys[index]) if part is not None else None), []).append(index)
     named = set(range(len(refs))) - set(known)  # (a storage no one tensor alone uses)
     alike: _Alike = []
-    for members in each.values():  # the newest of each kind: those whose sites the recording run captured
-        named.update(members[-ALIKE_SAMPLED:])
-        if len(members) > ALIKE_SAMPLED:
-            sample, rest = members[-ALIKE_SAMPLED:], members[:-ALIKE_SAMPLED]
-            alike.append(([keys[index] for index in sample], [refs[index] for index in rest]))
+    for members in each.values():
+        if len(members) <= ALIKE_SAMPLED:
+            named.update(members)
+            continue
+        sample = [index for index in members if refs[index].pointer in sited][-ALIKE_SAMPLED:]
+        if len(sample) < ALIKE_SAMPLED:
+            taken = set(sample)
+            sample += [index for index in members if index not in taken][len(sample) - ALIKE_SAMPLED :]
+        named.update(sample)
+        taken = set(sample)
+        rest = [refs[index] for index in members if index not in taken]
+        alike.append(([keys[index] for index in sorted(sample)], rest))
     return [keys[index] for index in sorted(named)], alike
 
 

@@ -4,6 +4,7 @@ PyTorch or pytest keeps set aside, and the reports pytest gets, once."""
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -111,6 +112,8 @@ class TestRuns:
     run kept, the same storages, is PyTorch's own: this case was not run again."""
     sites_lost: bool = False
     """The test stopped tracemalloc while the run that records sites ran: they are not known."""
+    body_ended: Callable[[], None] | None = None
+    """While the run that records sites runs: what its check calls as the test's body ends."""
     sites_on_first_run: bool = False
     """``--vramleak-sites=on``: the first run records sites too."""
     cut_short: str | None = None
@@ -702,32 +705,63 @@ def _recording_run(
     recorder.start(frames=FRAMES_FOR_CPP_HELD if light else FRAMES_TRACED)
     if not light:
         storages.start()
+    first = runs.checks[0].meter if runs.checks else None
+    device = first.name if first is not None else "cpu"
+    runs.body_ended = functools.partial(_capture_as_the_body_ends, tracker, recorder, storages, device, untraced)
     try:
         if graphs is not None:
             graphs.start()
         return run()
     finally:
+        runs.body_ended = None
         try:
             storages.stop()
             if graphs is not None:
                 graphs.stop()
-            first = runs.checks[0].meter if runs.checks else None
-            alive = tracker.alive_since(first.name if first is not None else "cpu", runs.first_begin)
-            # tensors, and storage objects kept without one: who made each, while tracing still knows
-            if recorder.owns_tracing:  # (the earlier runs' tensors take their group's answer: see made_inside_library)
-                pairs = tracker.pairs_since(alive, untraced)
-            else:
-                pairs = tracker.pairs(alive) + [
-                    (storage, storage) for storage in (ref() for ref in alive) if storage is not None
-                ]
-            recorder.capture(pairs)
-            pairs.clear()
+            if recorder.owns_tracing or not recorder.started_tracing:  # (not captured as the body ended)
+                _capture_after_the_run(tracker, recorder, tracker.alive_since(device, runs.first_begin), untraced)
             if graphs is not None:
                 graphs.capture(_last_graph_roots(runs))
         finally:  # (tracing is never left on, even where a timeout cuts the capture short)
             recorder.stop()
             runs.sites_lost = runs.sites_lost or recorder.stopped_by_others
             runs.naming_run = False
+
+
+def _capture_as_the_body_ends(
+    tracker: Tracker, recorder: SiteRecorder, storages: StorageSites, device: str, untraced: int
+) -> None:
+    """Capture the sites of what the recording run's body made as it ends, and stop tracing: what
+    the check reads next (each of the body's tensors, which with 10^5 of them took seconds under
+    tracing) is not traced. Only where the heap was frozen as the body began (what gc tracks
+    unfrozen is then the body's); else the sites are captured after the run, as the index lists
+    what it kept."""
+    if not recorder.owns_tracing:
+        return
+    made = tracker.made_since_freeze()
+    if made is None:
+        return
+    try:
+        storages.stop()
+        # what set-up made (the index read it as the body began), then what the body made
+        _capture_after_the_run(tracker, recorder, tracker.alive_since(device, untraced), untraced)
+        recorder.capture_objects(made)
+    finally:
+        made.clear()
+        recorder.stop()
+
+
+def _capture_after_the_run(tracker: Tracker, recorder: SiteRecorder, alive: list[StorageRef], untraced: int) -> None:
+    """Capture the sites of the tensors, and storage objects kept without one, of ``alive`` (what
+    the runs keep), while tracing still knows who made each."""
+    if recorder.owns_tracing:  # (the earlier runs' tensors take their group's answer: see made_inside_library)
+        pairs = tracker.pairs_since(alive, untraced)
+    else:
+        pairs = tracker.pairs(alive) + [
+            (storage, storage) for storage in (ref() for ref in alive) if storage is not None
+        ]
+    recorder.capture(pairs)
+    pairs.clear()
 
 
 def _pytorchs_own(tracker: Tracker, runs: TestRuns, refs: list[StorageRef]) -> list[Any] | None:

@@ -293,6 +293,10 @@ class Sites:
                 return stack
         return None
 
+    def captured_pointers(self) -> set[int]:
+        """The data pointers of the storages whose sites a source captured (see :meth:`SiteRecorder.captured_pointers`)."""
+        return set().union(*(source.captured_pointers() for source in self.sources if type(source) is SiteRecorder))
+
     def made_inside_library(self, obj: Any) -> bool | None:
         """What the first source that knows says of who made ``obj`` (see :meth:`SiteRecorder.made_inside_library`)."""
         for source in self.sources:
@@ -433,9 +437,13 @@ class SiteRecorder:
         """By id of each object captured: whether library code (torch) made it, not the user's."""
         self._owns_tracing = False
         self._agreed: dict[Any, bool] = {}
+        self._pointers: set[int] = set()
+        """The data pointers of the storages whose sites :meth:`capture` noted."""
         """Each group whose sample :meth:`capture` took was full and agreed, with its answer."""
         self.stopped_by_others = False
         """Tracing it started was stopped by other code (the test's ``tracemalloc.stop()``)."""
+        self.started_tracing = False
+        """Whether :meth:`start` began tracing (rather than finding the user's own running)."""
         self._threads: dict[int, tuple[int, int, tuple[str, int] | None]] = {}
         """id(storage) -> (data pointer, size, the thread's entry) for each storage captured: the
         entry, where a thread other than the main one made its tensor (its stack starts at
@@ -445,7 +453,7 @@ class SiteRecorder:
     def start(self, frames: int = FRAMES_TRACED) -> None:
         if not tracemalloc.is_tracing():
             start_tracing(frames)
-            self._owns_tracing = True
+            self._owns_tracing = self.started_tracing = True
 
     @property
     def owns_tracing(self) -> bool:
@@ -466,6 +474,18 @@ class SiteRecorder:
         for the last ``SITES_PER_GROUP`` pairs of each group (dtype, shape and device; the newest
         are the ones tracing saw). Whether library code made a tensor is decided on its group's
         sample: a tensor left out gets the answer its sample agrees on, or none where it is split."""
+        self._capture([pair[0] for pair in pairs], [pair[1] for pair in pairs])
+
+    def capture_objects(self, objects: list[Any]) -> None:
+        """As :meth:`capture`, of tensors and storage objects, each tensor with its own (first)
+        storage: what a test's body made, listed from gc as the body ends."""
+        self._capture(objects, None)
+
+    def captured_pointers(self) -> set[int]:
+        """The data pointers of the storages whose sites :meth:`capture` noted."""
+        return set(self._pointers)
+
+    def _capture(self, objects: list[Any], storages: list[Any] | None) -> None:
         if not tracemalloc.is_tracing():
             self.stopped_by_others = self.stopped_by_others or self._owns_tracing
             return
@@ -473,26 +493,26 @@ class SiteRecorder:
 
         # (no code of a tensor subclass runs; nor do the collections that making an object or two
         # per tensor sets off, each a walk of the heap)
+        sampled: dict[Any, list[bool | None]] = {}
         with torch._C.DisableTorchFunction(), collections_paused():
-            newest_first = pairs[::-1]
-            sampled: dict[Any, list[bool | None]] = {}
-            for (tensor, storage), group in _sample(newest_first, torch._C.TensorBase):
+            for index, group in _sample(objects, torch._C.TensorBase):
+                tensor = objects[index]
+                storage = storages[index] if storages is not None else _own_storage(tensor)
                 made = sampled.setdefault(group, [])
                 frames = _frames_of(tensor)
                 made.append(None)
                 if frames and not _made_by_plugin(frames):
                     made[-1] = self._inside_library[id(tensor)] = frame_kind_of_file(frames[0][0]) != "user"
                 # (an object the plugin made, reading a tensor, says nothing of the thread that made it)
-                facts = storage_facts(storage) if frames and not _made_by_plugin(frames) else None
-                if frames and facts is not None:
+                facts = storage_facts(storage) if storage is not None else None
+                if frames and facts is not None and not _made_by_plugin(frames):
                     self._threads[id(storage)] = (facts[1], facts[2], thread_entry(frames))
                 stack = self._stack(tensor, frames or [])
                 if stack:
                     self._objects[id(tensor)] = stack
-                    facts = storage_facts(storage)
                     if facts is not None:
                         self._sites[id(storage)] = (facts[1], facts[2], stack)
-            newest_first.clear()
+                        self._pointers.add(facts[1])
         # (a group with tensors left out has a full sample)
         self._agreed = {
             group: made[0]
@@ -565,6 +585,7 @@ class SiteRecorder:
     def clear(self) -> None:
         self._sites.clear()
         self._objects.clear()
+        self._pointers.clear()
 
 
 def _group_of(obj: Any, base: Any, tensor_classes: dict[type, bool]) -> tuple[Any, ...]:
@@ -620,29 +641,33 @@ def groups_of(objects: list[Any], base: Any, *, distinct: bool = False) -> Any:
     return [next(each[kind]) for kind in kinds]
 
 
-def _sample(pairs: list[tuple[Any, Any]], base: Any) -> list[tuple[tuple[Any, Any], Any]]:
-    """The first ``SITES_PER_GROUP`` pairs of each group (see :func:`_group_of`), each with its
-    group, in order: the groups met are found in one pass in C, which makes an object for each
-    group rather than for each pair (under tracing each object made costs more than the
-    grouping), then the pairs are read until each group's are found."""
-    first = [pair[0] for pair in pairs]
-    try:
-        wanted = dict.fromkeys(groups_of(first, base, distinct=True), SITES_PER_GROUP)
-    finally:
-        first.clear()
+def _sample(objects: list[Any], base: Any) -> list[tuple[int, Any]]:
+    """The positions of the last ``SITES_PER_GROUP`` objects of each group (see :func:`_group_of`),
+    each with its group, last first: the groups met are found in one pass in C, which makes an
+    object for each group rather than for each object (under tracing each object made costs more
+    than the grouping), then the objects are read from the last until each group's are found."""
+    wanted = dict.fromkeys(groups_of(objects, base, distinct=True), SITES_PER_GROUP)
     left = sum(wanted.values())
-    taken: list[tuple[tuple[Any, Any], Any]] = []
+    taken: list[tuple[int, Any]] = []
     classes: dict[type, bool] = {}
-    for pair in pairs:
+    for index in range(len(objects) - 1, -1, -1):
         if not left:
             break
-        group = _group_of(pair[0], base, classes)
+        group = _group_of(objects[index], base, classes)
         count = wanted.get(group, 0)
         if count:
             wanted[group] = count - 1
-            taken.append((pair, group))
+            taken.append((index, group))
             left -= 1
     return taken
+
+
+def _own_storage(obj: Any) -> Any | None:
+    """A tensor's (first) storage, or a storage object's own; None where it has none."""
+    if not is_tensor_type(type(obj)):
+        return obj
+    storages = tensor_storages(obj)
+    return storages[0] if storages else None
 
 
 class StorageSites:

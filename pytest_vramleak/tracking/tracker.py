@@ -46,6 +46,7 @@ asked only to name what leaked, and reads every indexed tensor on that device th
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -53,12 +54,13 @@ from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 from . import gc_functions as gc
-from .census import _torch, whole_heap
+from .census import _torch, tensor_types, untyped_storage_types, whole_heap
 from .freezing import HeapFreeze
 from .graphs import NODE_BYTES, KeptGraph, graph_clock, kept_graph, young_graph
 from .index import Index
 from .ledger import Ledger
 from .refs import Entry, StorageRef
+from .torch_api import objects_referring_to
 from .watches import COMPARED_PER_CHECK, Watches
 
 __all__ = [
@@ -442,6 +444,20 @@ class Tracker:
         """The tensors that used each storage, appended to ``tensors``, and each one's storage (see
         :meth:`Index.users_of_each`)."""
         return self.index.users_of_each(refs, tensors)
+
+    def made_since_freeze(self) -> list[Any] | None:
+        """The tensors and storage objects gc tracks that were made since this tracker last froze
+        the heap (as a test's body began: what the body made), or None where it does not hold
+        the heap frozen (strong references: clear the list)."""
+        if not self.freeze.froze or self.freeze.foreign:
+            return None
+        classes = (*tensor_types(), *untyped_storage_types())
+        found = objects_referring_to(classes)
+        wanted = set(classes)
+        try:
+            return list(itertools.compress(found, map(wanted.__contains__, map(type, found))))
+        finally:
+            found.clear()
 
     def sole_users(self, refs: list[StorageRef]) -> list[Any]:
         """The tensor that alone used each storage, or None (see :meth:`Index.sole_users`)."""

@@ -15,10 +15,10 @@ def _refs(count: int) -> list[Any]:
     return [SimpleNamespace(device="cpu", pointer=index + 1, nbytes=16) for index in range(count)]
 
 
-def _sampled(tensors: list[Any], part: Any = None) -> tuple[list[Any], list[Any], Any]:
+def _sampled(tensors: list[Any], part: Any = None, sited: set[int] | None = None) -> tuple[list[Any], list[Any], Any]:
     refs = _refs(len(tensors))
     tracker = SimpleNamespace(sole_users=lambda asked: list(tensors))
-    named, alike = _sample_alike(tracker, refs, part)  # type: ignore[arg-type]
+    named, alike = _sample_alike(tracker, refs, part, sited or set())  # type: ignore[arg-type]
     return refs, named, alike
 
 
@@ -40,6 +40,16 @@ def test_the_newest_of_each_kind_are_named_and_the_rest_counted_into_their_group
     assert _count_in([group, lone], alike)
     assert (group.count, group.bytes, group.sites_not_looked_up) == (many, 16 * many, len(rest))
     assert len(group.keys) == many and lone.count == 1
+
+
+def test_the_sample_takes_the_tensors_whose_sites_were_captured_first() -> None:
+    many = NAMED_EACH + 10
+    sited = {1, 2, 3, 100}  # (data pointers)
+    _, named, alike = _sampled([torch.ones(4) for _ in range(many)], sited=sited)
+    newest = [("cpu", pointer) for pointer in range(many - ALIKE_SAMPLED + 5, many + 1)]
+    assert named == [("cpu", pointer) for pointer in sorted(sited)] + newest
+    ((sample, rest),) = alike
+    assert sample == named and len(rest) == many - ALIKE_SAMPLED
 
 
 def test_each_run_is_sampled_apart() -> None:
