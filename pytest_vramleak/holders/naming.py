@@ -65,7 +65,7 @@ NAMED_EACH = 2_000
 """Storages named one by one: where the runs keep more, those that alike tensors use (one
 storage each, of one dtype, shape, device, class and run) are named for a sample of each kind,
 and the rest counted in with the sample's group."""
-ALIKE_SAMPLED = 16
+ALIKE_SAMPLED = 8
 """Tensors of each kind named where more are kept (more than a report shows: see
 :data:`~pytest_vramleak.reporting.report.HOLDERS_SAMPLED`)."""
 
@@ -91,9 +91,14 @@ def _sample_alike(
             kinds = groups_of(users, _torch()._C.TensorBase)
     finally:
         users.clear()
-    each: dict[Any, list[int]] = {}
+    born: dict[Any, list[int]] = {}  # (a part is told by when its storages were first seen: asked once a clock)
     for index, kind in zip(known, kinds, strict=True):
-        each.setdefault((kind, part(keys[index]) if part is not None else None), []).append(index)
+        born.setdefault((kind, refs[index].born), []).append(index)
+    each: dict[Any, list[int]] = {}
+    for (kind, _), members in born.items():
+        each.setdefault((kind, part(keys[members[0]]) if part is not None else None), []).extend(members)
+    for members in each.values():
+        members.sort()  # (in the order given: the newest last)
     named = set(range(len(refs))) - set(known)  # (a storage no one tensor alone uses)
     alike: _Alike = []
     for members in each.values():

@@ -203,22 +203,40 @@ def tensor_storages(tensor: Any) -> list[Any]:
 
 
 def only_worth_reading(objects: list[Any], pointers: set[int]) -> list[Any]:
-    """``objects`` (tensors and storage objects, as :func:`walk` goes through them) less the tensors
-    a search for the storages at ``pointers`` (data pointers) need not read: strided tensors over
-    another storage, with no autograd graph and no gradient. Picked by torch's getters mapped over
-    the tensors in C (a Python loop over the 10^5 tensors a test keeps costs tenths of a second);
-    every object is kept where a getter fails on one of them (a sparse, nested or wrapper tensor).
-    Call with torch function handling disabled."""
-    classes = set(tensor_types())
-    is_tensor = list(map(classes.__contains__, map(type, objects)))
+    """``objects`` (tensors and storage objects, as :func:`walk` goes through them) less those a
+    search for the storages at ``pointers`` (data pointers) need not read: strided tensors over
+    another storage, with no autograd graph and no gradient, and untyped storage objects of
+    another storage. Picked by torch's getters mapped over them in C (a Python loop over the 10^5
+    tensors a test keeps costs tenths of a second); every object is kept where a getter fails on
+    one of them (a sparse, nested or wrapper tensor). Call with torch function handling disabled."""
+    tensor_classes, storage_classes = set(tensor_types()), set(untyped_storage_types())
+    is_tensor = list(map(tensor_classes.__contains__, map(type, objects)))
+    is_storage = list(map(storage_classes.__contains__, map(type, objects)))
     tensors = list(itertools.compress(objects, is_tensor))
+    storages = list(itertools.compress(objects, is_storage))
+    torch = _torch()
     try:
-        answers = iter(_tensors_worth_reading(_torch(), tensors, pointers))
+        tensors_read = iter(_tensors_worth_reading(torch, tensors, pointers))
+        storages_read = iter(_storages_worth_reading(torch, storages, pointers))
     except Exception:
         return list(objects)
     finally:
         tensors.clear()
-    return list(itertools.compress(objects, [next(answers) if tensor else True for tensor in is_tensor]))
+        storages.clear()
+    keep = [
+        next(tensors_read) if tensor else next(storages_read) if storage else True
+        for tensor, storage in zip(is_tensor, is_storage, strict=True)
+    ]
+    return list(itertools.compress(objects, keep))
+
+
+def _storages_worth_reading(torch: Any, storages: list[Any], pointers: set[int]) -> list[bool]:
+    """Whether each untyped storage object is at ``pointers`` (all are, where one is on the meta
+    device: its data pointer is never read)."""
+    base = torch._C.StorageBase
+    if any(device.type == "meta" for device in set(map(base.device.__get__, storages))):
+        return [True] * len(storages)
+    return list(map(pointers.__contains__, map(base.data_ptr, storages)))
 
 
 def _tensors_worth_reading(torch: Any, tensors: list[Any], pointers: set[int]) -> list[bool]:

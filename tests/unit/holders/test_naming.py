@@ -12,7 +12,8 @@ from pytest_vramleak.holders.snapshot import TensorGroup
 
 
 def _refs(count: int) -> list[Any]:
-    return [SimpleNamespace(device="cpu", pointer=index + 1, nbytes=16) for index in range(count)]
+    """Storages at pointers 1 to ``count``, first seen at the clock of their pointer's parity."""
+    return [SimpleNamespace(device="cpu", pointer=index + 1, nbytes=16, born=(index + 1) % 2) for index in range(count)]
 
 
 def _sampled(tensors: list[Any], part: Any = None, sited: set[int] | None = None) -> tuple[list[Any], list[Any], Any]:
@@ -46,7 +47,7 @@ def test_the_sample_takes_the_tensors_whose_sites_were_captured_first() -> None:
     many = NAMED_EACH + 10
     sited = {1, 2, 3, 100}  # (data pointers)
     _, named, alike = _sampled([torch.ones(4) for _ in range(many)], sited=sited)
-    newest = [("cpu", pointer) for pointer in range(many - ALIKE_SAMPLED + 5, many + 1)]
+    newest = [("cpu", pointer) for pointer in range(many - ALIKE_SAMPLED + len(sited) + 1, many + 1)]
     assert named == [("cpu", pointer) for pointer in sorted(sited)] + newest
     ((sample, rest),) = alike
     assert sample == named and len(rest) == many - ALIKE_SAMPLED
@@ -54,7 +55,9 @@ def test_the_sample_takes_the_tensors_whose_sites_were_captured_first() -> None:
 
 def test_each_run_is_sampled_apart() -> None:
     many = NAMED_EACH + 10
-    _, named, alike = _sampled([torch.ones(4) for _ in range(many)], part=lambda key: key[1] % 2)
+    _, named, alike = _sampled(
+        [torch.ones(4) for _ in range(many)], part=lambda key: key[1] % 2
+    )  # (by when first seen)
     assert len(named) == 2 * ALIKE_SAMPLED
     assert sorted(len(rest) for _, rest in alike) == [many // 2 - ALIKE_SAMPLED] * 2
 

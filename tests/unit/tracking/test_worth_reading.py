@@ -15,17 +15,22 @@ def _kept(objects: list[object], pointers: set[int]) -> list[int]:
         return [id(obj) for obj in only_worth_reading(objects, pointers)]
 
 
-def test_only_tensors_over_the_storages_or_with_a_graph_or_gradient_are_read() -> None:
+def test_only_what_is_over_the_storages_or_has_a_graph_or_gradient_is_read() -> None:
     wanted, other = torch.ones(4), torch.ones(4)
     leaf = torch.ones(3, requires_grad=True)
     (leaf * 2).sum().backward()
     with_graph = leaf * 3
     not_a_leaf = leaf + 1  # (its gradient is never read)
     meta = torch.empty(2, device="meta")
-    storage = torch.ones(2).untyped_storage()
-    objects: list[object] = [other, wanted, storage, leaf, with_graph, meta, not_a_leaf.detach()]
+    storage, another_storage = wanted.untyped_storage(), torch.ones(2).untyped_storage()
+    objects: list[object] = [other, wanted, storage, another_storage, leaf, with_graph, meta, not_a_leaf.detach()]
     kept = _kept(objects, {wanted.untyped_storage().data_ptr()})
     assert kept == [id(wanted), id(storage), id(leaf), id(with_graph), id(meta)]
+
+
+def test_every_storage_object_is_read_where_one_is_on_the_meta_device() -> None:
+    storage, meta = torch.ones(2).untyped_storage(), torch.empty(2, device="meta").untyped_storage()
+    assert _kept([storage, meta], set()) == [id(storage), id(meta)]
 
 
 def test_every_object_is_read_where_a_tensor_has_no_single_storage() -> None:
