@@ -976,3 +976,29 @@ def test_a_step_check_after_an_unchecked_test_reads_only_what_it_made(
     result.assert_outcomes(passed=4, failed=1)
     result.stdout.fnmatch_lines(["*test_leaking*", "*held by test_it.KEPT[[]*]*"])
     assert len(rebuilds) == 1
+
+
+def test_what_was_made_since_the_freeze_is_listed_unless_someone_else_froze_the_heap() -> None:
+    """The run that records sites lists what the body made from the objects gc tracks unfrozen,
+    only while the tracker's own freeze holds: after another party's freeze, what the body made
+    before it is frozen too, and nothing is listed (the sites are captured after the run)."""
+    import gc
+
+    import torch
+
+    from pytest_vramleak.tracking.tracker import Tracker
+
+    tracker = Tracker()
+    tracker.begin()
+    try:
+        tracker.observe()
+        tracker.freeze_young()
+        made = torch.ones(8)
+        listed = tracker.made_since_freeze()
+        assert listed is not None and [id(obj) for obj in listed] == [id(made)]
+        listed.clear()
+        gc.freeze()
+        assert tracker.made_since_freeze() is None
+    finally:
+        tracker.end()
+        gc.unfreeze()

@@ -448,13 +448,18 @@ class Tracker:
     def made_since_freeze(self) -> list[Any] | None:
         """The tensors and storage objects gc tracks that were made since this tracker last froze
         the heap (as a test's body began: what the body made), or None where it does not hold
-        the heap frozen (strong references: clear the list)."""
+        the heap frozen, or someone else froze or thawed it since (strong references: clear the list)."""
         if not self.freeze.froze or self.freeze.foreign:
             return None
-        classes = (*tensor_types(), *untyped_storage_types())
-        found = objects_referring_to(classes)
-        wanted = set(classes)
+        classes, markers = (*tensor_types(), *untyped_storage_types()), self.freeze.markers(self.freeze.watching_thaw)
+        found = objects_referring_to((*classes, *markers))
+        wanted, sentinels = set(classes), set(markers)
         try:
+            froze, thawed = self.freeze.read(
+                [obj for obj in found if type(obj) in sentinels], self.freeze.watching_thaw
+            )
+            if froze or thawed:  # someone else froze (or thawed) the heap meanwhile: the next scan tells
+                return None
             return list(itertools.compress(found, map(wanted.__contains__, map(type, found))))
         finally:
             found.clear()
