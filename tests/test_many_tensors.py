@@ -111,6 +111,24 @@ def test_tensors_made_before_tracing_take_the_answer_of_a_full_sample() -> None:
     assert recorder.made_inside_library(older_of_a_small_group[0]) is None
 
 
+def test_what_set_up_and_the_body_made_are_captured_at_once() -> None:
+    """As the body ends, the pairs set-up made and the body's objects (each with its own storage)
+    are sampled together: each group's sample answers for its tensors made before tracing."""
+    torch = pytest.importorskip("torch")
+    earlier_setup, earlier_body = [torch.ones(3) for _ in range(10)], [torch.ones(4) for _ in range(10)]
+    recorder = SiteRecorder()
+    recorder.start()
+    try:
+        setup = [torch.ones(3) for _ in range(SITES_PER_GROUP + 5)]
+        body = [torch.ones(4) for _ in range(SITES_PER_GROUP + 5)]
+        recorder.capture_objects(setup + body, [t.untyped_storage() for t in setup] + [None] * len(body))
+    finally:
+        recorder.stop()
+    assert {recorder.made_inside_library(t) for t in earlier_setup + earlier_body + setup + body} == {False}
+    assert recorder.site_of(body[-1], body[-1].untyped_storage()) is not None
+    assert body[-1].untyped_storage().data_ptr() in recorder.captured_pointers()
+
+
 @pytest.mark.parametrize(
     "make",
     [

@@ -743,9 +743,13 @@ def _capture_as_the_body_ends(
         return
     try:
         storages.stop()
-        # what set-up made (the index read it as the body began), then what the body made
-        _capture_after_the_run(tracker, recorder, tracker.alive_since(device, untraced), untraced)
-        recorder.capture_objects(made)
+        # what set-up made (the index read it as the body began), then what the body made, each
+        # tensor of which has its own storage
+        pairs = tracker.pairs_since(tracker.alive_since(device, untraced), untraced)
+        objects = [pair[0] for pair in pairs] + made
+        recorder.capture_objects(objects, [pair[1] for pair in pairs] + [None] * len(made))
+        pairs.clear()
+        objects.clear()
     finally:
         made.clear()
         recorder.stop()

@@ -476,16 +476,17 @@ class SiteRecorder:
         sample: a tensor left out gets the answer its sample agrees on, or none where it is split."""
         self._capture([pair[0] for pair in pairs], [pair[1] for pair in pairs])
 
-    def capture_objects(self, objects: list[Any]) -> None:
-        """As :meth:`capture`, of tensors and storage objects, each tensor with its own (first)
-        storage: what a test's body made, listed from gc as the body ends."""
-        self._capture(objects, None)
+    def capture_objects(self, objects: list[Any], storages: list[Any]) -> None:
+        """As :meth:`capture`, of tensors and storage objects and the storage of each, where None
+        stands for the tensor's own (first) storage, or the storage object itself: what a test's
+        body made, listed from gc as the body ends."""
+        self._capture(objects, storages)
 
     def captured_pointers(self) -> set[int]:
         """The data pointers of the storages whose sites :meth:`capture` noted."""
         return set(self._pointers)
 
-    def _capture(self, objects: list[Any], storages: list[Any] | None) -> None:
+    def _capture(self, objects: list[Any], storages: list[Any]) -> None:
         if not tracemalloc.is_tracing():
             self.stopped_by_others = self.stopped_by_others or self._owns_tracing
             return
@@ -497,7 +498,9 @@ class SiteRecorder:
         with torch._C.DisableTorchFunction(), collections_paused():
             for index, group in _sample(objects, torch._C.TensorBase):
                 tensor = objects[index]
-                storage = storages[index] if storages is not None else _own_storage(tensor)
+                storage = storages[index]
+                if storage is None:
+                    storage = _own_storage(tensor)
                 made = sampled.setdefault(group, [])
                 frames = _frames_of(tensor)
                 made.append(None)
