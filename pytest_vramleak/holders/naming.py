@@ -82,6 +82,24 @@ def _sample_alike(
     keys = [(ref.device, ref.pointer) for ref in refs]
     if len(refs) <= NAMED_EACH:
         return keys, []
+    known, each = _kinds(tracker, refs, keys, part)
+    named = set(range(len(refs))) - known  # (a storage no one tensor alone uses)
+    alike: _Alike = []
+    for members in each:
+        sample = _sample_of(members, refs, sited)
+        named.update(sample)
+        if len(sample) < len(members):
+            taken = set(sample)
+            rest = [refs[index] for index in members if index not in taken]
+            alike.append(([keys[index] for index in sorted(sample)], rest))
+    return [keys[index] for index in sorted(named)], alike
+
+
+def _kinds(
+    tracker: Tracker, refs: list[StorageRef], keys: list[StorageKey], part: Callable[[StorageKey], Any] | None
+) -> tuple[set[int], list[list[int]]]:
+    """The positions of the storages one tensor alone uses, and those positions by kind of tensor
+    (class, dtype, shape, device) and part, each kind's in the order given."""
     tensors = tracker.sole_users(refs)
     known = [index for index, tensor in enumerate(tensors) if tensor is not None]
     users = [tensors[index] for index in known]
@@ -99,21 +117,19 @@ def _sample_alike(
         each.setdefault((kind, part(keys[members[0]]) if part is not None else None), []).extend(members)
     for members in each.values():
         members.sort()  # (in the order given: the newest last)
-    named = set(range(len(refs))) - set(known)  # (a storage no one tensor alone uses)
-    alike: _Alike = []
-    for members in each.values():
-        if len(members) <= ALIKE_SAMPLED:
-            named.update(members)
-            continue
-        sample = [index for index in members if refs[index].pointer in sited][-ALIKE_SAMPLED:]
-        if len(sample) < ALIKE_SAMPLED:
-            taken = set(sample)
-            sample += [index for index in members if index not in taken][len(sample) - ALIKE_SAMPLED :]
-        named.update(sample)
+    return set(known), list(each.values())
+
+
+def _sample_of(members: list[int], refs: list[StorageRef], sited: set[int]) -> list[int]:
+    """The :data:`ALIKE_SAMPLED` of a kind's members to name: the newest whose sites were
+    captured, then the newest."""
+    if len(members) <= ALIKE_SAMPLED:
+        return members
+    sample = [index for index in members if refs[index].pointer in sited][-ALIKE_SAMPLED:]
+    if len(sample) < ALIKE_SAMPLED:
         taken = set(sample)
-        rest = [refs[index] for index in members if index not in taken]
-        alike.append(([keys[index] for index in sorted(sample)], rest))
-    return [keys[index] for index in sorted(named)], alike
+        sample += [index for index in members if index not in taken][len(sample) - ALIKE_SAMPLED :]
+    return sample
 
 
 def _count_in(groups: list[TensorGroup], alike: _Alike) -> bool:
