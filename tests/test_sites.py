@@ -333,3 +333,36 @@ def test_what_set_up_made_and_the_body_kept_is_sited_at_the_fixture(pytester: py
             "    allocated at test_it.py:12 in test_keeps_the_batch()*",
         ]
     )
+
+
+def test_a_capture_that_fails_as_the_body_ends_leaves_the_sites_to_the_capture_after_the_run(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeconftest(
+        """
+        import pytest_vramleak.tracking.sites as sites
+
+        def unreadable(*args, **kwargs):
+            raise RuntimeError("unreadable")
+
+        sites.SiteRecorder.capture_objects = unreadable
+        """
+    )
+    pytester.makepyfile(
+        test_it=textwrap.dedent(
+            """
+            import torch
+
+            KEEP = []
+
+            def test_leaks():
+                KEEP.append(torch.ones(1000))
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak", "--vramleak-fail-on=any")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["float32[[]1000[]] on cpu: 1 tensor, 3.9 KiB", "    allocated at test_it.py:6 in test_leaks()"]
+    )
+    result.stdout.no_fnmatch_line("*where the tensors were made is not known*")

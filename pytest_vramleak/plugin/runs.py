@@ -750,9 +750,11 @@ def _capture_as_the_body_ends(
         recorder.capture_objects(objects, [pair[1] for pair in pairs] + [None] * len(made))
         pairs.clear()
         objects.clear()
+    except Exception:  # tracing goes on: the sites are captured after the run, as the index lists them
+        return
     finally:
         made.clear()
-        recorder.stop()
+    recorder.stop()
 
 
 def _capture_after_the_run(tracker: Tracker, recorder: SiteRecorder, alive: list[StorageRef], untraced: int) -> None:
