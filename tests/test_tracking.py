@@ -1002,3 +1002,24 @@ def test_what_was_made_since_the_freeze_is_listed_unless_someone_else_froze_the_
     finally:
         tracker.end()
         gc.unfreeze()
+
+
+def test_nothing_is_listed_as_made_since_the_freeze_where_the_tracker_froze_again_meanwhile() -> None:
+    """An observation during the body (a step check's) may freeze the heap again: what the body
+    made before is frozen then, and nothing is listed."""
+    import torch
+
+    from pytest_vramleak.tracking.tracker import Tracker
+
+    tracker = Tracker()
+    tracker.begin()
+    try:
+        tracker.observe()
+        tracker.freeze_young()
+        before = torch.ones(8)
+        tracker.freeze.refreeze()
+        after = torch.ones(8)
+        assert tracker.made_since_freeze() is None
+        del before, after
+    finally:
+        tracker.end()

@@ -80,6 +80,12 @@ class HeapFreeze:
             self._sentinel = _Sentinel()
 
     @property
+    def last_freeze(self) -> object | None:
+        """What stands for the latest freeze (its young sentinel): another one later means the heap
+        was frozen again since, what was young then frozen with it."""
+        return self._sentinel
+
+    @property
     def watching_thaw(self) -> bool:
         return self._old_sentinel is not None
 

@@ -120,6 +120,8 @@ class Tracker:
         self._last_scan_seconds = 0.0
         """How long the last observation took, collecting and reading what is young."""
         self.freeze = HeapFreeze(self)
+        self._body_freeze: object | None = None
+        """The freeze as the current test's body began (see :meth:`made_since_freeze`)."""
         self._collections_at_end: tuple[int, int] | None = None
         """Python's count of collections of generations 1 and 2 as the last check ended."""
 
@@ -154,6 +156,7 @@ class Tracker:
         self._observed = False
         self.watches.start()
         self.freeze.freeze()
+        self._body_freeze = self.freeze.last_freeze
 
     def end(self) -> None:
         """The test is over: unfreeze the heap (older cycles are collected by Python's own schedule)."""
@@ -298,6 +301,7 @@ class Tracker:
         is made after. Older tensors' changes are watched as ever."""
         if self.freeze.froze:
             self.freeze.refreeze()
+        self._body_freeze = self.freeze.last_freeze
 
     def _collect(self, generations: int) -> int:
         """Collect the young generations (while frozen: what was made since the freeze only), and
@@ -446,11 +450,12 @@ class Tracker:
         return self.index.users_of_each(refs, tensors)
 
     def made_since_freeze(self) -> list[Any] | None:
-        """The tensors and storage objects gc tracks that were made since this tracker last froze
-        the heap (as a test's body began: what the body made), or None where it does not hold
-        the heap frozen, or someone else froze or thawed it since (strong references: clear the list)."""
-        if not self.freeze.froze or self.freeze.foreign:
-            return None
+        """The tensors and storage objects gc tracks that were made since this tracker froze the
+        heap as a test's body began (what the body made), or None where it does not hold the heap
+        frozen, froze it again since, or someone else froze or thawed it (strong references:
+        clear the list)."""
+        if not self.freeze.froze or self.freeze.foreign or self.freeze.last_freeze is not self._body_freeze:
+            return None  # (frozen again since the body began: a step check's observation, a holder search)
         classes, markers = (*tensor_types(), *untyped_storage_types()), self.freeze.markers(self.freeze.watching_thaw)
         found = objects_referring_to((*classes, *markers))
         wanted, sentinels = set(classes), set(markers)
