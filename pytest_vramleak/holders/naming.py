@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..tracking.census import StorageKey, collections_paused, storage_key
+from ..tracking.census import StorageKey, _torch, collections_paused, storage_key
 from ..tracking.sites import SiteSource, groups_of
 from ..tracking.tracker import NODE_BYTES, StorageRef, Tracker
 from .diagnosis import diagnose, held_by_torch_cache
@@ -104,9 +104,10 @@ def _kinds(
     known = [index for index, tensor in enumerate(tensors) if tensor is not None]
     users = [tensors[index] for index in known]
     tensors.clear()
+    torch = _torch()
     try:
-        with _torch()._C.DisableTorchFunction(), collections_paused():
-            kinds = groups_of(users, _torch()._C.TensorBase)
+        with torch._C.DisableTorchFunction(), collections_paused():
+            kinds = groups_of(users, torch._C.TensorBase)
     finally:
         users.clear()
     born: dict[Any, list[int]] = {}  # (a part is told by when its storages were first seen: asked once a clock)
@@ -152,12 +153,6 @@ def _count_in(groups: list[TensorGroup], alike: _Alike) -> bool:
         group.keys += [(ref.device, ref.pointer) for ref in rest]
         group.sites_not_looked_up += len(rest)
     return True
-
-
-def _torch() -> Any:
-    import torch
-
-    return torch
 
 
 def _history_not_named(groups: list[TensorGroup], history: list[TensorGroup]) -> list[TensorGroup]:
