@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
@@ -978,6 +981,21 @@ def test_a_step_check_after_an_unchecked_test_reads_only_what_it_made(
     assert len(rebuilds) == 1
 
 
+@contextmanager
+def _in_a_body() -> Iterator[Any]:
+    """A tracker as a checked test's body begins: set-up observed, the heap frozen again."""
+    from pytest_vramleak.tracking.tracker import Tracker
+
+    tracker = Tracker()
+    tracker.begin()
+    try:
+        tracker.observe()
+        tracker.freeze_young()
+        yield tracker
+    finally:
+        tracker.end()
+
+
 def test_what_was_made_since_the_freeze_is_listed_unless_someone_else_froze_the_heap() -> None:
     """The run that records sites lists what the body made from the objects gc tracks unfrozen,
     only while the tracker's own freeze holds: after another party's freeze, what the body made
@@ -986,21 +1004,15 @@ def test_what_was_made_since_the_freeze_is_listed_unless_someone_else_froze_the_
 
     import torch
 
-    from pytest_vramleak.tracking.tracker import Tracker
-
-    tracker = Tracker()
-    tracker.begin()
     try:
-        tracker.observe()
-        tracker.freeze_young()
-        made = torch.ones(8)
-        listed = tracker.made_since_freeze()
-        assert listed is not None and [id(obj) for obj in listed] == [id(made)]
-        listed.clear()
-        gc.freeze()
-        assert tracker.made_since_freeze() is None
+        with _in_a_body() as tracker:
+            made = torch.ones(8)
+            listed = tracker.made_since_freeze()
+            assert listed is not None and [id(obj) for obj in listed] == [id(made)]
+            listed.clear()
+            gc.freeze()
+            assert tracker.made_since_freeze() is None
     finally:
-        tracker.end()
         gc.unfreeze()
 
 
@@ -1009,17 +1021,9 @@ def test_nothing_is_listed_as_made_since_the_freeze_where_the_tracker_froze_agai
     made before is frozen then, and nothing is listed."""
     import torch
 
-    from pytest_vramleak.tracking.tracker import Tracker
-
-    tracker = Tracker()
-    tracker.begin()
-    try:
-        tracker.observe()
-        tracker.freeze_young()
+    with _in_a_body() as tracker:
         before = torch.ones(8)
         tracker.freeze.refreeze()
         after = torch.ones(8)
         assert tracker.made_since_freeze() is None
         del before, after
-    finally:
-        tracker.end()
