@@ -335,17 +335,25 @@ def test_what_set_up_made_and_the_body_kept_is_sited_at_the_fixture(pytester: py
     )
 
 
+@pytest.mark.parametrize(
+    ("module", "failing"),
+    [
+        ("pytest_vramleak.tracking.sites", "SiteRecorder.capture_objects"),
+        ("pytest_vramleak.tracking.tracker", "Tracker.made_since_freeze"),
+    ],
+)
 def test_a_capture_that_fails_as_the_body_ends_leaves_the_sites_to_the_capture_after_the_run(
-    pytester: pytest.Pytester,
+    pytester: pytest.Pytester, module: str, failing: str
 ) -> None:
+    owner, name = failing.split(".")
     pytester.makeconftest(
-        """
-        import pytest_vramleak.tracking.sites as sites
+        f"""
+        import {module} as module
 
         def unreadable(*args, **kwargs):
             raise RuntimeError("unreadable")
 
-        sites.SiteRecorder.capture_objects = unreadable
+        module.{owner}.{name} = unreadable
         """
     )
     pytester.makepyfile(

@@ -738,10 +738,11 @@ def _capture_as_the_body_ends(
     what it kept."""
     if not recorder.owns_tracing:
         return
-    made = tracker.made_since_freeze()
-    if made is None:
-        return
+    made: list[Any] | None = []
     try:
+        made = tracker.made_since_freeze()
+        if made is None:
+            return
         storages.stop()
         # what set-up made (the index read it as the body began), then what the body made, each
         # tensor of which has its own storage
@@ -753,7 +754,8 @@ def _capture_as_the_body_ends(
     except Exception:  # tracing goes on: the sites are captured after the run, as the index lists them
         return
     finally:
-        made.clear()
+        if made is not None:
+            made.clear()
     recorder.stop()
 
 
