@@ -182,6 +182,40 @@ def test_peaks_option_measures_every_cpu_test(pytester: pytest.Pytester, run_che
     assert report["test_makes_a_megabyte"]["peak_breakdown"] is None  # breakdowns are for tests with a peak budget
 
 
+def test_the_peaks_option_leaves_a_tests_own_profiler_and_scopes_as_without_the_plugin(
+    pytester: pytest.Pytester, run_checked
+) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import pytest
+        import torch
+
+        def recorded(name):
+            with torch.profiler.profile() as prof:
+                with torch.profiler.record_function(name):
+                    torch.ones(1000).sum()
+            return {event.key for event in prof.key_averages()}
+
+        @pytest.fixture
+        def profiled_in_teardown():
+            yield
+            assert {"teardown", "aten::sum"} <= recorded("teardown")
+
+        def test_scopes(profiled_in_teardown):
+            with torch.profiler.record_function("unobserved"):
+                torch.ones(256, 1024).sum()
+
+        def test_profiles():
+            torch.ones(10)
+            assert {"body", "aten::sum"} <= recorded("body")
+        """
+    )
+    result, report = run_checked("--vramleak", "--vramleak-peaks")
+    result.assert_outcomes(passed=2)
+    assert report["test_scopes"]["peak_bytes"] >= 1024 * 1024
+    assert report["test_profiles"]["peak_bytes"] is None  # the test's profiler took the thread
+
+
 def test_a_step_loop_in_a_test_with_a_peak_budget_is_explained_with_its_timeline(
     pytester: pytest.Pytester, run_checked
 ) -> None:

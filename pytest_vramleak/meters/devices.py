@@ -353,6 +353,28 @@ def _spend_unknown_block_warning(torch: Any, enable: Any, disable: Any) -> None:
             disable()
 
 
+_OPERATORS_ON = "pytest-vramleak: operator callbacks on"
+"""The mark the plain CPU peak records as it starts, seen among the events only where
+``RecordFunction`` was on."""
+
+
+def _mute_operators(autograd: Any) -> None:
+    """Turn torch's operator callbacks off on this thread (and the threads it hands work to),
+    after recording a mark that shows whether they were on."""
+    handle = autograd._record_function_with_args_enter(_OPERATORS_ON)
+    autograd._record_function_with_args_exit(handle)
+    autograd._enable_record_function(False)
+
+
+def _unmute_operators(autograd: Any, events: Any) -> None:
+    """Put torch's operator callbacks back as they were where the profiler's ``events`` show it
+    (the mark is among the first of its thread), on, torch's default, where they are lost."""
+    was_on = events is None or any(
+        event.name() == _OPERATORS_ON for thread in events for event in itertools.islice(thread, 3)
+    )
+    autograd._enable_record_function(was_on)
+
+
 # Where torch's profilers start: (module, name) of each function that enables one on a thread.
 _PROFILER_ENTRIES = (
     ("torch.autograd.profiler", "_prepare_profiler"),
@@ -368,6 +390,11 @@ class CpuMeter:
     Only one profiler runs on a thread. While the meter's runs, torch's functions that start a
     profiler are wrapped: a test that starts its own first stops the meter's, whose peak is then
     not known (None), and the test's profiler starts as it would without the plugin.
+
+    The plain peak needs only the allocation events, so torch's operator callbacks
+    (``RecordFunction``) are off on the thread while it is measured: the profiler records 2 events
+    for a tensor made and freed, not 8, and keeps none of the operators. A mark recorded as the
+    peak starts says whether they were on; they are put back as they were when it stops.
     """
 
     keeps_counters: ClassVar[bool] = False
@@ -418,6 +445,7 @@ class CpuMeter:
                 self._profile.start()
         else:
             autograd._enable_profiler_legacy(config)
+            _mute_operators(autograd)
         self._profiling = True
         self._thread = threading.get_ident()
         self._step_aside_for_the_tests_profiler()
@@ -459,9 +487,10 @@ class CpuMeter:
                 return
             autograd = self.torch._C._autograd
             try:
-                autograd._disable_profiler_legacy(autograd._ProfilerDisableOptions(True, True))
+                events = autograd._disable_profiler_legacy(autograd._ProfilerDisableOptions(True, True))
             except RuntimeError:
-                pass
+                events = None
+            _unmute_operators(autograd, events)
 
     def stop_peak(self) -> int | None:
         self._put_back()
@@ -474,7 +503,9 @@ class CpuMeter:
         try:
             events = autograd._disable_profiler_legacy(autograd._ProfilerDisableOptions(True, True))
         except RuntimeError:
+            _unmute_operators(autograd, None)
             return None  # the test stopped or replaced the profiler itself
+        _unmute_operators(autograd, events)
         # The running total of the allocation events' memory at its highest, picked and added up in
         # C: a test making 10^6 tensors leaves 8 x 10^6 events.
         every = itertools.chain.from_iterable  # (twice over the lists: no list of 10^7 events more)

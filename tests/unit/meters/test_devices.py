@@ -139,6 +139,51 @@ def test_cpu_meter_peak_does_not_count_memory_freed_from_before() -> None:
     assert peak == 4096
 
 
+def _operators_recorded() -> bool:
+    """Whether torch's operator callbacks are on: a user scope reaches a profiler."""
+    with torch.autograd.profiler.profile() as profile, torch.autograd.profiler.record_function("probe"):
+        pass
+    return any(event.name == "probe" for event in profile.function_events)
+
+
+def test_cpu_meter_peak_records_allocations_alone_and_puts_operators_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    autograd = torch._C._autograd
+    kinds: list[str] = []
+
+    def disable(options: object, _disable=autograd._disable_profiler_legacy) -> object:
+        events = _disable(options)
+        kinds.extend(event.kind() for thread in events for event in thread)
+        return events
+
+    monkeypatch.setattr(autograd, "_disable_profiler_legacy", disable)
+    meter = CpuMeter(torch)
+    meter.start_peak()
+    block = torch.ones(1024).neg()
+    del block
+    assert meter.stop_peak() == 8192
+    assert kinds.count("memory_alloc") == 4  # two tensors made and freed
+    assert kinds.count("push") == 1  # the mark alone: no operator
+    assert _operators_recorded()
+
+
+def test_cpu_meter_peak_leaves_operator_callbacks_off_where_they_were() -> None:
+    torch._C._autograd._enable_record_function(False)
+    try:
+        meter = CpuMeter(torch)
+        meter.start_peak()
+        meter.stop_peak()
+        assert not _operators_recorded()
+    finally:
+        torch._C._autograd._enable_record_function(True)
+
+
+def test_a_profiler_started_while_the_cpu_peak_is_measured_records_operators() -> None:
+    meter = CpuMeter(torch)
+    meter.start_peak()
+    assert _operators_recorded()
+    assert meter.stop_peak() is None
+
+
 def test_cpu_meter_counts_storages_once() -> None:
     meter = CpuMeter(torch)
     meter.settle()
