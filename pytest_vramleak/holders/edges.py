@@ -409,6 +409,35 @@ def _tensor_hooks(parent: Any, child: Any) -> str | None:
     return None
 
 
+_FUTURE_FIELDS = ("_result", "_exception")
+"""What an asyncio future (a task) keeps once done, read through the C getters of ``_asyncio.Future``."""
+
+
+def _is_c_future(kind: type) -> bool:
+    """Whether ``kind`` is asyncio's C ``Future`` (``Task`` is one) or a subclass of it."""
+    future = getattr(sys.modules.get("_asyncio"), "Future", None)
+    return future is not None and issubclass(kind, future)
+
+
+def _future_edge(parent: Any, child: Any, mode: Mode) -> Named | None:
+    """A C future's (a task's) result, exception, or the exception's traceback (which it keeps
+    apart); its other references as any object's."""
+    fields = type.__dict__["__dict__"].__get__(sys.modules["_asyncio"].Future)
+    for name in _FUTURE_FIELDS:
+        try:
+            value = fields[name].__get__(parent)
+        except Exception:  # (a Python without the getter)
+            continue
+        if value is child:
+            return (*_attribute(name), None)
+        if name == "_exception" and value is not None and _TRACEBACK.__get__(value) is child:
+            return "attribute", "_exception.__traceback__", None
+    return None
+
+
+_TRACEBACK = BaseException.__dict__["__traceback__"]
+
+
 def _is_lru_wrapper(kind: type) -> bool:
     return kind.__name__ == _LRU_WRAPPER_NAME and kind.__module__ == "functools"
 
@@ -430,6 +459,7 @@ _EDGE_RULES: list[tuple[Callable[[type], bool], Callable[[Any, Any, Mode], Named
     (lambda kind: kind is types.TracebackType, _traceback_edge),
     (lambda kind: issubclass(kind, BaseException), _exception_edge),  # (other references: as any object's)
     (_is_lru_wrapper, _lru_edge),
+    (_is_c_future, _future_edge),
 ]
 """Which function names an edge, by the class of the object it leaves: the first that applies and
 names it; :func:`_object_edge` for the rest."""

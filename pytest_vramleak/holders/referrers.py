@@ -145,9 +145,26 @@ def _referrers(frontier: tuple[Any, ...], frontier_ids: set[int]) -> list[Any]:
     if len(frontier) <= SMALL_FRONTIER:
         # Splatting an exact tuple passes that same tuple as the arguments, so the only extra
         # referrer the call sees is ``frontier`` itself, which the caller ignores.
-        return gc.get_referrers(*frontier)
+        found = gc.get_referrers(*frontier)
+        return found + _tasks_holding(frontier_ids, {id(obj) for obj in found}) if _TASKS_HIDE_REFERENTS else found
     referents, unrelated = gc.get_referents, frontier_ids.isdisjoint
     return [obj for obj in gc.get_objects() if not unrelated(map(id, referents(obj)))]
+
+
+_TASKS_HIDE_REFERENTS = sys.version_info < (3, 12)
+"""Before Python 3.12 the traverse function of asyncio's C ``Task`` drops the answer of its future
+part's: ``gc.get_referrers`` never names a task as holding its result, its exception, its
+callbacks or its attributes (``gc.get_referents`` lists them)."""
+
+
+def _tasks_holding(ids: set[int], known: set[int]) -> list[Any]:
+    """The live asyncio tasks (asyncio keeps a weak set of them) that refer to an object of ``ids``,
+    less those in ``known``: what ``gc.get_referrers`` misses of them before Python 3.12."""
+    tasks = getattr(sys.modules.get("asyncio.tasks"), "_all_tasks", None)
+    if not tasks:
+        return []
+    unrelated = ids.isdisjoint
+    return [task for task in list(tasks) if id(task) not in known and not unrelated(map(id, gc.get_referents(task)))]
 
 
 BACKWARD_LEVELS = 8

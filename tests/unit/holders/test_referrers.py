@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import gc
 import sys
@@ -225,6 +226,31 @@ def test_naming_runs_no_user_code() -> None:
 
 def test_several_targets_sharing_a_path() -> None:
     assert name_holders([MODEL.history[1], MODEL.running]) == [f"{HERE}.MODEL.history[1]", f"{HERE}.MODEL.running"]
+
+
+def test_a_done_asyncio_tasks_result_and_exception_are_named_through_the_task() -> None:
+    async def infer() -> Any:
+        return torch.ones(3)
+
+    async def fail() -> None:
+        activations = torch.ones(3)
+        raise ValueError(activations.shape)
+
+    module = types.ModuleType("vramleak_fake_server")
+    loop = asyncio.new_event_loop()
+    try:
+        module.TASKS = [loop.create_task(infer()), loop.create_task(fail())]  # type: ignore[attr-defined]
+        loop.run_until_complete(asyncio.wait(module.TASKS))  # type: ignore[attr-defined]
+        sys.modules[module.__name__] = module
+        assert holder_of(lambda: module.TASKS[0].result()) == "vramleak_fake_server.TASKS[0]._result"  # type: ignore[attr-defined]
+        assert without_python_holders([module.TASKS[0].result()]) == set()  # type: ignore[attr-defined]
+        local = holder_of(lambda: module.TASKS[1].exception().__traceback__.tb_frame.f_locals["activations"])  # type: ignore[attr-defined]
+        assert local is not None
+        assert local.startswith("vramleak_fake_server.TASKS[1]._exception.__traceback__.tb_frame (fail:")
+        assert local.endswith("local 'activations'")
+    finally:
+        sys.modules.pop(module.__name__, None)
+        loop.close()
 
 
 KEPT = [torch.ones(1)]
