@@ -68,6 +68,7 @@ KINDS = (
     "tracebacks",
     "optimizer state",
     "metrics and meters",
+    "asyncio tasks",
 )
 
 CATALOGUE: list[Mechanism] = [
@@ -1913,6 +1914,52 @@ CATALOGUE: list[Mechanism] = [
         """,
         holder="*REPORTER*",
         diagnosis=("mock", "call"),
+    ),
+    # pnbruckner/ha-life360#101 (done tasks kept in a collection, each with its result) and the set of
+    # background tasks asyncio's documentation asks for, without its done callback that discards them
+    Mechanism(
+        name="asyncio_tasks_kept_after_done",
+        kind="asyncio tasks",
+        source="pnbruckner/ha-life360#101",
+        leak="""
+        import asyncio
+
+        MODEL = torch.nn.Linear(256, 256)
+        BACKGROUND = set()
+
+        async def infer(batch):
+            with torch.no_grad():
+                return MODEL(batch)  # here
+
+        async def serve(batch):
+            task = asyncio.create_task(infer(batch))
+            BACKGROUND.add(task)
+            return await task
+
+        def test_it():
+            assert asyncio.run(serve(torch.ones(64, 256))).shape == (64, 256)
+        """,
+        fixed="""
+        import asyncio
+
+        MODEL = torch.nn.Linear(256, 256)
+        BACKGROUND = set()
+
+        async def infer(batch):
+            with torch.no_grad():
+                return MODEL(batch)
+
+        async def serve(batch):
+            task = asyncio.create_task(infer(batch))
+            BACKGROUND.add(task)
+            task.add_done_callback(BACKGROUND.discard)
+            return await task
+
+        def test_it():
+            assert asyncio.run(serve(torch.ones(64, 256))).shape == (64, 256)
+        """,
+        holder="*BACKGROUND -> set element._result*",
+        diagnosis=("asyncio task", "add_done_callback"),
     ),
 ]
 

@@ -610,6 +610,22 @@ def weak_key_value_holds_its_key(group: Group, found: Sequence[str]) -> str | No
     )
 
 
+def done_task_result(group: Group, found: Sequence[str]) -> str | None:
+    """An asyncio task (or future) kept after it is done, with its result or its exception."""
+    if not any(
+        _through(path, kind, name)
+        for path in group.holders
+        for kind in ("Task", "Future")
+        for name in ("_result", "_exception")
+    ):
+        return None
+    return (
+        "an asyncio Task (or Future) keeps its result, or its exception with its traceback, for as long as anything "
+        "refers to it: drop the task once it is done (a set of background tasks: "
+        "task.add_done_callback(tasks.discard)), or keep its result rather than the task"
+    )
+
+
 # Rules for mechanisms told by the objects on the path: their classes, the edges between them.
 
 
@@ -1199,6 +1215,7 @@ RULES: list[Rule] = [
     parametrized_object_state,
     mock_calls,
     weak_key_value_holds_its_key,
+    done_task_result,
     global_module_hook,
     hook_on_an_autograd_node,
     hook_bound_to_a_tensor,

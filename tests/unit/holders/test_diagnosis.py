@@ -385,6 +385,12 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         ),
         _group(module("test_it", attr("CACHE", "WeakValueDictionary"), attr("data", "dict"), item("..."))),
     ),
+    "a done asyncio task": (
+        diagnosis.done_task_result,
+        "an asyncio Task (or Future) keeps its result",
+        _group(module("test_it", attr("BACKGROUND", "set"), edge("set element", "", "Task"), attr("_result"))),
+        _group(module("test_it", attr("BACKGROUND", "set"), edge("set element", "", "Job"), attr("_result"))),
+    ),
     "held from C++, made by the test": (
         diagnosis.held_in_cpp_for_the_test,
         "nothing in Python refers to these tensors the test made",
