@@ -69,6 +69,7 @@ KINDS = (
     "optimizer state",
     "metrics and meters",
     "asyncio tasks",
+    "context variables",
 )
 
 CATALOGUE: list[Mechanism] = [
@@ -1960,6 +1961,58 @@ CATALOGUE: list[Mechanism] = [
         """,
         holder="*BACKGROUND -> set element._result*",
         diagnosis=("asyncio task", "add_done_callback"),
+    ),
+    # run-llama/llama-agents#486 (a ContextVar left set pinned each run's state) and the tracing spans
+    # that nest through a ContextVar set and never reset: each run's span keeps the one before
+    Mechanism(
+        name="context_variable_never_reset",
+        kind="context variables",
+        source="run-llama/llama-agents#486",
+        leak="""
+        import contextvars
+
+        MODEL = torch.nn.Linear(256, 256)
+        SPAN = contextvars.ContextVar("span", default=None)
+
+        class Span:
+            def __init__(self, name, parent):
+                self.name, self.parent, self.outputs = name, parent, []
+
+        def traced_forward(batch):
+            SPAN.set(Span("forward", SPAN.get()))
+            with torch.no_grad():
+                out = MODEL(batch)  # here
+            SPAN.get().outputs.append(out)
+            return out
+
+        def test_it():
+            assert traced_forward(torch.ones(64, 256)).shape == (64, 256)
+        """,
+        fixed="""
+        import contextvars
+
+        MODEL = torch.nn.Linear(256, 256)
+        SPAN = contextvars.ContextVar("span", default=None)
+
+        class Span:
+            def __init__(self, name, parent):
+                self.name, self.parent, self.outputs = name, parent, []
+
+        def traced_forward(batch):
+            token = SPAN.set(Span("forward", SPAN.get()))
+            try:
+                with torch.no_grad():
+                    out = MODEL(batch)
+                SPAN.get().outputs.append(out)
+                return out
+            finally:
+                SPAN.reset(token)
+
+        def test_it():
+            assert traced_forward(torch.ones(64, 256)).shape == (64, 256)
+        """,
+        holder="*[[]ContextVar 'span'[]]*",
+        diagnosis=("ContextVar", "reset"),
     ),
 ]
 

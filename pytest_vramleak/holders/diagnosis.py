@@ -947,6 +947,19 @@ def threading_local(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
+def context_variable(group: Group, found: Sequence[str]) -> str | None:
+    """A value a contextvars.ContextVar was set to, kept by the context it was set in."""
+    names = [edge.name for path in group.holders for edge in path.edges if edge.kind == "context variable"]
+    if not names:
+        return None
+    return (
+        f"the ContextVar {names[0]} keeps the value it was set to in the context it was set in, as long as that "
+        "context lives (a thread's own: as long as the thread; the main thread's: the whole process): reset it when "
+        "done (token = var.set(value), then var.reset(token) in a finally), or set it inside "
+        "contextvars.copy_context().run(...)"
+    )
+
+
 _ITEM_BYTES = {
     "float64": 8,
     "float32": 4,
@@ -1229,6 +1242,7 @@ RULES: list[Rule] = [
     itertools_cycle,
     suspended_generator,
     threading_local,
+    context_variable,
     small_view_of_a_large_storage,
     autocast_region_left_open,
     held_in_cpp_for_the_test,

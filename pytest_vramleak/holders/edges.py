@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import _thread
 import collections
+import contextvars
 import functools
 import itertools
 import operator
@@ -18,6 +19,7 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+from ..tracking import gc_functions as gc
 from ..tracking.census import is_tensor_type
 from ..tracking.saved_hooks import pack_state
 from .paths import Edge, EdgeKind, HolderPath, Root, RootKind
@@ -217,7 +219,43 @@ def root_of(root: Any) -> Root:
         return Root("outside gc", f"<function {name} held outside Python's gc>", "function", name=name)
     if _is_node_hooks(root):
         return Root("outside gc", NODE_HOOKS, type_name(root))
+    if type(root) is contextvars.Context:
+        return Root("context", _context_label(root), "Context")
     return Root("outside gc", f"<{type(root).__qualname__} held outside Python's gc>", type_name(root))
+
+
+def _context_label(context: Any) -> str:
+    """``the context of thread 'MainThread'`` where ``context`` holds what this thread's context
+    holds (a copy shares its mapping), else ``a thread's context``."""
+    import threading
+
+    mine = {id(obj) for obj in gc.get_referents(contextvars.copy_context()) if _is_hamt(obj)}
+    if mine and not mine.isdisjoint(map(id, gc.get_referents(context))):
+        return f"the context of thread {threading.current_thread().name!r}"
+    return "a thread's context"
+
+
+_HAMT = frozenset({"hamt", "hamt_bitmap_node", "hamt_array_node", "hamt_collision_node"})
+"""The classes of the immutable mapping a contextvars Context keeps its variables' values in."""
+
+
+def _is_hamt(obj: Any) -> bool:
+    kind = type(obj)
+    return kind.__name__ in _HAMT and kind.__module__ == "builtins"
+
+
+def _context_value(objects: Sequence[Any], index: int) -> tuple[int, str] | None:
+    """Where a chain's ``objects`` go from the Context at ``index`` through its mapping's nodes to a value:
+    the value's position and the quoted name of the ContextVar set to it."""
+    after = index + 1
+    while after < len(objects) and _is_hamt(objects[after]):
+        after += 1
+    if after == index + 1 or after == len(objects):
+        return None
+    for variable, value in contextvars.Context.items(objects[index]):
+        if value is objects[after]:
+            return after, repr(variable.name)
+    return None
 
 
 NODE_HOOKS = "<the hooks of an autograd node (grad_fn.register_hook), held from C++ outside Python's gc>"
@@ -510,11 +548,20 @@ def holder_path(chain: Sequence[Any]) -> HolderPath:
     edges: list[Edge] = []
     mode: Mode = None
     hooks_state = pack_state()
-    for parent, child in zip(chain, chain[1:], strict=False):
+    position = 0
+    while position < len(chain) - 1:
+        parent, child = chain[position], chain[position + 1]
+        variable = _context_value(chain, position) if type(parent) is contextvars.Context else None
+        if variable is not None:  # (the mapping's nodes between read as the variable)
+            position, name = variable
+            edges.append(Edge("context variable", name, type_name(chain[position])))
+            mode = None
+            continue
         try:
             kind, name, mode = name_edge(parent, child, mode)
         except Exception:
             kind, name, mode = "reference", type_name(child), None
         if kind is not None:
             edges.append(Edge(kind, name, type_name(child), has_reset(child), hooks_state.get(id(child), "")))
+        position += 1
     return HolderPath(root_of(chain[0]), tuple(edges))

@@ -34,6 +34,7 @@ RootKind = Literal[
     "outside gc",  # the farthest holder found, which nothing gc sees refers to
     "changed",  # its holders changed while they were searched
     "cycle",  # an object on a reference cycle the collector freed
+    "context",  # a thread's contextvars context, which its thread state keeps outside gc
 ]
 """What a holder path starts at."""
 
@@ -67,6 +68,7 @@ EdgeKind = Literal[
     "numpy memory",  # a numpy array sharing the tensor's memory, unseen by gc
     "dlpack capsule",
     "future value",  # a finished torch.futures.Future's value
+    "context variable",  # the value a ContextVar was set to in a context (name: the variable's name, quoted)
 ]
 """How one object on a holder path refers to the next."""
 
@@ -100,6 +102,7 @@ _EDGE_FORMS: dict[str, str] = {
     "numpy memory": " (a numpy array sharing its memory)",
     "dlpack capsule": " (a DLPack capsule of it)",
     "future value": ".value()",
+    "context variable": "[ContextVar {name}]",
 }
 
 OPAQUE_ROOTS: frozenset[RootKind] = frozenset({"held from C++", "autocast cache", "own graph", "outside gc", "changed"})

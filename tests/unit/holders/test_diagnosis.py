@@ -391,6 +391,12 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         _group(module("test_it", attr("BACKGROUND", "set"), edge("set element", "", "Task"), attr("_result"))),
         _group(module("test_it", attr("BACKGROUND", "set"), edge("set element", "", "Job"), attr("_result"))),
     ),
+    "a context variable": (
+        diagnosis.context_variable,
+        "the ContextVar 'request' keeps the value it was set to",
+        _group(root("context", "the context of thread 'MainThread'", edge("context variable", "'request'"))),
+        _group(root("outside gc", "<Context held outside Python's gc>", edge("reference", "hamt", "hamt"))),
+    ),
     "held from C++, made by the test": (
         diagnosis.held_in_cpp_for_the_test,
         "nothing in Python refers to these tensors the test made",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import gc
 import sys
@@ -251,6 +252,24 @@ def test_a_done_asyncio_tasks_result_and_exception_are_named_through_the_task() 
     finally:
         sys.modules.pop(module.__name__, None)
         loop.close()
+
+
+REQUEST: contextvars.ContextVar[Any] = contextvars.ContextVar("request")
+
+
+def test_a_context_variables_value_is_named_through_the_variable() -> None:
+    REQUEST.set({"batch": torch.ones(3)})  # (in this thread's context: no token kept in a local)
+    try:
+        assert (
+            holder_of(lambda: REQUEST.get()["batch"])
+            == "the context of thread 'MainThread'[ContextVar 'request']['batch']"
+        )
+    finally:
+        REQUEST.set(None)
+    copied = contextvars.copy_context()
+    copied.run(REQUEST.set, {"batch": torch.ones(3)})
+    held = holder_of(lambda: copied[REQUEST]["batch"])
+    assert held is not None and held.endswith(" local 'copied'[ContextVar 'request']['batch']")
 
 
 KEPT = [torch.ones(1)]
