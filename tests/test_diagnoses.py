@@ -408,3 +408,34 @@ def test_a_hook_storing_on_its_module_is_named_and_a_module_storing_without_one_
         ]
     )
     assert sum("a module hook keeps" in line for line in result.stdout.lines) == 1
+
+
+def test_an_object_on_a_cycle_kept_from_outside_gc_is_named_as_the_owner(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import signal
+        import torch
+
+        class Monitor:
+            def __init__(self):
+                self.history = []
+                self.handler = self.on_signal  # the bound method refers back to the monitor
+
+            def on_signal(self, signum, frame):
+                print(len(self.history))
+
+        def test_registers_a_monitor():
+            monitor = Monitor()
+            monitor.history.append(torch.ones(64))
+            signal.signal(signal.SIGUSR1, monitor.handler)  # (CPython keeps its handlers outside gc)
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak", "--vramleak-fail-on=any")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "    allocated at test_it.py:14 in test_registers_a_monitor()",
+            "    held by <Monitor on a reference cycle kept from outside Python's gc>.history[[]0[]]",
+            "    diagnosis: nothing in Python reaches the object that keeps these tensors: it lies on a reference cycle*",
+        ]
+    )

@@ -1031,6 +1031,18 @@ def held_in_cpp_for_the_test(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
+def cycle_kept_from_outside(group: Group, found: Sequence[str]) -> str | None:
+    """Tensors an object keeps that lies on a reference cycle nothing in Python reaches, kept from outside gc."""
+    if not group.holders or not all(path.root.kind == "kept cycle" for path in group.holders):
+        return None
+    return (
+        "nothing in Python reaches the object that keeps these tensors: it lies on a reference cycle that something "
+        "outside Python's gc keeps alive (PyTorch's C++: torch.jit.script and torch.jit.trace keep the Python methods "
+        "of what they compiled, which refer back to it; a hook registered in C++; an extension): script or trace once "
+        "(in a module- or session-scoped fixture), or release what keeps it"
+    )
+
+
 _CLASS_TYPES = frozenset({"type", "ABCMeta"})
 _METHOD_TYPES = frozenset({"function", _LRU_WRAPPER, "staticmethod", "classmethod"})
 
@@ -1246,6 +1258,7 @@ RULES: list[Rule] = [
     small_view_of_a_large_storage,
     autocast_region_left_open,
     held_in_cpp_for_the_test,
+    cycle_kept_from_outside,
     class_attribute,
     accumulator_never_reset,
     module_level_container,

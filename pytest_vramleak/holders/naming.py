@@ -172,12 +172,13 @@ def _history_not_named(groups: list[TensorGroup], history: list[TensorGroup]) ->
 
 def held_in_cpp_only(group: TensorGroup) -> bool:
     """Whether PyTorch itself keeps the group: nothing Python can reach holds it (no Python
-    reference, no autograd node Python holds), and torch made it: a storage object kept without a
+    reference, no autograd node Python holds, or only a reference cycle kept from outside gc), and
+    torch made it: a storage object kept without a
     tensor (torch makes those as it traces, scripts or converts), or tensors the recorded run saw
     torch's own code make. Tensors the user's code made that torch keeps for it (a scripted
     module's attributes, kept each time it is scripted), or whose maker is not known, stay the
     test's."""
-    if group.kind not in ("tensor", "grad", "storage") or not group.held_from_cpp_alone:
+    if group.kind not in ("tensor", "grad", "storage") or not group.unreached_from_python:
         return False
     return group.kind == "storage" or group.made_inside_library is True
 

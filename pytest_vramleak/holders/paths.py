@@ -35,6 +35,7 @@ RootKind = Literal[
     "changed",  # its holders changed while they were searched
     "cycle",  # an object on a reference cycle the collector freed
     "context",  # a thread's contextvars context, which its thread state keeps outside gc
+    "kept cycle",  # the nearest owner on a reference cycle of holders nothing found refers to, kept from outside gc
 ]
 """What a holder path starts at."""
 
@@ -105,7 +106,9 @@ _EDGE_FORMS: dict[str, str] = {
     "context variable": "[ContextVar {name}]",
 }
 
-OPAQUE_ROOTS: frozenset[RootKind] = frozenset({"held from C++", "autocast cache", "own graph", "outside gc", "changed"})
+OPAQUE_ROOTS: frozenset[RootKind] = frozenset(
+    {"held from C++", "autocast cache", "own graph", "outside gc", "kept cycle", "changed"}
+)
 """Roots that name no holder in Python the test's code can reach."""
 LOCAL_ROOTS: frozenset[RootKind] = frozenset({"frame local", "thread local"})
 PYTEST_LISTS: frozenset[RootKind] = frozenset({"record_property", "pytest warnings"})

@@ -362,7 +362,7 @@ def find_chains(
     reads that list instead of the heap. The search clears the list.
     """
 
-    def search(first: list[Any] | None) -> tuple[list[list[Any]], bool, bool]:
+    def search(first: list[Any] | None) -> tuple[list[list[Any]], bool, bool, bool]:
         return _search_chains(
             targets,
             max_depth=max_depth,
@@ -375,13 +375,13 @@ def find_chains(
 
     first = known[1] if known is not None and all(id(target) in known[0] for target in targets) else None
     try:
-        chains, rooted, limited = search(first)
+        chains, rooted, limited, cycled = search(first)
     finally:
         if known is not None:
             known[1].clear()  # (what it keeps alive may be garbage: gone before a collection)
     if rooted or not collect:
         return chains
-    if limited:
+    if limited or cycled:  # (a cycle nothing found reaches may be garbage)
         chains.clear()
         gc.collect()
         return search(None)[0]
@@ -401,11 +401,12 @@ def _search_chains(
     frames: Sequence[types.FrameType],
     named: Sequence[NamedRoot],
     first: list[Any] | None,
-) -> tuple[list[list[Any]], bool, bool]:
+) -> tuple[list[list[Any]], bool, bool, bool]:
     """:func:`find_chains`' search over the heap as it is: the chains, whether each starts at a
-    root, and whether the backward search stopped at ``max_depth`` or left holders out of a level
-    longer than ``max_frontier``. ``first``: a list that holds every gc-tracked referrer of the
-    targets (and maybe more), read in place of the first level's pass over the heap."""
+    root, whether the backward search stopped at ``max_depth`` or left holders out of a level
+    longer than ``max_frontier``, and whether a chain starts on a cycle of holders nothing found
+    refers to (see :func:`_kept_cycle_chains`). ``first``: a list that holds every gc-tracked
+    referrer of the targets (and maybe more), read in place of the first level's pass over the heap."""
     own = _own_frames()
     stack = _frames_not_ours(own)
     search = _Backward(targets, _roots_in_frames(named, [*frames, *stack]), own, exclude_types, max_frontier)
@@ -432,11 +433,69 @@ def _search_chains(
     starts = list(search.dead_ends.values())
     chains_by_target.update(_walk_down(starts, search.held_by, wanted - chains_by_target.keys()))
     starts.clear()
+    cycled = _kept_cycle_chains(search.held_by, [t for t in targets if id(t) not in chains_by_target])
+    chains_by_target.update(cycled)
     chains = [chains_by_target.get(id(target), [target]) for target in targets]
-    rooted = all(len(chain) > 1 and _is_root(chain[0]) for chain in chains)
+    rooted = not cycled and all(len(chain) > 1 and _is_root(chain[0]) for chain in chains)
     search.clear()
     chains_by_target.clear()
-    return chains, rooted, search.limited
+    return chains, rooted, search.limited, bool(cycled)
+
+
+_NOT_OWNERS: tuple[type, ...] = (dict, list, tuple, set, frozenset, collections.deque, types.CellType)
+_NOT_OWNERS += (types.MethodType, types.FunctionType, types.FrameType, types.TracebackType)
+"""Holders that are not what a user would call the owner of what they hold: containers, and what
+functions are made of."""
+
+
+def _kept_cycle_chains(held_by: dict[int, list[Any]], targets: list[Any]) -> dict[int, list[Any]]:
+    """Chains for ``targets`` whose holders the search found, none rooted nor a dead end: they
+    lie on a reference cycle nothing it found refers to, which something outside gc keeps (the
+    Python methods of a module ``torch.jit.script`` compiled keep it, and TorchScript keeps them).
+    Each starts at the nearest holder that is an object of its own (a ``Metric``, not its
+    ``__dict__`` or a closure's cell), else the nearest holder, named as a root of kind ``kept cycle``."""
+    if not targets:
+        return {}
+    objects: dict[int, Any] = {}
+    holders_of: dict[int, list[int]] = {}
+    for holder, held in held_by.items():
+        for obj in held:
+            objects[id(obj)] = obj
+            holders_of.setdefault(id(obj), []).append(holder)
+    found: dict[int, list[Any]] = {}
+    for target in targets:
+        start = _nearest_owner(id(target), holders_of, objects)
+        if start is None:
+            continue
+        chain = _walk_down([start], held_by, {id(target)}).get(id(target))
+        if chain is not None:
+            label = f"<{type(start).__qualname__} on a reference cycle kept from outside Python's gc>"
+            found[id(target)] = [NamedRoot(label, start, role="kept cycle"), *chain]
+    objects.clear()
+    holders_of.clear()
+    return found
+
+
+def _nearest_owner(target: int, holders_of: dict[int, list[int]], objects: dict[int, Any]) -> Any:
+    """Of the holders above ``target`` (breadth first), the nearest that is an object of its own
+    (see :data:`_NOT_OWNERS`), else the nearest; None where it has none, or where one of them has no
+    holder in turn: a dead end, or what only this package's records hold, not a cycle."""
+    seen = {target}
+    level = [target]
+    owner = nearest = None
+    while level:
+        above = [holder for ident in level for holder in holders_of.get(ident, ()) if holder not in seen]
+        seen.update(above)
+        for ident in above:
+            obj = objects.get(ident)
+            if obj is None or not holders_of.get(ident):
+                return None
+            if owner is None and not issubclass(type(obj), _NOT_OWNERS):
+                owner = obj
+            if nearest is None:
+                nearest = obj
+        level = above
+    return owner if owner is not None else nearest
 
 
 def _in_runner(root: Any) -> bool:

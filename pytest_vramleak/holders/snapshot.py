@@ -215,6 +215,15 @@ class TensorGroup:
         return bool(self.holders) and all(path.root.kind == "held from C++" and not path.edges for path in self.holders)
 
     @property
+    def unreached_from_python(self) -> bool:
+        """Whether nothing Python reaches holds the group: held from C++, or by a reference cycle
+        that is kept from outside gc (see :func:`~pytest_vramleak.holders.referrers.find_chains`)."""
+        return bool(self.holders) and all(
+            path.root.kind == "kept cycle" or (path.root.kind == "held from C++" and not path.edges)
+            for path in self.holders
+        )
+
+    @property
     def total_bytes(self) -> int:
         """The memory the group keeps: its tensors' and what their autograd graph saved (a
         ``graph`` group's ``bytes`` are its graph's, once :func:`describe` has finished it)."""

@@ -397,6 +397,12 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         _group(root("context", "the context of thread 'MainThread'", edge("context variable", "'request'"))),
         _group(root("outside gc", "<Context held outside Python's gc>", edge("reference", "hamt", "hamt"))),
     ),
+    "a cycle kept from outside gc": (
+        diagnosis.cycle_kept_from_outside,
+        "nothing in Python reaches the object that keeps these tensors",
+        _group(root("kept cycle", "<Metric on a reference cycle kept from outside Python's gc>", attr("x"))),
+        _group(root("outside gc", "<Metric held outside Python's gc>", attr("x"))),
+    ),
     "held from C++, made by the test": (
         diagnosis.held_in_cpp_for_the_test,
         "nothing in Python refers to these tensors the test made",
