@@ -439,3 +439,33 @@ def test_an_object_on_a_cycle_kept_from_outside_gc_is_named_as_the_owner(pyteste
             "    diagnosis: nothing in Python reaches the object that keeps these tensors: it lies on a reference cycle*",
         ]
     )
+
+
+def test_a_timer_not_ended_and_a_queue_not_drained_are_named_with_their_fixes(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import queue
+        import threading
+        import torch
+
+        RESULTS = queue.Queue()
+
+        def test_schedules_a_report():
+            timer = threading.Timer(3600, print, args=(torch.ones(64),))
+            timer.daemon = True
+            timer.start()
+
+        def test_puts_outputs_nobody_gets():
+            RESULTS.put(torch.ones(32))
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak", "--vramleak-fail-on=any")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "    held by thread 'Thread-*' (Timer, not ended).args[[]0[]]",
+            "    diagnosis: the thread 'Thread-*' (Timer, not ended) keeps its target, its arguments*: cancel the timer*",
+            "    held by test_it.RESULTS.queue[[]*[]]",
+            "    diagnosis: a queue.Queue keeps every item put on it*",
+        ]
+    )

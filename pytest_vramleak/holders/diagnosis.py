@@ -947,6 +947,32 @@ def threading_local(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
+_QUEUES = frozenset({"Queue", "LifoQueue", "PriorityQueue"})
+
+
+def queue_not_drained(group: Group, found: Sequence[str]) -> str | None:
+    """Items put on a queue.Queue that nothing got from it."""
+    if not any(_through(path, kind, "queue") for path in group.holders for kind in _QUEUES):
+        return None
+    return (
+        "a queue.Queue keeps every item put on it until something gets it, and nothing did (its consumer stopped, "
+        "or is slower than its producer): drain it when done (get() until empty), bound it (Queue(maxsize=...)) so "
+        "that the producer waits, or put only what the consumer needs"
+    )
+
+
+def thread_not_ended(group: Group, found: Sequence[str]) -> str | None:
+    """What a thread object keeps (its target, its arguments, its attributes) until the thread ends."""
+    threads = [path.root.label for path in group.holders if path.root.kind == "thread"]
+    if not threads:
+        return None
+    return (
+        f"the {threads[0]} keeps its target, its arguments and its attributes until it ends, and it has not: a "
+        "threading.Timer still waiting, a worker blocked or looping: cancel the timer (timer.cancel()), or stop the "
+        "thread and join it when done (a daemon thread is never joined for you), or pass it only what it needs"
+    )
+
+
 def context_variable(group: Group, found: Sequence[str]) -> str | None:
     """A value a contextvars.ContextVar was set to, kept by the context it was set in."""
     names = [edge.name for path in group.holders for edge in path.edges if edge.kind == "context variable"]
@@ -1149,6 +1175,7 @@ _ROOT_LIFETIMES: dict[str, str] = {
     "step": "it hangs from the step function given to the check",
     "atexit": "it hangs from a callback registered with atexit, kept until the process exits",
     "cycle": "it hangs from a reference cycle ({label}) that only the cyclic collector frees",
+    "thread": "it hangs from {label}, alive until the thread ends",
 }
 _LAST_EDGE_FIXES: dict[str, str] = {
     "item": "the code added this entry and never removed it: remove it (del, .pop(), .clear()) when done, or keep "
@@ -1254,6 +1281,8 @@ RULES: list[Rule] = [
     itertools_cycle,
     suspended_generator,
     threading_local,
+    queue_not_drained,
+    thread_not_ended,
     context_variable,
     small_view_of_a_large_storage,
     autocast_region_left_open,

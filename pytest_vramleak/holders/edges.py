@@ -483,7 +483,7 @@ def _is_lru_wrapper(kind: type) -> bool:
 _EDGE_RULES: list[tuple[Callable[[type], bool], Callable[[Any, Any, Mode], Named | None]]] = [
     (lambda kind: kind is FrameLocal or kind is NamedRoot, lambda parent, child, mode: (None, "", None)),
     (lambda kind: issubclass(kind, dict), _dict_edge),
-    (lambda kind: kind in (list, tuple), _sequence_edge),
+    (lambda kind: kind in (list, tuple, collections.deque), _sequence_edge),
     (lambda kind: kind.__name__ == "ndarray" and kind.__module__ == "numpy", lambda p, c, m: ("array base", "", None)),
     (lambda kind: kind is types.CellType, _cell_edge),
     (lambda kind: kind in (set, frozenset), lambda parent, child, mode: ("set element", "", None)),
@@ -535,6 +535,26 @@ def _named_logger(chain: Sequence[Any]) -> tuple[int, str] | None:
     return None
 
 
+def _named_thread(chain: Sequence[Any]) -> tuple[int, Root] | None:
+    """Where a chain reaches a thread through the tables ``threading`` keeps of the threads started
+    and not ended (``_active``, ``_limbo``): its position, and a root that names the thread."""
+    threading = sys.modules.get("threading")
+    if threading is None:
+        return None
+    tables = [table for table in (getattr(threading, "_active", None), getattr(threading, "_limbo", None)) if table]
+    for index in range(1, len(chain) - 1):
+        table, thread = chain[index - 1], chain[index]
+        if type(table) is not dict or not any(table is known for known in tables):
+            continue
+        if not issubclass(type(thread), threading.Thread):
+            continue
+        name = (instance_dict(thread) or {}).get("_name")
+        if type(name) is str:
+            label = f"thread {name!r} ({type(thread).__qualname__}, not ended)"
+            return index, Root("thread", label, type_name(thread), name=name)
+    return None
+
+
 def holder_path(chain: Sequence[Any]) -> HolderPath:
     """The path ``[root, ..., target]`` is: its root, then each edge that reads as something (an
     object's namespace dict reads as nothing: its attribute is the next edge). A path through
@@ -545,6 +565,10 @@ def holder_path(chain: Sequence[Any]) -> HolderPath:
         rest = holder_path(chain[index:])
         root = Root("module", f"logging.getLogger({name!r})", type_name(chain[index]), name="logging")
         return HolderPath(root, rest.edges)
+    thread = _named_thread(chain)
+    if thread is not None:
+        index, root = thread
+        return HolderPath(root, holder_path(chain[index:]).edges)
     edges: list[Edge] = []
     mode: Mode = None
     hooks_state = pack_state()

@@ -35,6 +35,7 @@ RootKind = Literal[
     "changed",  # its holders changed while they were searched
     "cycle",  # an object on a reference cycle the collector freed
     "context",  # a thread's contextvars context, which its thread state keeps outside gc
+    "thread",  # a thread started and not ended, which threading keeps in its table of them
     "kept cycle",  # the nearest owner on a reference cycle of holders nothing found refers to, kept from outside gc
 ]
 """What a holder path starts at."""

@@ -391,6 +391,18 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         _group(module("test_it", attr("BACKGROUND", "set"), edge("set element", "", "Task"), attr("_result"))),
         _group(module("test_it", attr("BACKGROUND", "set"), edge("set element", "", "Job"), attr("_result"))),
     ),
+    "a queue not drained": (
+        diagnosis.queue_not_drained,
+        "a queue.Queue keeps every item put on it",
+        _group(module("test_it", attr("RESULTS", "Queue"), attr("queue", "deque"), item("4"))),
+        _group(module("test_it", attr("RESULTS", "Results"), attr("queue", "deque"), item("4"))),
+    ),
+    "a thread not ended": (
+        diagnosis.thread_not_ended,
+        "the thread 'Thread-3 (print)' (Timer, not ended) keeps its target",
+        _group(root("thread", "thread 'Thread-3 (print)' (Timer, not ended)", attr("args", "tuple"), item("0"))),
+        _group(module("test_it", attr("TIMERS", "list"), item("0", "Timer"), attr("args", "tuple"), item("0"))),
+    ),
     "a context variable": (
         diagnosis.context_variable,
         "the ContextVar 'request' keeps the value it was set to",
