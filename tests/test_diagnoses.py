@@ -469,3 +469,35 @@ def test_a_timer_not_ended_and_a_queue_not_drained_are_named_with_their_fixes(py
             "    diagnosis: a queue.Queue keeps every item put on it*",
         ]
     )
+
+
+def test_a_mutable_default_and_a_numpy_array_of_objects_are_named_with_their_fixes(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import numpy
+        import torch
+
+        SLOTS = numpy.empty(8, dtype=object)
+        COUNT = [0]
+
+        def remember(x, seen=[]):
+            seen.append(x)
+
+        def test_remembers():
+            remember(torch.ones(64))
+
+        def test_fills_a_slot():
+            SLOTS[COUNT[0]] = torch.ones(32)
+            COUNT[0] += 1
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "    held by test_it.remember.__defaults__[[]0[]][[]4[]]",
+            "    diagnosis: a default argument of remember() is made once*",
+            "    held by test_it.SLOTS[[]4[]]",
+            "    diagnosis: SLOTS[[]4[]] keeps these tensors: it hangs from module test_it*",
+        ]
+    )

@@ -308,7 +308,7 @@ def grad_fn_kept(group: Group, found: Sequence[str]) -> str | None:
 
 def numpy_array(group: Group, found: Sequence[str]) -> str | None:
     """A numpy array made by tensor.numpy() on the path, which shares the tensor's memory."""
-    if not any("ndarray" in path.type_names() for path in group.holders):
+    if not any(path.has("array base", "numpy memory") for path in group.holders):
         return None
     return (
         "a numpy array made by tensor.numpy() shares the tensor's memory and keeps it alive: keep array.copy() "
@@ -947,6 +947,20 @@ def threading_local(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
+def mutable_default_argument(group: Group, found: Sequence[str]) -> str | None:
+    """A function's default argument, made once as the function is defined and shared by every call."""
+    for path in group.holders:
+        for index, edge in enumerate(path.edges):
+            if edge.kind == "attribute" and edge.name in ("__defaults__", "__kwdefaults__") and index > 0:
+                function = path.edges[index - 1].name
+                return (
+                    f"a default argument of {function}() is made once, as the function is defined, and every call "
+                    "shares it: what a call adds to it stays as long as the function: default to None and make a "
+                    "new one in the call (seen=None, then seen = [] if seen is None else seen)"
+                )
+    return None
+
+
 _QUEUES = frozenset({"Queue", "LifoQueue", "PriorityQueue"})
 
 
@@ -1281,6 +1295,7 @@ RULES: list[Rule] = [
     itertools_cycle,
     suspended_generator,
     threading_local,
+    mutable_default_argument,
     queue_not_drained,
     thread_not_ended,
     context_variable,

@@ -324,6 +324,20 @@ def _sequence_edge(parent: Any, child: Any, mode: Mode) -> Named:
     return "container item", type(parent).__name__, None
 
 
+def _array_edge(parent: Any, child: Any) -> Named:
+    """An item of a numpy array of Python objects (``[2]``, ``[1, 0]``), else the array's base."""
+    ndarray = type(parent)
+    try:
+        if ndarray.dtype.__get__(parent).hasobject:
+            for index, item in enumerate(ndarray.ravel(parent)):
+                if item is child:
+                    position = sys.modules["numpy"].unravel_index(index, ndarray.shape.__get__(parent))
+                    return "item", ", ".join(str(int(number)) for number in position), None
+    except Exception:  # (a structured dtype's records)
+        pass
+    return "array base", "", None
+
+
 def _cell_edge(parent: Any, child: Any, mode: Mode) -> Named:
     return (None if mode == "cell" else "cell contents"), "", None
 
@@ -484,7 +498,7 @@ _EDGE_RULES: list[tuple[Callable[[type], bool], Callable[[Any, Any, Mode], Named
     (lambda kind: kind is FrameLocal or kind is NamedRoot, lambda parent, child, mode: (None, "", None)),
     (lambda kind: issubclass(kind, dict), _dict_edge),
     (lambda kind: kind in (list, tuple, collections.deque), _sequence_edge),
-    (lambda kind: kind.__name__ == "ndarray" and kind.__module__ == "numpy", lambda p, c, m: ("array base", "", None)),
+    (lambda kind: kind.__name__ == "ndarray" and kind.__module__ == "numpy", lambda p, c, m: _array_edge(p, c)),
     (lambda kind: kind is types.CellType, _cell_edge),
     (lambda kind: kind in (set, frozenset), lambda parent, child, mode: ("set element", "", None)),
     (lambda kind: issubclass(kind, types.ModuleType), _module_edge),

@@ -534,6 +534,23 @@ def _array_holders(ndarray: type, arrays: list[Any], tensors: list[Any]) -> list
     return found
 
 
+def _object_array_holders(ndarray: type, arrays: list[Any], unheld: list[Any]) -> list[tuple[Any, list[Any]]]:
+    """Which of ``arrays`` of Python objects (``dtype=object``) hold which of ``unheld``: numpy does
+    not show their items to gc. Read through ndarray's C attributes: no code of an array's runs."""
+    ids = {id(obj) for obj in unheld}
+    found = []
+    for array in arrays:
+        try:
+            if not ndarray.dtype.__get__(array).hasobject:  # type: ignore[attr-defined]
+                continue
+            held = [item for item in ndarray.ravel(array) if id(item) in ids]  # type: ignore[attr-defined]
+        except Exception:  # (a structured dtype's records, an array numpy will not flatten)
+            continue
+        if held:
+            found.append((array, held))
+    return found
+
+
 class _Backward:
     """The state of the backward search, level by level from the targets. It keeps the objects
     it meets only in its own containers, whose ids the search ignores: none is taken for a holder."""
@@ -649,7 +666,7 @@ class _Backward:
         tensors = [obj for obj in unheld if is_tensor_type(type(obj))]
         # (a tuple or dict gc does not track holds only objects gc does not track either)
         others = {id(obj) for obj in unheld if type(obj) is ndarray or not gc.is_tracked(obj)}
-        if ndarray is None or not (tensors or others):
+        if ndarray is None or not unheld:
             return []
         if self.untracked is None:
             with whole_heap():
@@ -660,6 +677,7 @@ class _Backward:
             self.ignore.update(id(found) for found in self.untracked)
         arrays, containers = self.untracked
         found = _array_holders(ndarray, arrays, tensors) if tensors else []
+        found += _object_array_holders(ndarray, arrays, unheld)
         for container in containers if others else ():
             held = [obj for obj in gc.get_referents(container) if id(obj) in others]
             if held:

@@ -125,7 +125,7 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         diagnosis.numpy_array,
         "a numpy array made by tensor.numpy()",
         _group(module("test_it", attr("ARRAYS", "list"), item("0", "ndarray"), edge("array base"))),
-        _group(module("test_it", attr("HOLDER", "Base"), attr("base"))),
+        _group(module("test_it", attr("OBJECTS", "ndarray"), item("4"))),  # an array of Python objects
     ),
     "module hook": (
         diagnosis.hook_keeps,
@@ -390,6 +390,14 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         "an asyncio Task (or Future) keeps its result",
         _group(module("test_it", attr("BACKGROUND", "set"), edge("set element", "", "Task"), attr("_result"))),
         _group(module("test_it", attr("BACKGROUND", "set"), edge("set element", "", "Job"), attr("_result"))),
+    ),
+    "a mutable default argument": (
+        diagnosis.mutable_default_argument,
+        "a default argument of remember() is made once",
+        _group(
+            module("test_it", attr("remember", "function"), attr("__defaults__", "tuple"), item("0", "list"), item("4"))
+        ),
+        _group(module("test_it", attr("remember", "function"), attr("__wrapped__", "function"), item("4"))),
     ),
     "a queue not drained": (
         diagnosis.queue_not_drained,

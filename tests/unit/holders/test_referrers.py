@@ -272,6 +272,18 @@ def test_a_context_variables_value_is_named_through_the_variable() -> None:
     assert held is not None and held.endswith(" local 'copied'[ContextVar 'request']['batch']")
 
 
+OBJECTS = numpy.empty((2, 3), dtype=object)
+
+
+def test_a_numpy_array_of_python_objects_is_named_by_the_items_position() -> None:
+    OBJECTS[1, 2] = {"batch": torch.ones(3)}
+    try:
+        assert holder_of(lambda: OBJECTS[1, 2]["batch"]) == f"{HERE}.OBJECTS[1, 2]['batch']"
+        assert without_python_holders([OBJECTS[1, 2]["batch"]]) == set()
+    finally:
+        OBJECTS[1, 2] = None
+
+
 KEPT = [torch.ones(1)]
 
 
