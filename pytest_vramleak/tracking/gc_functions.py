@@ -11,7 +11,10 @@ later bound to. Modules import this one as ``gc``.
 from __future__ import annotations
 
 import gc as _gc
+import itertools
+import operator
 import sys
+from typing import Any
 
 DEBUG_SAVEALL = _gc.DEBUG_SAVEALL
 _collect = _gc.collect
@@ -60,6 +63,25 @@ def frozen_by_anyone() -> bool:
     return _gc.get_freeze_count() > INTERPRETER_FROZEN
 
 
+TRAVERSES_FREED_MEMORY = (3, 12) <= sys.version_info[:3] < (3, 12, 6)
+"""Whether traversing ``_asyncio`` visits freed memory: from Python 3.12.0 to 3.12.5 its module
+state's traverse function visits the future iterators on its free list, and ``gc.get_referents``
+of the module hands them out as live objects (CPython gh-122695): a double free, or a list that
+grows until memory runs out (seen on 3.12.1 once an event loop had run). What else traverses it
+(``gc.get_referrers``, the collector) only compares, and is safe."""
+
+_get_referents = _gc.get_referents
+
+
+def _referents_skipping_asyncio(*objs: Any) -> list[Any]:
+    """``gc.get_referents(*objs)`` less the ``_asyncio`` module's: what it keeps in C is asyncio's
+    own bookkeeping (its tasks are reached from ``asyncio.tasks``)."""
+    module = sys.modules.get("_asyncio")
+    if module is not None and any(map(operator.is_, objs, itertools.repeat(module))):
+        objs = tuple(obj for obj in objs if obj is not module)
+    return _get_referents(*objs)
+
+
 disable = _gc.disable
 enable = _gc.enable
 freeze = _gc.freeze
@@ -67,7 +89,7 @@ garbage = _gc.garbage
 get_debug = _gc.get_debug
 get_freeze_count = _gc.get_freeze_count
 get_objects = _gc.get_objects
-get_referents = _gc.get_referents
+get_referents = _referents_skipping_asyncio if TRAVERSES_FREED_MEMORY else _get_referents
 get_referrers = _gc.get_referrers
 is_tracked = _gc.is_tracked
 isenabled = _gc.isenabled
