@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 from .census import _torch, graph_nodes, live_tensors
 from .index import grad_fn_reader
-from .refs import Entry, TensorRef
+from .refs import Entry, new_entry
 
 NODE_BYTES = 700
 """Host memory an autograd node keeps once backward has freed what it saved, about: measured with
@@ -107,7 +107,7 @@ def kept_graph(roots: list[Entry], threshold: int | None, before: int | None = N
     nodes: list[tuple[int, weakref.ref[Any], Any]] = []
     try:
         for entry in roots:
-            tensor = entry.ref()
+            tensor = entry()
             if tensor is None or (traced and issubclass(type(tensor), traced)):
                 continue
             try:
@@ -115,7 +115,7 @@ def kept_graph(roots: list[Entry], threshold: int | None, before: int | None = N
             except Exception:
                 continue
             if node is not None:
-                nodes.append((_sequence_number(node) if before is not None else 0, entry.ref, node))
+                nodes.append((_sequence_number(node) if before is not None else 0, entry, node))
             del tensor
         if before is not None:
             # A node shared by several tensors is credited to the first counted. A step's
@@ -143,10 +143,9 @@ def young_graph(threshold: int | None, before: int | None = None) -> KeptGraph:
     try:
         for obj in found:
             try:
-                ref = TensorRef(obj)
+                entries.append(new_entry(obj))
             except TypeError:
                 continue
-            entries.append(Entry(ref))
     finally:
         found.clear()
     return kept_graph(entries, threshold, before)

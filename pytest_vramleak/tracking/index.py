@@ -1,6 +1,6 @@
 """The index of known tensors and storages: what each held when last read, and each one's death.
 
-Every tensor read is indexed under a weak reference (:class:`TensorRef`) with an :class:`Entry`:
+Every tensor read is indexed as an :class:`Entry`, a weak reference with what was read of it:
 its storages, its gradient and its version counter when read; the storages its autograd graph
 saved are indexed too. Every storage is indexed under a weak reference (:class:`StorageRef`) whose
 callback reports its death, with its size, device and address when last read, the clock it was
@@ -39,7 +39,7 @@ from .census import (
     untyped_storage_types,
 )
 from .ledger import Ledger
-from .refs import NO_GRAD, Entry, StorageRef, TensorRef, call
+from .refs import NO_GRAD, Entry, StorageRef, call, new_entry, sole_storage, storages_of
 from .torch_api import objects_referring_to
 
 
@@ -61,12 +61,6 @@ def storage_readers() -> tuple[Any, Any]:
     return base.untyped_storage, base.is_nested.__get__
 
 
-def _only(refs: tuple[StorageRef, ...], ref: StorageRef) -> bool:
-    """Whether ``ref`` is the one storage reference in ``refs`` (by identity: references to live
-    storages compare as their storages do)."""
-    return len(refs) == 1 and refs[0] is ref
-
-
 def _read_version(tensor: Any) -> int:
     """A tensor's version counter, or -2 where it has none to read."""
     try:
@@ -76,7 +70,6 @@ def _read_version(tensor: Any) -> int:
     return version
 
 
-_ENTRY_REF = operator.attrgetter("ref")
 _ENTRY_GRAD = operator.attrgetter("grad")
 _ENTRY_VERSION = operator.attrgetter("version")
 
@@ -94,24 +87,24 @@ class Kinds:
         an ``AccumulateGrad`` node, so each backward pass compares them all (they are few)."""
         self.plain: dict[int, Entry] = {}
         """Older tensors that can take no gradient: an in-place operation can give them a graph."""
-        self._grad_lists: tuple[list[TensorRef], list[int]] | None = None
-        self._plain_lists: tuple[list[TensorRef], list[int]] | None = None
+        self._grad_lists: tuple[list[Entry], list[int]] | None = None
+        self._plain_lists: tuple[list[Entry], list[int]] | None = None
 
-    def gradient_lists(self) -> tuple[list[TensorRef], list[int]]:
+    def gradient_lists(self) -> tuple[list[Entry], list[int]]:
         """The references of the leaves in ``capable`` and the ids of their gradients when last read."""
         if self._grad_lists is None:
             entries = list(self.capable.values())
             self._grad_lists = (
-                list(map(_ENTRY_REF, entries)),
+                entries,
                 list(map(id, map(call, map(_ENTRY_GRAD, entries)))),
             )
         return self._grad_lists
 
-    def version_lists(self) -> tuple[list[TensorRef], list[int]]:
+    def version_lists(self) -> tuple[list[Entry], list[int]]:
         """The references of the tensors in ``plain`` and their version counters when last read."""
         if self._plain_lists is None:
             entries = list(self.plain.values())
-            self._plain_lists = list(map(_ENTRY_REF, entries)), list(map(_ENTRY_VERSION, entries))
+            self._plain_lists = entries, list(map(_ENTRY_VERSION, entries))
         return self._plain_lists
 
     def lists_changed(self, *, gradients: bool = False, versions: bool = False) -> None:
@@ -132,8 +125,8 @@ class Kinds:
         """Tensors the last test made that outlive it (still ``indexed``) and take no gradient
         become older ones."""
         for entry in entries:
-            ident = entry.ref.ident  # type: ignore[attr-defined]
-            if not entry.capable and entry.ref() is not None and indexed.get(ident) is entry:
+            ident = entry.ident
+            if not entry.capable and entry() is not None and indexed.get(ident) is entry:
                 self.plain[ident] = entry
                 self._plain_lists = None
 
@@ -190,7 +183,7 @@ class Index:
         """Bytes of the known live storages, by device."""
         self.kinds = Kinds()
         self._dead: list[StorageRef] = []
-        self._dead_tensors: list[TensorRef] = []
+        self._dead_tensors: list[Entry] = []
         # Bound once (indexing makes a reference per storage and tensor), and in C: a callback runs
         # wherever an object dies, in any thread, and a Python function there is where a pending
         # Ctrl-C would be raised, and then lost as an exception ignored in a weakref callback.
@@ -248,7 +241,7 @@ class Index:
         """Read every indexed tensor and storage again."""
         with _torch()._C.DisableTorchFunction():
             for ident, entry in list(self.entries.items()):
-                tensor = entry.ref()
+                tensor = entry()
                 if tensor is None:
                     self.forget(ident, entry)
                     continue
@@ -295,20 +288,19 @@ class Index:
     def _entry_for(self, tensor: Any, ident: int) -> tuple[Entry | None, bool]:
         """The tensor's entry and whether it was just made (None where the tensor takes no weak reference)."""
         entry = self.entries.get(ident)
-        if entry is not None and entry.ref() is tensor:
+        if entry is not None and entry() is tensor:
             return entry, False
         try:
-            tensor_ref = TensorRef(tensor, self._tensor_died)
+            entry = new_entry(tensor, self._tensor_died, self.ledger.born)
         except TypeError:
             return None, True
-        tensor_ref.ident = ident
-        entry = Entry(tensor_ref, self.ledger.born)
         self.entries[ident] = entry
         self.ledger.tensor_seen(entry)
         return entry, True
 
-    def _read_storages(self, tensor: Any, ident: int) -> tuple[StorageRef, ...]:
-        """Index the storages a tensor uses, with the tensor as their user; return their references."""
+    def _read_storages(self, tensor: Any, ident: int) -> StorageRef | tuple[StorageRef, ...]:
+        """Index the storages a tensor uses, with the tensor as their user; return their references
+        (the one reference itself where there is one: see :attr:`Entry.storages`)."""
         untyped_storage, is_nested = storage_readers()
         try:  # the common case, one strided storage, without the general function's calls
             storages: Any = (untyped_storage(tensor),) if not is_nested(tensor) else tensor_storages(tensor)
@@ -319,7 +311,7 @@ class Index:
             ref = self.register(storage, ident)
             if ref is not None:
                 refs.append(ref)
-        return tuple(refs)
+        return refs[0] if len(refs) == 1 else tuple(refs)
 
     def _read_gradient(self, ident: int, entry: Entry, grad: Any, visited: set[int], keep: list[Any]) -> None:
         """Note a tensor's gradient and read it whole; the tensor becomes a user of the gradient's storages."""
@@ -332,7 +324,7 @@ class Index:
             keep.append(grad)
             self.read_tensor(grad, visited, keep)
         grad_entry = self.entries.get(id(grad))
-        for ref in grad_entry.storages if grad_entry is not None else ():
+        for ref in storages_of(grad_entry) if grad_entry is not None else ():
             if ident not in ref.users:
                 ref.users += (ident,)  # its gradient's death is this tensor's change too
 
@@ -380,7 +372,7 @@ class Index:
     def forget_dead(self, entries: dict[int, Entry]) -> None:
         """Forget the entries of ``entries`` whose tensor died."""
         for ident, entry in list(entries.items()):
-            if entry.ref() is None:
+            if entry() is None:
                 self.forget(ident, entry)
 
     def clear(self) -> None:
@@ -394,7 +386,7 @@ class Index:
         while self._dead_tensors:
             ident = self._dead_tensors.pop().ident
             entry = self.entries.get(ident)
-            if entry is not None and entry.ref() is None:
+            if entry is not None and entry() is None:
                 self.forget(ident, entry)
         while self._dead:
             dead = self._dead[:]
@@ -410,7 +402,7 @@ class Index:
                 self.ledger.died(ref, offsets=offsets)
                 for ident in ref.users:  # their storage changed under them
                     entry = self.entries.get(ident)
-                    tensor = entry.ref() if entry is not None else None
+                    tensor = entry() if entry is not None else None
                     if tensor is not None:
                         reread.append(tensor)
             if reread:
@@ -430,7 +422,7 @@ class Index:
                 if ident in seen:
                     continue
                 entry = entries.get(ident)
-                tensor = entry.ref() if entry is not None else None
+                tensor = entry() if entry is not None else None
                 if tensor is not None:
                     seen.add(ident)
                     found.append(tensor)
@@ -445,7 +437,7 @@ class Index:
         for ref in refs:
             if len(ref.users) == 1:  # the common case, without a list and a set per storage
                 entry = entries.get(ref.users[0])
-                tensor = entry.ref() if entry is not None else None
+                tensor = entry() if entry is not None else None
                 if tensor is None:
                     return None
                 tensors.append(tensor)
@@ -466,7 +458,7 @@ class Index:
         for ref in refs:
             users = ref.users
             entry = entries.get(users[0]) if len(users) == 1 else None
-            found.append(entry.ref() if entry is not None and len(entry.storages) == 1 else None)
+            found.append(entry() if entry is not None and type(entry.storages) is StorageRef else None)
         return found
 
     def pairs(self, refs: list[StorageRef]) -> list[tuple[Any, Any]]:
@@ -480,7 +472,7 @@ class Index:
                     continue
                 if len(ref.users) == 1:  # the common case, without a list and a set per storage
                     entry = entries.get(ref.users[0])
-                    tensor = entry.ref() if entry is not None else None
+                    tensor = entry() if entry is not None else None
                     if tensor is not None:
                         found.append((tensor, storage))
                 else:
@@ -504,7 +496,7 @@ class Index:
                 continue
             for ident in ref.users if len(ref.users) == 1 else [id(tensor) for tensor in self.users([ref])]:
                 entry = entries.get(ident)
-                tensor = entry.ref() if entry is not None else None
+                tensor = entry() if entry is not None else None
                 if tensor is not None and entry.born >= clock:  # type: ignore[union-attr]
                     later.append((tensor, storage))
         later += [(storage, storage) for ref in refs if ref.born >= clock and (storage := ref()) is not None]
@@ -520,12 +512,12 @@ class Index:
                 owned = False
                 for ident in ref.users:
                     entry = entries.get(ident)
-                    tensor = entry.ref() if entry is not None else None
+                    tensor = entry() if entry is not None else None
                     if entry is None or tensor is None:
                         return False
                     grad = entry.grad()
                     grad_entry = entries.get(id(grad)) if grad is not None else None
-                    if grad_entry is not None and entry.born < clock and _only(grad_entry.storages, ref):
+                    if grad_entry is not None and entry.born < clock and sole_storage(grad_entry) is ref:
                         if grad_fn(grad) is not None or grad_entry.born < clock:
                             return False
                         owned = True
@@ -537,7 +529,7 @@ class Index:
 
     def entries_born_since(self, clock: int) -> list[Entry]:
         """Live indexed tensors first read at ``clock`` or later (a walk of the index: for a leak)."""
-        return [entry for entry in self.entries.values() if entry.born >= clock and entry.ref() is not None]
+        return [entry for entry in self.entries.values() if entry.born >= clock and entry() is not None]
 
     def alive_since(self, device: str, clock: int, before: int | None = None) -> list[StorageRef]:
         """Live storages on ``device`` first seen at ``clock`` or later (and before ``before``), less

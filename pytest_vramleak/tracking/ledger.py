@@ -112,7 +112,7 @@ class Ledger:
         if self.begun and entry.born >= self.begin_clock:
             self.young_tensors.append(entry)
             if len(self.young_tensors) > 2 * self.young_tensors_alive + 64:  # a long loop's temporaries
-                self.young_tensors = [e for e in self.young_tensors if e.ref() is not None]
+                self.young_tensors = [e for e in self.young_tensors if e() is not None]
                 self.young_tensors_alive = len(self.young_tensors)
 
     def take_young_tensors(self) -> list[Entry]:

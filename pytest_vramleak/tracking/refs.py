@@ -1,9 +1,8 @@
 """What the tracker knows of one storage and one tensor: weak references and the facts last read.
 
 A :class:`StorageRef` is a weak reference to a storage object with its size, device, address and
-the clock it was first seen at; its callback reports the storage's death. A :class:`TensorRef` is
-a weak reference to a tensor, and an :class:`Entry` what was last read of it. None of them keeps
-the object alive, so indexing a tensor never changes when it dies.
+the clock it was first seen at; its callback reports the storage's death. An :class:`Entry` is
+a weak reference to a tensor with what was last read of it. Neither keeps the object alive, so indexing a tensor never changes when it dies.
 """
 
 from __future__ import annotations
@@ -40,13 +39,6 @@ class StorageRef(weakref.ref):  # type: ignore[type-arg]
     """Made while a test set up, by a fixture of a wider scope: the fixture's, never the test's."""
 
 
-class TensorRef(weakref.ref):  # type: ignore[type-arg]
-    """A weak reference to an indexed tensor; its callback lets the index forget the tensor."""
-
-    __slots__ = ("ident",)
-    ident: int
-
-
 class _Nothing:
     pass
 
@@ -54,19 +46,47 @@ class _Nothing:
 NO_GRAD: weakref.ref[Any] = weakref.ref(_Nothing())  # dead at once: calling it gives None
 
 
-class Entry:
-    """What the tracker last read of one tensor."""
+class Entry(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference to an indexed tensor with what the tracker last read of it: one object per
+    tensor (a reference and a record apart add a second object to every walk of the heap for each
+    tensor kept). Its callback lets the index forget the tensor. Made by :func:`new_entry`."""
 
-    __slots__ = ("ref", "storages", "grad", "capable", "version", "born")
+    __slots__ = ("ident", "storages", "grad", "capable", "version", "born")
+    ident: int
+    """The tensor's ``id()``, its key in the index."""
+    born: int
+    """The tracker's clock when the tensor was first read."""
+    version: int
+    """The tensor's version counter when last read: an in-place operation moves it."""
+    storages: StorageRef | tuple[StorageRef, ...]
+    """The storages the tensor used when last read: the one storage itself, the common case (a
+    tuple of one would add an object to every walk of the heap for each tensor kept), else a tuple
+    (none, or several: nested tensors). :func:`storages_of` gives a tuple either way."""
+    grad: weakref.ref[Any]
+    """The gradient last read; a reference that is always dead where there was none."""
+    capable: bool
+    """A leaf that requires grad, or a tensor that retains its gradient: backward can give it one."""
 
-    def __init__(self, ref: weakref.ref[Any], born: int = 0) -> None:
-        self.ref = ref
-        self.born = born
-        """The tracker's clock when the tensor was first read."""
-        self.version = -1
-        """The tensor's version counter when last read: an in-place operation moves it."""
-        self.storages: tuple[StorageRef, ...] = ()
-        self.grad: weakref.ref[Any] = NO_GRAD
-        """The gradient last read; a reference that is always dead where there was none."""
-        self.capable = False
-        """A leaf that requires grad, or a tensor that retains its gradient: backward can give it one."""
+
+def new_entry(tensor: Any, callback: Callable[[Entry], Any] | None = None, born: int = 0) -> Entry:
+    """An entry for ``tensor``, nothing read of it yet (TypeError where it takes no weak reference)."""
+    entry = Entry(tensor, callback)
+    entry.ident = id(tensor)
+    entry.born = born
+    entry.version = -1
+    entry.storages = ()
+    entry.grad = NO_GRAD
+    entry.capable = False
+    return entry
+
+
+def storages_of(entry: Entry) -> tuple[StorageRef, ...]:
+    """The storages an entry's tensor used when last read, as a tuple."""
+    storages = entry.storages
+    return (storages,) if type(storages) is StorageRef else storages  # type: ignore[return-value]
+
+
+def sole_storage(entry: Entry) -> StorageRef | None:
+    """The one storage an entry's tensor used when last read; None where it used none or several."""
+    storages = entry.storages
+    return storages if type(storages) is StorageRef else None

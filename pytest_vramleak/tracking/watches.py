@@ -44,7 +44,7 @@ from .backward import BackwardWatch
 from .census import _torch
 from .exit_callbacks import ExitCallbacks
 from .index import Index, grad_fn_reader, storage_readers, version_reader
-from .refs import Entry, StorageRef, call
+from .refs import Entry, StorageRef, call, sole_storage
 from .saved_hooks import SavedTensorHooks
 
 COMPARED_PER_CHECK = 2_000
@@ -113,7 +113,7 @@ class Watches:
         entries = self.index.entries
         for tensor in tensors:
             entry = entries.get(id(tensor))
-            if entry is not None and entry.ref() is tensor:
+            if entry is not None and entry() is tensor:
                 self._touched[id(tensor)] = entry
             else:
                 self._touched_new.append(weakref.ref(tensor))
@@ -183,11 +183,12 @@ class Watches:
         moved = []
         with _torch()._C.DisableTorchFunction():
             for entry in list(self.index.entries.values()):
-                tensor = entry.ref()
-                if tensor is None or len(entry.storages) != 1:
+                tensor = entry()
+                storage = sole_storage(entry)
+                if tensor is None or storage is None:
                     continue  # dead (drift() forgot it), or nested or opaque: read again as a storage dies
                 try:
-                    if untyped_storage(tensor) is not entry.storages[0]():
+                    if untyped_storage(tensor) is not storage():
                         moved.append(tensor)
                 except Exception:
                     continue
@@ -291,7 +292,7 @@ class Watches:
         changed = []
         with _torch()._C.DisableTorchFunction():
             for ident, entry in list(entries.items()):
-                tensor = entry.ref()
+                tensor = entry()
                 if tensor is None:
                     self.index.forget(ident, entry)
                 elif _GRAD(tensor) is not entry.grad():
