@@ -702,6 +702,7 @@ def _recording_run(
     # library (PyTorch's own, set aside): a few frames tell that, and no view is kept from Python.
     light = runs.held_in_cpp = runs.held_in_cpp if runs.cpp_known else _held_from_cpp_only(tracker, runs.first_begin)
     untraced = tracker.clock  # what was read before tracing began has no site
+    tracker.age_young()  # (what the last run kept becomes older now, untraced: see Tracker.age_young)
     recorder.start(frames=FRAMES_FOR_CPP_HELD if light else FRAMES_TRACED)
     if not light:
         storages.start()

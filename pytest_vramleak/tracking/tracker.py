@@ -150,7 +150,7 @@ class Tracker:
             gc.collect(1)  # young garbage earlier tests left in cycles goes now, not after this test
         self.index.process_dead()  # storages that died before the test: not the test's doing
         self.index.kinds.join_capable()
-        self.index.kinds.make_plain(self.ledger.take_young_tensors(), self.index.entries)
+        self.age_young()
         self.ledger.start()
         self.begin_graphs = graph_clock(_torch()) if index else None
         self._observed = False
@@ -481,6 +481,12 @@ class Tracker:
         """The pairs of tensors and storages, and of storage objects with themselves, first read at
         ``clock`` or later (see :meth:`Index.pairs_since`)."""
         return self.index.pairs_since(refs, clock)
+
+    def age_young(self) -> None:
+        """The tensors the last test made that outlive it and take no gradient become older ones
+        (done as a test begins; the run that records sites asks first, so that tracing, which it
+        starts before the test sets up, does not trace the lists this makes)."""
+        self.index.kinds.make_plain(self.ledger.take_young_tensors(), self.index.entries)
 
     def kept_graph(
         self, *, threshold: int | None = None, entries: list[Entry] | None = None, before: int | None = None
