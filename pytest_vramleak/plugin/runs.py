@@ -1004,12 +1004,15 @@ def _set_aside_older_threads(item: pytest.Item, runs: TestRuns, named: NamedLeak
     older, newer = _threads_by_entry(first._threads_before)
     if not older:
         return
-    by_key = {(ref.device, ref.pointer): ref for ref in refs}
+    # (only the storages whose sites were captured can say which thread made them: a sample of each
+    # kind where the runs keep many)
+    captured = recorder.captured_pointers()
+    by_key = {(ref.device, ref.pointer): ref for ref in refs if ref.pointer in captured}
     starters = session_of(item.config).thread_starters
     # Each group is decided whole, over the runs (the run that recorded sites saw its newest
     # tensors made; a thread the test started, or the test itself, would make some there too).
     for whole in merge_parts(named.groups):
-        storages = [by_key[key]() if key in by_key else None for key in whole.keys]
+        storages = [by_key[key]() for key in whole.keys if key in by_key]
         made = [recorder.made_on(storage) for storage in storages if storage is not None]
         threads = [_older_thread(entry, older, newer) for entry in made if entry is not None]
         if not threads or None in threads:
