@@ -1027,3 +1027,37 @@ def test_nothing_is_listed_as_made_since_the_freeze_where_the_tracker_froze_agai
         after = torch.ones(8)
         assert tracker.made_since_freeze() is None
         del before, after
+
+
+def test_the_index_is_let_go_before_pytests_last_collections(pytester: pytest.Pytester) -> None:
+    # pytest collects the heap again as it unconfigures (after every plugin has): the index of
+    # what the checks read, an object per tensor, is gone by then, and the heap as it was.
+    pytester.makeconftest(
+        """
+        import gc, pytest
+        from pytest_vramleak.plugin.state import session_of
+        from pytest_vramleak.tracking.refs import Entry, StorageRef
+
+        @pytest.hookimpl(trylast=True)
+        def pytest_unconfigure(config):
+            tracker = session_of(config).tracker
+            index = tracker.index
+            left = sum(type(obj) in (Entry, StorageRef) for obj in gc.get_objects())
+            print(f"index: {len(index.entries)} tensors, {len(index.storages)} storages; references left: {left}")
+            print(f"frozen: {gc.get_freeze_count() > 0 and gc.get_freeze_count() != FROZEN}")
+
+        FROZEN = gc.get_freeze_count()
+        """
+    )
+    pytester.makepyfile(
+        test_it="""
+        import torch
+        KEPT = []
+
+        def test_keeps():
+            KEPT.extend(torch.ones(4) for _ in range(300))
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak", "-s")
+    result.stdout.fnmatch_lines(["*LEAKED test_it.py::test_keeps*"])
+    result.stdout.fnmatch_lines(["index: 0 tensors, 0 storages; references left: 0", "frozen: False"])

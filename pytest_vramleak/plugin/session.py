@@ -498,6 +498,12 @@ class VramleakSession(SessionState):
             return
         write_outputs(session, self)
 
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        """The tracker forgets what it read before pytest's own last collections, which walk the
+        heap (pytest's clean-ups run after every plugin has unconfigured)."""
+        if self.tracker is not None:
+            self.tracker.close()
+
 
 def _read_settings(config: pytest.Config) -> Settings:
     """Read and check every option; a bad value is a usage error naming its source."""

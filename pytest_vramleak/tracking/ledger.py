@@ -75,6 +75,11 @@ class Ledger:
         self.begun = True
         self.offsets_open = True
 
+    def clear(self) -> None:
+        """Forget the records of the last test (the session is over)."""
+        self.young, self.young_tensors, self.freed, self.grown, self.drift_new = [], [], [], [], []
+        self.inplace, self.drift = {}, None
+
     # -- what the index reports ------------------------------------------------------------------
 
     def seen(self, ref: StorageRef) -> None:

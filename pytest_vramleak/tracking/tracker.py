@@ -174,6 +174,17 @@ class Tracker:
         self.freeze.thaw()
         self._collections_at_end = gc.older_collections()
 
+    def close(self) -> None:
+        """The session is over: forget every tensor and storage read. The index keeps an object
+        for each, and every walk of the heap after the session (pytest's last collections, as it
+        unconfigures) would pass over them."""
+        if self.active:
+            self.end()
+        self.index.clear()
+        self.index.storages.clear()
+        self.index.opaque.clear()
+        self.ledger.clear()
+
     @property
     def active(self) -> bool:
         """Whether a test's tracking is under way (between :meth:`begin` and :meth:`end`)."""
