@@ -338,3 +338,33 @@ def test_a_class_attribute_is_named_with_its_class_and_the_fix_that_frees_it(pyt
     )
     result.stdout.no_fnmatch_line("*held by self*")
     result.stdout.no_fnmatch_line("*set it to None in teardown_method*")
+
+
+def test_a_storage_held_through_several_views_is_named_through_each(pytester: pytest.Pytester, run_checked) -> None:
+    # Each setup_method adds a hook that appends its own view of every output (output.detach())
+    # to its instance: an output's storage is held through one view per hook. Which view gc
+    # lists first decides nothing: here, the last run's, which the instance pytest keeps holds.
+    pytester.makepyfile(
+        test_it="""
+        import torch
+
+        MODEL = torch.nn.Linear(64, 64)
+
+        class TestLeak:
+            def setup_method(self):
+                self.outputs = []
+                MODEL.register_forward_hook(lambda module, args, output: self.outputs.append(output.detach()))
+
+            def test_leak(self):
+                MODEL(torch.randn(16, 64))
+        """
+    )
+    result, report = run_checked("--vramleak", "--vramleak-sites=off")
+    assert report["test_leak"]["pattern"] == "grows"
+    result.stdout.fnmatch_lines(
+        [
+            "*float32[[]16, 64[]] on cpu: 1 tensor*",
+            "*held by test_it.MODEL._forward_hooks[[]0[]] -> closure var 'self'.outputs[[]*[]]",
+            "*diagnosis: a module hook keeps what it is given*",
+        ]
+    )

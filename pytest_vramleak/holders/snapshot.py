@@ -855,6 +855,18 @@ def _primary(finds: list[Found], orphans: set[int]) -> Found:
     return by_via.get("gc", finds[0])
 
 
+def _other_views(finds: list[Found], primary: Found, orphans: set[int]) -> list[Any]:
+    """The tensors Python holds over a storage besides the one that explains it (views of it,
+    ``x.detach()`` kept in several places)."""
+    if primary.via != "gc" or len(finds) < 2:
+        return []
+    return [
+        found.tensor
+        for found in finds
+        if found.via == "gc" and found.tensor is not primary.tensor and id(found.tensor) not in orphans
+    ]
+
+
 def _allocation_site(sites: SiteSource | None, found: Found, tensor: Any | None = None) -> str | None:
     """Where the storage was allocated, then, where the tensor kept is a view made elsewhere
     (``x.detach()`` in a hook, a slice), where that view was made."""
@@ -904,11 +916,18 @@ def describe(
         with collections_paused():
             located, orphans, hooked = _find_storages(keys, device, known)
             primaries = [_primary(finds, orphans.ids) for finds in located.values()]
+            views = [
+                (primary.tensor, _other_views(finds, primary, orphans.ids))
+                for finds, primary in zip(located.values(), primaries, strict=True)
+            ]
             located.clear()
             primaries.sort(key=lambda f: (f.via == "graph", grouping.order[f.key]))  # owners' groups first
             for found in primaries:
                 grouping.add(found)
+            for tensor, others in views:  # (where the groups have room left for chains)
+                grouping.add_views(tensor, others)
             primaries.clear()
+            views.clear()
         if name and targets:
             paths = _name_targets(targets, frames, named, collected, (orphans.asked, known))
             grouping.name(paths, hooked)
@@ -1030,6 +1049,19 @@ class _Grouping:
         if sum(1 for g, _ in self.target_groups if g is group) < MAX_CHAINS_PER_GROUP:
             self.targets.append(found.tensor if found.via in ("gc", "storage") else found.owner)
             self.target_groups.append((group, found.via == "grad"))
+
+    def add_views(self, primary: Any, others: list[Any]) -> None:
+        """Name a storage through the other tensors Python holds over it (see :func:`_other_views`),
+        in its group, while the group has room for chains: which of them explains the storage is
+        the one gc lists first, and another may hold it longer (a hook per instance of a test's
+        class appends its own view of each output: the last run's instance holds one, every
+        earlier hook another)."""
+        group = self.owner_groups.get(id(primary))
+        for tensor in others:
+            if group is None or sum(1 for g, _ in self.target_groups if g is group) >= MAX_CHAINS_PER_GROUP:
+                return
+            self.targets.append(tensor)
+            self.target_groups.append((group, False))
 
     def name(self, paths: list[HolderPath], hooked: dict[int, str]) -> None:
         """Give each target's group its holder path; where a module hook's closure holds the
