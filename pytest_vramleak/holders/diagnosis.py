@@ -491,9 +491,11 @@ def fixture_state(group: Group, found: Sequence[str]) -> str | None:
 
 
 def test_instance(group: Group, found: Sequence[str]) -> str | None:
-    """What a test set on self, which pytest keeps with the test's class instance."""
+    """What a test set on self, which pytest keeps with the test's class instance; not where
+    something else holds the group too (a hook each instance added): letting go of self's
+    attribute would not free it."""
     kept = [path for path in group.holders if path.root.kind == "pytest instance"]
-    if not kept:
+    if not kept or len(kept) < len(_named(group)):
         return None
     attribute = next((edge.name for edge in map(_first_edge, kept) if edge is not None and _is_attribute(edge)), "")
     return (

@@ -888,6 +888,24 @@ def test_a_method_a_class_defines_is_not_told_it_is_a_class_attribute(method: st
     assert diagnosis.class_attribute(_group(held), []) is None  # type: ignore[arg-type]
 
 
+def test_a_test_instance_is_not_blamed_where_a_hook_holds_the_same_tensors() -> None:
+    # each instance's hook appends its own view of an output: the last run's instance holds one,
+    # the earlier instances' hooks the others; letting go of self.outputs would free nothing
+    instance = root("pytest instance", PYTEST_SELF, attr("outputs", "list"), item("0"), type_name="pytest")
+    hooked = module(
+        "test_it",
+        attr("MODEL", "Linear"),
+        edge("hook dict", "_forward_hooks", "OrderedDict"),
+        item("0", "function"),
+        edge("closure variable", "self"),
+        attr("outputs", "list"),
+        item("3"),
+    )
+    assert diagnosis.test_instance(_group(instance, hooked), []) is None  # type: ignore[arg-type]
+    assert diagnosis.test_instance(_group(instance), []) is not None  # type: ignore[arg-type]
+    assert diagnosis.hook_keeps(_group(instance, hooked), []) is not None  # type: ignore[arg-type]
+
+
 def test_every_rule_has_a_case_on_its_path_and_off_it() -> None:
     covered = {rule for rule, *_ in EVERY_DIAGNOSIS.values()}
     assert covered == {*diagnosis.SOLE_RULES, *diagnosis.RULES}
