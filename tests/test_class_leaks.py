@@ -343,23 +343,11 @@ def test_a_class_attribute_is_named_with_its_class_and_the_fix_that_frees_it(pyt
 def test_a_storage_held_through_several_views_is_named_through_each(pytester: pytest.Pytester, run_checked) -> None:
     # Each setup_method adds a hook that appends its own view of every output (output.detach())
     # to its instance: an output's storage is held through one view per hook. Which view gc
-    # lists first decides nothing: here, the last run's, which the instance pytest keeps holds.
-    pytester.makepyfile(
-        test_it="""
-        import torch
-
-        MODEL = torch.nn.Linear(64, 64)
-
-        class TestLeak:
-            def setup_method(self):
-                self.outputs = []
-                MODEL.register_forward_hook(lambda module, args, output: self.outputs.append(output.detach()))
-
-            def test_leak(self):
-                MODEL(torch.randn(16, 64))
-        """
-    )
-    result, report = run_checked("--vramleak", "--vramleak-sites=off")
+    # lists first decides nothing (without sites recorded: the last run's, which the instance
+    # pytest keeps holds).
+    body, _ = CATALOGUE["model a setup_method hooks onto a class-wide model"]
+    pytester.makepyfile(test_it="import pytest\nimport torch\n" + textwrap.dedent(body))
+    result, report = run_checked("--vramleak", "--vramleak-sites=off", "-p", "no:randomly")
     assert report["test_leak"]["pattern"] == "grows"
     result.stdout.fnmatch_lines(
         [
@@ -368,3 +356,4 @@ def test_a_storage_held_through_several_views_is_named_through_each(pytester: py
             "*diagnosis: a module hook keeps what it is given*",
         ]
     )
+    result.stdout.no_fnmatch_line("*diagnosis: pytest keeps each test's class instance*")
