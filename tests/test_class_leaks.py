@@ -352,7 +352,7 @@ def test_a_storage_held_through_several_views_is_named_through_each(pytester: py
     result.stdout.fnmatch_lines(
         [
             "*float32[[]16, 64[]] on cpu: 1 tensor*",
-            "*held by test_it.MODEL._forward_hooks[[]0[]] -> closure var 'self'.outputs[[]*[]]",
+            "*held by test_it.MODEL._forward_hooks[[]*[]] -> closure var 'self'.outputs[[]*[]]",
             "*diagnosis: a module hook keeps what it is given*",
         ]
     )
