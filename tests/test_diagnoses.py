@@ -501,3 +501,43 @@ def test_a_mutable_default_and_a_numpy_array_of_objects_are_named_with_their_fix
             "    diagnosis: SLOTS[[]4[]] keeps these tensors: it hangs from module test_it*",
         ]
     )
+
+
+def test_a_figure_pyplot_keeps_open_is_named_with_its_fix(pytester: pytest.Pytester) -> None:
+    # torchmetrics' plot tests: a tensor given as ticks is kept by the tick locator's numpy array,
+    # a dozen levels below pyplot's table of open figures, and each run opens one more figure.
+    # The fixed twin closes its figure.
+    pytester.makepyfile(
+        test_it="""
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import torch
+
+        def test_plots_and_leaves_it_open():
+            fig, ax = plt.subplots()
+            ax.plot(torch.ones(3))
+            ax.set_xticks(torch.arange(3))
+
+        def test_plots_and_closes_it():
+            fig, ax = plt.subplots()
+            ax.plot(torch.ones(3))
+            ax.set_xticks(torch.arange(3))
+            plt.close(fig)
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak", "--vramleak-fail-on=any")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "LEAKED test_it.py::test_plots_and_leaves_it_open*",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "    held by pyplot figure * (open)._localaxes[[]0[]].xaxis.major._locator.locs.base",
+            "    diagnosis: pyplot figure * is still open: pyplot keeps every figure it made until it is closed*"
+            "plt.close(fig)*",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*held outside Python's gc*")

@@ -977,6 +977,20 @@ def queue_not_drained(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
+def open_figure(group: Group, found: Sequence[str]) -> str | None:
+    """What a figure pyplot keeps open holds (the data given to its plots, ticks or images),
+    where only such figures hold the group."""
+    named = _named(group)
+    figures = [path.root.label for path in named if path.root.kind == "pyplot figure"]
+    if not figures or len(figures) < len(named):
+        return None
+    return (
+        f"{figures[0].removesuffix(' (open)')} is still open: pyplot keeps every figure it made until it is closed, "
+        "and with it what its plots were given (tensors, or numpy arrays over them): close each figure the test "
+        "makes (plt.close(fig), or plt.close('all') at its end or in a fixture's teardown)"
+    )
+
+
 def thread_not_ended(group: Group, found: Sequence[str]) -> str | None:
     """What a thread object keeps (its target, its arguments, its attributes) until the thread ends."""
     threads = [path.root.label for path in group.holders if path.root.kind == "thread"]
@@ -1192,6 +1206,7 @@ _ROOT_LIFETIMES: dict[str, str] = {
     "atexit": "it hangs from a callback registered with atexit, kept until the process exits",
     "cycle": "it hangs from a reference cycle ({label}) that only the cyclic collector frees",
     "thread": "it hangs from {label}, alive until the thread ends",
+    "pyplot figure": "it hangs from {label}, which pyplot keeps until it is closed",
 }
 _LAST_EDGE_FIXES: dict[str, str] = {
     "item": "the code added this entry and never removed it: remove it (del, .pop(), .clear()) when done, or keep "
@@ -1253,7 +1268,7 @@ def what_keeps_it(group: Group, found: Sequence[str]) -> str | None:
     return f"{what} keeps these tensors: {lifetime}, and {fix}"
 
 
-SOLE_RULES: list[Rule] = [kept_history_in_a_gradient, kept_history, torch_cache, checkpoint_hooks]
+SOLE_RULES: list[Rule] = [kept_history_in_a_gradient, kept_history, torch_cache, checkpoint_hooks, open_figure]
 """Rules whose diagnosis, where one fits, is the group's only one (the first that fits)."""
 
 RULES: list[Rule] = [

@@ -37,6 +37,7 @@ RootKind = Literal[
     "context",  # a thread's contextvars context, which its thread state keeps outside gc
     "thread",  # a thread started and not ended, which threading keeps in its table of them
     "kept cycle",  # the nearest owner on a reference cycle of holders nothing found refers to, kept from outside gc
+    "pyplot figure",  # a matplotlib figure pyplot made, which it keeps open until it is closed
 ]
 """What a holder path starts at."""
 

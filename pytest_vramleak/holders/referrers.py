@@ -769,10 +769,17 @@ def _meet_forward(
     users = _users_modules(module_roots)
     others = _with_namespaces(module_roots) - _with_namespaces(users)
     users += plain_locals
-    ignore.update((id(users), id(others), id(by_storage)))
+    # The figures pyplot keeps open first, walked without passing into any module: an artist of
+    # one (a tick locator's array over a tensor) is a dozen levels from the module that keeps
+    # them, beyond the backward search, and a walk from every module gives up before.
+    figures = pyplot_figures()
+    ignore.update((id(users), id(others), id(by_storage), id(figures)))
+    groups = [(users, ignore | others), (starts, ignore), (everything, ignore)]
+    if figures:
+        groups.insert(0, (figures, ignore | _with_namespaces(module_roots)))
     # pytest's and pluggy's running frames last: what a hook wrapper holds for a moment is also
     # reachable from where it lives (a logger from logging), by the name the user knows
-    for group, skip in ((users, ignore | others), (starts, ignore), (everything, ignore)):
+    for group, skip in groups:
         forward = _search_forward(
             remaining | meeting.keys(),
             group,
@@ -787,9 +794,28 @@ def _meet_forward(
     _join(forward, remaining, meeting, search.held_by, chains_by_target)
     forward.clear()
     meeting.clear()
-    for found in (module_roots, starts, users, everything, plain_locals, runner_locals):
+    for found in (module_roots, starts, users, everything, plain_locals, runner_locals, figures):
         found.clear()
     by_storage.clear()
+
+
+def pyplot_figures() -> list[NamedRoot]:
+    """The figures pyplot keeps open (``matplotlib._pylab_helpers.Gcf.figs``, each a manager whose
+    canvas holds the figure), as roots named by their number; none where pyplot was not used.
+    Read through C-level attributes and exact types: no code of matplotlib's runs."""
+    helpers = sys.modules.get("matplotlib._pylab_helpers")
+    gcf = (instance_dict(helpers) or {}).get("Gcf") if helpers is not None else None
+    figs = vars(gcf).get("figs") if type(gcf) is type else None
+    if not isinstance(figs, dict):
+        return []
+    roots = []
+    for number, manager in list(dict.items(figs)):
+        canvas = (instance_dict(manager) or {}).get("canvas")
+        figure = (instance_dict(canvas) or {}).get("figure") if canvas is not None else None
+        if figure is not None:
+            label = f"pyplot figure {number}" if type(number) is int else "a pyplot figure"
+            roots.append(NamedRoot(f"{label} (open)", figure, role="pyplot figure"))
+    return roots
 
 
 def _join(

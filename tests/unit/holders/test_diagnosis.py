@@ -307,6 +307,26 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
             module("test_it", attr("fixtures_seen", "dict"), item("'data'", "Data"), attr("cache", "list"), item("0"))
         ),
     ),
+    "an open pyplot figure": (
+        diagnosis.open_figure,
+        "pyplot figure 3 is still open: pyplot keeps every figure it made until it is closed",
+        _group(
+            root(
+                "pyplot figure",
+                "pyplot figure 3 (open)",
+                attr("_localaxes", "list"),
+                item("0", "Axes"),
+                attr("xaxis", "XAxis"),
+                attr("major", "Ticker"),
+                attr("_locator", "FixedLocator"),
+                attr("locs", "ndarray"),
+                edge("array base", "base"),
+                type_name="Figure",
+            )
+        ),
+        # a figure the test keeps in a module's list (closing it in pyplot would free nothing)
+        _group(module("test_it", attr("FIGURES", "list"), item("0", "Figure"), attr("_localaxes", "list"), item("0"))),
+    ),
     "pytest's test instance": (
         diagnosis.test_instance,
         "pytest keeps each test's class instance until the session ends, and with it what the test set on self (self.t)",
