@@ -541,3 +541,31 @@ def test_a_figure_pyplot_keeps_open_is_named_with_its_fix(pytester: pytest.Pytes
         ]
     )
     result.stdout.no_fnmatch_line("*held outside Python's gc*")
+
+
+def test_a_holder_deeper_than_the_search_is_not_said_to_be_held_outside_gc(pytester: pytest.Pytester) -> None:
+    # Twelve objects deep below a module no test owns (json): the search backwards stops at its
+    # depth and the walk forwards from every module gives up before; where it stopped is said,
+    # not that nothing gc sees holds it.
+    pytester.makepyfile(
+        test_it="""
+        import json
+        import torch
+
+        class Node:
+            __slots__ = ("child",)
+
+            def __init__(self, child):
+                self.child = child
+
+        def test_keeps_deep():
+            value = torch.ones(256)
+            for _ in range(12):
+                value = Node(value)
+            json.__dict__.setdefault("_kept_by_test_it", []).append(value)
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak", "--vramleak-fail-on=any")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["    held by <Node 8 levels up, where the search for holders stopped>.child.child*"])
+    result.stdout.no_fnmatch_line("*held outside Python's gc*")

@@ -60,6 +60,17 @@ class FrameLocal:
         """That thread's ident (``threading.get_ident()``)."""
 
 
+class SearchStopped:
+    """A root: the farthest holder the search backwards reached where it stopped at its depth
+    (what holds that one was not looked for), standing for it at the start of a chain."""
+
+    __slots__ = ("value", "levels")
+
+    def __init__(self, value: Any, levels: int) -> None:
+        self.value = value
+        self.levels = levels
+
+
 class NamedRoot:
     """A root the caller names: a value a test runner keeps for the whole session, written as the
     user wrote it (``fixture 'model' (module scope)``, ``parametrize value lr of test_fit[...]``)
@@ -210,6 +221,10 @@ def root_of(root: Any) -> Root:
         return Root("frame local", where, "frame local", root.name)
     if type(root) is NamedRoot:
         return Root(root.role, root.label, root.kind)
+    if type(root) is SearchStopped:
+        kind = type(root.value).__qualname__
+        label = f"<{kind} {root.levels} levels up, where the search for holders stopped>"
+        return Root("search limit", label, type_name(root.value))
     if type(root) is types.FrameType:
         return Root("frame", f"frame {frame_text(root)}", "frame")
     if type(root) is type:
@@ -495,7 +510,10 @@ def _is_lru_wrapper(kind: type) -> bool:
 
 
 _EDGE_RULES: list[tuple[Callable[[type], bool], Callable[[Any, Any, Mode], Named | None]]] = [
-    (lambda kind: kind is FrameLocal or kind is NamedRoot, lambda parent, child, mode: (None, "", None)),
+    (
+        lambda kind: kind is FrameLocal or kind is NamedRoot or kind is SearchStopped,
+        lambda parent, child, mode: (None, "", None),
+    ),
     (lambda kind: issubclass(kind, dict), _dict_edge),
     (lambda kind: kind in (list, tuple, collections.deque), _sequence_edge),
     (lambda kind: kind.__name__ == "ndarray" and kind.__module__ == "numpy", lambda p, c, m: _array_edge(p, c)),

@@ -32,6 +32,7 @@ RootKind = Literal[
     "autocast cache",  # held from C++ while an autocast region the test entered is still open
     "own graph",  # held from C++ by its own autograd graph, to which a saved_tensors_hooks pack hook gave it
     "outside gc",  # the farthest holder found, which nothing gc sees refers to
+    "search limit",  # the farthest holder found where the search stopped at its depth (its holders not looked for)
     "changed",  # its holders changed while they were searched
     "cycle",  # an object on a reference cycle the collector freed
     "context",  # a thread's contextvars context, which its thread state keeps outside gc
@@ -109,7 +110,7 @@ _EDGE_FORMS: dict[str, str] = {
 }
 
 OPAQUE_ROOTS: frozenset[RootKind] = frozenset(
-    {"held from C++", "autocast cache", "own graph", "outside gc", "kept cycle", "changed"}
+    {"held from C++", "autocast cache", "own graph", "outside gc", "search limit", "kept cycle", "changed"}
 )
 """Roots that name no holder in Python the test's code can reach."""
 LOCAL_ROOTS: frozenset[RootKind] = frozenset({"frame local", "thread local"})

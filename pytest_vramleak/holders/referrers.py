@@ -30,6 +30,7 @@ from .edges import (
     _MODULE_NAMESPACE,
     FrameLocal,
     NamedRoot,
+    SearchStopped,
     frame_locals,
     holder_path,
     instance_dict,
@@ -420,6 +421,8 @@ def _search_chains(
             break  # every target has a root now: a holder found at this level would make no shorter chain
         frontier = search.level(frontier, first if depth == 1 and first is not None else None)
     search.limited = search.limited or bool(frontier and search.unrooted)
+    # (the last level, where the search stopped at its depth: not known to be held outside gc)
+    stopped = {id(obj) for obj in frontier} if frontier and search.unrooted else set()
     frontier = search.tidy(frontier)
     chains_by_target: dict[int, list[Any]] = {}
     wanted = {id(t) for t in targets}
@@ -431,7 +434,12 @@ def _search_chains(
     chains_by_target.update(_walk_down(starts, search.held_by, wanted - chains_by_target.keys()))
     # a real root beats a dead end: the farthest holder reached that nothing in Python holds
     starts = list(search.dead_ends.values())
-    chains_by_target.update(_walk_down(starts, search.held_by, wanted - chains_by_target.keys()))
+    down = _walk_down(starts, search.held_by, wanted - chains_by_target.keys())
+    chains_by_target.update(
+        (ident, [SearchStopped(objects[0], max_depth), *objects] if id(objects[0]) in stopped else objects)
+        for ident, objects in down.items()
+    )
+    down.clear()
     starts.clear()
     cycled = _kept_cycle_chains(search.held_by, [t for t in targets if id(t) not in chains_by_target])
     chains_by_target.update(cycled)
@@ -948,7 +956,7 @@ def still_holds(chain: Sequence[Any]) -> bool:
     """Whether each object of ``[root, ..., target]`` still refers to the next one: a chain found
     while another thread changed what it passes through is not shown as if it held."""
     for parent, child in zip(chain, chain[1:], strict=False):
-        if type(parent) in (FrameLocal, NamedRoot):
+        if type(parent) in (FrameLocal, NamedRoot, SearchStopped):
             if parent.value is not child:
                 return False
         elif is_ndarray(parent):

@@ -171,6 +171,17 @@ def test_the_frames_searched_are_the_callers_not_the_listing_functions_own() -> 
     assert names[0] == "test_the_frames_searched_are_the_callers_not_the_listing_functions_own"
 
 
+def test_where_the_search_stopped_is_not_said_to_be_outside_gc() -> None:
+    from pytest_vramleak.holders.edges import SearchStopped, root_of
+
+    root = root_of(SearchStopped({"a": 1}, 8))
+    assert (root.kind, root.label, root.type_name) == (
+        "search limit",
+        "<dict 8 levels up, where the search for holders stopped>",
+        "dict",
+    )
+
+
 def test_an_autograd_nodes_hooks_dict_is_named_as_such_and_another_ordered_dict_is_not() -> None:
     import collections
     import functools
