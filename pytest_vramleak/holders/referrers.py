@@ -421,8 +421,6 @@ def _search_chains(
             break  # every target has a root now: a holder found at this level would make no shorter chain
         frontier = search.level(frontier, first if depth == 1 and first is not None else None)
     search.limited = search.limited or bool(frontier and search.unrooted)
-    # (the last level, where the search stopped at its depth: not known to be held outside gc)
-    stopped = {id(obj) for obj in frontier} if frontier and search.unrooted else set()
     frontier = search.tidy(frontier)
     chains_by_target: dict[int, list[Any]] = {}
     wanted = {id(t) for t in targets}
@@ -433,14 +431,7 @@ def _search_chains(
     starts = list(search.runner_roots.values())  # pytest's own frames, where nothing else was found
     chains_by_target.update(_walk_down(starts, search.held_by, wanted - chains_by_target.keys()))
     # a real root beats a dead end: the farthest holder reached that nothing in Python holds
-    starts = list(search.dead_ends.values())
-    down = _walk_down(starts, search.held_by, wanted - chains_by_target.keys())
-    chains_by_target.update(
-        (ident, [SearchStopped(objects[0], max_depth), *objects] if id(objects[0]) in stopped else objects)
-        for ident, objects in down.items()
-    )
-    down.clear()
-    starts.clear()
+    chains_by_target.update(_dead_end_chains(search, wanted - chains_by_target.keys(), max_depth))
     cycled = _kept_cycle_chains(search.held_by, [t for t in targets if id(t) not in chains_by_target])
     chains_by_target.update(cycled)
     chains = [chains_by_target.get(id(target), [target]) for target in targets]
@@ -448,6 +439,21 @@ def _search_chains(
     search.clear()
     chains_by_target.clear()
     return chains, rooted, search.limited, bool(cycled)
+
+
+def _dead_end_chains(search: _Backward, wanted: set[int], levels: int) -> dict[int, list[Any]]:
+    """The chains of the ``wanted`` targets from the farthest holders the search reached: those of
+    its last level, where it stopped at its depth (``levels``), start at a :class:`SearchStopped`."""
+    stopped = search.stopped
+    starts = list(search.dead_ends.values())
+    try:
+        down = _walk_down(starts, search.held_by, wanted)
+    finally:
+        starts.clear()
+    return {
+        ident: [SearchStopped(objects[0], levels), *objects] if id(objects[0]) in stopped else objects
+        for ident, objects in down.items()
+    }
 
 
 _NOT_OWNERS: tuple[type, ...] = (dict, list, tuple, set, frozenset, collections.deque, types.CellType)
@@ -569,6 +575,7 @@ class _Backward:
         "unrooted",
         "roots",
         "dead_ends",
+        "stopped",
         "running_locals",
         "ignore",
         "on_stack",
@@ -592,6 +599,8 @@ class _Backward:
         self.unrooted = (1 << len(targets)) - 1
         self.roots: dict[int, Any] = {}
         self.dead_ends: dict[int, Any] = {}
+        self.stopped: set[int] = set()
+        """Ids of the last level where the search stopped at its depth (see :meth:`tidy`)."""
         self.running_locals = running_locals
         self.on_stack: set[int] = set()
         self.exclude_types = exclude_types
@@ -717,6 +726,8 @@ class _Backward:
         # They hold nothing of the user's.
         records = _own_records()
         frontier = tuple(obj for obj in frontier if id(obj) not in records)
+        if self.unrooted:  # (where the search stopped at its depth: not known to be held outside gc)
+            self.stopped = {id(obj) for obj in frontier}
         self.ignore.add(id(frontier))
         for ident in records.intersection(self.dead_ends):
             del self.dead_ends[ident]
