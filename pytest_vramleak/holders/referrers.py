@@ -788,14 +788,14 @@ def _meet_forward(
     users = _users_modules(module_roots)
     others = _with_namespaces(module_roots) - _with_namespaces(users)
     users += plain_locals
-    # The figures pyplot keeps open first, walked without passing into any module: an artist of
+    # Then the figures pyplot keeps open, walked without passing into any module: an artist of
     # one (a tick locator's array over a tensor) is a dozen levels from the module that keeps
     # them, beyond the backward search, and a walk from every module gives up before.
     figures = pyplot_figures()
     ignore.update((id(users), id(others), id(by_storage), id(figures)))
     groups = [(users, ignore | others), (starts, ignore), (everything, ignore)]
     if figures:
-        groups.insert(0, (figures, ignore | _with_namespaces(module_roots)))
+        groups.insert(1, (figures, ignore | _with_namespaces(module_roots)))
     # pytest's and pluggy's running frames last: what a hook wrapper holds for a moment is also
     # reachable from where it lives (a logger from logging), by the name the user knows
     for group, skip in groups:
