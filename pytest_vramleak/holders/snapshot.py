@@ -1046,7 +1046,7 @@ class _Grouping:
         inside = ask(found.tensor) if ask is not None else None
         if inside is not None:
             group.made_inside_library = bool(inside) and group.made_inside_library is not False
-        if sum(1 for g, _ in self.target_groups if g is group) < MAX_CHAINS_PER_GROUP:
+        if self._has_room(group):
             self.targets.append(found.tensor if found.via in ("gc", "storage") else found.owner)
             self.target_groups.append((group, found.via == "grad"))
 
@@ -1058,10 +1058,14 @@ class _Grouping:
         earlier hook another)."""
         group = self.owner_groups.get(id(primary))
         for tensor in others:
-            if group is None or sum(1 for g, _ in self.target_groups if g is group) >= MAX_CHAINS_PER_GROUP:
+            if group is None or not self._has_room(group):
                 return
             self.targets.append(tensor)
             self.target_groups.append((group, False))
+
+    def _has_room(self, group: TensorGroup) -> bool:
+        """Whether the group names fewer targets than it shows chains."""
+        return sum(1 for g, _ in self.target_groups if g is group) < MAX_CHAINS_PER_GROUP
 
     def name(self, paths: list[HolderPath], hooked: dict[int, str]) -> None:
         """Give each target's group its holder path; where a module hook's closure holds the

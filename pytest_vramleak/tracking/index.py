@@ -380,6 +380,12 @@ class Index:
         self.entries.clear()
         self.kinds.clear()
 
+    def close(self) -> None:
+        """Forget every tensor and storage: the session is over, and no total is read again."""
+        self.clear()
+        self.storages.clear()
+        self.opaque.clear()
+
     def process_dead(self, *, offsets: bool = True, deaths: list[tuple[int, int, str]] | None = None) -> None:
         """Note the deaths the callbacks reported: forget dead tensors, take dead storages off the
         totals and tell the ledger, and read again the tensors that used them."""
@@ -458,7 +464,7 @@ class Index:
         for ref in refs:
             users = ref.users
             entry = entries.get(users[0]) if len(users) == 1 else None
-            found.append(entry() if entry is not None and type(entry.storages) is StorageRef else None)
+            found.append(entry() if entry is not None and sole_storage(entry) is not None else None)
         return found
 
     def pairs(self, refs: list[StorageRef]) -> list[tuple[Any, Any]]:

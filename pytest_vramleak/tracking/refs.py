@@ -2,7 +2,8 @@
 
 A :class:`StorageRef` is a weak reference to a storage object with its size, device, address and
 the clock it was first seen at; its callback reports the storage's death. An :class:`Entry` is
-a weak reference to a tensor with what was last read of it. Neither keeps the object alive, so indexing a tensor never changes when it dies.
+a weak reference to a tensor with what was last read of it. Neither keeps the object alive, so
+indexing a tensor never changes when it dies.
 """
 
 from __future__ import annotations

@@ -180,9 +180,7 @@ class Tracker:
         unconfigures) would pass over them."""
         if self.active:
             self.end()
-        self.index.clear()
-        self.index.storages.clear()
-        self.index.opaque.clear()
+        self.index.close()
         self.ledger.clear()
 
     @property
