@@ -70,6 +70,10 @@ KINDS = (
     "metrics and meters",
     "asyncio tasks",
     "context variables",
+    "dict keys and weak-key dictionaries",
+    "frames kept",
+    "executors",
+    "garbage collector settings",
 )
 
 CATALOGUE: list[Mechanism] = [
@@ -2013,6 +2017,284 @@ CATALOGUE: list[Mechanism] = [
         """,
         holder="*[[]ContextVar 'span'[]]*",
         diagnosis=("ContextVar", "reset"),
+    ),
+    # vllm-project/llm-compressor#2387: a cache of offloaded tensors in torch's weak-key dictionary;
+    # where the tensor is on the offload device already, .to() returns the tensor itself, the value is
+    # the key, and the entry (with its key) is never dropped
+    Mechanism(
+        name="weak_tensor_key_dictionary_value_is_its_key",
+        kind="dict keys and weak-key dictionaries",
+        source="vllm-project/llm-compressor#2387",
+        leak="""
+        from torch.utils.weak import WeakTensorKeyDictionary
+
+        OFFLOADED = WeakTensorKeyDictionary()
+
+        def offload(tensor, device="cpu"):
+            if tensor not in OFFLOADED:
+                OFFLOADED[tensor] = tensor.to(device)
+            return OFFLOADED[tensor]
+
+        def test_it():
+            activations = torch.randn(2048)  # here
+            assert offload(activations).shape == (2048,)
+        """,
+        fixed="""
+        from torch.utils.weak import WeakTensorKeyDictionary
+
+        OFFLOADED = WeakTensorKeyDictionary()
+
+        def offload(tensor, device="cpu"):
+            if tensor.device == torch.device(device):
+                return tensor
+            if tensor not in OFFLOADED:
+                OFFLOADED[tensor] = tensor.to(device)
+            return OFFLOADED[tensor]
+
+        def test_it():
+            activations = torch.randn(2048)
+            assert offload(activations).shape == (2048,)
+        """,
+        holder="*OFFLOADED.data[[]*[]]",
+        diagnosis=("weak-key dictionary", "its own key", "weakref.ref(key)"),
+    ),
+    # Stonesjtu/pytorch_memlab#17 (fixed in #18): the memory reporter mapped tensors to their names
+    # in a dict keyed by the tensors themselves, so every tensor it ever named stayed alive
+    Mechanism(
+        name="dict_keyed_by_tensors",
+        kind="dict keys and weak-key dictionaries",
+        source="Stonesjtu/pytorch_memlab#17",
+        leak="""
+        class MemReporter:
+            def __init__(self):
+                self.tensor_name = {}
+
+            def collect(self, named_tensors):
+                for name, tensor in named_tensors.items():
+                    self.tensor_name[tensor] = name
+
+        REPORTER = MemReporter()
+
+        def test_it():
+            hidden = torch.randn(2048)  # here
+            REPORTER.collect({"hidden": hidden})
+            assert REPORTER.tensor_name[hidden] == "hidden"
+        """,
+        fixed="""
+        class MemReporter:
+            def __init__(self):
+                self.tensor_name = {}
+
+            def collect(self, named_tensors):
+                for name, tensor in named_tensors.items():
+                    self.tensor_name[id(tensor)] = name
+
+        REPORTER = MemReporter()
+
+        def test_it():
+            hidden = torch.randn(2048)
+            REPORTER.collect({"hidden": hidden})
+            assert REPORTER.tensor_name[id(hidden)] == "hidden"
+            REPORTER.tensor_name.clear()
+        """,
+        holder="*REPORTER.tensor_name -> dict key",
+        diagnosis=("dict keeps its keys", "id(tensor)", "WeakTensorKeyDictionary"),
+    ),
+    # cool-RR/PySnooper#111: the tracer (sys.settrace) kept every frame it traced, with all its local
+    # variables, in a dict keyed by frame; fixed by dropping the frame's entry as it returns
+    Mechanism(
+        name="tracer_keeps_frames",
+        kind="frames kept",
+        source="cool-RR/PySnooper#111",
+        leak="""
+        import sys
+
+        FRAME_TO_LOCAL_REPRS = {}
+
+        def tracer(frame, event, arg):
+            if frame.f_code.co_name != "forward":
+                return None
+            FRAME_TO_LOCAL_REPRS[frame] = {k: repr(v)[:40] for k, v in frame.f_locals.items()}
+            return tracer
+
+        def forward(x):
+            hidden = torch.cat([x, x])  # here
+            return hidden.sum()
+
+        def test_it():
+            old = sys.gettrace()
+            sys.settrace(tracer)
+            try:
+                assert forward(torch.ones(2048)) == 4096
+            finally:
+                sys.settrace(old)
+        """,
+        fixed="""
+        import sys
+
+        FRAME_TO_LOCAL_REPRS = {}
+
+        def tracer(frame, event, arg):
+            if frame.f_code.co_name != "forward":
+                return None
+            if event == "return":
+                FRAME_TO_LOCAL_REPRS.pop(frame, None)
+                return None
+            FRAME_TO_LOCAL_REPRS[frame] = {k: repr(v)[:40] for k, v in frame.f_locals.items()}
+            return tracer
+
+        def forward(x):
+            hidden = torch.cat([x, x])
+            return hidden.sum()
+
+        def test_it():
+            old = sys.gettrace()
+            sys.settrace(tracer)
+            try:
+                assert forward(torch.ones(2048)) == 4096
+            finally:
+                sys.settrace(old)
+        """,
+        holder="*FRAME_TO_LOCAL_REPRS -> dict key local 'hidden'",
+        diagnosis=("frame object is kept", "every local", "never the frame"),
+    ),
+    # allenai/OLMo-core#856: an async checkpoint submits its staged copy of the state dict to a
+    # ThreadPoolExecutor, whose work item keeps it until the upload runs; saves faster than uploads
+    # pile staged copies up in the executor's queue (the slow remote store is let go as the session ends)
+    Mechanism(
+        name="executor_queue_holds_staged_state",
+        kind="executors",
+        source="allenai/OLMo-core#856",
+        leak="""
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        MODEL = torch.nn.Linear(64, 64)
+        UPLOADER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-upload")
+        REMOTE_STORE_SLOW = threading.Event()
+
+        @pytest.fixture(scope="session", autouse=True)
+        def remote_store():
+            yield
+            REMOTE_STORE_SLOW.set()
+
+        def upload(state_dict):
+            REMOTE_STORE_SLOW.wait(timeout=30)
+            return len(state_dict)
+
+        def save_async(model):
+            staged = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}  # here
+            return UPLOADER.submit(upload, staged)
+
+        def test_it():
+            future = save_async(MODEL)
+            assert not future.done()
+        """,
+        fixed="""
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        MODEL = torch.nn.Linear(64, 64)
+        UPLOADER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-upload")
+
+        def upload(state_dict):
+            return len(state_dict)
+
+        def save_async(model):
+            staged = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+            return UPLOADER.submit(upload, staged)
+
+        def test_it():
+            future = save_async(MODEL)
+            assert future.result() == 2
+        """,
+        holder="*<SimpleQueue>[[]*[]].args[[]0[]][[]'weight'[]]",
+        diagnosis=("executor", "has not run", "future.result()", "cancel_futures"),
+    ),
+    # schematics/schematics#501 and marshmallow-code/marshmallow#732: every model class made at run
+    # time registered itself on its base, so no generated class, nor what it held, was freed
+    Mechanism(
+        name="registry_of_classes_made_at_run_time",
+        kind="class attributes",
+        source="schematics/schematics#501",
+        leak="""
+        class Model:
+            _subclasses = []
+
+            def __init_subclass__(cls, **kwargs):
+                super().__init_subclass__(**kwargs)
+                Model._subclasses.append(cls)
+
+        def model_class_from_config(name, vocab_size):
+            return type(name, (Model,), {"embedding": torch.randn(vocab_size, 16)})  # here
+
+        def test_it():
+            cls = model_class_from_config("Tokenizer", 128)
+            assert cls.embedding.shape == (128, 16)
+        """,
+        fixed="""
+        import weakref
+
+        class Model:
+            _subclasses = weakref.WeakSet()
+
+            def __init_subclass__(cls, **kwargs):
+                super().__init_subclass__(**kwargs)
+                Model._subclasses.add(cls)
+
+        def model_class_from_config(name, vocab_size):
+            return type(name, (Model,), {"embedding": torch.randn(vocab_size, 16)})
+
+        def test_it():
+            cls = model_class_from_config("Tokenizer", 128)
+            assert cls.embedding.shape == (128, 16)
+        """,
+        holder="*Model._subclasses[[]*[]].embedding",
+        diagnosis=("keeps every class added to it", "__init_subclass__", "weakref.WeakSet"),
+    ),
+    # gc.DEBUG_SAVEALL (part of gc.DEBUG_LEAK) left on after a leak hunt (sgl-project/sglang#9673 turned
+    # it on in a server to list what was not reclaimed): every unreachable cycle goes to gc.garbage
+    Mechanism(
+        name="gc_debug_saveall_left_on",
+        kind="garbage collector settings",
+        source="sgl-project/sglang#9673",
+        leak="""
+        import gc
+
+        class Node:
+            def __init__(self, value):
+                self.value = value
+                self.children = [self]
+
+        def test_it():
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            node = Node(torch.randn(2048))  # here
+            del node
+            gc.collect()
+            assert gc.garbage
+        """,
+        fixed="""
+        import gc
+
+        class Node:
+            def __init__(self, value):
+                self.value = value
+                self.children = [self]
+
+        def test_it():
+            flags = gc.get_debug()
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            try:
+                node = Node(torch.randn(2048))
+                del node
+                gc.collect()
+                assert gc.garbage
+            finally:
+                gc.set_debug(flags)
+                gc.garbage.clear()
+        """,
+        holder="gc.garbage[[]*[]]*",
+        diagnosis=("gc.DEBUG_SAVEALL", "gc.set_debug(flags)", "gc.garbage.clear()"),
     ),
 ]
 

@@ -78,7 +78,9 @@ def test_records_on_an_object_without_reset():
 """
 
 MOCK = "a unittest.mock mock keeps the arguments of every call"
-WEAK = "a WeakKeyDictionary keeps each value while its key is alive"
+WEAK = (
+    "a weak-key dictionary (WeakKeyDictionary, torch's WeakTensorKeyDictionary) keeps each value while its key is alive"
+)
 APPENDED = "the test (or code it called) added entries to a list or dict that pytest keeps as a parametrize value"
 STATE = "an object pytest keeps as a parametrize value for the whole session kept what the test computed on it"
 COMPUTE = "a metric's cached compute() result"

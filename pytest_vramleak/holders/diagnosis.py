@@ -19,7 +19,16 @@ from ..tracking.census import KEEPS_ITS_OUTPUT
 from .edges import PYTEST_WARNINGS
 from .paths import Edge, HolderPath
 
-__all__ = ["PYTEST_WARNINGS", "RULES", "SOLE_RULES", "Rule", "diagnose", "held_by_torch_cache"]
+__all__ = [
+    "PYTEST_WARNINGS",
+    "RULES",
+    "SOLE_RULES",
+    "Rule",
+    "diagnose",
+    "held_by_torch_cache",
+    "in_gc_garbage",
+    "kept_by_the_interpreter",
+]
 
 MODULE_HOOK_DICTS = frozenset(
     f"_{name}_hooks"
@@ -113,6 +122,19 @@ def _sys_last(path: HolderPath) -> bool:
     """``sys.last_traceback`` and its kin: what pytest and consoles keep of the last error."""
     first = _first_edge(path)
     return path.root.kind == "module" and path.root.name == "sys" and first is not None and first.name in _SYS_LAST
+
+
+def in_gc_garbage(path: HolderPath) -> bool:
+    """``gc.garbage``: where the collector puts what it finds unreachable, rather than free it, while
+    ``gc.DEBUG_SAVEALL`` is on."""
+    first = _first_edge(path)
+    return path.root.kind == "module" and path.root.name == "gc" and _is_attribute(first, "garbage")
+
+
+def kept_by_the_interpreter(path: HolderPath) -> bool:
+    """Whether the path starts at what the interpreter keeps of errors and garbage (``sys.last_traceback``,
+    ``gc.garbage``), not at a module's own state."""
+    return _sys_last(path) or in_gc_garbage(path)
 
 
 def _carried_by_loop(group: Group) -> bool:
@@ -374,6 +396,42 @@ def last_error(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
+def collector_saved_garbage(group: Group, found: Sequence[str]) -> str | None:
+    """gc.garbage, which keeps everything the collector finds unreachable while gc.DEBUG_SAVEALL is on."""
+    if not any(in_gc_garbage(path) for path in group.holders):
+        return None
+    return (
+        "gc.garbage keeps these tensors: while gc.DEBUG_SAVEALL is on (gc.set_debug), the collector puts everything "
+        "it finds unreachable there instead of freeing it, so every reference cycle made from then on stays: set the "
+        "flags back when done (flags = gc.get_debug() before, gc.set_debug(flags) after) and empty the list "
+        "(gc.garbage.clear())"
+    )
+
+
+def _kept_frame(path: HolderPath) -> bool:
+    """Whether the path goes through a frame object a container or an attribute keeps (not a
+    traceback's, not one still running) into one of its locals."""
+    return any(
+        edge.type_name == "frame"
+        and edge.kind in ("item", "dict key", "container item", "set element", "attribute", "closure variable")
+        and after is not None
+        and after.kind == "local"
+        for edge, after in path.pairs()
+    )
+
+
+def kept_frame(group: Group, found: Sequence[str]) -> str | None:
+    """A frame object stored (by a tracer, a profiler, inspect.currentframe()), which keeps every local of its call."""
+    if not any(_kept_frame(path) for path in group.holders):
+        return None
+    return (
+        "a frame object is kept (a tracer or profiler storing the frames it is given, inspect.currentframe() or "
+        "sys._getframe() stored): a frame keeps every local of its call, and its callers' frames, for as long as it "
+        "lives: keep what is needed of it (frame.f_code.co_name, frame.f_lineno, reprs of its locals), never the "
+        "frame, or del it when done"
+    )
+
+
 def rerunfailures_failure(group: Group, found: Sequence[str]) -> str | None:
     """A failed test's traceback that pytest-rerunfailures keeps on its test item."""
     if not _kept_by_rerunfailures(group):
@@ -412,7 +470,9 @@ def closure(group: Group, found: Sequence[str]) -> str | None:
 
 def thread_frame(group: Group, found: Sequence[str]) -> str | None:
     """A frame still running in another thread (a loader loop never stopped) that keeps the tensor."""
-    threads = sorted({path.root.thread for path in group.holders if path.root.kind == "thread local"})
+    threads = sorted(
+        {path.root.thread for path in group.holders if path.root.kind == "thread local" and not _pending_work(path)}
+    )
     if not threads:
         return None
     named = ", ".join(f"'{thread}'" for thread in threads)
@@ -593,22 +653,27 @@ def mock_calls(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
+_WEAK_KEY_DICTS = frozenset({"WeakKeyDictionary", "WeakIdKeyDictionary"})
+"""weakref's, and torch's (``torch.utils.weak.WeakTensorKeyDictionary``, which keys by identity)."""
+
+
 def _through_weak_key_data(path: HolderPath) -> bool:
-    """Whether the path passes from a WeakKeyDictionary into its ``.data`` (its entries)."""
+    """Whether the path passes from a weak-key dictionary into its ``.data`` (its entries)."""
     return any(
-        name == "WeakKeyDictionary" and index < len(path.edges) and _is_attribute(path.edges[index], "data")
+        name in _WEAK_KEY_DICTS and index < len(path.edges) and _is_attribute(path.edges[index], "data")
         for index, name in enumerate(path.type_names())
     )
 
 
 def weak_key_value_holds_its_key(group: Group, found: Sequence[str]) -> str | None:
-    """A WeakKeyDictionary's value, kept while its key lives (and it refers to its key)."""
+    """A weak-key dictionary's value, kept while its key lives (and it refers to its key)."""
     if not any(_through_weak_key_data(path) for path in group.holders):
         return None
     return (
-        "a WeakKeyDictionary keeps each value while its key is alive, and this key is alive: a value that refers to "
-        "its own key (directly or through what it holds) keeps its entry for ever: keep weakref.ref(key) in the value "
-        "instead, or delete the entry when done"
+        "a weak-key dictionary (WeakKeyDictionary, torch's WeakTensorKeyDictionary) keeps each value while its key "
+        "is alive, and this key is alive: a value that is its own key (x.to(device) gives x itself where x is there "
+        "already) or refers to it keeps its entry for ever: keep weakref.ref(key) in the value instead, store nothing "
+        "where the value would be the key, or delete the entry when done"
     )
 
 
@@ -977,6 +1042,24 @@ def queue_not_drained(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
+def _pending_work(path: HolderPath) -> bool:
+    """Whether the path goes into the arguments of work submitted to a concurrent.futures executor
+    that no worker has run yet."""
+    return any(_through(path, "_WorkItem", attribute) for attribute in ("args", "kwargs", "fn"))
+
+
+def pending_work(group: Group, found: Sequence[str]) -> str | None:
+    """Work submitted to an executor, waiting on its queue with its arguments."""
+    if not any(_pending_work(path) for path in group.holders):
+        return None
+    return (
+        "work submitted to a concurrent.futures executor keeps its function and arguments until a worker runs it, "
+        "and this work has not run: submitted faster than the workers finish, the queue of pending work grows: wait "
+        "for the last future (future.result()) before submitting more, or bound what is pending, and "
+        "executor.shutdown(cancel_futures=True) when done"
+    )
+
+
 def open_figure(group: Group, found: Sequence[str]) -> str | None:
     """What a figure pyplot keeps open holds (the data given to its plots, ticks or images),
     where only such figures hold the group."""
@@ -1120,12 +1203,31 @@ def _class_attribute(path: HolderPath) -> tuple[str, bool] | None:
     return None
 
 
+def _registers_classes(path: HolderPath) -> bool:
+    """Whether the path goes from a class's own container into an entry that is a class."""
+    return any(
+        edge.kind == "attribute"
+        and edge.type_name in _CLASS_TYPES
+        and after.kind == "attribute"
+        and entry.kind == "item"
+        and entry.type_name in _CLASS_TYPES
+        for edge, after, entry in zip(path.edges, path.edges[1:], path.edges[2:], strict=False)
+    )
+
+
 def class_attribute(group: Group, found: Sequence[str]) -> str | None:
     """A class's own attribute (a cache, a registry, a last value): one for every instance, alive as long as the class."""
     held = [at for path in group.holders if (at := _class_attribute(path)) is not None]
     if not held or finalizer_keeps_its_object(group, found) is not None:  # (weakref.finalize._registry)
         return None
     name, entry = held[0]
+    if any(_registers_classes(path) for path in group.holders):
+        return (
+            f"{name} keeps every class added to it (a registry that __init_subclass__ or a metaclass fills), and with "
+            "each class its class attributes: classes made at run time (type(name, bases, namespace), a class "
+            "statement in a function) then live for ever: register them weakly (a weakref.WeakSet), find them with "
+            "cls.__subclasses__() instead, or do not register classes made at run time"
+        )
     if entry:
         return (
             f"{name} is a class attribute, not an instance attribute: one container shared by every instance, "
@@ -1217,12 +1319,15 @@ _LAST_EDGE_FIXES: dict[str, str] = {
     "gradient": "a parameter's .grad keeps it: model.zero_grad(set_to_none=True) or del param.grad when done",
     "closure variable": "a function's closure captured it: capture only what the function needs, or drop the "
     "function when done",
+    "dict key": "a dict keeps its keys as it keeps its values, and these are keys: key it by a name or id(tensor) "
+    "instead of the tensor, use torch.utils.weak.WeakTensorKeyDictionary, or remove the entry (del, .pop(), "
+    ".clear()) when done",
 }
 _LAST_EDGE_KINDS: dict[str, str] = {
     "item": "item",
     "container item": "item",
     "set element": "item",
-    "dict key": "item",
+    "dict key": "dict key",
     "attribute": "attribute",
     "hook dict": "attribute",
     "local": "local",
@@ -1239,7 +1344,9 @@ def _decisive_edge(path: HolderPath) -> int:
     """The index of the edge the fix is about: the last entry of a container on the path (what
     holds a kept model is the entry the model was added as, not its parameter's attribute), else
     the last edge (-1 where there is none)."""
-    entries = [index for index, edge in enumerate(path.edges) if _LAST_EDGE_KINDS.get(edge.kind) == "item"]
+    entries = [
+        index for index, edge in enumerate(path.edges) if _LAST_EDGE_KINDS.get(edge.kind) in ("item", "dict key")
+    ]
     return entries[-1] if entries else len(path.edges) - 1
 
 
@@ -1281,8 +1388,10 @@ RULES: list[Rule] = [
     hook_keeps,
     lru_cache,
     last_error,
+    collector_saved_garbage,
     rerunfailures_failure,
     stored_exception,
+    kept_frame,
     exit_callback,
     saved_tensors_stored_by_a_pack_hook,
     closure,
@@ -1314,6 +1423,7 @@ RULES: list[Rule] = [
     threading_local,
     mutable_default_argument,
     queue_not_drained,
+    pending_work,
     thread_not_ended,
     context_variable,
     small_view_of_a_large_storage,

@@ -399,11 +399,54 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
     ),
     "WeakKeyDictionary": (
         diagnosis.weak_key_value_holds_its_key,
-        "a WeakKeyDictionary keeps each value while its key is alive",
+        "a weak-key dictionary (WeakKeyDictionary, torch's WeakTensorKeyDictionary) keeps each value while its key",
         _group(
             module("test_it", attr("CACHE", "WeakKeyDictionary"), attr("data", "dict"), item("...", "tuple"), item("1"))
         ),
         _group(module("test_it", attr("CACHE", "WeakValueDictionary"), attr("data", "dict"), item("..."))),
+    ),
+    "torch's WeakTensorKeyDictionary": (
+        diagnosis.weak_key_value_holds_its_key,
+        "a weak-key dictionary (WeakKeyDictionary, torch's WeakTensorKeyDictionary) keeps each value while its key",
+        _group(module("test_it", attr("OFFLOADED", "WeakIdKeyDictionary"), attr("data", "dict"), item("<WeakIdRef>"))),
+        _group(module("test_it", attr("OFFLOADED", "WeakIdKeyDictionary"), attr("refs", "dict"), item("<WeakIdRef>"))),
+    ),
+    "gc.garbage": (
+        diagnosis.collector_saved_garbage,
+        "gc.garbage keeps these tensors: while gc.DEBUG_SAVEALL is on",
+        _group(module("gc", attr("garbage", "list"), item("106", "Node"), attr("value"))),
+        _group(module("test_it", attr("garbage", "list"), item("106", "Node"), attr("value"))),
+    ),
+    "a frame kept": (
+        diagnosis.kept_frame,
+        "a frame object is kept (a tracer or profiler storing the frames it is given",
+        _group(module("test_it", attr("FRAMES", "dict"), edge("dict key", to="frame"), edge("local", "hidden"))),
+        _group(
+            module(
+                "test_it",
+                attr("ERROR", "RuntimeError"),
+                edge("traceback", to="traceback"),
+                edge("traceback frame", "forward:3", "frame"),
+                edge("local", "hidden"),
+            )
+        ),
+    ),
+    "work pending in an executor": (
+        diagnosis.pending_work,
+        "work submitted to a concurrent.futures executor keeps its function and arguments until a worker runs it",
+        _group(
+            root(
+                "thread local",
+                "thread 'upload_0' _worker:83 local 'work_queue'",
+                edge("reference", "SimpleQueue", "SimpleQueue"),
+                item("3", "_WorkItem"),
+                attr("args", "tuple"),
+                item("0", "dict"),
+                item("'weight'"),
+                thread="upload_0",
+            )
+        ),
+        _group(module("test_it", attr("JOBS", "list"), item("3", "Job"), attr("args", "tuple"), item("0"))),
     ),
     "a done asyncio task": (
         diagnosis.done_task_result,
@@ -460,6 +503,14 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         "Model.CACHE is a class attribute, not an instance attribute",
         _group(module("test_it", attr("Model", "type"), attr("CACHE", "dict"), item("'a'"))),
         _group(module("test_it", attr("MODEL", "Model"), attr("cache", "dict"), item("'a'"))),
+    ),
+    "a registry of classes": (
+        diagnosis.class_attribute,
+        "Model._subclasses keeps every class added to it (a registry that __init_subclass__ or a metaclass fills)",
+        _group(
+            module("test_it", attr("Model", "type"), attr("_subclasses", "list"), item("4", "type"), attr("embedding"))
+        ),
+        _group(module("test_it", attr("Model", "type"), attr("_instances", "list"), item("4", "Model"), attr("w"))),
     ),
     "class attribute set to a tensor": (
         diagnosis.class_attribute,
@@ -836,6 +887,13 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         _group(module("test_it", attr("KEEP", "dict"), item("'m'"))),
         _group(HELD_IN_CPP_PATH),
     ),
+    "what keeps it: a dict's key": (
+        diagnosis.what_keeps_it,
+        "REPORTER.names -> dict key keeps these tensors: it hangs from module test_it, alive as long as the process, "
+        "and a dict keeps its keys as it keeps its values, and these are keys: key it by a name or id(tensor)",
+        _group(module("test_it", attr("REPORTER", "Reporter"), attr("names", "dict"), edge("dict key"))),
+        _group(module("test_it", attr("REPORTER", "Reporter"), attr("names", "dict"), item("'hidden'"))),
+    ),
 }
 
 
@@ -935,6 +993,19 @@ def test_each_rule_says_in_one_sentence_what_it_recognises() -> None:
     for rule in [*diagnosis.SOLE_RULES, *diagnosis.RULES]:
         doc = rule.__doc__ or ""
         assert doc.strip() and doc.count(". ") == 0 and doc.endswith("."), rule.__name__
+
+
+def test_a_thread_running_an_executors_pending_work_is_not_told_to_stop() -> None:
+    # an executor's worker is meant to run; what its queue keeps is work not run yet
+    fits = EVERY_DIAGNOSIS["work pending in an executor"][2]
+    assert diagnosis.thread_frame(fits, []) is None  # type: ignore[arg-type]
+    assert diagnosis.thread_frame(EVERY_DIAGNOSIS["a thread's frame"][2], []) is not None  # type: ignore[arg-type]
+
+
+def test_the_interpreters_own_keeping_is_not_module_state() -> None:
+    assert diagnosis.kept_by_the_interpreter(EVERY_DIAGNOSIS["gc.garbage"][2].holders[0])  # type: ignore[attr-defined]
+    assert diagnosis.kept_by_the_interpreter(EVERY_DIAGNOSIS["sys.last_traceback"][2].holders[0])  # type: ignore[attr-defined]
+    assert not diagnosis.kept_by_the_interpreter(module("test_it", attr("garbage", "list"), item("0")))
 
 
 def test_threads_older_than_the_check_are_told_apart_by_ident_not_name() -> None:
