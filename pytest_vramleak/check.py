@@ -49,6 +49,7 @@ from .meters.history import AllocatorHistory
 from .readings import Finishing, readings_for
 from .result import CheckResult
 from .tracking.census import StorageKey
+from .tracking.gc_functions import saving_garbage
 from .tracking.sites import SiteRecorder, Sites, SiteSource
 from .tracking.tracker import StorageRef, Tracker, graph_clock
 
@@ -106,6 +107,8 @@ class LeakCheck:
         self.left_behind = LeftBehind()
         self._watching_peak = False
         self._threads_before: set[int] = set()
+        self.saving_garbage_before = False
+        """gc.DEBUG_SAVEALL was on as the check began (turned on before, by someone else)."""
         self._settled = False
         """Every generation was collected since the body ended (confirming a suspected leak)."""
 
@@ -116,6 +119,7 @@ class LeakCheck:
         current = threading.get_ident()
         # By ident, not name: a test run again starts a thread of the same name while the last one runs.
         self._threads_before = {thread.ident for thread in threading.enumerate() if thread.ident not in (current, None)}
+        self.saving_garbage_before = saving_garbage()
         if not self.tracker.active:
             self.tracker.begin(index=self.readings.names_each_storage)
         self.begin_clock = self.tracker.begin_clock

@@ -731,6 +731,41 @@ def test_grows():
     )
 
 
+def test_an_error_sys_keeps_is_not_told_as_state_a_module_builds(pytester: pytest.Pytester) -> None:
+    # a console-like helper keeps the last error for pdb.pm(): sys.last_traceback is replaced by each
+    # error, so it keeps one error's frames at a time, the memory of a failure, not lazily built state
+    pytester.makepyfile(
+        test_it="""
+        import sys
+        import torch
+
+        MODEL = torch.nn.Linear(256, 1024)
+
+        def run_cell(function, *args):
+            try:
+                return function(*args)
+            except Exception:
+                sys.last_type, sys.last_value, sys.last_traceback = sys.exc_info()
+
+        def train_step(batch):
+            activations = MODEL(batch)
+            raise RuntimeError("out of memory")
+
+        def test_it():
+            assert run_cell(train_step, torch.ones(512, 256)) is None
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*held by sys.last_traceback.tb_next.tb_frame (train_step:*) local 'activations'",
+            "*diagnosis: sys.last_traceback / sys.last_value keep the last reported error's frames*",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*built on first use*")
+
+
 @pytest.mark.parametrize(
     "declared",
     [

@@ -5,6 +5,7 @@ depend on any of it: a leak still fails with its holder, a clean test still pass
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -191,6 +192,56 @@ def test_gc_disabled_by_a_test_blinds_no_check(pytester: pytest.Pytester, gc_res
     import gc
 
     assert not gc.isenabled()  # the plugin leaves the test's choice as it found it
+
+
+def test_gc_saving_all_garbage_fails_the_test_that_turned_it_on_not_the_later_ones(pytester: pytest.Pytester) -> None:
+    # A test turns gc.DEBUG_SAVEALL on and leaves it on: from then on the collector keeps every
+    # unreachable object in gc.garbage. That test fails, told why; a later test whose harmless
+    # reference cycle lands there passes, with a note saying whose flag kept it.
+    pytester.makepyfile(
+        test_it="""
+        import gc
+        import torch
+
+        class Block(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.linear = torch.nn.Linear(64, 64)
+                self.me = self
+
+        def test_turns_saving_on():
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            Block()
+            gc.collect()
+
+        def test_later_cycle():
+            block = Block()
+            assert block.linear(torch.ones(1, 64)).shape == (1, 64)
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak", "--vramleak-report=r.json"
+    )
+    result.stdout.no_fnmatch_line("*INTERNALERROR*")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_turns_saving_on _*",
+            "    held by gc.garbage[[]*[]]*",
+            "    diagnosis: gc.garbage keeps these tensors: while gc.DEBUG_SAVEALL is on*gc.set_debug(flags)*",
+            "LEAKED test_it.py::test_turns_saving_on - *",
+        ]
+    )
+    tests = {test["nodeid"]: test for test in json.loads((pytester.path / "r.json").read_text())["tests"]}
+    later = tests["test_it.py::test_later_cycle"]
+    assert later["verdict"] == "passed"
+    assert any(
+        "kept in gc.garbage: gc.DEBUG_SAVEALL was on before this test began (test_it.py::test_turns_saving_on "
+        "turned it on)"
+        in note
+        and note.endswith(": not counted")
+        for note in later["notes"]
+    ), later["notes"]
 
 
 def test_the_package_reaches_gc_only_through_the_functions_it_captured() -> None:

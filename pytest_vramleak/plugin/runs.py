@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import pytest
 
 from ..check import CPP_HELD, CheckResult, LeakCheck, NamedLeak, name_leak
-from ..holders.diagnosis import PYTEST_WARNINGS
+from ..holders.diagnosis import PYTEST_WARNINGS, in_gc_garbage, kept_by_the_interpreter
 from ..holders.paths import RootKind
 from ..holders.referrers import NamedRoot, held_only_inside, traceback_frames, without_python_holders
 from ..holders.snapshot import held_in_cpp_groups, merge_parts
@@ -40,6 +40,7 @@ from ..reporting.report import TestResult, listed_total_text, render_groups
 from ..steps import StepResult
 from ..tracking import exit_callbacks
 from ..tracking.census import StorageKey, collections_paused
+from ..tracking.gc_functions import saving_garbage
 from ..tracking.graph_sites import GraphSites
 from ..tracking.sites import FRAMES_FOR_CPP_HELD, FRAMES_TRACED, SiteRecorder, Sites, SiteSource, StorageSites
 from ..tracking.tracker import NODE_BYTES, StorageRef, Tracker
@@ -358,6 +359,7 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
     if run.parent is not nextitem:
         _tear_down_last(item, nextitem, first_reports[-1])
     _note_threads_started(item, runs)
+    _note_garbage_saver(item, runs)
     result = finish_result(item, runs, verdict)
     return _final_reports(item, runs, first_reports, result, verdict, run.spent)
 
@@ -375,6 +377,17 @@ def _note_threads_started(item: pytest.Item, runs: TestRuns) -> None:
             and thread is not threading.main_thread()
         ):
             starters.setdefault(thread.ident, pasteable(item.config, item.nodeid))
+
+
+def _note_garbage_saver(item: pytest.Item, runs: TestRuns) -> None:
+    """Note the test that turned gc.DEBUG_SAVEALL on and left it on: what gc.garbage keeps of the
+    tests after it is its doing (see :func:`_set_aside_saved_garbage`)."""
+    first = runs.checks[0].engine if runs.checks else None
+    session = session_of(item.config)
+    if not saving_garbage():
+        session.garbage_saver = None
+    elif first is not None and not first.saving_garbage_before and session.garbage_saver is None:
+        session.garbage_saver = pasteable(item.config, item.nodeid)
 
 
 def _after_first_run(item: pytest.Item, runs: TestRuns, reports: list[pytest.TestReport], seconds: float) -> None:
@@ -895,6 +908,7 @@ def _name_kept(item: pytest.Item, runs: TestRuns, verdict: Verdict) -> None:
             item, runs, verdict, refs, roots, autocast_open=autocast_open, thread_regions=thread_regions
         )
         _set_aside_older_threads(item, runs, named, refs)
+        _set_aside_saved_garbage(item, runs, named)
     else:
         named = NamedLeak([], [], [(CPP_HELD, pytorchs)])
     verdict.groups, verdict.named = merge_parts(named.groups) + named.history, True
@@ -1029,6 +1043,28 @@ def _set_aside_older_threads(item: pytest.Item, runs: TestRuns, named: NamedLeak
                 whole.parts,
             )
         )
+
+
+def _set_aside_saved_garbage(item: pytest.Item, runs: TestRuns, named: NamedLeak) -> None:
+    """Set aside the groups only ``gc.garbage`` holds where gc.DEBUG_SAVEALL was on before the test
+    began: the collector keeps there the test's garbage (a harmless reference cycle) instead of
+    freeing it, because of whoever turned the flag on, which is told."""
+    first = runs.checks[0].engine if runs.checks else None
+    if first is None or not first.saving_garbage_before:
+        return
+    saved = [group for group in named.groups if group.holders and all(in_gc_garbage(path) for path in group.holders)]
+    if not saved:
+        return
+    named.groups[:] = [group for group in named.groups if group not in saved]
+    saver = session_of(item.config).garbage_saver
+    who = f"{saver} turned it on" if saver else "turned on before this test's check"
+    named.set_aside.append(
+        (
+            f"kept in gc.garbage: gc.DEBUG_SAVEALL was on before this test began ({who}), and the collector keeps "
+            "there what it finds unreachable instead of freeing it (the memory is not this test's)",
+            saved,
+        )
+    )
 
 
 def _older_thread(
@@ -1351,7 +1387,11 @@ def _built_once_in_a_module(verdict: Verdict) -> bool:
         verdict.failing
         and verdict.decision.pattern == "kept_once"
         and bool(stored)
-        and all(group.holders and all(path.root.kind == "module" for path in group.holders) for group in stored)
+        and all(
+            group.holders
+            and all(path.root.kind == "module" and not kept_by_the_interpreter(path) for path in group.holders)
+            for group in stored
+        )
     )
 
 

@@ -92,6 +92,9 @@ class SessionState:
     """The check of the test being set up, run or torn down."""
     thread_starters: dict[int, str] = field(default_factory=dict)
     """The checked test that started each thread still running after it, by the thread's ident."""
+    garbage_saver: str | None = None
+    """The checked test that turned gc.DEBUG_SAVEALL on and left it on (None: it is off, or it was
+    turned on before any check, or outside one)."""
     pytorchs_own: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
     """Per parametrized test function: the case whose runs showed that what it keeps is
     PyTorch's own, and the sizes of the storages its first run kept."""

@@ -35,6 +35,12 @@ def collect(generation: int = 2) -> int:
         _callbacks[:] = kept + [callback for callback in added if callback not in kept]
 
 
+def saving_garbage() -> bool:
+    """Whether ``gc.DEBUG_SAVEALL`` is on: the collector then keeps in ``gc.garbage`` what it finds
+    unreachable, instead of freeing it."""
+    return bool(_gc.get_debug() & DEBUG_SAVEALL)
+
+
 INTERPRETER_FROZEN = min(_gc.get_freeze_count(), 10_000) if sys.version_info[:2] == (3, 12) else 0
 """Objects in the permanent generation that nobody froze: Python 3.12's collector keeps the
 interpreter's immortal objects there (a few hundred tuples of its own modules, from startup on),
