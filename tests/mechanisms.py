@@ -74,6 +74,7 @@ KINDS = (
     "frames kept",
     "executors",
     "garbage collector settings",
+    "signal handlers",
 )
 
 CATALOGUE: list[Mechanism] = [
@@ -2295,6 +2296,57 @@ CATALOGUE: list[Mechanism] = [
         """,
         holder="gc.garbage[[]*[]]*",
         diagnosis=("gc.DEBUG_SAVEALL", "gc.set_debug(flags)", "gc.garbage.clear()"),
+    ),
+    # radixark/miles#1472: each trainer installed a SIGUSR1 handler that saves its checkpoint and calls
+    # the handler it replaced; the signal module keeps the newest, and through each `prev` every trainer
+    Mechanism(
+        name="signal_handler_chain",
+        kind="signal handlers",
+        source="radixark/miles#1472",
+        leak="""
+        import signal
+
+        class Trainer:
+            def __init__(self):
+                self.model = torch.nn.Linear(64, 64)  # here
+                prev = signal.getsignal(signal.SIGUSR1)
+
+                def handler(signum, frame):
+                    torch.save(self.model.state_dict(), "/dev/null")
+                    if callable(prev):
+                        prev(signum, frame)
+
+                signal.signal(signal.SIGUSR1, handler)
+
+        def test_it():
+            trainer = Trainer()
+            assert trainer.model(torch.ones(4, 64)).shape == (4, 64)
+        """,
+        fixed="""
+        import signal
+
+        class Trainer:
+            def __init__(self):
+                self.model = torch.nn.Linear(64, 64)
+                prev = self.previous = signal.getsignal(signal.SIGUSR1)
+
+                def handler(signum, frame):
+                    torch.save(self.model.state_dict(), "/dev/null")
+                    if callable(prev):
+                        prev(signum, frame)
+
+                signal.signal(signal.SIGUSR1, handler)
+
+            def close(self):
+                signal.signal(signal.SIGUSR1, self.previous)
+
+        def test_it():
+            trainer = Trainer()
+            assert trainer.model(torch.ones(4, 64)).shape == (4, 64)
+            trainer.close()
+        """,
+        holder="the SIGUSR1 handler (Trainer.__init__.<locals>.handler) -> closure var 'self'.model.weight",
+        diagnosis=("signal module keeps the SIGUSR1 handler", "signal.signal(sig, previous)"),
     ),
 ]
 

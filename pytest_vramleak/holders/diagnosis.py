@@ -458,6 +458,7 @@ def closure(group: Group, found: Sequence[str]) -> str | None:
     if (
         _traceback_kept(group)
         or not _any_edge(group, "closure variable")
+        or all(path.root.kind == "signal handler" for path in group.holders)
         or any(_module_hook_entry(path) or _global_hook_entry(path) for path in group.holders)
         or any(_memo_entry(path) is not None for path in group.holders)
     ):
@@ -493,6 +494,19 @@ def exit_callback(group: Group, found: Sequence[str]) -> str | None:
         f"exits ({kept[0]}): registering one per call or per object keeps each of them: register once (at import), "
         "atexit.unregister() the callback when its object is done (a close() method), or give it a Python number "
         "(.item()) instead of a tensor"
+    )
+
+
+def signal_handler(group: Group, found: Sequence[str]) -> str | None:
+    """A handler given to signal.signal (its closure, its object), kept until another replaces it."""
+    kept = [path.root.label for path in group.holders if path.root.kind == "signal handler"]
+    if not kept:
+        return None
+    return (
+        f"the signal module keeps {kept[0]} until another handler replaces it, and with it what the handler refers "
+        "to (a handler that calls the one it replaced keeps that one too, and so every earlier object that installed "
+        "one): give the previous handler back when done (previous = signal.signal(sig, handler), then "
+        "signal.signal(sig, previous)), or install one handler once, not one per object"
     )
 
 
@@ -1309,6 +1323,7 @@ _ROOT_LIFETIMES: dict[str, str] = {
     "cycle": "it hangs from a reference cycle ({label}) that only the cyclic collector frees",
     "thread": "it hangs from {label}, alive until the thread ends",
     "pyplot figure": "it hangs from {label}, which pyplot keeps until it is closed",
+    "signal handler": "it hangs from {label}, which the signal module keeps until another replaces it",
 }
 _LAST_EDGE_FIXES: dict[str, str] = {
     "item": "the code added this entry and never removed it: remove it (del, .pop(), .clear()) when done, or keep "
@@ -1393,6 +1408,7 @@ RULES: list[Rule] = [
     stored_exception,
     kept_frame,
     exit_callback,
+    signal_handler,
     saved_tensors_stored_by_a_pack_hook,
     closure,
     thread_frame,

@@ -39,6 +39,7 @@ RootKind = Literal[
     "thread",  # a thread started and not ended, which threading keeps in its table of them
     "kept cycle",  # the nearest owner on a reference cycle of holders nothing found refers to, kept from outside gc
     "pyplot figure",  # a matplotlib figure pyplot made, which it keeps open until it is closed
+    "signal handler",  # a handler given to signal.signal, which the signal module keeps outside gc
 ]
 """What a holder path starts at."""
 

@@ -837,6 +837,32 @@ def pyplot_figures() -> list[NamedRoot]:
     return roots
 
 
+def signal_handlers() -> list[NamedRoot]:
+    """The Python handlers ``signal.signal`` was given (functions, bound methods, any callable object
+    of Python's), which the signal module keeps outside gc until another replaces them, as roots
+    named by their signal. Read with ``signal.getsignal``, which runs no code of the handler's."""
+    signal = sys.modules.get("signal")
+    if signal is None:
+        return []
+    roots = []
+    for number in sorted(signal.valid_signals()):
+        try:
+            handler = signal.getsignal(number)
+            name = signal.Signals(number).name
+        except (ValueError, OSError):  # (a real-time signal without a name)
+            continue
+        if handler is None or isinstance(handler, (int, types.BuiltinFunctionType)):
+            continue  # SIG_DFL, SIG_IGN, Python's own default_int_handler
+        if type(handler) is types.MethodType:
+            label = f"{type_name(handler.__self__)}.{getattr(handler.__func__, '__name__', '?')}"
+        elif isinstance(handler, types.FunctionType):
+            label = handler.__qualname__
+        else:
+            label = f"a {type_name(handler)}"
+        roots.append(NamedRoot(f"the {name} handler ({label})", handler, role="signal handler"))
+    return roots
+
+
 def _join(
     forward: dict[int, list[Any]],
     remaining: set[int],

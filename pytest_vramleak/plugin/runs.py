@@ -16,7 +16,13 @@ import pytest
 from ..check import CPP_HELD, CheckResult, LeakCheck, NamedLeak, name_leak
 from ..holders.diagnosis import PYTEST_WARNINGS, in_gc_garbage, kept_by_the_interpreter
 from ..holders.paths import RootKind
-from ..holders.referrers import NamedRoot, held_only_inside, traceback_frames, without_python_holders
+from ..holders.referrers import (
+    NamedRoot,
+    held_only_inside,
+    signal_handlers,
+    traceback_frames,
+    without_python_holders,
+)
 from ..holders.snapshot import held_in_cpp_groups, merge_parts
 from ..judging.outcome import step_verdict, verdict_with_steps
 from ..judging.repeats import (
@@ -1477,7 +1483,8 @@ def named_roots(item: pytest.Item) -> list[NamedRoot]:
     """Values pytest keeps for many tests, named as the user wrote them: the test's parametrize
     values, the values of fixtures wider than a test, what pytest keeps of a test until the
     session ends (its class instance, its record_property values, the warnings it recorded), and
-    the callbacks registered with ``atexit`` while checks ran, which CPython keeps outside gc."""
+    what CPython keeps outside gc: the callbacks registered with ``atexit`` while checks ran, and
+    the signal handlers."""
     named = []
     callspec = getattr(item, "callspec", None)
     for name, value in getattr(callspec, "params", {}).items():
@@ -1505,6 +1512,7 @@ def named_roots(item: pytest.Item) -> list[NamedRoot]:
             named.append(NamedRoot(PYTEST_WARNINGS, warnings_kept, "pytest", role="pytest warnings"))
     named += _failure_frames(item)
     named += [NamedRoot(label, value, "value", role="atexit") for label, value in exit_callbacks.noted()]
+    named += signal_handlers()
     for fixturedef in session_of(item.config).fixture_defs.values():
         cached = fixturedef.cached_result
         if cached is not None and cached[0] is not None:

@@ -411,6 +411,29 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         _group(module("test_it", attr("OFFLOADED", "WeakIdKeyDictionary"), attr("data", "dict"), item("<WeakIdRef>"))),
         _group(module("test_it", attr("OFFLOADED", "WeakIdKeyDictionary"), attr("refs", "dict"), item("<WeakIdRef>"))),
     ),
+    "a signal handler": (
+        diagnosis.signal_handler,
+        "the signal module keeps the SIGUSR1 handler (Trainer.__init__.<locals>.handler) until another handler",
+        _group(
+            root(
+                "signal handler",
+                "the SIGUSR1 handler (Trainer.__init__.<locals>.handler)",
+                edge("closure variable", "self", "Trainer"),
+                attr("model", "Linear"),
+                attr("weight", "Parameter"),
+            )
+        ),
+        _group(
+            module(
+                "test_it",
+                attr("HANDLERS", "list"),
+                item("0", "function"),
+                edge("closure variable", "self", "Trainer"),
+                attr("model", "Linear"),
+                attr("weight", "Parameter"),
+            )
+        ),
+    ),
     "gc.garbage": (
         diagnosis.collector_saved_garbage,
         "gc.garbage keeps these tensors: while gc.DEBUG_SAVEALL is on",

@@ -371,3 +371,32 @@ def test_a_handler_on_a_named_logger_is_held_by_that_logger() -> None:
     finally:
         logging.getLogger("vramleak-test-stats").handlers.clear()
     assert named == "logging.getLogger('vramleak-test-stats').handlers[0].tensor"
+
+
+def test_signal_handlers_are_roots_named_by_their_signal() -> None:
+    import signal
+
+    from pytest_vramleak.holders.referrers import find_chains, signal_handlers
+
+    class Trainer:
+        def __init__(self) -> None:
+            self.weights = [torch.ones(3)]
+
+        def on_signal(self, signum: int, frame: object) -> None:
+            pass
+
+    previous = signal.signal(signal.SIGUSR1, Trainer().on_signal)
+    try:
+        # Python's own handler (SIGINT's default_int_handler), SIG_DFL and SIG_IGN are no roots
+        # (a plugin's may be: pytest-timeout's SIGALRM handler)
+        roots = [root for root in signal_handlers() if "SIGINT" not in root.label and "SIGALRM" not in root.label]
+        assert [root.label for root in roots] == [
+            "the SIGUSR1 handler (test_signal_handlers_are_roots_named_by_their_signal.<locals>.Trainer.on_signal)"
+        ]
+        assert roots[0].role == "signal handler"
+        # gc sees no holder of the bound method the signal module keeps: the search starts there
+        chain = find_chains([signal.getsignal(signal.SIGUSR1).__self__.weights[0]], named=roots)[0]  # type: ignore[union-attr]
+        assert chain[0] is roots[0]
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert not [root for root in signal_handlers() if "SIGUSR1" in root.label]
