@@ -75,6 +75,8 @@ KINDS = (
     "executors",
     "garbage collector settings",
     "signal handlers",
+    "callbacks waiting to run",
+    "torch modes",
 )
 
 CATALOGUE: list[Mechanism] = [
@@ -2347,6 +2349,264 @@ CATALOGUE: list[Mechanism] = [
         """,
         holder="the SIGUSR1 handler (Trainer.__init__.<locals>.handler) -> closure var 'self'.model.weight",
         diagnosis=("signal module keeps the SIGUSR1 handler", "signal.signal(sig, previous)"),
+    ),
+    # simonsobs/sotodlib#884 (and bpo-27144): every future submitted to an executor was kept in a list
+    # after it was done, and each kept its result
+    Mechanism(
+        name="futures_kept_after_done",
+        kind="executors",
+        source="simonsobs/sotodlib#884",
+        leak="""
+        from concurrent.futures import ThreadPoolExecutor
+
+        MODEL = torch.nn.Linear(256, 256)
+        EXECUTOR = ThreadPoolExecutor(max_workers=2, thread_name_prefix="infer")
+        SUBMITTED = []
+
+        def infer(batch):
+            with torch.no_grad():
+                return MODEL(batch)  # here
+
+        def submit(batch):
+            future = EXECUTOR.submit(infer, batch)
+            SUBMITTED.append(future)
+            return future
+
+        def test_it():
+            assert submit(torch.ones(64, 256)).result().shape == (64, 256)
+        """,
+        fixed="""
+        from concurrent.futures import ThreadPoolExecutor
+
+        MODEL = torch.nn.Linear(256, 256)
+        EXECUTOR = ThreadPoolExecutor(max_workers=2, thread_name_prefix="infer")
+        SUBMITTED = []
+
+        def infer(batch):
+            with torch.no_grad():
+                return MODEL(batch)
+
+        def submit(batch):
+            future = EXECUTOR.submit(infer, batch)
+            SUBMITTED.append(future)
+            future.add_done_callback(SUBMITTED.remove)
+            return future
+
+        def test_it():
+            assert submit(torch.ones(64, 256)).result().shape == (64, 256)
+        """,
+        holder="*SUBMITTED[[]*[]]._result",
+        diagnosis=("concurrent.futures", "future.add_done_callback(futures.remove)"),
+    ),
+    # python/cpython#138765: itertools.tee keeps every item one branch read until the other reads it;
+    # a branch never read keeps them all
+    Mechanism(
+        name="itertools_tee_branch_never_read",
+        kind="caching iterators",
+        source="python/cpython#138765",
+        leak="""
+        import itertools
+
+        def batches():
+            step = 0
+            while True:
+                step += 1
+                yield torch.full((2048,), float(step))  # here
+
+        TRAIN, PREVIEW = itertools.tee(batches())
+
+        def test_it():
+            assert next(TRAIN).numel() == 2048
+        """,
+        fixed="""
+        def batches():
+            step = 0
+            while True:
+                step += 1
+                yield torch.full((2048,), float(step))
+
+        TRAIN = batches()
+
+        def test_it():
+            assert next(TRAIN).numel() == 2048
+        """,
+        holder="*TRAIN -> <_tee> -> <_tee_dataobject>",
+        diagnosis=("itertools.tee", "branch that lags"),
+    ),
+    # python/cpython#125756: a Pickler reused across dump() calls keeps every object it pickled in its
+    # memo until clear_memo()
+    Mechanism(
+        name="pickler_memo_reused",
+        kind="memoizing and lru_cache",
+        source="python/cpython#125756",
+        leak="""
+        import io
+        import pickle
+
+        STREAM = io.BytesIO()
+        PICKLER = pickle.Pickler(STREAM, protocol=pickle.HIGHEST_PROTOCOL)
+
+        def test_it():
+            activations = torch.randn(2048)  # here
+            PICKLER.dump((1, activations))
+            assert STREAM.tell() > 0
+        """,
+        fixed="""
+        import io
+        import pickle
+
+        STREAM = io.BytesIO()
+        PICKLER = pickle.Pickler(STREAM, protocol=pickle.HIGHEST_PROTOCOL)
+
+        def test_it():
+            activations = torch.randn(2048)
+            PICKLER.dump((1, activations))
+            PICKLER.clear_memo()
+            assert STREAM.tell() > 0
+        """,
+        holder="*PICKLER -> <Pickler>*",
+        diagnosis=("pickle.Pickler", "clear_memo()"),
+    ),
+    # jina-ai/serve#3739: a module-level ExitStack never closed kept every callback registered on it,
+    # with its arguments
+    Mechanism(
+        name="exit_stack_never_closed",
+        kind="callbacks waiting to run",
+        source="jina-ai/serve#3739",
+        leak="""
+        import contextlib
+
+        RESOURCES = contextlib.ExitStack()
+
+        def release(buffer):
+            buffer.zero_()
+
+        def acquire_buffer():
+            buffer = torch.empty(2048)  # here
+            RESOURCES.callback(release, buffer)
+            return buffer
+
+        def test_it():
+            assert acquire_buffer().fill_(1.0).sum() == 2048
+        """,
+        fixed="""
+        import contextlib
+
+        def release(buffer):
+            buffer.zero_()
+
+        def acquire_buffer(resources):
+            buffer = torch.empty(2048)
+            resources.callback(release, buffer)
+            return buffer
+
+        def test_it():
+            with contextlib.ExitStack() as resources:
+                assert acquire_buffer(resources).fill_(1.0).sum() == 2048
+        """,
+        holder="*RESOURCES._exit_callbacks[[]*",
+        diagnosis=("ExitStack", "close()"),
+    ),
+    # python/cpython#85865: callbacks scheduled on an event loop that nothing runs wait in its queue,
+    # with their arguments
+    Mechanism(
+        name="event_loop_never_run",
+        kind="callbacks waiting to run",
+        source="python/cpython#85865",
+        leak="""
+        import asyncio
+
+        LOOP = asyncio.new_event_loop()  # the service's loop, whose thread was never started
+        MODEL = torch.nn.Linear(256, 256)
+        SCORES = []
+
+        def publish(output):
+            SCORES.append(output.mean().item())
+
+        def infer(batch):
+            with torch.no_grad():
+                output = MODEL(batch)  # here
+            LOOP.call_soon_threadsafe(publish, output)
+            return output
+
+        def test_it():
+            assert infer(torch.ones(64, 256)).shape == (64, 256)
+        """,
+        fixed="""
+        import asyncio
+
+        LOOP = asyncio.new_event_loop()
+        MODEL = torch.nn.Linear(256, 256)
+        SCORES = []
+
+        def publish(output):
+            SCORES.append(output.mean().item())
+
+        def infer(batch):
+            with torch.no_grad():
+                output = MODEL(batch)
+            LOOP.call_soon_threadsafe(publish, output)
+            return output
+
+        def test_it():
+            assert infer(torch.ones(64, 256)).shape == (64, 256)
+            LOOP.run_until_complete(asyncio.sleep(0))
+        """,
+        holder="*LOOP._ready[[]*[]]._args[[]0[]]",
+        diagnosis=("event loop", "loop.close()"),
+    ),
+    # pytorch/pytorch#182317: a TorchFunctionMode entered with __enter__() and never exited stays on
+    # torch's mode stack, with what it records, and runs on every later call
+    Mechanism(
+        name="torch_function_mode_never_exited",
+        kind="torch modes",
+        source="pytorch/pytorch#182317",
+        leak="""
+        from torch.overrides import TorchFunctionMode
+
+        class RecordLinearOutputs(TorchFunctionMode):
+            def __init__(self):
+                super().__init__()
+                self.outputs = []
+
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))  # here
+                if func is torch.nn.functional.linear:
+                    self.outputs.append(out)
+                return out
+
+        MODEL = torch.nn.Linear(256, 256)
+
+        def test_it():
+            recorder = RecordLinearOutputs()
+            recorder.__enter__()
+            with torch.no_grad():
+                MODEL(torch.ones(64, 256))
+            assert recorder.outputs
+        """,
+        fixed="""
+        from torch.overrides import TorchFunctionMode
+
+        class RecordLinearOutputs(TorchFunctionMode):
+            def __init__(self):
+                super().__init__()
+                self.outputs = []
+
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                if func is torch.nn.functional.linear:
+                    self.outputs.append(out)
+                return out
+
+        MODEL = torch.nn.Linear(256, 256)
+
+        def test_it():
+            with RecordLinearOutputs() as recorder, torch.no_grad():
+                MODEL(torch.ones(64, 256))
+            assert recorder.outputs
+        """,
+        holder="torch's TorchFunctionMode stack[[]*[]] (RecordLinearOutputs, entered and not exited).outputs[[]*[]]",
+        diagnosis=("mode entered and not exited", "with block", "__exit__"),
     ),
 ]
 

@@ -458,7 +458,7 @@ def closure(group: Group, found: Sequence[str]) -> str | None:
     if (
         _traceback_kept(group)
         or not _any_edge(group, "closure variable")
-        or all(path.root.kind == "signal handler" for path in group.holders)
+        or all(path.root.kind == "signal handler" or _exit_stack_callback(path) for path in group.holders)
         or any(_module_hook_entry(path) or _global_hook_entry(path) for path in group.holders)
         or any(_memo_entry(path) is not None for path in group.holders)
     ):
@@ -692,7 +692,7 @@ def weak_key_value_holds_its_key(group: Group, found: Sequence[str]) -> str | No
 
 
 def done_task_result(group: Group, found: Sequence[str]) -> str | None:
-    """An asyncio task (or future) kept after it is done, with its result or its exception."""
+    """An asyncio task, or a future of asyncio's or concurrent.futures', kept after it is done, with its result or its exception."""
     if not any(
         _through(path, kind, name)
         for path in group.holders
@@ -701,9 +701,10 @@ def done_task_result(group: Group, found: Sequence[str]) -> str | None:
     ):
         return None
     return (
-        "an asyncio Task (or Future) keeps its result, or its exception with its traceback, for as long as anything "
-        "refers to it: drop the task once it is done (a set of background tasks: "
-        "task.add_done_callback(tasks.discard)), or keep its result rather than the task"
+        "an asyncio Task, or a Future (asyncio's or concurrent.futures'), keeps its result, or its exception with its "
+        "traceback, for as long as anything refers to it: drop it once it is done (a set of background tasks: "
+        "task.add_done_callback(tasks.discard); a list of futures: future.add_done_callback(futures.remove)), or keep "
+        "its result rather than the task or future"
     )
 
 
@@ -990,6 +991,80 @@ def itertools_cycle(group: Group, found: Sequence[str]) -> str | None:
         "itertools.cycle keeps every item of its first pass to repeat it, for as long as the cycle lives (cycling "
         "a DataLoader keeps every batch of its first epoch): loop over the loader again instead (while True: yield from loader), which "
         "keeps no batch"
+    )
+
+
+def tee_buffer(group: Group, found: Sequence[str]) -> str | None:
+    """What itertools.tee buffers for a branch that has not read it yet."""
+    if not any(edge.type_name == "_tee_dataobject" for path in group.holders for edge in path.edges):
+        return None
+    return (
+        "itertools.tee keeps every item one branch has read until every other branch has read it too: a branch that "
+        "lags, or is never read, keeps all of them: read the branches in step, drop a branch that is not read (del "
+        "it), or keep the items in a list where every branch needs them all anyway"
+    )
+
+
+def _pickle_memo(path: HolderPath) -> bool:
+    """Whether the path goes through a pickle.Pickler's memo (the C Pickler's, read as a reference)."""
+    return any(
+        (edge.kind == "reference" and edge.name == "Pickler")
+        or (edge.type_name in ("Pickler", "_Pickler") and after.name == "memo")
+        for edge, after in zip(path.edges, path.edges[1:], strict=False)
+    )
+
+
+def pickle_memo(group: Group, found: Sequence[str]) -> str | None:
+    """A pickle.Pickler reused across dump() calls, whose memo keeps every object it pickled."""
+    if not any(_pickle_memo(path) for path in group.holders):
+        return None
+    return (
+        "a pickle.Pickler keeps every object it has pickled in its memo (so that an object pickled twice is written "
+        "once) until clear_memo(), and this one is reused across dump() calls: call clear_memo() after each dump(), "
+        "or pickle each record on its own (pickle.dumps, or a Pickler per record)"
+    )
+
+
+def _scheduled_callback(path: HolderPath) -> bool:
+    """Whether the path goes into the arguments of a callback scheduled on an asyncio event loop."""
+    return any(_through(path, kind, "_args") for kind in ("Handle", "TimerHandle"))
+
+
+def loop_not_run(group: Group, found: Sequence[str]) -> str | None:
+    """A callback scheduled on an asyncio event loop, waiting with its arguments for the loop to run it."""
+    if not any(_scheduled_callback(path) for path in group.holders):
+        return None
+    return (
+        "a callback scheduled on an asyncio event loop (call_soon, call_soon_threadsafe, call_later) keeps its "
+        "arguments until the loop runs it, and this loop has not: run the loop callbacks are scheduled on "
+        "(loop.run_forever() in its own thread), close a loop no longer run (loop.close() drops what waits on it), "
+        "or do not schedule on it"
+    )
+
+
+def _exit_stack_callback(path: HolderPath) -> bool:
+    """Whether the path goes into what a contextlib.ExitStack keeps to call as it closes."""
+    return any(_through(path, kind, "_exit_callbacks") for kind in ("ExitStack", "AsyncExitStack"))
+
+
+def exit_stack_not_closed(group: Group, found: Sequence[str]) -> str | None:
+    """A contextlib.ExitStack not closed, which keeps every callback and context given to it."""
+    if not any(_exit_stack_callback(path) for path in group.holders):
+        return None
+    return (
+        "a contextlib.ExitStack keeps every callback and context manager given to it, with their arguments, until it "
+        "is closed, and this one was not: use one with ExitStack() block per unit of work, or call close() (or "
+        "pop_all()) when each is done"
+    )
+
+
+def mode_left_on_the_stack(group: Group, found: Sequence[str]) -> str | None:
+    """A TorchFunctionMode or TorchDispatchMode entered and never exited, which torch keeps on its mode stack."""
+    if not any(path.root.kind == "mode stack" for path in group.holders):
+        return None
+    return (
+        "a mode entered and not exited stays on torch's mode stack, with what it keeps, and runs on every torch call "
+        "after (in the tests after this one too): enter it in a with block, or call its __exit__ in a finally"
     )
 
 
@@ -1324,6 +1399,7 @@ _ROOT_LIFETIMES: dict[str, str] = {
     "thread": "it hangs from {label}, alive until the thread ends",
     "pyplot figure": "it hangs from {label}, which pyplot keeps until it is closed",
     "signal handler": "it hangs from {label}, which the signal module keeps until another replaces it",
+    "mode stack": "it hangs from {label}, which torch keeps until the mode exits",
 }
 _LAST_EDGE_FIXES: dict[str, str] = {
     "item": "the code added this entry and never removed it: remove it (del, .pop(), .clear()) when done, or keep "
@@ -1435,6 +1511,11 @@ RULES: list[Rule] = [
     handler_on_a_logger,
     warning_arguments,
     itertools_cycle,
+    tee_buffer,
+    pickle_memo,
+    loop_not_run,
+    exit_stack_not_closed,
+    mode_left_on_the_stack,
     suspended_generator,
     threading_local,
     mutable_default_argument,

@@ -40,6 +40,7 @@ RootKind = Literal[
     "kept cycle",  # the nearest owner on a reference cycle of holders nothing found refers to, kept from outside gc
     "pyplot figure",  # a matplotlib figure pyplot made, which it keeps open until it is closed
     "signal handler",  # a handler given to signal.signal, which the signal module keeps outside gc
+    "mode stack",  # a TorchFunctionMode or TorchDispatchMode entered and not exited, which torch keeps in C++
 ]
 """What a holder path starts at."""
 

@@ -863,6 +863,27 @@ def signal_handlers() -> list[NamedRoot]:
     return roots
 
 
+def torch_mode_stacks() -> list[NamedRoot]:
+    """The modes on torch's ``TorchFunctionMode`` and ``TorchDispatchMode`` stacks (entered, and
+    not exited yet), which torch keeps in C++ outside gc, as roots named by their place on the
+    stack; none where torch is not imported. Read with torch's own getters: no code of a mode's runs."""
+    torch = sys.modules.get("torch")
+    C = getattr(torch, "_C", None)
+    roots = []
+    for what, length, get in (
+        ("TorchFunctionMode", "_len_torch_function_stack", "_get_function_stack_at"),
+        ("TorchDispatchMode", "_len_torch_dispatch_stack", "_get_dispatch_stack_at"),
+    ):
+        try:
+            modes = [getattr(C, get)(index) for index in range(getattr(C, length)())]
+        except Exception:  # (a torch without these getters)
+            continue
+        for index, mode in enumerate(modes):
+            label = f"{what} stack[{index}] ({type_name(mode)}, entered and not exited)"
+            roots.append(NamedRoot(f"torch's {label}", mode, role="mode stack"))
+    return roots
+
+
 def _join(
     forward: dict[int, list[Any]],
     remaining: set[int],

@@ -20,6 +20,7 @@ from ..holders.referrers import (
     NamedRoot,
     held_only_inside,
     signal_handlers,
+    torch_mode_stacks,
     traceback_frames,
     without_python_holders,
 )
@@ -1483,8 +1484,8 @@ def named_roots(item: pytest.Item) -> list[NamedRoot]:
     """Values pytest keeps for many tests, named as the user wrote them: the test's parametrize
     values, the values of fixtures wider than a test, what pytest keeps of a test until the
     session ends (its class instance, its record_property values, the warnings it recorded), and
-    what CPython keeps outside gc: the callbacks registered with ``atexit`` while checks ran, and
-    the signal handlers."""
+    what CPython and torch keep outside gc: the callbacks registered with ``atexit`` while checks
+    ran, the signal handlers, the modes entered on torch's mode stacks."""
     named = []
     callspec = getattr(item, "callspec", None)
     for name, value in getattr(callspec, "params", {}).items():
@@ -1513,6 +1514,7 @@ def named_roots(item: pytest.Item) -> list[NamedRoot]:
     named += _failure_frames(item)
     named += [NamedRoot(label, value, "value", role="atexit") for label, value in exit_callbacks.noted()]
     named += signal_handlers()
+    named += torch_mode_stacks()
     for fixturedef in session_of(item.config).fixture_defs.values():
         cached = fixturedef.cached_result
         if cached is not None and cached[0] is not None:

@@ -434,6 +434,76 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
             )
         ),
     ),
+    "itertools.tee": (
+        diagnosis.tee_buffer,
+        "itertools.tee keeps every item one branch has read until every other branch has read it too",
+        _group(
+            module(
+                "test_it",
+                attr("TRAIN", "_tee"),
+                edge("reference", "_tee", "_tee_dataobject"),
+                edge("reference", "_tee_dataobject"),
+            )
+        ),
+        _group(module("test_it", attr("TRAIN", "_tee"), edge("reference", "_tee", "generator"), edge("local", "x"))),
+    ),
+    "a Pickler's memo": (
+        diagnosis.pickle_memo,
+        "a pickle.Pickler keeps every object it has pickled in its memo",
+        _group(
+            module(
+                "test_it",
+                attr("PICKLER", "Pickler"),
+                edge("reference", "Pickler", "TypedStorage"),
+                attr("_untyped_storage", "UntypedStorage"),
+            )
+        ),
+        _group(module("test_it", attr("PICKLER", "Pickler"), attr("dispatch_table", "dict"), item("'t'"))),
+    ),
+    "an event loop not run": (
+        diagnosis.loop_not_run,
+        "a callback scheduled on an asyncio event loop (call_soon, call_soon_threadsafe, call_later) keeps its",
+        _group(
+            module(
+                "test_it",
+                attr("LOOP", "_UnixSelectorEventLoop"),
+                attr("_ready", "deque"),
+                item("4", "Handle"),
+                attr("_args", "tuple"),
+                item("0"),
+            )
+        ),
+        _group(module("test_it", attr("JOBS", "deque"), item("4", "Job"), attr("_args", "tuple"), item("0"))),
+    ),
+    "an ExitStack not closed": (
+        diagnosis.exit_stack_not_closed,
+        "a contextlib.ExitStack keeps every callback and context manager given to it",
+        _group(
+            module(
+                "test_it",
+                attr("RESOURCES", "ExitStack"),
+                attr("_exit_callbacks", "deque"),
+                item("4", "tuple"),
+                item("1", "function"),
+                edge("closure variable", "args", "tuple"),
+                item("0"),
+            )
+        ),
+        _group(module("test_it", attr("RESOURCES", "Pool"), attr("_exit_callbacks", "deque"), item("4"))),
+    ),
+    "a mode left on torch's stack": (
+        diagnosis.mode_left_on_the_stack,
+        "a mode entered and not exited stays on torch's mode stack",
+        _group(
+            root(
+                "mode stack",
+                "torch's TorchFunctionMode stack[0] (Recorder, entered and not exited)",
+                attr("outputs", "list"),
+                item("0"),
+            )
+        ),
+        _group(module("test_it", attr("RECORDER", "Recorder"), attr("outputs", "list"), item("0"))),
+    ),
     "gc.garbage": (
         diagnosis.collector_saved_garbage,
         "gc.garbage keeps these tensors: while gc.DEBUG_SAVEALL is on",
@@ -473,7 +543,7 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
     ),
     "a done asyncio task": (
         diagnosis.done_task_result,
-        "an asyncio Task (or Future) keeps its result",
+        "an asyncio Task, or a Future (asyncio's or concurrent.futures'), keeps its result",
         _group(module("test_it", attr("BACKGROUND", "set"), edge("set element", "", "Task"), attr("_result"))),
         _group(module("test_it", attr("BACKGROUND", "set"), edge("set element", "", "Job"), attr("_result"))),
     ),
@@ -1023,6 +1093,11 @@ def test_a_thread_running_an_executors_pending_work_is_not_told_to_stop() -> Non
     fits = EVERY_DIAGNOSIS["work pending in an executor"][2]
     assert diagnosis.thread_frame(fits, []) is None  # type: ignore[arg-type]
     assert diagnosis.thread_frame(EVERY_DIAGNOSIS["a thread's frame"][2], []) is not None  # type: ignore[arg-type]
+
+
+def test_an_exit_stacks_callback_is_not_told_it_is_a_closure() -> None:
+    fits = EVERY_DIAGNOSIS["an ExitStack not closed"][2]
+    assert diagnosis.closure(fits, []) is None  # type: ignore[arg-type]
 
 
 def test_the_interpreters_own_keeping_is_not_module_state() -> None:

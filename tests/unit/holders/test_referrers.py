@@ -400,3 +400,40 @@ def test_signal_handlers_are_roots_named_by_their_signal() -> None:
     finally:
         signal.signal(signal.SIGUSR1, previous)
     assert not [root for root in signal_handlers() if "SIGUSR1" in root.label]
+
+
+def test_modes_left_on_torchs_stacks_are_roots_named_by_their_place() -> None:
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from pytest_vramleak.holders.referrers import find_chains, torch_mode_stacks
+
+    class Recorder(TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.outputs = [torch.ones(3)]
+
+    class Passing(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            return func(*args, **(kwargs or {}))
+
+    assert torch_mode_stacks() == []
+    Recorder().__enter__()
+    passing = Passing()
+    passing.__enter__()
+    try:
+        roots = torch_mode_stacks()
+        assert [root.label for root in roots] == [
+            "torch's TorchFunctionMode stack[0] (test_modes_left_on_torchs_stacks_are_roots_named_by_their_place"
+            ".<locals>.Recorder, entered and not exited)",
+            "torch's TorchDispatchMode stack[0] (test_modes_left_on_torchs_stacks_are_roots_named_by_their_place"
+            ".<locals>.Passing, entered and not exited)",
+        ]
+        assert {root.role for root in roots} == {"mode stack"}
+        # torch keeps the mode in C++: gc sees no holder of it, the search starts at the stack
+        chain = find_chains([roots[0].value.outputs[0]], named=roots)[0]
+        assert chain[0] is roots[0]
+    finally:
+        passing.__exit__(None, None, None)
+        torch._C._pop_torch_function_stack()
+    assert torch_mode_stacks() == []
