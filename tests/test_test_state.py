@@ -244,6 +244,65 @@ def test_gc_saving_all_garbage_fails_the_test_that_turned_it_on_not_the_later_on
     ), later["notes"]
 
 
+def test_a_mode_left_on_torchs_stack_fails_the_test_that_entered_it_not_the_later_ones(
+    pytester: pytest.Pytester,
+) -> None:
+    # A test enters a TorchFunctionMode and never exits it: the mode stays on torch's stack and
+    # records the outputs of every later test too. The test that entered it fails; a later one
+    # passes, with a note saying whose mode kept its memory.
+    pytester.makepyfile(
+        test_it="""
+        import torch
+        from torch.overrides import TorchFunctionMode
+
+        class RecordLinearOutputs(TorchFunctionMode):
+            def __init__(self):
+                super().__init__()
+                self.outputs = []
+
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                if func is torch.nn.functional.linear:
+                    self.outputs.append(out)
+                return out
+
+        MODEL = torch.nn.Linear(256, 256)
+
+        def test_enters_a_mode():
+            RecordLinearOutputs().__enter__()
+            with torch.no_grad():
+                MODEL(torch.ones(64, 256))
+
+        def test_later_forward():
+            with torch.no_grad():
+                assert MODEL(torch.ones(64, 256)).shape == (64, 256)
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak", "--vramleak-report=r.json"
+    )
+    result.stdout.no_fnmatch_line("*INTERNALERROR*")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_enters_a_mode _*",
+            "    held by torch's TorchFunctionMode stack[[]*[]] (RecordLinearOutputs, entered and not exited).outputs[[]*",
+            "    diagnosis: a mode entered and not exited stays on torch's mode stack*",
+            "LEAKED test_it.py::test_enters_a_mode - *",
+        ]
+    )
+    tests = {test["nodeid"]: test for test in json.loads((pytester.path / "r.json").read_text())["tests"]}
+    later = tests["test_it.py::test_later_forward"]
+    assert later["verdict"] == "passed"
+    assert any(
+        "kept by a mode on torch's stack entered before this test began and not exited "
+        "(test_it.py::test_enters_a_mode entered it)"
+        in note
+        and note.endswith(": not counted")
+        for note in later["notes"]
+    ), later["notes"]
+
+
 def test_the_package_reaches_gc_only_through_the_functions_it_captured() -> None:
     import ast
     from pathlib import Path

@@ -15,7 +15,7 @@ import pytest
 
 from ..check import CPP_HELD, CheckResult, LeakCheck, NamedLeak, name_leak
 from ..holders.diagnosis import PYTEST_WARNINGS, in_gc_garbage, kept_by_the_interpreter
-from ..holders.paths import RootKind
+from ..holders.paths import HolderPath, RootKind
 from ..holders.referrers import (
     NamedRoot,
     held_only_inside,
@@ -367,6 +367,7 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
         _tear_down_last(item, nextitem, first_reports[-1])
     _note_threads_started(item, runs)
     _note_garbage_saver(item, runs)
+    _note_modes_entered(item, runs)
     result = finish_result(item, runs, verdict)
     return _final_reports(item, runs, first_reports, result, verdict, run.spent)
 
@@ -916,6 +917,7 @@ def _name_kept(item: pytest.Item, runs: TestRuns, verdict: Verdict) -> None:
         )
         _set_aside_older_threads(item, runs, named, refs)
         _set_aside_saved_garbage(item, runs, named)
+        _set_aside_older_modes(item, runs, named)
     else:
         named = NamedLeak([], [], [(CPP_HELD, pytorchs)])
     verdict.groups, verdict.named = merge_parts(named.groups) + named.history, True
@@ -1059,19 +1061,62 @@ def _set_aside_saved_garbage(item: pytest.Item, runs: TestRuns, named: NamedLeak
     first = runs.checks[0].engine if runs.checks else None
     if first is None or not first.saving_garbage_before:
         return
-    saved = [group for group in named.groups if group.holders and all(in_gc_garbage(path) for path in group.holders)]
-    if not saved:
-        return
-    named.groups[:] = [group for group in named.groups if group not in saved]
     saver = session_of(item.config).garbage_saver
     who = f"{saver} turned it on" if saver else "turned on before this test's check"
-    named.set_aside.append(
-        (
-            f"kept in gc.garbage: gc.DEBUG_SAVEALL was on before this test began ({who}), and the collector keeps "
-            "there what it finds unreachable instead of freeing it (the memory is not this test's)",
-            saved,
-        )
+    _set_aside_held_only(
+        named,
+        in_gc_garbage,
+        f"kept in gc.garbage: gc.DEBUG_SAVEALL was on before this test began ({who}), and the collector keeps "
+        "there what it finds unreachable instead of freeing it (the memory is not this test's)",
     )
+
+
+def _set_aside_older_modes(item: pytest.Item, runs: TestRuns, named: NamedLeak) -> None:
+    """Set aside the groups only modes on torch's stacks hold that were entered before the test
+    began and never exited: such a mode runs on every torch call, and keeps what it records of the
+    tests after it too; the memory is the test's that entered it, which is told."""
+    first = runs.checks[0].engine if runs.checks else None
+    if first is None or not first.modes_before:
+        return
+    enterers = session_of(item.config).mode_enterers
+    older = {root.label: id(root.value) for root in torch_mode_stacks() if id(root.value) in first.modes_before}
+    if not older:
+        return
+
+    def by_an_older_mode(path: HolderPath) -> bool:
+        return path.root.kind == "mode stack" and path.root.label in older
+
+    whose = sorted({f"{enterers[ident]} entered it" for ident in older.values() if ident in enterers})
+    _set_aside_held_only(
+        named,
+        by_an_older_mode,
+        f"kept by a mode on torch's stack entered before this test began and not exited"
+        f"{' (' + '; '.join(whose) + ')' if whose else ''}: it records what the tests after it do (the memory is "
+        "not this test's)",
+    )
+
+
+def _set_aside_held_only(named: NamedLeak, held: Callable[[HolderPath], bool], why: str) -> None:
+    """Set aside, with ``why``, the groups every holder path of which is ``held``."""
+    kept = [group for group in named.groups if group.holders and all(held(path) for path in group.holders)]
+    if kept:
+        named.groups[:] = [group for group in named.groups if group not in kept]
+        named.set_aside.append((why, kept))
+
+
+def _note_modes_entered(item: pytest.Item, runs: TestRuns) -> None:
+    """Note the modes the test entered on torch's stacks and left there: what they keep of the
+    tests after it is its doing (see :func:`_set_aside_older_modes`)."""
+    first = runs.checks[0].engine if runs.checks else None
+    if first is None:
+        return
+    enterers = session_of(item.config).mode_enterers
+    alive = {id(root.value) for root in torch_mode_stacks()}
+    for ident in list(enterers):
+        if ident not in alive:
+            del enterers[ident]
+    for ident in alive - first.modes_before:
+        enterers.setdefault(ident, pasteable(item.config, item.nodeid))
 
 
 def _older_thread(

@@ -92,6 +92,8 @@ class SessionState:
     """The check of the test being set up, run or torn down."""
     thread_starters: dict[int, str] = field(default_factory=dict)
     """The checked test that started each thread still running after it, by the thread's ident."""
+    mode_enterers: dict[int, str] = field(default_factory=dict)
+    """The checked test that entered each mode still on torch's stacks after it, by the mode's id."""
     garbage_saver: str | None = None
     """The checked test that turned gc.DEBUG_SAVEALL on and left it on (None: it is off, or it was
     turned on before any check, or outside one)."""
