@@ -77,6 +77,7 @@ KINDS = (
     "signal handlers",
     "callbacks waiting to run",
     "torch modes",
+    "modules made at run time",
 )
 
 CATALOGUE: list[Mechanism] = [
@@ -2607,6 +2608,53 @@ CATALOGUE: list[Mechanism] = [
         """,
         holder="torch's TorchFunctionMode stack[[]*[]] (RecordLinearOutputs, entered and not exited).outputs[[]*[]]",
         diagnosis=("mode entered and not exited", "with block", "__exit__"),
+    ),
+    # PolicyEngine/policyengine-core#520: each call generated a module under a new name, registered it
+    # in sys.modules and executed its source there; sys.modules kept every one, with its globals
+    Mechanism(
+        name="generated_module_kept_in_sys_modules",
+        kind="modules made at run time",
+        source="PolicyEngine/policyengine-core#520",
+        leak="""
+        import importlib.util
+        import itertools
+        import sys
+
+        COUNTER = itertools.count()
+        SOURCE = "import torch\\nWEIGHTS = torch.randn(2048)\\n"
+
+        def load_generated_module():
+            name = f"generated_layer_{next(COUNTER)}"
+            module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None))
+            sys.modules[name] = module
+            exec(compile(SOURCE, f"<{name}>", "exec"), module.__dict__)  # here
+            return module
+
+        def test_it():
+            assert load_generated_module().WEIGHTS.shape == (2048,)
+        """,
+        fixed="""
+        import importlib.util
+        import itertools
+        import sys
+
+        COUNTER = itertools.count()
+        SOURCE = "import torch\\nWEIGHTS = torch.randn(2048)\\n"
+
+        def load_generated_module():
+            name = f"generated_layer_{next(COUNTER)}"
+            module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None))
+            sys.modules[name] = module
+            exec(compile(SOURCE, f"<{name}>", "exec"), module.__dict__)
+            return module
+
+        def test_it():
+            layer = load_generated_module()
+            assert layer.WEIGHTS.shape == (2048,)
+            del sys.modules[layer.__name__]
+        """,
+        holder="sys.modules[[]'generated_layer_*'[]].WEIGHTS",
+        diagnosis=("module the code made", "del sys.modules[name]"),
     ),
 ]
 

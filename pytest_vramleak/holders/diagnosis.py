@@ -510,6 +510,18 @@ def signal_handler(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
+def module_made_at_run_time(group: Group, found: Sequence[str]) -> str | None:
+    """A module code made and put in sys.modules, which keeps its globals for as long as it is there."""
+    made = [path.root.label for path in group.holders if path.root.kind == "run-time module"]
+    if not made:
+        return None
+    return (
+        f"{made[0]} is a module the code made (exec of generated source, module_from_spec) and put in sys.modules, "
+        "which keeps it and its globals until the process ends: one made under a new name each time is never let "
+        "go: del sys.modules[name] when done with it, or reuse one module (one name) instead of making another"
+    )
+
+
 def saved_tensors_stored_by_a_pack_hook(group: Group, found: Sequence[str]) -> str | None:
     """A saved_tensors_hooks pack hook that stores what it packs, given back only by its unpack hook in backward."""
     stores = [edge for path in group.holders for edge in path.edges if edge.pack_hook]
@@ -1383,6 +1395,7 @@ def module_level_container(group: Group, found: Sequence[str]) -> str | None:
 
 _ROOT_LIFETIMES: dict[str, str] = {
     "module": "it hangs from module {name}, alive as long as the process",
+    "run-time module": "it hangs from {label}, alive until it is taken out",
     "frame local": "it hangs from a local of a frame still running ({label})",
     "thread local": "it hangs from a local of a frame of another thread ({label}), alive as long as that frame",
     "frame": "it hangs from a frame a traceback keeps ({label}), alive as long as the traceback",
@@ -1485,6 +1498,7 @@ RULES: list[Rule] = [
     kept_frame,
     exit_callback,
     signal_handler,
+    module_made_at_run_time,
     saved_tensors_stored_by_a_pack_hook,
     closure,
     thread_frame,

@@ -207,11 +207,26 @@ def _module_name(module: Any) -> str:
     return name if type(name) is str else "<module>"
 
 
+def _made_at_run_time(module: Any, name: str) -> bool:
+    """Whether a module was made by Python code rather than loaded: a spec without an origin (no
+    file, no loader's), not built in, not a namespace package (``importlib.util.module_from_spec``
+    of a spec made without a loader, then put in ``sys.modules``). A C extension's submodules have
+    no spec. Read through the namespace: no module ``__getattr__`` runs. (Subclasses of ModuleType,
+    torch.ops' namespaces and lazy modules, are asked by the caller no question.)"""
+    namespace = instance_dict(module) or {}
+    if type(namespace.get("__file__")) is str or "__path__" in namespace or name in sys.builtin_module_names:
+        return False
+    spec = instance_dict(namespace.get("__spec__"))
+    return spec is not None and spec.get("origin") is None
+
+
 def root_of(root: Any) -> Root:
     """The root a chain's first object is: a module, a running frame's local, a named value, or
     the farthest holder found, which something outside gc keeps."""
     if issubclass(type(root), types.ModuleType):
         name = _module_name(root)
+        if type(root) is types.ModuleType and name != "<module>" and _made_at_run_time(root, name):
+            return Root("run-time module", f"sys.modules[{name!r}]", "module", name=name)
         return Root("module", name, "module", name=name)
     if type(root) is FrameLocal:
         where = f"{frame_text(root.frame)} local '{root.name}'"

@@ -13,6 +13,7 @@ from typing import Literal
 
 RootKind = Literal[
     "module",  # a module in sys.modules
+    "run-time module",  # a module code made (no file) and put in sys.modules
     "frame local",  # a local of a frame running in the thread that searched (the test's)
     "thread local",  # a local of a frame running in another thread
     "frame",  # a frame nothing running refers to (kept by a traceback)

@@ -504,6 +504,12 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         ),
         _group(module("test_it", attr("RECORDER", "Recorder"), attr("outputs", "list"), item("0"))),
     ),
+    "a module made at run time": (
+        diagnosis.module_made_at_run_time,
+        "sys.modules['generated_layer_4'] is a module the code made",
+        _group(root("run-time module", "sys.modules['generated_layer_4']", attr("WEIGHTS"), type_name="module")),
+        _group(module("generated_layer", attr("WEIGHTS"))),
+    ),
     "gc.garbage": (
         diagnosis.collector_saved_garbage,
         "gc.garbage keeps these tensors: while gc.DEBUG_SAVEALL is on",

@@ -182,6 +182,27 @@ def test_where_the_search_stopped_is_not_said_to_be_outside_gc() -> None:
     )
 
 
+def test_a_module_code_made_is_told_from_one_loaded() -> None:
+    import importlib.util
+    import sys
+    import types
+
+    import torch._C._nn
+
+    from pytest_vramleak.holders.edges import root_of
+
+    made = importlib.util.module_from_spec(importlib.util.spec_from_loader("generated_layer_4", loader=None))
+    root = root_of(made)
+    assert (root.kind, root.label, root.name) == (
+        "run-time module",
+        "sys.modules['generated_layer_4']",
+        "generated_layer_4",
+    )
+    # loaded from a file, built in, a C extension's submodule (no spec), a ModuleType of one's own: modules
+    for module in (torch, sys, torch._C._nn, types.ModuleType("plain")):
+        assert root_of(module).kind == "module", module
+
+
 def test_an_autograd_nodes_hooks_dict_is_named_as_such_and_another_ordered_dict_is_not() -> None:
     import collections
     import functools
