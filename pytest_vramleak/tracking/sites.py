@@ -240,13 +240,14 @@ def _standard_library_files() -> tuple[frozenset[str], tuple[str, ...]]:
 
 def user_sites(frames: list[tuple[str, int, str]]) -> tuple[Site, ...]:
     """The innermost frames of a stack (innermost first) that belong to the user's code, library
-    frames between them left out, up to the test runner's frames; a frame at the same line as the
-    one before it (recursion, or modes on torch's stack each calling the next) is shown once."""
+    frames between them left out, up to the test runner's frames; where more than two frames in a
+    row stand at one line (deep recursion, modes on torch's stack each calling the next), two are
+    shown. (Two can be two scopes on one line, a lambda and its caller: functions are named later.)"""
     stack: list[Site] = []
     for filename, line, function in frames:
         kind = frame_kind_of_file(filename)
         if kind == "user":
-            if stack and stack[-1] == (filename, line, function):
+            if len(stack) >= 2 and stack[-1] == stack[-2] == (filename, line, function):
                 continue
             stack.append((filename, line, function))
             if len(stack) > MAX_CALLERS:

@@ -9,12 +9,19 @@ from pytest_vramleak.tracking.sites import user_sites
 TORCH_FILE = torch.overrides.__file__
 
 
-def test_a_frame_repeated_at_the_same_line_is_shown_once() -> None:
+def test_frames_repeated_at_one_line_are_shown_twice() -> None:
     # modes on torch's stack each call the next through torch's own code: the user's line repeats,
     # once per mode, and the line that called into the first one must still be reached
     mode = ("/suite/test_it.py", 11, "__torch_function__")
     frames = [mode, (TORCH_FILE, 1700, "handle_torch_function")] * 5 + [("/suite/test_it.py", 29, "test_it")]
-    assert user_sites(frames) == (mode, ("/suite/test_it.py", 29, "test_it"))
+    assert user_sites(frames) == (mode, mode, ("/suite/test_it.py", 29, "test_it"))
+
+
+def test_two_scopes_on_one_line_are_both_shown() -> None:
+    # a lambda called on the line that defines it, and the function around it: the same line twice
+    # (functions are named later, from the source)
+    frames = [("/suite/test_it.py", 8, ""), ("/suite/test_it.py", 8, "")]
+    assert user_sites(frames) == tuple(frames)
 
 
 def test_a_recursive_function_at_other_lines_keeps_each_frame() -> None:
