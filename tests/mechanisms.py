@@ -78,6 +78,7 @@ KINDS = (
     "callbacks waiting to run",
     "torch modes",
     "modules made at run time",
+    "outputs kept with their caches",
 )
 
 CATALOGUE: list[Mechanism] = [
@@ -2656,11 +2657,199 @@ CATALOGUE: list[Mechanism] = [
         holder="sys.modules[[]'generated_layer_*'[]].WEIGHTS",
         diagnosis=("module the code made", "del sys.modules[name]"),
     ),
+    # pytorch/pytorch#34257: pruning a pruned parameter again adds another method, with its own copy
+    # of the mask, to the PruningContainer on the module's forward pre-hook; prune.remove() drops them
+    Mechanism(
+        name="pruning_a_pruned_parameter_again",
+        kind="hooks",
+        source="pytorch/pytorch#34257",
+        leak="""
+        import torch.nn.utils.prune as prune
+
+        MODEL = torch.nn.Linear(256, 256)
+
+        def test_prune_round():
+            mask = (torch.rand_like(MODEL.weight) > 0.1).float()  # here
+            prune.custom_from_mask(MODEL, "weight", mask)
+            assert MODEL.weight.count_nonzero() > 0
+        """,
+        fixed="""
+        import torch.nn.utils.prune as prune
+
+        MODEL = torch.nn.Linear(256, 256)
+
+        def test_prune_round():
+            mask = (torch.rand_like(MODEL.weight) > 0.1).float()
+            prune.custom_from_mask(MODEL, "weight", mask)
+            prune.remove(MODEL, "weight")
+            assert MODEL.weight.count_nonzero() > 0
+        """,
+        holder="*MODEL._forward_pre_hooks[[]*[]]._pruning_methods[[]*[]].mask",
+        diagnosis=("PruningContainer", "prune.remove(module, name)"),
+    ),
+    # generative-computing/mellea#544: generate() outputs kept in a result's metadata still held
+    # past_key_values, the KV cache of every layer, so each request kept its whole cache
+    Mechanism(
+        name="generate_output_kept_with_its_kv_cache",
+        kind="outputs kept with their caches",
+        source="generative-computing/mellea#544",
+        leak="""
+        import itertools
+        from dataclasses import dataclass, field
+
+        @dataclass
+        class GenerateOutput:
+            sequences: torch.Tensor
+            past_key_values: tuple
+
+        @dataclass
+        class Result:
+            text: str
+            meta: dict = field(default_factory=dict)
+
+        PROJ = torch.nn.Linear(64, 1024)
+        RESULTS = {}
+        REQUEST_IDS = itertools.count()
+
+        @torch.no_grad()
+        def generate(max_new_tokens=32):
+            h, keys, values = torch.randn(1, 64), [], []
+            for _ in range(max_new_tokens):
+                k, v = PROJ(h).chunk(2, dim=-1)
+                keys.append(k)
+                values.append(v)
+            past = ((torch.cat(keys), torch.cat(values)),) * 4  # here
+            return GenerateOutput(torch.arange(max_new_tokens), past)
+
+        def test_generate():
+            output = generate()
+            RESULTS[next(REQUEST_IDS)] = Result(str(output.sequences.tolist()), {"hf_output": output})
+        """,
+        fixed="""
+        import itertools
+        from dataclasses import dataclass, field
+
+        @dataclass
+        class GenerateOutput:
+            sequences: torch.Tensor
+            past_key_values: tuple
+
+        @dataclass
+        class Result:
+            text: str
+            meta: dict = field(default_factory=dict)
+
+        PROJ = torch.nn.Linear(64, 1024)
+        RESULTS = {}
+        REQUEST_IDS = itertools.count()
+
+        @torch.no_grad()
+        def generate(max_new_tokens=32):
+            h, keys, values = torch.randn(1, 64), [], []
+            for _ in range(max_new_tokens):
+                k, v = PROJ(h).chunk(2, dim=-1)
+                keys.append(k)
+                values.append(v)
+            past = ((torch.cat(keys), torch.cat(values)),) * 4
+            return GenerateOutput(torch.arange(max_new_tokens), past)
+
+        def test_generate():
+            output = generate()
+            RESULTS[next(REQUEST_IDS)] = Result(str(output.sequences.tolist()))
+        """,
+        holder="*RESULTS[[]*[]].meta[[]'hf_output'[]].past_key_values[[]0[]][[]0[]]",
+        diagnosis=("RESULTS[4].meta['hf_output'] holds", "remove it"),
+    ),
+    # pytorch/pytorch#2198 (pytorch/examples' repackage_hidden): a stateful LSTM carried its hidden
+    # state to the next batch without detaching it, so every batch's graph stayed attached to it
+    Mechanism(
+        name="hidden_state_carried_without_detach",
+        kind="autograd graphs kept",
+        source="pytorch/pytorch#2198",
+        leak="""
+        class StatefulLM(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lstm = torch.nn.LSTM(64, 128, batch_first=True)
+                self.head = torch.nn.Linear(128, 64)
+                self.hidden = None
+
+            def forward(self, x):
+                out, self.hidden = self.lstm(x, self.hidden)  # here
+                return self.head(out)
+
+        MODEL = StatefulLM()
+
+        def test_next_chunk():
+            assert MODEL(torch.randn(8, 16, 64)).shape == (8, 16, 64)
+        """,
+        fixed="""
+        class StatefulLM(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lstm = torch.nn.LSTM(64, 128, batch_first=True)
+                self.head = torch.nn.Linear(128, 64)
+                self.hidden = None
+
+            def forward(self, x):
+                out, hidden = self.lstm(x, self.hidden)
+                self.hidden = tuple(h.detach() for h in hidden)
+                return self.head(out)
+
+        MODEL = StatefulLM()
+
+        def test_next_chunk():
+            assert MODEL(torch.randn(8, 16, 64)).shape == (8, 16, 64)
+        """,
+        holder="*MODEL.hidden[[]*[]]",
+        diagnosis=("a hidden state", "self.hidden = h.detach()"),
+    ),
+    # pytorch/pytorch#7343: backward(create_graph=True) for a Hessian-vector product leaves each
+    # parameter's .grad with a graph that refers back to the parameter: a cycle through C++
+    Mechanism(
+        name="create_graph_hessian_vector_product",
+        kind="autograd graphs kept",
+        source="pytorch/pytorch#7343",
+        leak="""
+        def hessian_vector_product(model, x, vector):
+            loss = model(x).tanh().pow(2).sum()
+            loss.backward(create_graph=True)
+            grad_dot_v = sum((p.grad * v).sum() for p, v in zip(model.parameters(), vector))
+            return torch.autograd.grad(grad_dot_v, list(model.parameters()))
+
+        def test_hvp():
+            model = torch.nn.Linear(128, 128)  # here
+            vector = [torch.randn_like(p) for p in model.parameters()]
+            assert hessian_vector_product(model, torch.randn(32, 128), vector)[0].shape == (128, 128)
+        """,
+        fixed="""
+        def hessian_vector_product(model, x, vector):
+            loss = model(x).tanh().pow(2).sum()
+            grads = torch.autograd.grad(loss, list(model.parameters()), create_graph=True)
+            grad_dot_v = sum((g * v).sum() for g, v in zip(grads, vector))
+            return torch.autograd.grad(grad_dot_v, list(model.parameters()))
+
+        def test_hvp():
+            model = torch.nn.Linear(128, 128)
+            vector = [torch.randn_like(p) for p in model.parameters()]
+            assert hessian_vector_product(model, torch.randn(32, 128), vector)[0].shape == (128, 128)
+        """,
+        holder="<no Python reference: held from C++*",
+        diagnosis=("create_graph=True", "torch.autograd.grad(loss, params, create_graph=True)"),
+    ),
 ]
 
 
 # What the plugin says today where it falls short, by entry and part.
-GAPS: dict[str, dict[Part, str]] = {}
+GAPS: dict[str, dict[Part, str]] = {
+    # The gradients' groups get the create_graph diagnosis; the largest group, the input the first
+    # graph saved (kept by that cycle through C++), is told only that a graph is kept and that C++ holds it.
+    "create_graph_hessian_vector_product": {
+        "diagnosis": "autograd graph kept alive: 64.5 KiB in 2 saved tensors behind a tensor that still has its "
+        "grad_fn ... | nothing in Python refers to these tensors the test made: PyTorch (or an extension) keeps them "
+        "in C++ ...",
+    },
+}
 
 
 def _compiled_graphs_hold_module_buffers() -> bool:

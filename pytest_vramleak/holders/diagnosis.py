@@ -313,8 +313,10 @@ def graph_kept(group: Group, found: Sequence[str]) -> str | None:
         )
     return (
         f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors "
-        "behind a tensor that still has its grad_fn (a loss or output stored with its graph); "
-        "store loss.item() or tensor.detach() instead, or run the step under torch.no_grad()"
+        "behind a tensor that still has its grad_fn (a loss or output stored with its graph, or a state computed "
+        "from its own last value, a hidden state, a running statistic, a buffer written in place, whose graph "
+        "chains onto every step's before it); store loss.item() or tensor.detach() instead (self.hidden = "
+        "h.detach(), buffer[i] = value.detach()), or run the step, or the update, under torch.no_grad()"
     )
 
 
@@ -340,7 +342,7 @@ def numpy_array(group: Group, found: Sequence[str]) -> str | None:
 
 def hook_keeps(group: Group, found: Sequence[str]) -> str | None:
     """A module's or a tensor's hook that keeps what it is given (through its hook dict, or a container its closure fills)."""
-    if not group.hook and not any(_module_hook_entry(path) for path in group.holders):
+    if not group.hook and not any(_module_hook_entry(path) and not _pruned(path) for path in group.holders):
         return None
     tensor = any(path.has("tensor hooks") for path in group.holders)
     return (
@@ -348,6 +350,24 @@ def hook_keeps(group: Group, found: Sequence[str]) -> str | None:
         + (f" ({group.hook})" if group.hook else "")
         + ": keep the handle register_*_hook() returns and call handle.remove() when done, or clear what the "
         "hook appends to"
+    )
+
+
+def _pruned(path: HolderPath) -> bool:
+    """Whether the path goes through what torch.nn.utils.prune keeps of the prunings applied to a
+    parameter (a PruningContainer of them, on the module's forward pre-hook)."""
+    return any(edge.type_name == "PruningContainer" or edge.name == "_pruning_methods" for edge in path.edges)
+
+
+def pruned_again(group: Group, found: Sequence[str]) -> str | None:
+    """Prunings applied again and again to a parameter, each kept with its mask in a PruningContainer."""
+    if not any(_pruned(path) for path in group.holders):
+        return None
+    return (
+        "torch.nn.utils.prune keeps every pruning applied to a parameter (its method and its mask) in a "
+        "PruningContainer on the module's forward pre-hook, and pruning a pruned parameter again adds one more: "
+        "call prune.remove(module, name) after each round (it makes the pruning permanent and drops the hook and "
+        "the masks), or prune once"
     )
 
 
@@ -1446,12 +1466,15 @@ MAX_HOLDER_TEXT = 80
 
 def _decisive_edge(path: HolderPath) -> int:
     """The index of the edge the fix is about: the last entry of a container on the path (what
-    holds a kept model is the entry the model was added as, not its parameter's attribute), else
-    the last edge (-1 where there is none)."""
+    holds a kept model is the entry the model was added as, not its parameter's attribute), one
+    the code can remove (a tuple's is part of what the entry before it holds: ``past_key_values[0][0]``
+    of an output kept in a dict), else the last edge (-1 where there is none)."""
+    containers = path.type_names()  # (the class of what each edge leaves is the one before it)
     entries = [
         index for index, edge in enumerate(path.edges) if _LAST_EDGE_KINDS.get(edge.kind) in ("item", "dict key")
     ]
-    return entries[-1] if entries else len(path.edges) - 1
+    removable = [index for index in entries if containers[index] != "tuple"]
+    return (removable or entries)[-1] if entries else len(path.edges) - 1
 
 
 def _edges_text(edges: Sequence[Edge]) -> str:
@@ -1489,6 +1512,7 @@ RULES: list[Rule] = [
     graph_kept,
     grad_fn_kept,
     numpy_array,
+    pruned_again,
     hook_keeps,
     lru_cache,
     last_error,

@@ -666,6 +666,8 @@ class _Backward:
         """What of the level ``holder`` holds, where it counts as a holder."""
         if id(holder) in self.ignore or id(holder) in self.on_stack or type(holder) in self.exclude_types:
             return []
+        if type(holder) is dict and _anomaly_metadata(holder):
+            return []
         held = [r for r in gc.get_referents(holder) if id(r) in frontier_ids]
         if held and is_module_root(holder):
             # what a C module keeps in its state (``_pickle``'s copy of copyreg.dispatch_table)
@@ -835,6 +837,21 @@ def pyplot_figures() -> list[NamedRoot]:
             label = f"pyplot figure {number}" if type(number) is int else "a pyplot figure"
             roots.append(NamedRoot(f"{label} (open)", figure, role="pyplot figure"))
     return roots
+
+
+_ANOMALY_KEYS = frozenset({"traceback_", "parent_"})
+
+
+def _anomaly_metadata(holder: dict[Any, Any]) -> bool:
+    """Whether a dict is an autograd node's anomaly-mode metadata with a ``parent_`` entry: under
+    anomaly mode (the run that records sites turns it on), a node made during backward keeps there
+    the node whose backward made it. That is the graph's own bookkeeping, held from C++ by the node,
+    not a holder to name (the same graph keeps the same tensors without it)."""
+    if dict.__len__(holder) > len(_ANOMALY_KEYS):
+        return False
+    keys = list(dict.keys(holder))
+    # (the types first: comparing a key of the user's class would run its __eq__)
+    return all(type(key) is str for key in keys) and "parent_" in keys and _ANOMALY_KEYS.issuperset(keys)
 
 
 def signal_handlers() -> list[NamedRoot]:

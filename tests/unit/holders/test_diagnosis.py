@@ -510,6 +510,31 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         _group(root("run-time module", "sys.modules['generated_layer_4']", attr("WEIGHTS"), type_name="module")),
         _group(module("generated_layer", attr("WEIGHTS"))),
     ),
+    "pruned again": (
+        diagnosis.pruned_again,
+        "torch.nn.utils.prune keeps every pruning applied to a parameter (its method and its mask) in a PruningContainer",
+        _group(
+            module(
+                "test_it",
+                attr("MODEL", "Linear"),
+                edge("hook dict", "_forward_pre_hooks", "OrderedDict"),
+                item("4", "PruningContainer"),
+                attr("_pruning_methods", "tuple"),
+                item("4", "CustomFromMask"),
+                attr("mask"),
+            )
+        ),
+        _group(
+            module(
+                "test_it",
+                attr("MODEL", "Linear"),
+                edge("hook dict", "_forward_pre_hooks", "OrderedDict"),
+                item("4", "function"),
+                edge("closure variable", "seen", "list"),
+                item("0"),
+            )
+        ),
+    ),
     "gc.garbage": (
         diagnosis.collector_saved_garbage,
         "gc.garbage keeps these tensors: while gc.DEBUG_SAVEALL is on",
@@ -1099,6 +1124,31 @@ def test_a_thread_running_an_executors_pending_work_is_not_told_to_stop() -> Non
     fits = EVERY_DIAGNOSIS["work pending in an executor"][2]
     assert diagnosis.thread_frame(fits, []) is None  # type: ignore[arg-type]
     assert diagnosis.thread_frame(EVERY_DIAGNOSIS["a thread's frame"][2], []) is not None  # type: ignore[arg-type]
+
+
+def test_a_pruning_container_is_not_told_it_is_a_hook_the_user_added() -> None:
+    fits = EVERY_DIAGNOSIS["pruned again"][2]
+    assert diagnosis.hook_keeps(fits, []) is None  # type: ignore[arg-type]
+
+
+def test_what_keeps_it_quotes_the_entry_the_code_can_remove_not_a_tuples() -> None:
+    # an output kept in a dict holds its KV cache in tuples: the entry to drop is the dict's
+    kept = module(
+        "test_it",
+        attr("RESULTS", "dict"),
+        item("4", "Result"),
+        attr("meta", "dict"),
+        item("'hf_output'", "GenerateOutput"),
+        attr("past_key_values", "tuple"),
+        item("0", "tuple"),
+        item("0"),
+    )
+    found = diagnosis.what_keeps_it(_group(kept), [])  # type: ignore[arg-type]
+    assert found is not None and found.startswith("what RESULTS[4].meta['hf_output'] holds keeps these tensors")
+    # a path through tuples alone: its last entry still
+    only = module("test_it", attr("PAIRS", "tuple"), item("1", "tuple"), item("0"))
+    found = diagnosis.what_keeps_it(_group(only), [])  # type: ignore[arg-type]
+    assert found is not None and found.startswith("PAIRS[1][0] keeps these tensors")
 
 
 def test_an_exit_stacks_callback_is_not_told_it_is_a_closure() -> None:

@@ -437,3 +437,24 @@ def test_modes_left_on_torchs_stacks_are_roots_named_by_their_place() -> None:
         passing.__exit__(None, None, None)
         torch._C._pop_torch_function_stack()
     assert torch_mode_stacks() == []
+
+
+def test_an_autograd_nodes_anomaly_metadata_is_not_named_as_a_holder() -> None:
+    # under anomaly mode (the run that records sites turns it on), a node made in a double backward
+    # keeps the node whose backward made it in its metadata dict ('parent_'): the graph's own
+    # bookkeeping, held from C++, which must not stand for the holder of what the graph keeps
+    import warnings
+
+    from pytest_vramleak.holders.referrers import _anomaly_metadata
+
+    model = torch.nn.Linear(3, 3)
+    with warnings.catch_warnings():  # (anomaly mode's own warning, and create_graph's)
+        warnings.simplefilter("ignore", UserWarning)
+        with torch.autograd.detect_anomaly(check_nan=False):
+            model(torch.ones(2, 3)).tanh().pow(2).sum().backward(create_graph=True)
+    assert model.weight.grad is not None and model.weight.grad.grad_fn is not None
+    metadata = model.weight.grad.grad_fn.metadata
+    assert _anomaly_metadata(metadata)
+    assert not _anomaly_metadata({"parent_": 1, "config": 2})  # a dict of the user's
+    assert not _anomaly_metadata({"traceback_": "..."})
+    model.weight.grad = model.bias.grad = None  # (the cycle create_graph makes)
