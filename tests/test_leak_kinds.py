@@ -226,7 +226,7 @@ LEAK_KINDS = {
                 LOSSES.append((batch @ weight).relu().sum())  # here
         """,
         "held by test_it.LOSSES[*]",
-        "autograd graph kept alive: * in * saved tensors*store loss.item() or tensor.detach() instead, or run the step under torch.no_grad()",
+        "autograd graph kept alive: * in * saved tensors*store loss.item() or tensor.detach() instead*, or run the step, or the update, under torch.no_grad()",
     ),
 }
 
