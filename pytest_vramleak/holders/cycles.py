@@ -18,7 +18,7 @@ from .snapshot import TensorGroup, describe_cycle_garbage
 def save_garbage() -> int | None:
     """Keep what collections free from now on; where in ``gc.garbage`` it starts (None where the
     user's own debugging already saves it)."""
-    if gc.get_debug() & gc.DEBUG_SAVEALL:
+    if gc.saving_garbage():
         return None
     start = len(gc.garbage)
     gc.set_debug(gc.get_debug() | gc.DEBUG_SAVEALL)
