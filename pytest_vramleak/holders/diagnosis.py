@@ -1041,8 +1041,8 @@ def _pickle_memo(path: HolderPath) -> bool:
     """Whether the path goes through a pickle.Pickler's memo (the C Pickler's, read as a reference)."""
     return any(
         (edge.kind == "reference" and edge.name == "Pickler")
-        or (edge.type_name in ("Pickler", "_Pickler") and after.name == "memo")
-        for edge, after in zip(path.edges, path.edges[1:], strict=False)
+        or (edge.type_name in ("Pickler", "_Pickler") and after is not None and after.name == "memo")
+        for edge, after in path.pairs()
     )
 
 

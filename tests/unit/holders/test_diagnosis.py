@@ -1151,6 +1151,12 @@ def test_what_keeps_it_quotes_the_entry_the_code_can_remove_not_a_tuples() -> No
     assert found is not None and found.startswith("PAIRS[1][0] keeps these tensors")
 
 
+def test_a_tensor_a_picklers_memo_holds_itself_is_told_the_memo() -> None:
+    # the C Pickler's memo read as a reference: the tensor pickled can be what it leads to
+    held = module("test_it", attr("PICKLER", "Pickler"), edge("reference", "Pickler"))
+    assert (diagnosis.pickle_memo(_group(held), []) or "").startswith("a pickle.Pickler keeps every object")  # type: ignore[arg-type]
+
+
 def test_an_exit_stacks_callback_is_not_told_it_is_a_closure() -> None:
     fits = EVERY_DIAGNOSIS["an ExitStack not closed"][2]
     assert diagnosis.closure(fits, []) is None  # type: ignore[arg-type]
