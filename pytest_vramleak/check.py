@@ -416,6 +416,17 @@ def _named_as_autocast_caches(
     return True
 
 
+def groups_held(
+    groups: Sequence[TensorGroup], held: Callable[[TensorGroup], bool], *, parted: bool
+) -> list[TensorGroup]:
+    """The groups ``held`` says a keeper holds; ``parted``: the groups are the parts of a test run
+    again (see :func:`~pytest_vramleak.holders.snapshot.describe`), each decided on its parts joined
+    (:func:`~pytest_vramleak.holders.snapshot.merge_parts`) and given as those parts."""
+    if not parted:
+        return [group for group in groups if held(group)]
+    return [piece for whole in merge_parts(groups) if held(whole) for piece in whole.parts]
+
+
 def name_leak(
     tracker: Tracker,
     device: str,
@@ -458,10 +469,7 @@ def name_leak(
         keepers.append((OLDER_THREADS, lambda group: held_by_threads(group, threads_before)))
     set_aside = []
     for holders, predicate in keepers:
-        if part is None:
-            matched = [group for group in groups if predicate(group)]
-        else:
-            matched = [piece for whole in merge_parts(groups) if predicate(whole) for piece in whole.parts]
+        matched = groups_held(groups, predicate, parted=part is not None)
         # the autograd history that only pytest's records of the test hold goes with them
         kept_history = (
             [group for group in history if group.holders and predicate(group)] if holders in _PYTESTS_OWN else []

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from ..check import CPP_HELD, CheckResult, LeakCheck, NamedLeak, name_leak
+from ..check import CPP_HELD, CheckResult, LeakCheck, NamedLeak, groups_held, name_leak
 from ..holders.diagnosis import PYTEST_WARNINGS, in_gc_garbage, kept_by_the_interpreter
 from ..holders.paths import HolderPath, RootKind
 from ..holders.referrers import (
@@ -1097,8 +1097,11 @@ def _set_aside_older_modes(item: pytest.Item, runs: TestRuns, named: NamedLeak) 
 
 
 def _set_aside_held_only(named: NamedLeak, held: Callable[[HolderPath], bool], why: str) -> None:
-    """Set aside, with ``why``, the groups every holder path of which is ``held``."""
-    kept = [group for group in named.groups if group.holders and all(held(path) for path in group.holders)]
+    """Set aside, with ``why``, the groups every holder path of which is ``held`` (each decided on
+    its runs' parts joined, as naming sets aside what no test is charged for: see :func:`name_leak`)."""
+    kept = groups_held(
+        named.groups, lambda group: bool(group.holders) and all(held(path) for path in group.holders), parted=True
+    )
     if kept:
         named.groups[:] = [group for group in named.groups if group not in kept]
         named.set_aside.append((why, kept))
