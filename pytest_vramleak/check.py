@@ -37,7 +37,7 @@ from .holders.naming import (
     name_storages,
 )
 from .holders.paths import AUTOCAST_CACHE_PATH, HolderPath, thread_autocast_path
-from .holders.referrers import NamedRoot, torch_mode_stacks
+from .holders.referrers import NamedRoot, torch_modes
 from .holders.snapshot import TensorGroup, merge_parts, meter_for
 from .judging.outcome import CheckFigures, Rules, judge_check
 from .judging.sizes import format_size
@@ -122,7 +122,7 @@ class LeakCheck:
         # By ident, not name: a test run again starts a thread of the same name while the last one runs.
         self._threads_before = {thread.ident for thread in threading.enumerate() if thread.ident not in (current, None)}
         self.saving_garbage_before = saving_garbage()
-        self.modes_before = {id(root.value) for root in torch_mode_stacks()}
+        self.modes_before = {id(mode) for *_, mode in torch_modes()}
         if not self.tracker.active:
             self.tracker.begin(index=self.readings.names_each_storage)
         self.begin_clock = self.tracker.begin_clock

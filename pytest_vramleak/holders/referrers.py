@@ -880,24 +880,31 @@ def signal_handlers() -> list[NamedRoot]:
     return roots
 
 
-def torch_mode_stacks() -> list[NamedRoot]:
+def torch_modes() -> list[tuple[str, int, Any]]:
     """The modes on torch's ``TorchFunctionMode`` and ``TorchDispatchMode`` stacks (entered, and
-    not exited yet), which torch keeps in C++ outside gc, as roots named by their place on the
-    stack; none where torch is not imported. Read with torch's own getters: no code of a mode's runs."""
+    not exited yet), each with its stack's kind and its place on it; none where torch is not
+    imported. Read with torch's own getters: no code of a mode's runs."""
     torch = sys.modules.get("torch")
     C = getattr(torch, "_C", None)
-    roots = []
+    modes = []
     for what, length, get in (
         ("TorchFunctionMode", "_len_torch_function_stack", "_get_function_stack_at"),
         ("TorchDispatchMode", "_len_torch_dispatch_stack", "_get_dispatch_stack_at"),
     ):
         try:
-            modes = [getattr(C, get)(index) for index in range(getattr(C, length)())]
+            modes += [(what, index, getattr(C, get)(index)) for index in range(getattr(C, length)())]
         except Exception:  # (a torch without these getters)
             continue
-        for index, mode in enumerate(modes):
-            label = f"{what} stack[{index}] ({type_name(mode)}, entered and not exited)"
-            roots.append(NamedRoot(f"torch's {label}", mode, role="mode stack"))
+    return modes
+
+
+def torch_mode_stacks() -> list[NamedRoot]:
+    """The modes of :func:`torch_modes`, which torch keeps in C++ outside gc, as roots named by
+    their place on their stack."""
+    roots = []
+    for what, index, mode in torch_modes():
+        label = f"{what} stack[{index}] ({type_name(mode)}, entered and not exited)"
+        roots.append(NamedRoot(f"torch's {label}", mode, role="mode stack"))
     return roots
 
 

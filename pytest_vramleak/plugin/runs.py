@@ -21,6 +21,7 @@ from ..holders.referrers import (
     held_only_inside,
     signal_handlers,
     torch_mode_stacks,
+    torch_modes,
     traceback_frames,
     without_python_holders,
 )
@@ -164,6 +165,11 @@ class TestRuns:
         for check in (*self.checks, test.current):
             if check is not None:
                 check.failure = None
+
+    @property
+    def first_engine(self) -> LeakCheck | None:
+        """The first run's check (None where no run was checked)."""
+        return self.checks[0].engine if self.checks else None
 
     def made_recording_sites(self, born: int) -> bool:
         """Whether a storage first seen at ``born`` was made by the run that recorded sites after
@@ -374,7 +380,7 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
 
 def _note_threads_started(item: pytest.Item, runs: TestRuns) -> None:
     """Note the threads the test started that still run: what they make later is this test's."""
-    first = runs.checks[0].engine if runs.checks else None
+    first = runs.first_engine
     if first is None:
         return
     starters = session_of(item.config).thread_starters
@@ -390,7 +396,7 @@ def _note_threads_started(item: pytest.Item, runs: TestRuns) -> None:
 def _note_garbage_saver(item: pytest.Item, runs: TestRuns) -> None:
     """Note the test that turned gc.DEBUG_SAVEALL on and left it on: what gc.garbage keeps of the
     tests after it is its doing (see :func:`_set_aside_saved_garbage`)."""
-    first = runs.checks[0].engine if runs.checks else None
+    first = runs.first_engine
     session = session_of(item.config)
     if not saving_garbage():
         session.garbage_saver = None
@@ -618,7 +624,7 @@ def _run_record(check: Check, runs: TestRuns | None = None) -> Run:
     engine = check.engine.result
     graph = engine.graph
     nodes = graph.nodes if graph is not None else 0
-    first = runs.checks[0].engine if runs is not None and runs.checks else None
+    first = runs.first_engine if runs is not None else None
     if runs is not None and first is not None and first is not check.engine and first.begin_graphs is not None:
         if (
             check.engine.readings.names_each_storage
@@ -1021,7 +1027,7 @@ def _set_aside_older_threads(item: pytest.Item, runs: TestRuns, named: NamedLeak
     bootstrap, in the code such a thread runs, and no thread this test started runs that code):
     their memory is the test's that started the thread, which is told."""
     recorder = next((s for s in runs.sites.sources if isinstance(s, SiteRecorder)), None) if runs.sites else None
-    first = runs.checks[0].engine if runs.checks else None
+    first = runs.first_engine
     if recorder is None or first is None:
         return
     older, newer = _threads_by_entry(first._threads_before)
@@ -1058,7 +1064,7 @@ def _set_aside_saved_garbage(item: pytest.Item, runs: TestRuns, named: NamedLeak
     """Set aside the groups only ``gc.garbage`` holds where gc.DEBUG_SAVEALL was on before the test
     began: the collector keeps there the test's garbage (a harmless reference cycle) instead of
     freeing it, because of whoever turned the flag on, which is told."""
-    first = runs.checks[0].engine if runs.checks else None
+    first = runs.first_engine
     if first is None or not first.saving_garbage_before:
         return
     saver = session_of(item.config).garbage_saver
@@ -1075,7 +1081,7 @@ def _set_aside_older_modes(item: pytest.Item, runs: TestRuns, named: NamedLeak) 
     """Set aside the groups only modes on torch's stacks hold that were entered before the test
     began and never exited: such a mode runs on every torch call, and keeps what it records of the
     tests after it too; the memory is the test's that entered it, which is told."""
-    first = runs.checks[0].engine if runs.checks else None
+    first = runs.first_engine
     if first is None or not first.modes_before:
         return
     enterers = session_of(item.config).mode_enterers
@@ -1110,11 +1116,11 @@ def _set_aside_held_only(named: NamedLeak, held: Callable[[HolderPath], bool], w
 def _note_modes_entered(item: pytest.Item, runs: TestRuns) -> None:
     """Note the modes the test entered on torch's stacks and left there: what they keep of the
     tests after it is its doing (see :func:`_set_aside_older_modes`)."""
-    first = runs.checks[0].engine if runs.checks else None
+    first = runs.first_engine
     if first is None:
         return
     enterers = session_of(item.config).mode_enterers
-    alive = {id(root.value) for root in torch_mode_stacks()}
+    alive = {id(mode) for *_, mode in torch_modes()}
     for ident in list(enterers):
         if ident not in alive:
             del enterers[ident]
