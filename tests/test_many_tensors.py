@@ -42,6 +42,63 @@ def test_one_list_of_many_tensors_is_named_with_its_full_count(pytester: pytest.
     )
 
 
+@pytest.mark.parametrize(("per_run", "runs"), [(3000, 3), (100, 5)])
+def test_a_first_run_keeping_many_storages_is_confirmed_by_two_runs_the_last_recording_sites(
+    pytester: pytest.Pytester, per_run: int, runs: int
+) -> None:
+    """From 2,000 storages kept by the first run on, two runs again confirm the growth and the
+    second records where tensors are made (three runs, each read whole and named); fewer are
+    confirmed by three, and the test runs once more to record sites (five runs)."""
+    pytester.makepyfile(
+        test_many=textwrap.dedent(
+            f"""
+            import pathlib
+            import torch
+
+            KEPT = []
+
+            def test_keeps_many():
+                with pathlib.Path("runs.txt").open("a") as runs:
+                    runs.write("run\\n")
+                for _ in range({per_run}):
+                    KEPT.append(torch.ones(4))
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak")
+    result.assert_outcomes(failed=1)
+    assert (pytester.path / "runs.txt").read_text().count("run") == runs
+    result.stdout.fnmatch_lines(
+        [f"ran {3 if per_run > 2000 else 4} times (1 warm-up)*", "*allocated at test_many.py:10 in test_keeps_many()"]
+    )
+    noted = "the first run kept 3,000 storages: confirmed by 2 runs again, not 3, the second recording where tensors are made"
+    assert (noted in result.stdout.str()) is (per_run > 2000)
+
+
+def test_many_storages_kept_once_pass_after_two_runs_again(pytester: pytest.Pytester) -> None:
+    """A cache the first run fills with thousands of tensors, and no later run adds to, is kept
+    once: it passes, confirmed by two runs again."""
+    pytester.makepyfile(
+        test_cache=textwrap.dedent(
+            """
+            import pathlib
+            import torch
+
+            CACHE = []
+
+            def test_fills_a_cache_once():
+                with pathlib.Path("runs.txt").open("a") as runs:
+                    runs.write("run\\n")
+                if not CACHE:
+                    CACHE.extend(torch.ones(4) for _ in range(3000))
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak")
+    result.assert_outcomes(passed=1)
+    assert (pytester.path / "runs.txt").read_text().count("run") == 3
+
+
 def test_tensors_of_three_shapes_are_three_groups_each_counted_whole(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_shapes=textwrap.dedent(

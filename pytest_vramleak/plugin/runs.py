@@ -15,6 +15,7 @@ import pytest
 
 from ..check import CPP_HELD, CheckResult, LeakCheck, NamedLeak, groups_held, name_leak
 from ..holders.diagnosis import PYTEST_WARNINGS, in_gc_garbage, kept_by_the_interpreter
+from ..holders.naming import NAMED_EACH
 from ..holders.paths import HolderPath, RootKind
 from ..holders.referrers import (
     NamedRoot,
@@ -130,6 +131,12 @@ class TestRuns:
     extra_begin: int | None = None
     """The tracker's clock as the run that recorded sites after the verdict began (not one of the
     runs judged: what it left is named, and not counted)."""
+    kept_many: int = 0
+    """The storages the first run kept, where they were :data:`MANY_KEPT` or more: two runs again
+    confirm the leak, and the second records where tensors are made (no run follows the verdict)."""
+    recorded_begin: int | None = None
+    """The tracker's clock as the run that recorded sites began, where it ran after the first
+    (after the verdict, or as the last run that confirms a leak)."""
     result: TestResult | None = None
 
     @property
@@ -423,17 +430,35 @@ def _after_first_run(item: pytest.Item, runs: TestRuns, reports: list[pytest.Tes
     ):
         runs.as_in = _kept_as_in_an_earlier_case(item, runs)
         runs.known_once = None if runs.as_in else _known_kept_once(item, runs, seconds)
-        repetitions.planned = 1 if runs.as_in or runs.known_once else 1 + runs.confirm
+        repetitions.planned = 1 if runs.as_in or runs.known_once else 1 + _confirming_runs(item, runs, first.engine)
+
+
+MANY_KEPT = NAMED_EACH
+"""A first run that keeps this many storages or more is confirmed by two runs again, the fewest
+that tell growth from memory kept once, the second recording where tensors are made: each run
+reads every tensor it makes, and naming walks a heap that holds what every run kept, so a test
+keeping 10^5 tensors a run would pay seconds for each run more (one after the verdict included)."""
+
+
+def _confirming_runs(item: pytest.Item, runs: TestRuns, first: LeakCheck) -> int:
+    """How many runs again confirm a suspected leak: ``--vramleak-confirm``, or two where the first
+    run kept :data:`MANY_KEPT` storages or more (and then the last of them records sites)."""
+    if runs.confirm <= 2 or not _checked_records_sites(item):
+        return runs.confirm
+    kept = len(_tracker(item).alive_since(first.result.device, runs.first_begin))
+    runs.kept_many = kept if kept >= MANY_KEPT else 0
+    return 2 if runs.kept_many else runs.confirm
 
 
 def _run_again(item: pytest.Item, runs: TestRuns, run: _Runner) -> list[pytest.TestReport] | None:
     """The runs after the first, as planned (the last of planned repeats records where tensors are
-    made; re-runs that confirm a leak do not: a test that fails runs once more for that). The last
-    run's reports, None where none ran; a run that fails stops them, and they are not used."""
+    made; re-runs that confirm a leak do not, but where the first run kept many storages: a test
+    that fails runs once more for that). The last run's reports, None where none ran; a run that
+    fails stops them, and they are not used."""
     repetitions, last = runs.repetitions, None
     while repetitions.wants_more and not _ending(item):
         recording = (
-            repetitions.mode == "repeat"
+            (repetitions.mode == "repeat" or runs.kept_many)
             and repetitions.started + 1 == repetitions.planned
             and _checked_records_sites(item)
         )
@@ -451,6 +476,8 @@ def _run_again(item: pytest.Item, runs: TestRuns, run: _Runner) -> list[pytest.T
         check = current_check(item)
         assert check is not None
         repetitions.runs.append(_run_record(check, runs))
+        if recording and runs.kept_many:
+            runs.recorded_begin = repetitions.runs[-1].begin_clock
         if repetitions.mode == "confirm" and kept_once_already(repetitions.runs):
             repetitions.planned = repetitions.started
     return last
@@ -473,6 +500,11 @@ def _judge_runs(item: pytest.Item, runs: TestRuns, seconds: float) -> Verdict | 
         _credit_cycles_first(item, runs, verdict)
     if runs.known_once:
         verdict.notes.append(runs.known_once)
+    if runs.kept_many:
+        verdict.notes.append(
+            f"the first run kept {runs.kept_many:,} storages: confirmed by 2 runs again, not {runs.confirm}, "
+            "the second recording where tensors are made (each run more would read and name as many)"
+        )
     return verdict
 
 
@@ -490,7 +522,7 @@ def _run_recording_sites(
         drop_last_error()
         return None
     last = runs.checks[-1].engine
-    runs.extra_begin = last.begin_clock if last is not None else None
+    runs.extra_begin = runs.recorded_begin = last.begin_clock if last is not None else None
     return reports
 
 
@@ -804,7 +836,7 @@ def _pytorchs_own(tracker: Tracker, runs: TestRuns, refs: list[StorageRef]) -> l
     """Where every storage the runs keep is a tensor nothing in Python reaches, and the run that
     recorded sites saw torch's own code make each of its tensors: the groups to set aside as
     PyTorch's (else None, and what the runs keep is named as usual)."""
-    sites, since = runs.sites, runs.extra_begin
+    sites, since = runs.sites, runs.recorded_begin
     if sites is None or since is None:
         return None
     tensors: list[Any] = []
