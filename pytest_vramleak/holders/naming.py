@@ -41,6 +41,25 @@ def name_storages(
     the history groups. A tensor already named among the storages, or held only where a group of
     saved tensors names its holder, says it keeps its graph already: it gets no history group.
     With ``part`` see :func:`~.snapshot.describe`."""
+    # (an object or more per storage named or counted in, 10^5 and more: no collection of the whole
+    # heap, unfrozen for naming, is set off on the way)
+    with collections_paused():
+        return _name_storages(
+            tracker, device, refs, graph_roots, sites=sites, named=named, collected=collected, part=part
+        )
+
+
+def _name_storages(
+    tracker: Tracker,
+    device: str,
+    refs: Sequence[StorageRef],
+    graph_roots: Sequence[tuple[Any, int]],
+    *,
+    sites: SiteSource | None,
+    named: Sequence[NamedRoot],
+    collected: bool,
+    part: Callable[[StorageKey], Any] | None,
+) -> tuple[list[TensorGroup], list[TensorGroup]]:
     live = [ref for ref in refs if ref() is not None]
     keys = [(ref.device, ref.pointer) for ref in live]
     wanted = set(keys)
