@@ -444,6 +444,32 @@ def test_one_index_serves_every_device() -> None:
         tracker.end()
 
 
+def test_a_collection_that_freed_no_storage_stands_until_the_tracker_reads_again() -> None:
+    """Naming after a verdict takes no second full collection where the verdict's freed no storage
+    and nothing was read since; one that freed a storage, or a reading after it, calls for another."""
+    import torch
+
+    from pytest_vramleak.tracking.tracker import Tracker
+
+    tracker = Tracker()
+    tracker.begin()
+    try:
+        before = tracker.observe()
+        cycle: list[object] = [torch.ones(1000)]
+        cycle.append(cycle)
+        tracker.observe(since=before)
+        del cycle
+        tracker.settle()
+        assert [nbytes for _, nbytes, _ in tracker.settled] == [4000]
+        assert not tracker.settled_already()
+        tracker.settle()
+        assert tracker.settled == [] and tracker.settled_already()
+        tracker.observe(since=before)
+        assert not tracker.settled_already()
+    finally:
+        tracker.end()
+
+
 def test_an_indexed_storage_object_lives_as_long_as_its_storage() -> None:
     """Death callbacks and identities rest on torch keeping a storage's Python object while the
     storage lives, once something refers to it weakly."""

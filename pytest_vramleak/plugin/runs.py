@@ -947,9 +947,10 @@ def _name_kept(item: pytest.Item, runs: TestRuns, verdict: Verdict) -> None:
     credit = list(runs.credit) if runs.credit is not None else [0] * len(runs.repetitions.runs)
     all_freed = False
     if pytorchs is None:
-        tracker.settle()
+        if not tracker.settled_already():  # (the verdict's collection stands where nothing ran since)
+            tracker.settle()
+            credit = _add_credit(runs, tracker, device)
         all_freed = bool(refs) and all(ref() is None for ref in refs)  # (as the collection left them)
-        credit = _add_credit(runs, tracker, device)
         named = _name_in_one_walk(
             item, runs, verdict, refs, roots, autocast_open=autocast_open, thread_regions=thread_regions
         )

@@ -116,6 +116,7 @@ class Tracker:
         it on were made by the test."""
         self.settled: list[tuple[int, int, str]] = []
         """What the last :meth:`settle` freed: when each storage was first seen, its bytes and device."""
+        self._settled_at: int | None = None
         self._observed = False
         self._last_scan_seconds = 0.0
         """How long the last observation took, collecting and reading what is young."""
@@ -292,8 +293,14 @@ class Tracker:
         before: Counter[str] = Counter(self.ledger.older_garbage)
         self.settled = []
         self.index.process_dead(offsets=False, deaths=self.settled)
+        self._settled_at = None if self.settled else self.ledger.clock
         freed: Counter[str] = self.ledger.older_garbage - before
         return freed
+
+    def settled_already(self) -> bool:
+        """Whether the last :meth:`settle` freed no storage and nothing was read since (the clock
+        has not moved): a collection now would free no storage either, its garbage holding none."""
+        return self._settled_at == self.ledger.clock
 
     def refrozen(self) -> None:
         """The heap was unfrozen for a while and frozen again (see :func:`census.whole_heap`)."""
