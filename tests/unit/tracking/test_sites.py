@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import torch
 
-from pytest_vramleak.tracking.sites import user_sites
+from pytest_vramleak.tracking.sites import SiteRecorder, _frames_of, objects_untraced, user_sites
 
 TORCH_FILE = torch.overrides.__file__
 
@@ -27,3 +29,27 @@ def test_two_scopes_on_one_line_are_both_shown() -> None:
 def test_a_recursive_function_at_other_lines_keeps_each_frame() -> None:
     frames = [("/suite/tree.py", 4, "walk"), ("/suite/tree.py", 6, "walk"), ("/suite/test_it.py", 9, "test_it")]
     assert user_sites(frames) == tuple(frames)
+
+
+def test_objects_made_while_untraced_have_no_site_and_tracing_goes_on() -> None:
+    """The plugin's own objects, made while it groups what a body made, are not traced; what is
+    made before and after is, and a user's own tracing is left alone."""
+    recorder = SiteRecorder()
+    recorder.start()
+    try:
+        assert recorder.owns_tracing
+        before = torch.ones(1)
+        with objects_untraced():
+            inside = torch.ones(1)
+        after = torch.ones(1)
+        assert _frames_of(before) and _frames_of(after)
+        assert _frames_of(inside) is None
+    finally:
+        recorder.stop()
+    tracemalloc.start()
+    try:
+        with objects_untraced():
+            users = torch.ones(1)
+        assert _frames_of(users)
+    finally:
+        tracemalloc.stop()
