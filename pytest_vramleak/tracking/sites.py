@@ -29,7 +29,7 @@ import sys
 import sysconfig
 import tracemalloc
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -644,11 +644,18 @@ def _group_of(obj: Any, base: Any, tensor_classes: dict[type, bool]) -> tuple[An
         return (cls,)
 
 
+def _interned(groups: Iterable[Any]) -> list[Any]:
+    """The groups as a list in which equal groups are one object: 10^5 alike tensors hold one
+    group (with its shape and device objects), not 10^5 copies of it."""
+    pool: dict[Any, Any] = {}
+    return [pool.setdefault(group, group) for group in groups]
+
+
 def groups_of(objects: list[Any], base: Any, *, distinct: bool = False) -> Any:
     """:func:`_group_of` of each object, read by torch's getters mapped over the list in C (the
     tensors apart from the storage objects of each class), or one at a time where one fails.
     With ``distinct``, the set of the groups met (no list of one per object is made)."""
-    collect: Any = set if distinct else list
+    collect: Any = set if distinct else _interned
     classes = list(map(type, objects))
     tensor_classes = {cls: is_tensor_type(cls) for cls in set(classes)}
     try:

@@ -53,3 +53,14 @@ def test_objects_made_while_untraced_have_no_site_and_tracing_goes_on() -> None:
         assert _frames_of(users)
     finally:
         tracemalloc.stop()
+
+
+def test_alike_tensors_share_one_group_object() -> None:
+    """Grouping 10^5 alike tensors holds one group, not a copy of it per tensor."""
+    from pytest_vramleak.tracking.sites import groups_of
+
+    tensors = [torch.ones(4) for _ in range(100)] + [torch.ones(2, 2) for _ in range(100)]
+    groups = groups_of(tensors, torch._C.TensorBase)
+    assert len(groups) == 200
+    assert len({id(group) for group in groups}) == 2
+    assert groups[0] == (torch.Tensor, torch.float32, torch.Size([4]), torch.device("cpu"))
