@@ -71,7 +71,7 @@ def test_a_first_run_keeping_many_storages_is_confirmed_by_two_runs_the_last_rec
     result.stdout.fnmatch_lines(
         [f"ran {3 if per_run > 2000 else 4} times (1 warm-up)*", "*allocated at test_many.py:10 in test_keeps_many()"]
     )
-    noted = "the first run kept 3,000 storages: confirmed by 2 runs again, not 3, the second recording where tensors are made"
+    noted = "the first run kept 3,000 storages: 2 runs again confirm it, not 3, the run that records where tensors are"
     assert (noted in result.stdout.str()) is (per_run > 2000)
 
 

@@ -152,3 +152,57 @@ def test_a_timeout_as_the_recording_runs_body_ends_leaves_the_leak_judged_with_i
         ]
     )
     assert read_report(report)["test_grows"]["verdict"] == "leaked"
+
+
+def test_a_timeout_in_the_confirming_run_that_records_sites_gives_its_place_to_an_untraced_run(
+    pytester: pytest.Pytester,
+) -> None:
+    """Where the first run kept thousands of storages, the second run again records sites: a
+    timeout there (tracing makes a run slower) fails that run alone, an untraced run takes its
+    place, and the growth is judged on the runs, its sites said to be not known."""
+    pytester.makeconftest(
+        """
+        import time
+        import pytest_vramleak.plugin.runs as runs
+
+        captured = runs._capture_as_the_body_ends
+
+        def slow(*args, **kwargs):  # longer than the test's timeout
+            time.sleep(5)
+            return captured(*args, **kwargs)
+
+        runs._capture_as_the_body_ends = slow
+        """
+    )
+    pytester.makepyfile(
+        test_it="""
+        import pathlib
+        import torch
+
+        KEEP = []
+
+        def test_grows():
+            with pathlib.Path("runs.txt").open("a") as runs:
+                runs.write("run\\n")
+            KEEP.extend(torch.ones(4) for _ in range(3000))
+
+        def test_after():
+            pass
+        """
+    )
+    report = pytester.path / "r.json"
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:randomly", "--timeout=1", "--vramleak", f"--vramleak-report={report}",
+    )  # fmt: skip
+    result.stdout.no_fnmatch_line("*INTERNALERROR*")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*memory grew 46.9 KiB per run of the test over 2 measured runs on cpu*",
+            "where the tensors were made is not known: the run that records it failed in call",
+        ]
+    )
+    assert (pytester.path / "runs.txt").read_text().count("run") == 4
+    tests = read_report(report)
+    assert tests["test_grows"]["verdict"] == "leaked"
+    assert tests["test_grows"]["pattern"] == "grows"

@@ -134,6 +134,9 @@ class TestRuns:
     kept_many: int = 0
     """The storages the first run kept, where they were :data:`MANY_KEPT` or more: two runs again
     confirm the leak, and the second records where tensors are made (no run follows the verdict)."""
+    sites_unknown: str | None = None
+    """Why the run that confirms a leak and records sites did not record them (it failed: an
+    untraced run took its place)."""
     recorded_begin: int | None = None
     """The tracker's clock as the run that recorded sites began, where it ran after the first
     (after the verdict, or as the last run that confirms a leak)."""
@@ -458,12 +461,21 @@ def _run_again(item: pytest.Item, runs: TestRuns, run: _Runner) -> list[pytest.T
     repetitions, last = runs.repetitions, None
     while repetitions.wants_more and not _ending(item):
         recording = (
-            (repetitions.mode == "repeat" or runs.kept_many)
+            (repetitions.mode == "repeat" or (runs.kept_many and runs.sites is None))
             and repetitions.started + 1 == repetitions.planned
             and _checked_records_sites(item)
         )
         last = _recording_run(item, runs, run) if recording else run()
         stopped = _why_run_stopped(item, last)
+        if stopped and recording and runs.kept_many and not _ending(item):
+            # (tracing made it slower than the test's timeout, say): the runs before it still
+            # count, and a run that records nothing takes its place
+            runs.sites_unknown = (
+                f"where the tensors were made is not known: the run that records it {stopped.removeprefix('the test ')}"
+            )
+            repetitions.planned += 1
+            drop_last_error()
+            continue
         if stopped:
             line = failure_line(last)
             repetitions.stopped = (
@@ -500,10 +512,12 @@ def _judge_runs(item: pytest.Item, runs: TestRuns, seconds: float) -> Verdict | 
         _credit_cycles_first(item, runs, verdict)
     if runs.known_once:
         verdict.notes.append(runs.known_once)
+    if runs.sites_unknown:
+        verdict.notes.append(runs.sites_unknown)
     if runs.kept_many:
         verdict.notes.append(
-            f"the first run kept {runs.kept_many:,} storages: confirmed by 2 runs again, not {runs.confirm}, "
-            "the second recording where tensors are made (each run more would read and name as many)"
+            f"the first run kept {runs.kept_many:,} storages: 2 runs again confirm it, not {runs.confirm}, the run "
+            "that records where tensors are made among them (each run more would read and name as many)"
         )
     return verdict
 
