@@ -61,13 +61,11 @@ def storage_readers() -> tuple[Any, Any]:
     return base.untyped_storage, base.is_nested.__get__
 
 
-def _read_version(tensor: Any) -> int:
-    """A tensor's version counter, or -2 where it has none to read."""
-    try:
-        version: int = version_reader()(tensor)
-    except Exception:
-        return -2
-    return version
+@functools.lru_cache(maxsize=1)
+def tensor_readers() -> tuple[Any, Any, Any]:
+    """:func:`storage_readers` and :func:`version_reader` in one call, as reading a tensor needs them
+    (``TensorBase``'s own getters: no subclass's code runs)."""
+    return (*storage_readers(), version_reader())
 
 
 _ENTRY_GRAD = operator.attrgetter("grad")
@@ -258,13 +256,42 @@ class Index:
                 self.read_tensor(tensor, set(), [])
 
     def read_tensor(self, tensor: Any, visited: set[int], keep: list[Any]) -> None:
-        """Read a tensor whole: its storages, its gradient, the tensors its autograd graph saved."""
+        """Read a tensor whole: its storages, its gradient, the tensors its autograd graph saved.
+
+        Most tensors are read once, when first found (a scan reads 10^5 of them where a test keeps
+        them), and hold one strided storage not indexed yet: such a tensor's entry is made here,
+        and its storage indexed at once (:meth:`_index_storage`), without the calls and lookups of
+        the general way (:meth:`_read_storages`, :meth:`register`), which could find nothing for
+        it. Its gradient and graph are read (:meth:`_read_links`) only where it has or had one."""
         ident = id(tensor)
-        entry, fresh = self._entry_for(tensor, ident)
-        if entry is None:
-            return
-        entry.storages = self._read_storages(tensor, ident)
-        entry.version = _read_version(tensor)
+        entry = self.entries.get(ident)
+        untyped_storage, is_nested, version = tensor_readers()
+        if entry is not None and entry() is tensor:
+            fresh = False
+            entry.storages = self._read_storages(tensor, ident)
+        else:
+            fresh = True
+            born = self.ledger.born
+            try:
+                entry = new_entry(tensor, self._tensor_died, born)
+            except TypeError:
+                return  # it takes no weak reference: nothing of it is indexed
+            self.entries[ident] = entry
+            self.ledger.tensor_seen(entry)
+            try:
+                storage = None if is_nested(tensor) else untyped_storage(tensor)
+            except Exception:  # opaque, sparse, or a wrapper without a storage: the general way reads it
+                storage = None
+            # a storage indexed already (a view's) may have grown, and gains a user: register() notes both
+            if storage is not None and (storage_ident := id(storage)) not in self.storages:
+                ref = self._index_storage(storage, storage_ident, ident, born)
+                entry.storages = ref if ref is not None else ()
+            else:
+                entry.storages = self._read_storages(tensor, ident)
+        try:
+            entry.version = version(tensor)
+        except Exception:
+            entry.version = -2  # no version counter to read
         try:
             leaf = tensor.is_leaf
             retains = tensor.retains_grad
@@ -274,6 +301,14 @@ class Index:
         except Exception:
             return
         self.kinds.sort(ident, entry, fresh, leaf, self.ledger.begun)
+        if grad is not None or grad_fn is not None or entry.grad is not NO_GRAD:
+            self._read_links(ident, entry, grad, grad_fn, visited, keep)
+
+    def _read_links(
+        self, ident: int, entry: Entry, grad: Any, grad_fn: Any, visited: set[int], keep: list[Any]
+    ) -> None:
+        """Read a tensor's gradient (None where it has none) and the tensors its autograd graph
+        (under ``grad_fn``) saved."""
         if grad is not None and is_tensor_type(type(grad)):
             self._read_gradient(ident, entry, grad, visited, keep)
         elif entry.grad is not NO_GRAD:
@@ -285,23 +320,10 @@ class Index:
                 for storage in tensor_storages(saved):
                     self.register(storage, None)
 
-    def _entry_for(self, tensor: Any, ident: int) -> tuple[Entry | None, bool]:
-        """The tensor's entry and whether it was just made (None where the tensor takes no weak reference)."""
-        entry = self.entries.get(ident)
-        if entry is not None and entry() is tensor:
-            return entry, False
-        try:
-            entry = new_entry(tensor, self._tensor_died, self.ledger.born)
-        except TypeError:
-            return None, True
-        self.entries[ident] = entry
-        self.ledger.tensor_seen(entry)
-        return entry, True
-
     def _read_storages(self, tensor: Any, ident: int) -> StorageRef | tuple[StorageRef, ...]:
         """Index the storages a tensor uses, with the tensor as their user; return their references
         (the one reference itself where there is one: see :attr:`Entry.storages`)."""
-        untyped_storage, is_nested = storage_readers()
+        untyped_storage, is_nested, _ = tensor_readers()
         try:  # the common case, one strided storage, without the general function's calls
             storages: Any = (untyped_storage(tensor),) if not is_nested(tensor) else tensor_storages(tensor)
         except Exception:
@@ -348,12 +370,17 @@ class Index:
             if user is not None and user not in ref.users:
                 ref.users += (user,)
             return ref
+        return self._index_storage(storage, ident, user, self.ledger.born)
+
+    def _index_storage(self, storage: Any, ident: int, user: int | None, born: int) -> StorageRef | None:
+        """Index a storage not indexed yet (``ident``: its id), first seen at clock ``born``; None
+        where it holds no memory (see :func:`~pytest_vramleak.tracking.census.storage_facts`)."""
         facts = storage_facts(storage, empty=True)  # an empty storage can still grow in place
         if facts is None:
             return None
         device, pointer, nbytes = facts
         ref = StorageRef(storage, self._storage_died)
-        ref.ident, ref.nbytes, ref.device, ref.pointer, ref.born = ident, nbytes, device, pointer, self.ledger.born
+        ref.ident, ref.nbytes, ref.device, ref.pointer, ref.born = ident, nbytes, device, pointer, born
         ref.adopted = False
         ref.users = (user,) if user is not None else ()
         self.storages[ident] = ref
