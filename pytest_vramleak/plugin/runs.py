@@ -961,9 +961,7 @@ def _name_kept(item: pytest.Item, runs: TestRuns, verdict: Verdict) -> None:
     credit = list(runs.credit) if runs.credit is not None else [0] * len(runs.repetitions.runs)
     all_freed = False
     if pytorchs is None:
-        if not tracker.settled_already():  # (the verdict's collection stands where nothing ran since)
-            tracker.settle()
-            credit = _add_credit(runs, tracker, device)
+        credit = _settle_before_naming(runs, tracker, device, credit)
         all_freed = bool(refs) and all(ref() is None for ref in refs)  # (as the collection left them)
         named = _name_in_one_walk(
             item, runs, verdict, refs, roots, autocast_open=autocast_open, thread_regions=thread_regions
@@ -982,6 +980,15 @@ def _name_kept(item: pytest.Item, runs: TestRuns, verdict: Verdict) -> None:
     if pytorchs is not None and not verdict.failing and key is not None and runs.first_kept:
         session_of(item.config).pytorchs_own.setdefault(key, (pasteable(item.config, item.nodeid), runs.first_kept))
     _show_growing_run(runs, verdict, named)
+
+
+def _settle_before_naming(runs: TestRuns, tracker: Tracker, device: str, credit: list[int]) -> list[int]:
+    """Collect the whole heap before naming (the verdict's collection stands where it freed no
+    storage and nothing ran since), and return the runs' credit with what it freed."""
+    if tracker.settled_already():
+        return credit
+    tracker.settle()
+    return _add_credit(runs, tracker, device)
 
 
 def _only_pytorch_may_hold(runs: TestRuns, verdict: Verdict, named_otherwise: bool) -> bool:
