@@ -3,7 +3,8 @@
     python benchmarks/kept.py [--tensors 10000] [--rounds 3]
 
 A test appends ``--tensors`` tensors of four floats to a module's list each time it runs: it fails
-under ``--vramleak`` (run again, then once more recording sites), and the failure names the list.
+under ``--vramleak`` (run again three times, then once more recording sites; from 2,000 tensors on,
+run again twice, the second recording sites), and the failure names the list.
 Prints the wall time, CPU time (user and system) and peak resident memory of plain pytest and of
 ``--vramleak``, each in a process of its own, alternated within one invocation, and their ratios.
 """
