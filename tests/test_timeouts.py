@@ -118,27 +118,55 @@ def test_a_timeout_in_the_plugins_own_work_ends_its_check_and_the_session_goes_o
     assert properties["vramleak_reason"].startswith(cut)
 
 
+SLOW_CAPTURE = """
+import time
+import pytest_vramleak.plugin.runs as runs
+
+captured = runs._capture_as_the_body_ends
+
+def slow(*args, **kwargs):  # longer than the test's timeout
+    time.sleep(5)
+    return captured(*args, **kwargs)
+
+runs._capture_as_the_body_ends = slow
+"""
+"""A conftest whose run that records sites captures them only after the test's timeout."""
+
+
+GROWS_MANY = """
+import pathlib
+import torch
+
+KEEP = []
+
+def test_grows():
+    with pathlib.Path("runs.txt").open("a") as runs:
+        runs.write("run\\n")
+    KEEP.extend(torch.ones(4) for _ in range(3000))
+
+def test_after():
+    pass
+"""
+
+
+@pytest.mark.parametrize(
+    ("source", "growth", "runs"),
+    [
+        (GROWS, "*memory grew 1.9 MiB per run of the test over 3 measured runs on cpu*", None),
+        # (the first run kept thousands of storages: its second run again records sites, and where
+        # that run fails, an untraced run takes its place)
+        (GROWS_MANY, "*memory grew 46.9 KiB per run of the test over 2 measured runs on cpu*", 4),
+    ],
+)
 def test_a_timeout_as_the_recording_runs_body_ends_leaves_the_leak_judged_with_its_sites_unknown(
-    pytester: pytest.Pytester,
+    pytester: pytest.Pytester, source: str, growth: str, runs: int | None
 ) -> None:
     """The run that records sites captures them as its body ends, inside that run (which has the
     test's whole timeout): a timeout there fails that run, and the leak stands as the runs before
-    it measured it, where its tensors were made said to be not known."""
-    pytester.makeconftest(
-        """
-        import time
-        import pytest_vramleak.plugin.runs as runs
-
-        captured = runs._capture_as_the_body_ends
-
-        def slow(*args, **kwargs):  # longer than the test's timeout
-            time.sleep(5)
-            return captured(*args, **kwargs)
-
-        runs._capture_as_the_body_ends = slow
-        """
-    )
-    pytester.makepyfile(test_it=GROWS)
+    it (and, for a run again, the untraced run that takes its place) measured it, where its
+    tensors were made said to be not known."""
+    pytester.makeconftest(SLOW_CAPTURE)
+    pytester.makepyfile(test_it=source)
     report = pytester.path / "r.json"
     result = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "-p", "no:randomly", "--timeout=1", "--vramleak", f"--vramleak-report={report}",
@@ -146,63 +174,10 @@ def test_a_timeout_as_the_recording_runs_body_ends_leaves_the_leak_judged_with_i
     result.stdout.no_fnmatch_line("*INTERNALERROR*")
     result.assert_outcomes(failed=1, passed=1)
     result.stdout.fnmatch_lines(
-        [
-            "*memory grew 1.9 MiB per run of the test over 3 measured runs on cpu*",
-            "where the tensors were made is not known: the run that records it failed in call",
-        ]
+        [growth, "where the tensors were made is not known: the run that records it failed in call"]
     )
-    assert read_report(report)["test_grows"]["verdict"] == "leaked"
-
-
-def test_a_timeout_in_the_confirming_run_that_records_sites_gives_its_place_to_an_untraced_run(
-    pytester: pytest.Pytester,
-) -> None:
-    """Where the first run kept thousands of storages, the second run again records sites: a
-    timeout there (tracing makes a run slower) fails that run alone, an untraced run takes its
-    place, and the growth is judged on the runs, its sites said to be not known."""
-    pytester.makeconftest(
-        """
-        import time
-        import pytest_vramleak.plugin.runs as runs
-
-        captured = runs._capture_as_the_body_ends
-
-        def slow(*args, **kwargs):  # longer than the test's timeout
-            time.sleep(5)
-            return captured(*args, **kwargs)
-
-        runs._capture_as_the_body_ends = slow
-        """
-    )
-    pytester.makepyfile(
-        test_it="""
-        import pathlib
-        import torch
-
-        KEEP = []
-
-        def test_grows():
-            with pathlib.Path("runs.txt").open("a") as runs:
-                runs.write("run\\n")
-            KEEP.extend(torch.ones(4) for _ in range(3000))
-
-        def test_after():
-            pass
-        """
-    )
-    report = pytester.path / "r.json"
-    result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "-p", "no:randomly", "--timeout=1", "--vramleak", f"--vramleak-report={report}",
-    )  # fmt: skip
-    result.stdout.no_fnmatch_line("*INTERNALERROR*")
-    result.assert_outcomes(failed=1, passed=1)
-    result.stdout.fnmatch_lines(
-        [
-            "*memory grew 46.9 KiB per run of the test over 2 measured runs on cpu*",
-            "where the tensors were made is not known: the run that records it failed in call",
-        ]
-    )
-    assert (pytester.path / "runs.txt").read_text().count("run") == 4
+    if runs is not None:
+        assert (pytester.path / "runs.txt").read_text().count("run") == runs
     tests = read_report(report)
     assert tests["test_grows"]["verdict"] == "leaked"
     assert tests["test_grows"]["pattern"] == "grows"

@@ -44,40 +44,27 @@ def name_storages(
     # (an object or more per storage named or counted in, 10^5 and more: no collection of the whole
     # heap, unfrozen for naming, is set off on the way)
     with collections_paused():
-        return _name_storages(
-            tracker, device, refs, graph_roots, sites=sites, named=named, collected=collected, part=part
-        )
-
-
-def _name_storages(
-    tracker: Tracker,
-    device: str,
-    refs: Sequence[StorageRef],
-    graph_roots: Sequence[tuple[Any, int]],
-    *,
-    sites: SiteSource | None,
-    named: Sequence[NamedRoot],
-    collected: bool,
-    part: Callable[[StorageKey], Any] | None,
-) -> tuple[list[TensorGroup], list[TensorGroup]]:
-    live = [ref for ref in refs if ref() is not None]
-    keys = [(ref.device, ref.pointer) for ref in live]
-    wanted = set(keys)
-    captured = getattr(sites, "captured_pointers", None)
-    sampled, alike = _sample_alike(tracker, live, part, captured() if captured is not None else set())
-    roots = [(tensor, nodes) for tensor, nodes in ((ref(), nodes) for ref, nodes in graph_roots) if tensor is not None]
-    roots = [(tensor, nodes) for tensor, nodes in roots if (storage_key(tensor) or ((None, 0), 0))[0] not in wanted]
-    try:
-        with tracker.unfrozen():  # naming holders needs the whole heap
-            groups = describe(sampled, device, sites=sites, named=named, collected=collected, part=part) if keys else []
-            if alike and not _count_in(groups, alike):  # the sample of a kind of tensor told it apart: each is named
-                groups = describe(keys, device, sites=sites, named=named, collected=collected, part=part)
-            history = (
-                describe_history(roots, device, node_bytes=NODE_BYTES, named=named, collect=False) if roots else []
-            )
-    finally:
-        roots.clear()
-    return groups, _history_not_named(groups, history)
+        live = [ref for ref in refs if ref() is not None]
+        keys = [(ref.device, ref.pointer) for ref in live]
+        wanted = set(keys)
+        captured = getattr(sites, "captured_pointers", None)
+        sampled, alike = _sample_alike(tracker, live, part, captured() if captured is not None else set())
+        roots = [(t, nodes) for t, nodes in ((ref(), nodes) for ref, nodes in graph_roots) if t is not None]
+        roots = [(t, nodes) for t, nodes in roots if (storage_key(t) or ((None, 0), 0))[0] not in wanted]
+        try:
+            with tracker.unfrozen():  # naming holders needs the whole heap
+                groups = (
+                    describe(sampled, device, sites=sites, named=named, collected=collected, part=part) if keys else []
+                )
+                # (where the sample of a kind of tensor told it apart, each is named)
+                if alike and not _count_in(groups, alike):
+                    groups = describe(keys, device, sites=sites, named=named, collected=collected, part=part)
+                history = (
+                    describe_history(roots, device, node_bytes=NODE_BYTES, named=named, collect=False) if roots else []
+                )
+        finally:
+            roots.clear()
+        return groups, _history_not_named(groups, history)
 
 
 NAMED_EACH = 2_000
