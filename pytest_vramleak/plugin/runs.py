@@ -444,13 +444,13 @@ keeping 10^5 tensors a run would pay seconds for each run more (one after the ve
 
 
 def _confirming_runs(item: pytest.Item, runs: TestRuns, first: LeakCheck) -> int:
-    """How many runs again confirm a suspected leak: ``--vramleak-confirm``, or two where the first
-    run kept :data:`MANY_KEPT` storages or more (and then the last of them records sites)."""
-    if runs.confirm <= 2 or not _checked_records_sites(item):
-        return runs.confirm
+    """How many runs again confirm a suspected leak: ``--vramleak-confirm``, at most two where the
+    first run kept :data:`MANY_KEPT` storages or more (the last of them then records sites)."""
+    if not runs.confirm:
+        return 0
     kept = len(_tracker(item).alive_since(first.result.device, runs.first_begin))
     runs.kept_many = kept if kept >= MANY_KEPT else 0
-    return 2 if runs.kept_many else runs.confirm
+    return min(runs.confirm, 2) if runs.kept_many else runs.confirm
 
 
 def _run_again(item: pytest.Item, runs: TestRuns, run: _Runner) -> list[pytest.TestReport] | None:
@@ -514,10 +514,11 @@ def _judge_runs(item: pytest.Item, runs: TestRuns, seconds: float) -> Verdict | 
         verdict.notes.append(runs.known_once)
     if runs.sites_unknown:
         verdict.notes.append(runs.sites_unknown)
-    if runs.kept_many:
+    if runs.kept_many and runs.confirm > 2:
+        recorded = ", the second recording where tensors are made" if _checked_records_sites(item) else ""
         verdict.notes.append(
-            f"the first run kept {runs.kept_many:,} storages: 2 runs again confirm it, not {runs.confirm}, the run "
-            "that records where tensors are made among them (each run more would read and name as many)"
+            f"the first run kept {runs.kept_many:,} storages: 2 runs again confirm it, not {runs.confirm}{recorded} "
+            "(each run more would read and name as many)"
         )
     return verdict
 
