@@ -154,6 +154,8 @@ def _count_in(groups: list[TensorGroup], alike: _Alike) -> bool:
             return False
         into.append((group, rest))
     for group, rest in into:
+        if group.with_graph == group.count:  # (a sample of one kind: the rest are alike)
+            group.with_graph += len(rest)
         group.bytes += sum(ref.nbytes for ref in rest)
         group.count += len(rest)
         group.keys += [(ref.device, ref.pointer) for ref in rest]

@@ -173,6 +173,9 @@ class TensorGroup:
     """A module hook that holds the tensors' container (``a forward hook of a Linear``), if one does."""
     nodes: int = 0
     """For ``history``: the autograd nodes the check's code made that the tensor keeps alive."""
+    with_graph: int = 0
+    """Tensors of the group that carry the autograd graph that made them (a ``grad_fn``): of those
+    named one by one, and the rest counted in where every one named carried one."""
     keys: list[StorageKey] = field(default_factory=list, repr=False)
     """The storages of the group (not in the JSON: they name memory, not what a reader can use)."""
     made_inside_library: bool | None = field(default=None, repr=False)
@@ -1032,6 +1035,8 @@ class _Grouping:
             return
         self.counted.add(id(found.tensor))
         group.count += 1
+        if found.via == "gc" and _has_graph(found.tensor):
+            group.with_graph += 1
         self.owner_groups.setdefault(id(found.tensor), group)
         if found.via == "grad" and not group.grad_graph:
             group.grad_graph = _has_graph(found.tensor)
@@ -1211,6 +1216,7 @@ def merge_parts(groups: Sequence[TensorGroup]) -> list[TensorGroup]:
         whole.count += group.count
         whole.graph_bytes += group.graph_bytes
         whole.graph_tensors += group.graph_tensors
+        whole.with_graph += group.with_graph
         whole.graph_hooks |= group.graph_hooks
         whole.keys += group.keys
         whole.hook = whole.hook or group.hook
