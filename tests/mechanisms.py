@@ -1609,6 +1609,35 @@ CATALOGUE: list[Mechanism] = [
         holder="*FAILED_BATCHES[[]*].__traceback__*local 'activations'*",
         diagnosis=("traceback", "clear_frames"),
     ),
+    # TRI-ML/packnet-sfm#51 (each step's loss appended to the outputs after backward kept its graph's
+    # nodes with it; detaching the loss before appending it fixed it)
+    Mechanism(
+        name="losses_appended_after_backward",
+        kind="autograd graphs kept",
+        source="TRI-ML/packnet-sfm#51",
+        leak="""
+        MODEL = torch.nn.Linear(64, 1)
+        OUTPUTS = []
+
+        def test_it():
+            for _ in range(16):
+                loss = MODEL(torch.ones(8, 64)).pow(2).mean()  # here
+                loss.backward()
+                OUTPUTS.append(loss)
+        """,
+        fixed="""
+        MODEL = torch.nn.Linear(64, 1)
+        OUTPUTS = []
+
+        def test_it():
+            for _ in range(16):
+                loss = MODEL(torch.ones(8, 64)).pow(2).mean()
+                loss.backward()
+                OUTPUTS.append(loss.item())
+        """,
+        holder="*OUTPUTS[[]*",
+        diagnosis=("carries the autograd graph", "loss.item()", "detach()"),
+    ),
     # ray-project/ray#40940 (loss_sum += loss kept every step's autograd graph; .item() fixed it)
     Mechanism(
         name="loss_accumulated_with_its_graph",

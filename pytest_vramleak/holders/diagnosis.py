@@ -70,6 +70,7 @@ class Group(Protocol):
     graph_tensors: int
     graph_hooks: set[str]
     nodes: int
+    with_graph: int
     hook: str
     grad_graph: bool
     made_inside_library: bool | None
@@ -1398,6 +1399,17 @@ def accumulator_never_reset(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
+def tensors_kept_with_their_graphs(group: Group, found: Sequence[str]) -> str | None:
+    """Tensors kept in numbers, each with the autograd graph that made it (a loss appended after backward)."""
+    if group.kind != "tensor" or group.count <= 1 or group.with_graph != group.count or group.graph_bytes:
+        return None
+    return (
+        f"each of the {group.count} tensors kept carries the autograd graph that made it (its grad_fn and the "
+        "nodes behind it live as long as the tensor, even once backward freed what they saved): keep loss.item() "
+        "for a number, or tensor.detach() for a value, instead of the tensor"
+    )
+
+
 def module_level_container(group: Group, found: Sequence[str]) -> str | None:
     """Entries a module-level container gained and never let go, where nothing more specific fits."""
     if (
@@ -1567,6 +1579,7 @@ RULES: list[Rule] = [
     cycle_kept_from_outside,
     class_attribute,
     accumulator_never_reset,
+    tensors_kept_with_their_graphs,
     module_level_container,
     what_keeps_it,
 ]

@@ -642,6 +642,16 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         _group(module("test_it", attr("Registry", "type"), attr("last"))),
         _group(module("test_it", attr("REGISTRY", "Registry"), attr("last"))),
     ),
+    "tensors kept with their graphs": (
+        diagnosis.tensors_kept_with_their_graphs,
+        "each of the 3 tensors kept carries the autograd graph that made it",
+        _group(
+            *(module("test_it", attr("LOSSES", "list"), item(str(index))) for index in range(3)), count=3, with_graph=3
+        ),
+        _group(
+            *(module("test_it", attr("LOSSES", "list"), item(str(index))) for index in range(3)), count=3, with_graph=2
+        ),
+    ),
     "module-level container": (
         diagnosis.module_level_container,
         "a module-level container gained 3 entries",
