@@ -61,13 +61,6 @@ def storage_readers() -> tuple[Any, Any]:
     return base.untyped_storage, base.is_nested.__get__
 
 
-@functools.lru_cache(maxsize=1)
-def tensor_readers() -> tuple[Any, Any, Any]:
-    """:func:`storage_readers` and :func:`version_reader` in one call, as reading a tensor needs them
-    (``TensorBase``'s own getters: no subclass's code runs)."""
-    return (*storage_readers(), version_reader())
-
-
 _ENTRY_GRAD = operator.attrgetter("grad")
 _ENTRY_VERSION = operator.attrgetter("version")
 
@@ -265,7 +258,6 @@ class Index:
         it. Its gradient and graph are read (:meth:`_read_links`) only where it has or had one."""
         ident = id(tensor)
         entry = self.entries.get(ident)
-        untyped_storage, is_nested, version = tensor_readers()
         if entry is not None and entry() is tensor:
             fresh = False
             entry.storages = self._read_storages(tensor, ident)
@@ -278,18 +270,23 @@ class Index:
                 return  # it takes no weak reference: nothing of it is indexed
             self.entries[ident] = entry
             self.ledger.tensor_seen(entry)
+            untyped_storage, is_nested = storage_readers()
             try:
                 storage = None if is_nested(tensor) else untyped_storage(tensor)
             except Exception:  # opaque, sparse, or a wrapper without a storage: the general way reads it
                 storage = None
-            # a storage indexed already (a view's) may have grown, and gains a user: register() notes both
-            if storage is not None and (storage_ident := id(storage)) not in self.storages:
-                ref = self._index_storage(storage, storage_ident, ident, born)
-                entry.storages = ref if ref is not None else ()
-            else:
+            if storage is None:
                 entry.storages = self._read_storages(tensor, ident)
+            else:  # (one indexed already, a view's, may have grown and gains a user: register() notes both)
+                storage_ident = id(storage)
+                ref = (
+                    self._index_storage(storage, storage_ident, ident, born)
+                    if storage_ident not in self.storages
+                    else self.register(storage, ident)
+                )
+                entry.storages = ref if ref is not None else ()
         try:
-            entry.version = version(tensor)
+            entry.version = version_reader()(tensor)
         except Exception:
             entry.version = -2  # no version counter to read
         try:
@@ -323,7 +320,7 @@ class Index:
     def _read_storages(self, tensor: Any, ident: int) -> StorageRef | tuple[StorageRef, ...]:
         """Index the storages a tensor uses, with the tensor as their user; return their references
         (the one reference itself where there is one: see :attr:`Entry.storages`)."""
-        untyped_storage, is_nested, _ = tensor_readers()
+        untyped_storage, is_nested = storage_readers()
         try:  # the common case, one strided storage, without the general function's calls
             storages: Any = (untyped_storage(tensor),) if not is_nested(tensor) else tensor_storages(tensor)
         except Exception:

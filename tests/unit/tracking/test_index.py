@@ -11,7 +11,7 @@ import torch
 
 import pytest_vramleak.tracking.index as index_module
 from pytest_vramleak.tracking.census import tensor_storages
-from pytest_vramleak.tracking.index import Index, tensor_readers
+from pytest_vramleak.tracking.index import Index, storage_readers
 from pytest_vramleak.tracking.ledger import Ledger
 from pytest_vramleak.tracking.refs import NO_GRAD, Entry, StorageRef, storages_of
 
@@ -153,12 +153,12 @@ def test_a_tensor_read_first_is_indexed_as_the_general_way_indexes_it(
     monkeypatch: pytest.MonkeyPatch, when: str, stored: bool
 ) -> None:
     short = _index(when=when, stored=stored)
-    untyped_storage, _, version = tensor_readers()
+    untyped_storage, _ = storage_readers()
 
     def is_nested(tensor: Any) -> bool:
         raise RuntimeError("the general way")  # every storage read through tensor_storages and register
 
-    monkeypatch.setattr(index_module, "tensor_readers", lambda: (untyped_storage, is_nested, version))
+    monkeypatch.setattr(index_module, "storage_readers", lambda: (untyped_storage, is_nested))
     general = _index(when=when, stored=stored)
     for part, expected in general.items():
         assert short[part] == expected, part
