@@ -531,7 +531,7 @@ class SiteRecorder:
         # per tensor sets off, each a walk of the heap)
         sampled: dict[Any, list[bool | None]] = {}
         with torch._C.DisableTorchFunction(), collections_paused():
-            with objects_untraced() if self.owns_tracing else contextlib.nullcontext():
+            with objects_untraced():  # (nothing changes where the user's code began tracing)
                 taken = _sample(objects, torch._C.TensorBase)
             for index, group in taken:
                 tensor = objects[index]
