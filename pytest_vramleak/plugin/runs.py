@@ -446,8 +446,6 @@ keeping 10^5 tensors a run would pay seconds for each run more (one after the ve
 def _confirming_runs(item: pytest.Item, runs: TestRuns, first: LeakCheck) -> int:
     """How many runs again confirm a suspected leak: ``--vramleak-confirm``, at most two where the
     first run kept :data:`MANY_KEPT` storages or more (the last of them then records sites)."""
-    if not runs.confirm:
-        return 0
     kept = len(_tracker(item).alive_since(first.result.device, runs.first_begin))
     runs.kept_many = kept if kept >= MANY_KEPT else 0
     return min(runs.confirm, 2) if runs.kept_many else runs.confirm
