@@ -375,6 +375,42 @@ def test_every_test_appears_once_in_the_reports(pytester: pytest.Pytester) -> No
     assert sorted(nodeids) == ["test_it.py::test_param[1]", "test_it.py::test_param[2]"]
 
 
+@pytest.mark.parametrize("args", [["--vramleak"], ["--vramleak", "--vramleak-repeat=4"]])
+def test_a_run_again_adds_no_warnings_to_pytests_summary(pytester: pytest.Pytester, args: list[str]) -> None:
+    pytester.makepyfile(
+        test_it="""
+        import warnings
+        import torch
+
+        KEPT = []
+
+        def old_api():
+            warnings.warn("old_api is deprecated", DeprecationWarning)
+
+        def test_leaks_and_warns():
+            old_api()
+            KEPT.append(torch.ones(1000))
+
+        RUNS = []
+
+        def test_warns_only_when_run_again():
+            if RUNS:
+                warnings.warn("run twice", UserWarning)
+            RUNS.append(torch.ones(1000))
+        """
+    )
+    pytester.makeini("[pytest]\nfilterwarnings = default\n")  # (not this suite's filters)
+    plain = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly")
+    plain.assert_outcomes(passed=2, warnings=1)
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", *args)
+    result.assert_outcomes(failed=2, warnings=1)  # the first run's DeprecationWarning, once
+    result.stdout.no_fnmatch_line("*run twice*")
+    # the filters still apply to a run again: one that makes the warning an error fails it
+    erring = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", *args, "-W", "error::UserWarning")
+    erring.assert_outcomes(failed=1, passed=1, warnings=1)
+    erring.stdout.fnmatch_lines(["*run 2 of * failed*UserWarning: run twice*"])
+
+
 def test_repeated_runs_give_the_same_classes_under_xdist(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_it=SUITE)
     found = {}

@@ -4,10 +4,12 @@ PyTorch or pytest keeps set aside, and the reports pytest gets, once."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import threading
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -323,10 +325,12 @@ class _Runner:
     spent: dict[str, float] = field(default_factory=dict)
 
     def __call__(self) -> list[pytest.TestReport]:
-        if self.runs.repetitions.started:  # each run has the test's whole timeout, as the first had
+        again = self.runs.repetitions.started > 0
+        if again:  # each run has the test's whole timeout, as the first had
             rearm(self.item, _timeout(self.item))
         self.runs.repetitions.started += 1
-        reports = run_once(self.item, self.parent)
+        with _warnings_dropped() if again else contextlib.nullcontext():
+            reports = run_once(self.item, self.parent)
         for report in reports:
             self.spent[report.when] = self.spent.get(report.when, 0.0) + report.duration
         check = current_check(self.item)
@@ -337,6 +341,21 @@ class _Runner:
     @property
     def seconds(self) -> float:
         return sum(self.spent.values())
+
+
+@contextlib.contextmanager
+def _warnings_dropped() -> Iterator[None]:
+    """Drop the warnings shown meanwhile, keeping nothing of them: pytest's warnings summary lists
+    a test's first run's, as it does without the plugin (the test is counted once there, as in
+    every report), and a warning's arguments (a tensor) are not held while the run is measured.
+    The filters still apply: a warning made an error is raised."""
+    with warnings.catch_warnings():
+        warnings.showwarning = _drop_warning
+        yield
+
+
+def _drop_warning(*_: Any, **__: Any) -> None:
+    """A ``warnings.showwarning`` that shows nothing."""
 
 
 def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns) -> list[pytest.TestReport]:
