@@ -541,6 +541,50 @@ CATALOGUE: list[Mechanism] = [
         holder="*own autograd graph*saved_tensors_hooks pair (unpack hook test_leak.Net.inner.<locals>.<lambda>)*",
         diagnosis=("saved_tensors_hooks", "cycle", "detach", "no_grad"),
     ),
+    # pytorch/pytorch#94990 (a custom autograd.Function saves a view of its own output: the view keeps
+    # the output as its base, the output's grad_fn keeps the view; fixed in Lightning-AI/lightning-thunder#1352
+    # by saving the view detached)
+    Mechanism(
+        name="custom_function_saves_a_view_of_its_output",
+        kind="autograd graphs kept",
+        source="pytorch/pytorch#94990",
+        leak="""
+        class ScaleFlat(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, a):
+                b = a * 2.0  # here
+                ctx.save_for_backward(b.view(-1))
+                return b
+
+            @staticmethod
+            def backward(ctx, grad):
+                (flat,) = ctx.saved_tensors
+                return grad * 2.0
+
+        def test_it():
+            out = ScaleFlat.apply(torch.randn(64, 64, requires_grad=True))
+            assert out.shape == (64, 64)
+        """,
+        fixed="""
+        class ScaleFlat(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, a):
+                b = a * 2.0
+                ctx.save_for_backward(b.view(-1).detach())
+                return b
+
+            @staticmethod
+            def backward(ctx, grad):
+                (flat,) = ctx.saved_tensors
+                return grad * 2.0
+
+        def test_it():
+            out = ScaleFlat.apply(torch.randn(64, 64, requires_grad=True))
+            assert out.shape == (64, 64)
+        """,
+        holder="*own autograd graph: autograd.Function test_leak.ScaleFlat saved a view of it for backward*",
+        diagnosis=("view of its own output", "cycle", "detach"),
+    ),
     # pytorch/pytorch#86136 and ecmwf/anemoi-core#134 (autocast caches the low-precision casts of
     # weights that require grad until the outermost autocast region exits; a region entered by a
     # helper and never exited keeps a cast, and through its grad_fn the weight, for every new model)

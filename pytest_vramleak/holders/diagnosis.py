@@ -15,7 +15,7 @@ from typing import Protocol
 
 from ..judging.sizes import format_size
 from ..judging.words import GroupKind
-from ..tracking.census import KEEPS_ITS_OUTPUT
+from ..tracking.census import KEEPS_ITS_OUTPUT, SAVED_A_VIEW_OF_ITS_OUTPUT
 from .edges import PYTEST_WARNINGS
 from .paths import Edge, HolderPath
 
@@ -279,7 +279,20 @@ def through_checkpoint(group: Group) -> bool:
 def user_hooks(group: Group) -> list[str]:
     """The unpack hooks met in the group's graph that are not PyTorch's own, by name."""
     return sorted(
-        name for name in group.graph_hooks if name != KEEPS_ITS_OUTPUT and name.split(".")[0] not in ("torch", "")
+        name
+        for name in group.graph_hooks
+        if name != KEEPS_ITS_OUTPUT
+        and not name.startswith(SAVED_A_VIEW_OF_ITS_OUTPUT)
+        and name.split(".")[0] not in ("torch", "")
+    )
+
+
+def saved_views_of_outputs(group: Group) -> list[str]:
+    """The functions (``module.qualname``) whose nodes in the group's graph saved a view of their own output."""
+    return sorted(
+        name.removeprefix(SAVED_A_VIEW_OF_ITS_OUTPUT)
+        for name in group.graph_hooks
+        if name.startswith(SAVED_A_VIEW_OF_ITS_OUTPUT)
     )
 
 
@@ -298,6 +311,21 @@ def pack_hook_kept_its_output(group: Group, found: Sequence[str]) -> str | None:
         "holds the output: a reference cycle through C++ that gc.collect() cannot break, so unless backward() "
         "runs, the graph and all it saved stay: return t.detach() from the pack hook (autograd restores the "
         "grad_fn on unpack), or run passes without backward under torch.no_grad()"
+    )
+
+
+def saved_a_view_of_its_output(group: Group, found: Sequence[str]) -> str | None:
+    """A custom autograd.Function that saved a view of its own output: a cycle through C++."""
+    functions = saved_views_of_outputs(group)
+    if group.grad_graph or not functions:
+        return None
+    return (
+        f"autograd.Function {', '.join(functions)} saved a view of its own output for backward "
+        "(ctx.save_for_backward(out.view(...))): the view keeps the output as its base and the output's grad_fn "
+        "keeps the view, a reference cycle through C++ that gc.collect() cannot break (pytorch/pytorch#94990), so "
+        "unless backward() runs, the output and all its graph saved stay: save the view detached "
+        "(ctx.save_for_backward(out.view(-1).detach())), or save the output itself (autograd keeps a saved "
+        "output without its grad_fn) and take the view in backward"
     )
 
 
@@ -1521,6 +1549,7 @@ RULES: list[Rule] = [
     create_graph_cycle,
     graph_carried_by_a_loop,
     pack_hook_kept_its_output,
+    saved_a_view_of_its_output,
     graph_kept,
     grad_fn_kept,
     numpy_array,

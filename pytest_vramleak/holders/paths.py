@@ -269,3 +269,15 @@ def own_graph_path(hooks: Sequence[str], checkpointed: bool) -> HolderPath:
             "cycle through C++ that gc cannot collect>",
         )
     )
+
+
+def own_view_path(functions: Sequence[str]) -> HolderPath:
+    """The holder of a tensor its own autograd graph keeps: a node of one of ``functions`` saved a
+    view of it for backward."""
+    return HolderPath(
+        Root(
+            "own graph",
+            f"<no Python reference: held by its own autograd graph: autograd.Function {', '.join(functions)} saved "
+            "a view of it for backward, a reference cycle through C++ that gc cannot collect>",
+        )
+    )

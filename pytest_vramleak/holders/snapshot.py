@@ -53,8 +53,8 @@ from ..tracking.census import (
     whole_heap,
 )
 from ..tracking.sites import SiteSource, describe_stack
-from .diagnosis import diagnose, through_checkpoint, user_hooks
-from .paths import HELD_FROM_CPP, HELD_IN_CPP_PATH, Edge, HolderPath, own_graph_path
+from .diagnosis import diagnose, saved_views_of_outputs, through_checkpoint, user_hooks
+from .paths import HELD_FROM_CPP, HELD_IN_CPP_PATH, Edge, HolderPath, own_graph_path, own_view_path
 from .referrers import (
     NamedRoot,
     cycle_holding,
@@ -1147,6 +1147,8 @@ def _finish(groups: list[TensorGroup]) -> list[TensorGroup]:
         group.sort_sites()
         if KEEPS_ITS_OUTPUT in group.graph_hooks and group.held_from_cpp_alone:
             group.holders = [own_graph_path(user_hooks(group), through_checkpoint(group))]
+        elif saved_views_of_outputs(group) and group.held_from_cpp_alone:
+            group.holders = [own_view_path(saved_views_of_outputs(group))]
         group.diagnoses = diagnose(group)
     return sorted(groups, key=lambda g: -g.total_bytes)
 

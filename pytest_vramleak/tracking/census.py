@@ -323,7 +323,8 @@ class Found:
     """The untyped storage object at ``key``."""
     hooks: frozenset[str] = frozenset()
     """For ``"graph"``: the names (``module.qualname``) of the ``saved_tensors_hooks`` unpack hooks met
-    in the owner's graph, and :data:`KEEPS_ITS_OUTPUT` where a pack hook kept an op's output."""
+    in the owner's graph, :data:`KEEPS_ITS_OUTPUT` where a pack hook kept an op's output, and
+    :data:`SAVED_A_VIEW_OF_ITS_OUTPUT` (with the node's function) where a node saved a view of its own."""
 
 
 def storage_key(tensor: Any) -> tuple[StorageKey, int] | None:
@@ -416,6 +417,32 @@ def _keeps_its_output(node: Any, packed: Any) -> bool:
     return is_tensor_type(type(packed)) and _torch()._C.TensorBase.grad_fn.__get__(packed) is node
 
 
+SAVED_A_VIEW_OF_ITS_OUTPUT = "saved a view of its own output: "
+"""Noted among a graph's hooks (:func:`_graph_tensors`), followed by the node's function
+(``module.qualname``), where a node saved a view of its own output for backward (a custom
+``autograd.Function`` whose ``forward`` calls ``ctx.save_for_backward(out.view(-1))``): the view
+keeps its base, the output, whose ``grad_fn`` keeps the view, a reference cycle through C++ that
+Python's collector cannot break (pytorch/pytorch#94990). An output saved whole is no such cycle:
+autograd saves it without its ``grad_fn``."""
+
+
+def _saved_a_view_of_its_output(node: Any, value: Any) -> str | None:
+    """The name of ``node``'s function where ``value`` (what it saved) holds a view of the node's own
+    output; None where it holds none."""
+    tensor_base = _torch()._C.TensorBase
+    for tensor in _tensors_in(value):
+        try:
+            base = tensor_base._base.__get__(tensor)
+            if base is None or tensor_base.grad_fn.__get__(base) is not node:
+                continue
+        except Exception:  # (a tensor without a base to read)
+            continue
+        function = getattr(type(node), "_forward_cls", type(node))  # (a custom Function's node names its class)
+        module, qualname = getattr(function, "__module__", ""), getattr(function, "__qualname__", "")
+        return f"{module}.{qualname}" if type(module) is str and type(qualname) is str else type(node).__name__
+    return None
+
+
 def _packed(node: Any, raw_name: str) -> tuple[list[str], list[Any]]:
     """The names (``module.qualname``) of the ``saved_tensors_hooks`` unpack hooks of what ``node``
     saved (``raw_name``: the attribute that gives the saved tensor itself, ``_raw_saved_x``), none
@@ -442,7 +469,8 @@ def _packed(node: Any, raw_name: str) -> tuple[list[str], list[Any]]:
 def _graph_tensors(root: Any, visited: set[int], keep: list[Any], hooks: set[str] | None = None) -> Iterator[Any]:
     """Tensors saved for backward by the graph under ``root``, each node visited once overall. Where
     a pack hook packed them, the tensors it packed (see :func:`_packed`), and the names of their
-    unpack hooks go into ``hooks`` (with :data:`KEEPS_ITS_OUTPUT` where one kept an op's output)."""
+    unpack hooks go into ``hooks`` (with :data:`KEEPS_ITS_OUTPUT` where one kept an op's output, and
+    :data:`SAVED_A_VIEW_OF_ITS_OUTPUT` where a node saved a view of its own)."""
     for node in graph_nodes([root], visited, keep):
         for name, raw_name in _saved_names(node):
             names, packed = _packed(node, raw_name) if raw_name else ((), ())
@@ -458,6 +486,8 @@ def _graph_tensors(root: Any, visited: set[int], keep: list[Any], hooks: set[str
                 value = getattr(node, name)
             except Exception:  # freed by backward(), or not a tensor slot
                 continue
+            if hooks is not None and (function := _saved_a_view_of_its_output(node, value)) is not None:
+                hooks.add(SAVED_A_VIEW_OF_ITS_OUTPUT + function)
             yield from _tensors_in(value)
 
 

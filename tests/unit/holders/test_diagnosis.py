@@ -15,9 +15,10 @@ from pytest_vramleak.holders.paths import (
     Root,
     RootKind,
     own_graph_path,
+    own_view_path,
     thread_autocast_path,
 )
-from pytest_vramleak.tracking.census import KEEPS_ITS_OUTPUT
+from pytest_vramleak.tracking.census import KEEPS_ITS_OUTPUT, SAVED_A_VIEW_OF_ITS_OUTPUT
 
 from ...conftest import CHECKPOINT_HOOK
 
@@ -106,6 +107,19 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         ),
         # a pack hook that moved what it packed elsewhere (an offload): the graph holds no output of its own
         _group(HELD_IN_CPP_PATH, kind="graph", graph_bytes=1024, graph_tensors=2, graph_hooks={"test_it.unpack"}),
+    ),
+    "a custom Function saved a view of its output": (
+        diagnosis.saved_a_view_of_its_output,
+        "autograd.Function test_it.ScaleFlat saved a view of its own output for backward",
+        _group(
+            own_view_path(["test_it.ScaleFlat"]),
+            kind="graph",
+            graph_bytes=1024,
+            graph_tensors=2,
+            graph_hooks={SAVED_A_VIEW_OF_ITS_OUTPUT + "test_it.ScaleFlat"},
+        ),
+        # a custom Function that saved its input: the graph holds no output of its own
+        _group(HELD_IN_CPP_PATH, kind="graph", graph_bytes=1024, graph_tensors=2),
     ),
     "autocast region of another thread": (
         diagnosis.autocast_region_left_open,
