@@ -980,6 +980,45 @@ CATALOGUE: list[Mechanism] = [
         holder="*Detector.anchors*lru_cache*",
         diagnosis=("lru_cache", "self"),
     ),
+    # alisaifee/coredis#376 and safe-global/safe-eth-py#339 (@property over @functools.cache: the
+    # class's cache is keyed by self, so every instance read is kept with its result; fixed with
+    # functools.cached_property, which keeps the value on the instance)
+    Mechanism(
+        name="cache_under_a_property",
+        kind="memoizing and lru_cache",
+        source="alisaifee/coredis#376",
+        leak="""
+        import functools
+
+        class AnchorGenerator:
+            def __init__(self, n):
+                self.n = n
+
+            @property
+            @functools.cache
+            def anchors(self):
+                return torch.rand(self.n, 4)  # here
+
+        def test_it():
+            assert AnchorGenerator(2048).anchors.shape == (2048, 4)
+        """,
+        fixed="""
+        import functools
+
+        class AnchorGenerator:
+            def __init__(self, n):
+                self.n = n
+
+            @functools.cached_property
+            def anchors(self):
+                return torch.rand(self.n, 4)
+
+        def test_it():
+            assert AnchorGenerator(2048).anchors.shape == (2048, 4)
+        """,
+        holder="*AnchorGenerator.anchors.fget -> lru_cache*",
+        diagnosis=("@property", "every instance", "cached_property", "cache_clear"),
+    ),
     # MoonshotAI/Kimi-Audio#117 (@lru_cache(maxsize=None) on a dataset's __getitem__)
     Mechanism(
         name="unbounded_lru_cache_on_getitem",

@@ -400,11 +400,19 @@ def pruned_again(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
-def _cached_method(path: HolderPath) -> str | None:
-    """``Detector.anchors`` where the path goes from a class into a method it caches with functools.lru_cache."""
-    for edge, after in path.pairs():
-        if edge.type_name in _CLASS_TYPES and after is not None and after.type_name == _LRU_WRAPPER:
-            return f"{edge.name}.{after.name}"
+def _cached_method(path: HolderPath) -> tuple[str, bool] | None:
+    """``("Detector.anchors", property)`` where the path goes from a class into a method it caches
+    with functools.lru_cache, ``property`` where the method is the getter of a property over the cache."""
+    edges = path.edges
+    for index, edge in enumerate(edges[:-1]):
+        after = edges[index + 1]
+        if edge.type_name not in _CLASS_TYPES:
+            continue
+        if after.type_name == _LRU_WRAPPER:
+            return f"{edge.name}.{after.name}", False
+        getter = edges[index + 2] if index + 2 < len(edges) else None
+        if after.type_name == "property" and getter is not None and getter.type_name == _LRU_WRAPPER:
+            return f"{edge.name}.{after.name}", True
     return None
 
 
@@ -413,10 +421,18 @@ def lru_cache(group: Group, found: Sequence[str]) -> str | None:
     if not _any_edge(group, "lru_cache", "lru_cache entry"):
         return None
     methods = [method for path in group.holders if (method := _cached_method(path)) is not None]
+    if methods and methods[0][1]:
+        name = methods[0][0]
+        return (
+            f"functools.lru_cache / functools.cache under @property keeps every result it returned, and every self "
+            f"it was read on as its key: {name} is cached on its class, so every instance stays alive in the cache "
+            f"with its result for as long as the class: use functools.cached_property instead (it keeps the value "
+            f"on the instance, and goes with it), or call {name}.fget.cache_clear() when done"
+        )
     if methods:
         return (
             f"functools.lru_cache / functools.cache keeps every result it returned, and the arguments of every call "
-            f"as its keys: {methods[0]} is a method cached on its class, so every self it was called with (a whole "
+            f"as its keys: {methods[0][0]} is a method cached on its class, so every self it was called with (a whole "
             "model) stays alive in the cache for as long as the class, with every result: cache in a function of "
             "what the result depends on (not self), or keep a cache per instance (set in __init__), or at least give "
             "it a maxsize and call .cache_clear() when done"
@@ -1333,7 +1349,7 @@ def cycle_kept_from_outside(group: Group, found: Sequence[str]) -> str | None:
 
 
 _CLASS_TYPES = frozenset({"type", "ABCMeta"})
-_METHOD_TYPES = frozenset({"function", _LRU_WRAPPER, "staticmethod", "classmethod"})
+_METHOD_TYPES = frozenset({"function", _LRU_WRAPPER, "staticmethod", "classmethod", "property", "cached_property"})
 
 
 def _method(edge: Edge) -> bool:

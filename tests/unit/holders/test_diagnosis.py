@@ -992,6 +992,23 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         ),
         _group(module("test_it", attr("anchors", "_lru_cache_wrapper"), edge("lru_cache", to="dict"), item("(2048,)"))),
     ),
+    "lru_cache under a property": (
+        diagnosis.lru_cache,
+        "functools.lru_cache / functools.cache under @property keeps every result it returned, and every self it "
+        "was read on as its key: AnchorGenerator.anchors is cached on its class",
+        _group(
+            module(
+                "test_it",
+                attr("AnchorGenerator", "type"),
+                attr("anchors", "property"),
+                attr("fget", "_lru_cache_wrapper"),
+                edge("lru_cache", to="dict"),
+                item("(<AnchorGenerator key>,)"),
+            )
+        ),
+        # a property whose getter is a plain function, over a cache of its own module
+        _group(module("test_it", attr("anchors", "_lru_cache_wrapper"), edge("lru_cache", to="dict"), item("(2048,)"))),
+    ),
     "lru_cache of a model's parameters": (
         diagnosis.lru_cache,
         "functools.lru_cache / functools.cache keeps every result it returned, and the arguments of every call as "
@@ -1218,3 +1235,10 @@ def test_what_keeps_a_kept_model_is_the_entry_it_was_added_as_not_its_parameters
     # the same words for each of the model's tensors: a report says "as above" after the first
     assert found.startswith("what MODELS[4] holds keeps these tensors: ")
     assert "the code added this entry and never removed it" in found
+
+
+def test_a_property_over_a_cache_is_no_class_attribute_to_set_to_none() -> None:
+    # alisaifee/coredis#376: the class holds the property, code, not a value set on it
+    fits = EVERY_DIAGNOSIS["lru_cache under a property"][2]
+    found = diagnosis.diagnose(fits)  # type: ignore[arg-type]
+    assert found and not any("class attribute" in line for line in found), found
