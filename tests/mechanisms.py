@@ -664,6 +664,37 @@ CATALOGUE: list[Mechanism] = [
         holder="*autocast*inference-server*",
         diagnosis=("autocast", "thread"),
     ),
+    # pytorch/pytorch#43119 (also #35600 and #96726: a tensor a traced function reads from its closure
+    # becomes a constant of the traced graph, which torch.jit keeps for the process; fixed by tracing
+    # once, with the tensor as an argument)
+    Mechanism(
+        name="tensor_captured_by_a_traced_function",
+        kind="torch.compile caches",
+        source="pytorch/pytorch#43119",
+        leak="""
+        def make_projector(dim):
+            basis = torch.randn(dim, dim)  # here
+
+            def project(x):
+                return x @ basis
+
+            return torch.jit.trace(project, (torch.randn(4, dim),))
+
+        def test_it():
+            assert make_projector(64)(torch.randn(4, 64)).shape == (4, 64)
+        """,
+        fixed="""
+        def _project(x, basis):
+            return x @ basis
+
+        TRACED = torch.jit.trace(_project, (torch.randn(4, 64), torch.randn(64, 64)))
+
+        def test_it():
+            assert TRACED(torch.randn(4, 64), torch.randn(64, 64)).shape == (4, 64)
+        """,
+        holder="*held from C++*",
+        diagnosis=("trace once", "closure variable", "as an argument"),
+    ),
     # pytorch/pytorch#105181 and #104095 (compiled models kept after the user is done with them; on
     # torch 2.13 dynamo's own cache no longer keeps a deleted module): a cache of compiled models, one
     # per batch-size bucket, that is never evicted

@@ -1331,8 +1331,10 @@ def held_in_cpp_for_the_test(group: Group, found: Sequence[str]) -> str | None:
     return (
         "nothing in Python refers to these tensors the test made: PyTorch (or an extension) keeps them in C++ for "
         "something the test asked of it (torch.jit.script and torch.jit.trace keep a module's tensors with each "
-        "compiled module, a hook registered in C++ keeps what it captured): script or trace once (in a module- or "
-        "session-scoped fixture), or release what keeps them"
+        "compiled module, and a tensor a traced or scripted function reads from outside its arguments, a global "
+        "or a closure variable, as a constant of its graph for the whole process; a hook registered in C++ keeps "
+        "what it captured): script or trace once (in a module- or session-scoped fixture), pass such a tensor to "
+        "the compiled function as an argument, or remove the hook when done"
     )
 
 
