@@ -967,6 +967,66 @@ CATALOGUE: list[Mechanism] = [
         holder="*SafeDataset.__getitem__*closure var 'cache'*",
         diagnosis=("memoiz", "cache"),
     ),
+    # msamogh/nonechucks#13 again, with nonechucks' memoize as released: it keeps its dict on the
+    # dataset (obj.__cache), keyed by the function and the arguments
+    Mechanism(
+        name="memoized_getitem_on_the_instance",
+        kind="memoizing and lru_cache",
+        source="msamogh/nonechucks#13",
+        leak="""
+        import functools, itertools
+
+        class memoize:
+            def __init__(self, func):
+                self.func = func
+
+            def __get__(self, obj, objtype=None):
+                return self.func if obj is None else functools.partial(self, obj)
+
+            def __call__(self, *args, **kw):
+                obj = args[0]
+                try:
+                    cache = obj.__cache
+                except AttributeError:
+                    cache = obj.__cache = {}
+                key = (self.func, args[1:], frozenset(kw.items()))
+                if key not in cache:
+                    cache[key] = self.func(*args, **kw)
+                return cache[key]
+
+        class SafeDataset(torch.utils.data.Dataset):
+            def __len__(self):
+                return 1_000_000
+
+            @memoize
+            def __getitem__(self, index):
+                return torch.full((2048,), float(index))  # here
+
+        DATASET = SafeDataset()
+        INDEX = itertools.count()
+
+        def test_it():
+            assert DATASET[next(INDEX)].numel() == 2048
+        """,
+        fixed="""
+        import itertools
+
+        class SafeDataset(torch.utils.data.Dataset):
+            def __len__(self):
+                return 1_000_000
+
+            def __getitem__(self, index):
+                return torch.full((2048,), float(index))
+
+        DATASET = SafeDataset()
+        INDEX = itertools.count()
+
+        def test_it():
+            assert DATASET[next(INDEX)].numel() == 2048
+        """,
+        holder="*DATASET._memoize__cache[[](<function key>, (*,), <frozenset key>)[]]",
+        diagnosis=("memoiz", "DATASET._memoize__cache.clear()"),
+    ),
     # pytorch/pytorch#147233, meta-pytorch/botorch#1650 and huggingface/transformers#45780
     # (lru_cache on a method keeps self, the whole model, alive in a cache on the class)
     Mechanism(

@@ -887,25 +887,35 @@ def hook_bound_to_a_tensor(group: Group, found: Sequence[str]) -> str | None:
 
 
 def _memo_entry(path: HolderPath) -> Edge | None:
-    """The closure variable of a memoizing wrapper the path passes through: a dict keyed by a call's arguments."""
+    """The dict of a memoizing wrapper the path passes through, keyed by a call's arguments: a
+    closure variable of the wrapper, or an attribute of the object it memoizes for, keyed by the
+    function and the arguments (``obj._memoize__cache[(<function key>, (3,), ...)]``)."""
     for edge, after in path.pairs():
-        if (
-            edge.kind == "closure variable"
-            and after is not None
-            and after.kind == "item"
-            and after.name.startswith("(")
-        ):
+        if after is None or after.kind != "item":
+            continue
+        if edge.kind == "closure variable" and after.name.startswith("("):
+            return edge
+        if edge.kind == "attribute" and after.name.startswith("(<function key>,"):
             return edge
     return None
 
 
 def memoizing_wrapper(group: Group, found: Sequence[str]) -> str | None:
-    """A memoizing decorator's dict, in its wrapper's closure, that keeps every result by the call's arguments."""
-    memos = [memo for path in group.holders if (memo := _memo_entry(path)) is not None]
+    """A memoizing decorator's dict, in its wrapper's closure or on the object, that keeps every result by the call's arguments."""
+    memos = [(path, memo) for path in group.holders if (memo := _memo_entry(path)) is not None]
     if not memos:
         return None
+    path, memo = memos[0]
+    if memo.kind == "attribute":
+        cache = _spelled(path, path.edges.index(memo) + 1)
+        return (
+            f"a memoizing wrapper keeps every result it returned in a dict it sets on the object ({cache}), keyed by "
+            "the function and the call's arguments, for as long as the object lives (a dataset: every item any index "
+            "gave): do not memoize what returns tensors (a dataset's __getitem__), or bound the cache, or clear it "
+            f"when done ({cache}.clear())"
+        )
     return (
-        f"a memoizing wrapper keeps every result it returned in a dict it closes over ('{memos[0].name}'), keyed by "
+        f"a memoizing wrapper keeps every result it returned in a dict it closes over ('{memo.name}'), keyed by "
         "the call's arguments, for as long as the function lives (a decorated method: as long as its class): "
         "do not memoize what returns tensors (a dataset's __getitem__), or use a bounded cache "
         "(functools.lru_cache(maxsize=...)) and clear it when done"

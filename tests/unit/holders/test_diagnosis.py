@@ -746,6 +746,21 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
             )
         ),
     ),
+    "a memoizing wrapper that keeps its dict on the object": (
+        diagnosis.memoizing_wrapper,
+        "a memoizing wrapper keeps every result it returned in a dict it sets on the object "
+        "(TRAIN_SET._memoize__cache)",
+        _group(
+            module(
+                "test_it",
+                attr("TRAIN_SET", "SafeDataset"),
+                attr("_memoize__cache", "dict"),
+                item("(<function key>, (4,), <frozenset key>)"),
+            )
+        ),
+        # an object's table keyed by tuples that name no function: not a memo
+        _group(module("test_it", attr("GRID", "Grid"), attr("cells", "dict"), item("(4, 2)"))),
+    ),
     "a memoizing wrapper": (
         diagnosis.memoizing_wrapper,
         "a memoizing wrapper keeps every result it returned in a dict it closes over ('cache')",
