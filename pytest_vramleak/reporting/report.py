@@ -90,9 +90,14 @@ def render_groups(groups: Sequence[Any]) -> str:
             lines.append("    held by: no chain found")
         elif unsearched := holders_not_searched(group.kind, group.count, len(group.held_by)):
             lines.append(f"    ... and {unsearched:,} more alike, whose holders were not searched")
+        repeated = False  # (the diagnoses an earlier group was given: one line says so)
         for finding in group.diagnoses:
-            lines.append(f"    diagnosis: {finding}" if finding not in stated else "    diagnosis: as above")
-            stated.add(finding)
+            if finding not in stated:
+                lines.append(f"    diagnosis: {finding}")
+                stated.add(finding)
+            elif not repeated:
+                lines.append("    diagnosis: as above")
+                repeated = True
     if len(groups) > MAX_GROUPS_SHOWN:
         rest = groups[MAX_GROUPS_SHOWN:]
         lines.append(
