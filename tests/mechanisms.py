@@ -1992,6 +1992,59 @@ CATALOGUE: list[Mechanism] = [
         holder="*METRIC.*[[]*",
         diagnosis=("metric", "reset()"),
     ),
+    # Lightning-AI/torchmetrics#1949 again, the metric a module-scoped fixture shares between tests
+    Mechanism(
+        name="metric_of_a_fixture_never_reset",
+        kind="metrics and meters",
+        source="Lightning-AI/torchmetrics#1949",
+        leak="""
+        class BinaryAUROC:
+            def __init__(self):
+                self.preds = []
+
+            def update(self, preds):
+                self.preds.append(preds)
+
+            def compute(self):
+                return torch.cat(self.preds).mean()
+
+            def reset(self):
+                self.preds.clear()
+
+        @pytest.fixture(scope="module")
+        def val_metric():
+            return BinaryAUROC()
+
+        def test_it(val_metric):
+            val_metric.update(torch.rand(2048))  # here
+            val_metric.compute()
+        """,
+        fixed="""
+        class BinaryAUROC:
+            def __init__(self):
+                self.preds = []
+
+            def update(self, preds):
+                self.preds.append(preds)
+
+            def compute(self):
+                return torch.cat(self.preds).mean()
+
+            def reset(self):
+                self.preds.clear()
+
+        @pytest.fixture(scope="module")
+        def val_metric():
+            return BinaryAUROC()
+
+        def test_it(val_metric):
+            val_metric.update(torch.rand(2048))
+            val_metric.compute()
+            val_metric.reset()
+        """,
+        holder="fixture 'val_metric' (module scope).preds[[]*[]]",
+        diagnosis=("val_metric.reset()",),
+    ),
     # ViCCo-Group/thingsvision#150 (keeping only the cls token, a view, kept the whole output); kept
     # once, but the storage behind the one small view is large
     Mechanism(

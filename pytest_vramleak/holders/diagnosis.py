@@ -1427,19 +1427,23 @@ updates ran."""
 
 
 def _accumulated_state(path: HolderPath) -> str | None:
-    """``METRIC.preds`` where the path goes from an object with a reset() method into a container
-    it keeps as an attribute, then into an entry of it."""
+    """``METRIC.preds`` where the path goes from an object with a reset() method (an edge's, or
+    the root's: a fixture's value) into a container it keeps as an attribute, then into an entry of it."""
     edges = path.edges
-    for index, edge in enumerate(edges[:-2]):
-        state, entry = edges[index + 1], edges[index + 2]
+    owners: list[tuple[str, bool]] = [(path.root.name or path.root.label, path.root.resets)]
+    owners += [(edge.name, edge.resets) for edge in edges[:-2]]
+    for index, (name, resets) in enumerate(owners):
+        if index + 1 >= len(edges):
+            break
+        state, entry = edges[index], edges[index + 1]
         if (
-            edge.resets
+            resets
             and state.kind == "attribute"
             and state.type_name in _FILLED
             and state.name not in _RESET_SOURCES
             and entry.kind == "item"
         ):
-            return f"{edge.name}.{state.name}"
+            return f"{name}.{state.name}"
     return None
 
 

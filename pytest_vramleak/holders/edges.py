@@ -76,11 +76,15 @@ class NamedRoot:
     user wrote it (``fixture 'model' (module scope)``, ``parametrize value lr of test_fit[...]``)
     rather than through the runner's internals."""
 
-    __slots__ = ("label", "value", "kind", "role")
+    __slots__ = ("label", "value", "kind", "role", "name")
 
-    def __init__(self, label: str, value: Any, kind: NamedKind = "value", role: RootKind | None = None) -> None:
+    def __init__(
+        self, label: str, value: Any, kind: NamedKind = "value", role: RootKind | None = None, name: str = ""
+    ) -> None:
         self.label = label
         self.value = value
+        self.name = name
+        """The name the user's code gives the value (a fixture's, a parametrize argument's), where it has one."""
         self.kind = kind
         """``fixture``, ``parametrize``, ``pytest``, ``step`` or ``value``: how a drawn graph labels it."""
         self.role: RootKind = role if role is not None else _ROLES[kind]
@@ -232,10 +236,12 @@ def root_of(root: Any) -> Root:
         where = f"{frame_text(root.frame)} local '{root.name}'"
         if root.thread:
             label = f"thread '{root.thread}' {where}"
-            return Root("thread local", label, "frame local", root.name, root.thread, root.thread_id)
-        return Root("frame local", where, "frame local", root.name)
+            return Root(
+                "thread local", label, "frame local", root.name, root.thread, root.thread_id, has_reset(root.value)
+            )
+        return Root("frame local", where, "frame local", root.name, resets=has_reset(root.value))
     if type(root) is NamedRoot:
-        return Root(root.role, root.label, root.kind)
+        return Root(root.role, root.label, root.kind, root.name, resets=has_reset(root.value))
     if type(root) is SearchStopped:
         kind = type(root.value).__qualname__
         label = f"<{kind} {root.levels} levels up, where the search for holders stopped>"

@@ -143,6 +143,9 @@ class Root:
     """For ``thread local`` (and ``autocast cache`` of another thread): the thread's name."""
     thread_id: int = 0
     """For ``thread local`` (and ``autocast cache`` of another thread): the thread's ident (names repeat: a test run again starts its thread again)."""
+    resets: bool = False
+    """For a named value (a fixture's) and a frame local: whether the value has a ``reset()``
+    method (a metric, a meter), as :attr:`Edge.resets`."""
 
 
 @dataclass(frozen=True)

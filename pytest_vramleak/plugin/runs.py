@@ -1615,7 +1615,7 @@ def named_roots(item: pytest.Item) -> list[NamedRoot]:
     named = []
     callspec = getattr(item, "callspec", None)
     for name, value in getattr(callspec, "params", {}).items():
-        named.append(NamedRoot(f"parametrize value {name} of {item.name}", value, "parametrize"))
+        named.append(NamedRoot(f"parametrize value {name} of {item.name}", value, "parametrize", name=name))
     instance = kept_instance(item)
     if instance is not None:
         named.append(
@@ -1644,7 +1644,14 @@ def named_roots(item: pytest.Item) -> list[NamedRoot]:
     for fixturedef in session_of(item.config).fixture_defs.values():
         cached = fixturedef.cached_result
         if cached is not None and cached[0] is not None:
-            named.append(NamedRoot(f"fixture '{fixturedef.argname}' ({fixturedef.scope} scope)", cached[0], "fixture"))
+            named.append(
+                NamedRoot(
+                    f"fixture '{fixturedef.argname}' ({fixturedef.scope} scope)",
+                    cached[0],
+                    "fixture",
+                    name=fixturedef.argname,
+                )
+            )
     return named
 
 

@@ -1060,6 +1060,23 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         ),
         _group(module("test_it", attr("METRIC", "BinaryAUROC"), attr("preds", "list"), item("0"))),
     ),
+    "accumulator a fixture shares, never reset": (
+        diagnosis.accumulator_never_reset,
+        "val_metric.preds accumulates what every update adds (a metric's or a meter's state) until "
+        "val_metric.reset() is called",
+        _group(
+            HolderPath(
+                Root("fixture", "fixture 'val_metric' (module scope)", "fixture", "val_metric", resets=True),
+                (attr("preds", "list"), item("0")),
+            )
+        ),
+        _group(
+            HolderPath(
+                Root("fixture", "fixture 'val_metric' (module scope)", "fixture", "val_metric"),
+                (attr("preds", "list"), item("0")),
+            )
+        ),
+    ),
     "what keeps it": (
         diagnosis.what_keeps_it,
         "KEEP['m'] keeps these tensors: it hangs from module test_it, alive as long as the process, "
