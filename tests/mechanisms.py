@@ -81,6 +81,60 @@ KINDS = (
     "outputs kept with their caches",
 )
 
+_MEMOIZED_DATASET = """
+        class SafeDataset(torch.utils.data.Dataset):
+            def __len__(self):
+                return 1_000_000
+
+            @memoize
+            def __getitem__(self, index):
+                return torch.full((2048,), float(index))  # here
+
+        DATASET = SafeDataset()
+        INDEX = itertools.count()
+
+        def test_it():
+            assert DATASET[next(INDEX)].numel() == 2048
+        """
+"""A dataset whose items ``memoize`` (defined before it) caches: the two memoizing entries' leak."""
+_DATASET_NOT_MEMOIZED = """
+        import itertools
+
+        class SafeDataset(torch.utils.data.Dataset):
+            def __len__(self):
+                return 1_000_000
+
+            def __getitem__(self, index):
+                return torch.full((2048,), float(index))
+
+        DATASET = SafeDataset()
+        INDEX = itertools.count()
+
+        def test_it():
+            assert DATASET[next(INDEX)].numel() == 2048
+        """
+"""The thread's fix: no memo."""
+
+_METRIC_OF_A_FIXTURE = """
+        class BinaryAUROC:
+            def __init__(self):
+                self.preds = []
+
+            def update(self, preds):
+                self.preds.append(preds)
+
+            def compute(self):
+                return torch.cat(self.preds).mean()
+
+            def reset(self):
+                self.preds.clear()
+
+        @pytest.fixture(scope="module")
+        def val_metric():
+            return BinaryAUROC()
+        """
+"""A metric with list states, which a module-scoped fixture shares between tests."""
+
 CATALOGUE: list[Mechanism] = [
     # pytorch/pytorch#83595 (the DataLoader's pin-memory loop kept the last batch as a frame local
     # between iterations) and pytorch/pytorch#64412 (tensors made in loader threads pile up)
@@ -934,36 +988,9 @@ CATALOGUE: list[Mechanism] = [
 
             return wrapper
 
-        class SafeDataset(torch.utils.data.Dataset):
-            def __len__(self):
-                return 1_000_000
-
-            @memoize
-            def __getitem__(self, index):
-                return torch.full((2048,), float(index))  # here
-
-        DATASET = SafeDataset()
-        INDEX = itertools.count()
-
-        def test_it():
-            assert DATASET[next(INDEX)].numel() == 2048
-        """,
-        fixed="""
-        import itertools
-
-        class SafeDataset(torch.utils.data.Dataset):
-            def __len__(self):
-                return 1_000_000
-
-            def __getitem__(self, index):
-                return torch.full((2048,), float(index))
-
-        DATASET = SafeDataset()
-        INDEX = itertools.count()
-
-        def test_it():
-            assert DATASET[next(INDEX)].numel() == 2048
-        """,
+        """
+        + _MEMOIZED_DATASET,
+        fixed=_DATASET_NOT_MEMOIZED,
         holder="*SafeDataset.__getitem__*closure var 'cache'*",
         diagnosis=("memoiz", "cache"),
     ),
@@ -994,36 +1021,9 @@ CATALOGUE: list[Mechanism] = [
                     cache[key] = self.func(*args, **kw)
                 return cache[key]
 
-        class SafeDataset(torch.utils.data.Dataset):
-            def __len__(self):
-                return 1_000_000
-
-            @memoize
-            def __getitem__(self, index):
-                return torch.full((2048,), float(index))  # here
-
-        DATASET = SafeDataset()
-        INDEX = itertools.count()
-
-        def test_it():
-            assert DATASET[next(INDEX)].numel() == 2048
-        """,
-        fixed="""
-        import itertools
-
-        class SafeDataset(torch.utils.data.Dataset):
-            def __len__(self):
-                return 1_000_000
-
-            def __getitem__(self, index):
-                return torch.full((2048,), float(index))
-
-        DATASET = SafeDataset()
-        INDEX = itertools.count()
-
-        def test_it():
-            assert DATASET[next(INDEX)].numel() == 2048
-        """,
+        """
+        + _MEMOIZED_DATASET,
+        fixed=_DATASET_NOT_MEMOIZED,
         holder="*DATASET._memoize__cache[[](<function key>, (*,), <frozenset key>)[]]",
         diagnosis=("memoiz", "DATASET._memoize__cache.clear()"),
     ),
@@ -1997,46 +1997,14 @@ CATALOGUE: list[Mechanism] = [
         name="metric_of_a_fixture_never_reset",
         kind="metrics and meters",
         source="Lightning-AI/torchmetrics#1949",
-        leak="""
-        class BinaryAUROC:
-            def __init__(self):
-                self.preds = []
-
-            def update(self, preds):
-                self.preds.append(preds)
-
-            def compute(self):
-                return torch.cat(self.preds).mean()
-
-            def reset(self):
-                self.preds.clear()
-
-        @pytest.fixture(scope="module")
-        def val_metric():
-            return BinaryAUROC()
-
+        leak=_METRIC_OF_A_FIXTURE
+        + """
         def test_it(val_metric):
             val_metric.update(torch.rand(2048))  # here
             val_metric.compute()
         """,
-        fixed="""
-        class BinaryAUROC:
-            def __init__(self):
-                self.preds = []
-
-            def update(self, preds):
-                self.preds.append(preds)
-
-            def compute(self):
-                return torch.cat(self.preds).mean()
-
-            def reset(self):
-                self.preds.clear()
-
-        @pytest.fixture(scope="module")
-        def val_metric():
-            return BinaryAUROC()
-
+        fixed=_METRIC_OF_A_FIXTURE
+        + """
         def test_it(val_metric):
             val_metric.update(torch.rand(2048))
             val_metric.compute()
