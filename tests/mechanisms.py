@@ -1305,7 +1305,7 @@ CATALOGUE: list[Mechanism] = [
             with torch.no_grad():
                 MODEL(torch.ones(32, 64))
         """,
-        holder="*MODEL.0.activations[[]*",
+        holder="*MODEL[[]0[]].activations[[]*",
         diagnosis=("hook", "activations"),
     ),
     # jacobgil/pytorch-grad-cam#88 (a backward hook stores grad_output; each GradCAM object's hooks
@@ -1373,7 +1373,7 @@ CATALOGUE: list[Mechanism] = [
             MODEL.zero_grad(set_to_none=True)
             cam.release()
         """,
-        holder="*MODEL.0._*hooks[[]*",
+        holder="*MODEL[[]0[]]._*hooks[[]*",
         diagnosis=("hook", "remove()"),
     ),
     # pytorch/pytorch#139214 (ModuleTracker's multi-grad hooks, registered from global module hooks,

@@ -97,7 +97,7 @@ LEAK_KINDS = {
             with torch.no_grad():
                 MODEL(torch.ones(4, 8))  # here: the output's storage is allocated in the forward pass
         """,
-        "held by test_it.MODEL.0._forward_hooks[*] -> closure var 'outputs'[*]",
+        "held by test_it.MODEL[0]._forward_hooks[*] -> closure var 'outputs'[*]",
         "a module hook keeps what it is given*handle.remove()*",
     ),
     "exception_traceback": (
@@ -148,7 +148,7 @@ LEAK_KINDS = {
             block.register_buffer("scale", torch.ones(64))
             NET.blocks.append(block)
         """,
-        "held by test_it.NET.blocks.*.weight",
+        "held by test_it.NET.blocks[*].weight",
         None,
     ),
     "last_traceback_of_a_console": (

@@ -166,6 +166,10 @@ class Edge:
 
     def text(self) -> str:
         """How the edge reads after what it leaves: ``.cache``, ``['user-42']``, `` -> closure var 'seen'``."""
+        if self.kind == "attribute" and not all(part.isidentifier() for part in self.name.split(".")):
+            # (a child a module names by number, nn.Sequential's and nn.ModuleList's: seq[0], not seq.0;
+            # one nn.ModuleDict names by a key no attribute could be: layers['block-1'])
+            return f"[{self.name}]" if self.name.isdigit() else f"[{self.name!r}]"
         return _EDGE_FORMS[self.kind].format(name=self.name)
 
 

@@ -237,7 +237,7 @@ def test_a_gradient_that_keeps_history_is_named_through_its_parameter(pytester: 
     result.stdout.fnmatch_lines(
         [
             "autograd history of a float32[[]32, 32[]] tensor on cpu: * nodes made by the test*",
-            "    held by test_create_graph_each_step:* local 'model'.0.weight.grad",
+            "    held by test_create_graph_each_step:* local 'model'[[]0[]].weight.grad",
             "    diagnosis: autograd history kept in a gradient: backward(create_graph=True) gave it a graph of *",
         ]
     )

@@ -52,7 +52,7 @@ MODEL.history.extend(torch.ones(1) for _ in range(4))
     ("target", "expected"),
     [
         (lambda: MODEL.history[3], f"{HERE}.MODEL.history[3]"),
-        (lambda: MODEL.encoder[0].weight, f"{HERE}.MODEL.encoder.0.weight"),
+        (lambda: MODEL.encoder[0].weight, f"{HERE}.MODEL.encoder[0].weight"),
         (lambda: MODEL.running, f"{HERE}.MODEL.running"),
         (lambda: Model.shared, f"{HERE}.Model.shared"),
     ],
