@@ -631,9 +631,9 @@ def fixture_gradients(group: Group, found: Sequence[str]) -> str | None:
 
 
 def fixture_state(group: Group, found: Sequence[str]) -> str | None:
-    """Other state kept on a value a wider-scoped fixture shares between tests."""
+    """Other state kept on a value a wider-scoped fixture shares between tests, where nothing more specific fits."""
     fixtures = _fixture_paths(group)
-    if not fixtures or fixture_gradients(group, found) is not None:
+    if found or not fixtures or fixture_gradients(group, found) is not None:
         return None
     return (
         f"state kept on a value that {fixtures[0].root.label} shares between tests (a cached result, lazily made "
@@ -790,8 +790,11 @@ def done_task_result(group: Group, found: Sequence[str]) -> str | None:
 
 def _spelled(path: HolderPath, stop: int) -> str:
     """How the path reads up to (not including) its edge ``stop``: ``ACCELERATOR._models`` from a
-    module's namespace, ``fixture 'accelerator' (session scope)._models`` from another root."""
+    module's namespace, ``accelerator._models`` from a fixture's value (as the test names it),
+    ``<label>._models`` from another root."""
     edges = path.edges[:stop]
+    if path.root.kind in ("fixture", "parametrize") and path.root.name:  # (as the test's code names it)
+        return path.root.name + "".join(edge.text() for edge in edges)
     if path.root.kind != "module" or not edges or edges[0].kind != "attribute":
         return path.root.label + "".join(edge.text() for edge in edges)
     return edges[0].name + "".join(edge.text() for edge in edges[1:])
@@ -1601,7 +1604,6 @@ RULES: list[Rule] = [
     thread_frame,
     finalizer_keeps_its_object,
     fixture_gradients,
-    fixture_state,
     test_instance,
     test_class_attribute,
     record_property,
@@ -1641,6 +1643,7 @@ RULES: list[Rule] = [
     class_attribute,
     accumulator_never_reset,
     tensors_kept_with_their_graphs,
+    fixture_state,
     module_level_container,
     what_keeps_it,
 ]

@@ -1274,3 +1274,20 @@ def test_a_property_over_a_cache_is_no_class_attribute_to_set_to_none() -> None:
     fits = EVERY_DIAGNOSIS["lru_cache under a property"][2]
     found = diagnosis.diagnose(fits)  # type: ignore[arg-type]
     assert found and not any("class attribute" in line for line in found), found
+
+
+def test_a_wide_fixtures_value_gets_the_diagnosis_that_fits_with_its_fix_spelled_as_the_test_names_it() -> None:
+    # mmasana/FACIL#8: heads added to a model a session-scoped fixture gives every test
+    heads = _group(
+        HolderPath(
+            Root("fixture", "fixture 'net' (session scope)", "fixture", "net"),
+            (attr("heads", "ModuleList"), attr("4", "Linear"), attr("weight", "Parameter")),
+        )
+    )
+    found = diagnosis.diagnose(heads)  # type: ignore[arg-type]
+    assert any("del net.heads[name]" in line for line in found), found
+    assert not any("fixture 'net' (session scope).heads" in line for line in found), found
+    assert not any(line.startswith("state kept on a value that fixture") for line in found), found
+    # a cache on the fixture's value that nothing more specific explains gets the fixture's advice
+    cache = _group(root("fixture", "fixture 'data' (module scope)", attr("cache", "list"), item("0")))
+    assert diagnosis.diagnose(cache)[0].startswith("state kept on a value that fixture 'data'")  # type: ignore[arg-type]
