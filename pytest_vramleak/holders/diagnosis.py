@@ -856,13 +856,12 @@ def hook_on_an_autograd_node(group: Group, found: Sequence[str]) -> str | None:
 def _tensor_hook_entry(path: HolderPath) -> Edge | None:
     """The callable kept in a tensor's hook dict read in C (register_post_accumulate_grad_hook's), or None."""
     for edge, after in path.pairs():
-        hooks = edge.kind == "tensor hooks" or (edge.kind == "reference" and edge.name in ("Parameter", "Tensor"))
-        if (
-            hooks
-            and edge.type_name == "OrderedDict"
-            and after is not None
-            and after.kind == "item"
-            and after.type_name in _HOOK_CALLABLES
+        if after is None or after.kind != "item" or edge.type_name != "OrderedDict":
+            continue
+        # (every entry of a tensor's own hook dict is a hook, a callable object's too; a dict a
+        # tensor refers to in C is its hook dict where the entry is a function)
+        if edge.kind == "tensor hooks" or (
+            edge.kind == "reference" and edge.name in ("Parameter", "Tensor") and after.type_name in _HOOK_CALLABLES
         ):
             return after
     return None

@@ -1291,3 +1291,21 @@ def test_a_wide_fixtures_value_gets_the_diagnosis_that_fits_with_its_fix_spelled
     # a cache on the fixture's value that nothing more specific explains gets the fixture's advice
     cache = _group(root("fixture", "fixture 'data' (module scope)", attr("cache", "list"), item("0")))
     assert diagnosis.diagnose(cache)[0].startswith("state kept on a value that fixture 'data'")  # type: ignore[arg-type]
+
+
+def test_a_callable_object_kept_as_a_tensors_hook_is_a_hook_bound_to_the_tensor() -> None:
+    # NeuroBench/neurobench#184: register_post_accumulate_grad_hook(Tracker(p)) each run, never removed
+    tracker = _group(
+        HolderPath(
+            Root("fixture", "fixture 'model' (session scope)", "fixture", "model"),
+            (
+                attr("weight", "Parameter"),
+                edge("tensor hooks", "_post_accumulate_grad_hooks", "OrderedDict"),
+                item("8", "GradSquareTracker"),
+                attr("sq_sum"),
+            ),
+        )
+    )
+    found = diagnosis.diagnose(tracker)  # type: ignore[arg-type]
+    assert found[0].startswith("a hook registered on a tensor"), found
+    assert "handle.remove()" in found[0]
