@@ -151,6 +151,21 @@ LEAK_KINDS = {
         "held by test_it.NET.blocks[*].weight",
         None,
     ),
+    "parametrization_registered_again": (
+        """
+        from torch.nn.utils.parametrizations import spectral_norm
+
+        NET = torch.nn.Sequential(torch.nn.Linear(4096, 8), torch.nn.ReLU())
+
+        @pytest.mark.vram_budget
+        def test_it():
+            spectral_norm(NET[0])  # here
+            with torch.no_grad():
+                NET(torch.ones(2, 4096))
+        """,
+        "held by test_it.NET[0].parametrizations.weight[*]._v",
+        "NET[0].parametrizations.weight holds one parametrization more each time one is registered on NET[0].weight*",
+    ),
     "last_traceback_of_a_console": (
         """
         import code

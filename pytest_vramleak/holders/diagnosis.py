@@ -416,6 +416,40 @@ def _cached_method(path: HolderPath) -> tuple[str, bool] | None:
     return None
 
 
+def _stacked_parametrization(path: HolderPath) -> tuple[str, str] | None:
+    """``("disc[0]", "weight")`` where the path goes through a parametrization registered after
+    the first on the same tensor (an entry past the first of a ``ParametrizationList``)."""
+    edges = path.edges
+    for index, edge in enumerate(edges[:-1]):
+        entry = edges[index + 1]
+        if (
+            edge.type_name == "ParametrizationList"
+            and index >= 1
+            and edges[index - 1].name == "parametrizations"
+            and entry.kind == "attribute"
+            and entry.name.isdigit()
+            and entry.name != "0"
+        ):
+            return _spelled(path, index - 1), edge.name
+    return None
+
+
+def parametrization_stacked(group: Group, found: Sequence[str]) -> str | None:
+    """Parametrizations registered again and again on one tensor (spectral_norm applied to a module each time)."""
+    stacked = [at for path in group.holders if (at := _stacked_parametrization(path)) is not None]
+    if not stacked:
+        return None
+    module, name = stacked[0]
+    return (
+        f"{module}.parametrizations.{name} holds one parametrization more each time one is registered on "
+        f"{module}.{name} (spectral_norm, weight_norm, orthogonal or register_parametrization applied again to a "
+        "parametrized tensor: they stack, each with its own state, spectral_norm's _u and _v), for as long as the "
+        f"module lives: register it once (skip it where torch.nn.utils.parametrize.is_parametrized({module}, "
+        f"'{name}')), or remove the earlier first (torch.nn.utils.parametrize.remove_parametrizations({module}, "
+        f"'{name}'))"
+    )
+
+
 def lru_cache(group: Group, found: Sequence[str]) -> str | None:
     """A functools.lru_cache that keeps every result it returned (and every argument, as its key)."""
     if not _any_edge(group, "lru_cache", "lru_cache entry"):
@@ -1588,6 +1622,7 @@ RULES: list[Rule] = [
     grad_fn_kept,
     numpy_array,
     pruned_again,
+    parametrization_stacked,
     hook_keeps,
     lru_cache,
     last_error,

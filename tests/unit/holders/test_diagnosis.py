@@ -761,6 +761,33 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         # an object's table keyed by tuples that name no function: not a memo
         _group(module("test_it", attr("GRID", "Grid"), attr("cells", "dict"), item("(4, 2)"))),
     ),
+    "a parametrization registered again": (
+        diagnosis.parametrization_stacked,
+        "NET[0].parametrizations.weight holds one parametrization more each time one is registered on NET[0].weight",
+        _group(
+            module(
+                "test_it",
+                attr("NET", "Sequential"),
+                attr("0", "ParametrizedLinear"),
+                attr("parametrizations", "ModuleDict"),
+                attr("weight", "ParametrizationList"),
+                attr("1", "_SpectralNorm"),
+                attr("_v"),
+            )
+        ),
+        # the first parametrization of a tensor, registered once
+        _group(
+            module(
+                "test_it",
+                attr("NET", "Sequential"),
+                attr("0", "ParametrizedLinear"),
+                attr("parametrizations", "ModuleDict"),
+                attr("weight", "ParametrizationList"),
+                attr("0", "_SpectralNorm"),
+                attr("_v"),
+            )
+        ),
+    ),
     "a memoizing wrapper": (
         diagnosis.memoizing_wrapper,
         "a memoizing wrapper keeps every result it returned in a dict it closes over ('cache')",
