@@ -968,10 +968,14 @@ def _model_in_a_container(path: HolderPath) -> tuple[str, str] | None:
     if len(edges) < 3 or path.opaque or edges[-1].kind != "attribute" or edges[-1].type_name != "Parameter":
         return None
     holder, owner = edges[-3], edges[-2]
-    if owner.kind == "item" and holder.type_name in ("list", "dict", "deque", "OrderedDict"):
-        return _spelled(path, len(edges) - 2), ""
     if owner.kind == "attribute" and holder.type_name in _MODULE_CONTAINERS:
         return _spelled(path, len(edges) - 2), owner.name
+    # (the model's entry, then its submodules down to the parameter: snapshots[4][0].weight)
+    entry = len(edges) - 2
+    while entry > 1 and edges[entry].kind == "attribute":
+        entry -= 1
+    if edges[entry].kind == "item" and edges[entry - 1].type_name in ("list", "dict", "deque", "OrderedDict"):
+        return _spelled(path, entry), ""
     return None
 
 
@@ -989,8 +993,10 @@ def models_kept_in_a_registry(group: Group, found: Sequence[str]) -> str | None:
         )
     return (
         f"{container} keeps every model put in it, with its parameters, after the test has dropped its own "
-        "reference: a registry of prepared models (as an Accelerator keeps) grows with every model: remove them when "
-        "done (accelerator.free_memory(), or clear the registry), or prepare one model once and reuse it"
+        "reference: a registry of prepared models (as an Accelerator keeps), or copies kept as checkpoints "
+        "(copy.deepcopy(model) appended at each improvement), grows with every model: remove them when done "
+        "(accelerator.free_memory(), or clear the registry), prepare one model once and reuse it, or keep only the "
+        "copy needed (best = copy.deepcopy(model), replaced, or its state_dict)"
     )
 
 
@@ -1506,6 +1512,28 @@ def tensors_kept_with_their_graphs(group: Group, found: Sequence[str]) -> str | 
     )
 
 
+def _deque_entry(path: HolderPath) -> int | None:
+    """The index of the edge into a collections.deque's entry on the path, or None."""
+    for index, (edge, after) in enumerate(path.pairs()):
+        if edge.type_name == "deque" and after is not None and after.kind == "item":
+            return index
+    return None
+
+
+def deque_filling(group: Group, found: Sequence[str]) -> str | None:
+    """Entries a collections.deque keeps, where nothing more specific fits: it is unbounded, or bounded far above what is needed."""
+    held = [(path, index) for path in group.holders if (index := _deque_entry(path)) is not None]
+    if found or not held:
+        return None
+    path, index = held[0]
+    deque = _spelled(path, index + 1)
+    return (
+        f"{deque} is a collections.deque, which keeps every entry appended until it holds its maxlen of them, for "
+        "ever where it has none (a replay buffer, a history of steps): give it a maxlen no bigger than what is "
+        f"needed (collections.deque(maxlen=N)), or take out what is done ({deque}.popleft(), .clear())"
+    )
+
+
 def module_level_container(group: Group, found: Sequence[str]) -> str | None:
     """Entries a module-level container gained and never let go, where nothing more specific fits."""
     if (
@@ -1677,6 +1705,7 @@ RULES: list[Rule] = [
     class_attribute,
     accumulator_never_reset,
     tensors_kept_with_their_graphs,
+    deque_filling,
     fixture_state,
     module_level_container,
     what_keeps_it,

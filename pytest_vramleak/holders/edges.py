@@ -343,6 +343,20 @@ def _dict_edge(parent: Any, child: Any, mode: Mode) -> Named:
     return "item", key_text(key), None
 
 
+def _tuple_subclass_edge(parent: Any, child: Any, mode: Mode) -> Named | None:
+    """A named tuple's field (``batch.obs``), read by position and the class's ``_fields``; another
+    tuple subclass's entry by position (``[1]``)."""
+    matches = list(map(operator.is_, tuple.__iter__(parent), itertools.repeat(child)))
+    if True not in matches:
+        return None
+    index = matches.index(True)
+    classes = _MRO.__get__(type(parent))
+    fields = next((space["_fields"] for cls in classes if "_fields" in (space := _CLASS_DICT.__get__(cls))), None)
+    if type(fields) is tuple and index < len(fields) and type(fields[index]) is str:
+        return "attribute", fields[index], None
+    return "item", str(index), None
+
+
 def _thread_local_edge(parent: Any, child: Any, mode: Mode) -> Named | None:
     """A ``threading.local``'s table of each thread's attributes reads as nothing: its attribute is the next edge."""
     return (None, "", "thread-local") if type(child) is dict else None
@@ -537,6 +551,7 @@ _EDGE_RULES: list[tuple[Callable[[type], bool], Callable[[Any, Any, Mode], Named
     ),
     (lambda kind: issubclass(kind, dict), _dict_edge),
     (lambda kind: kind in (list, tuple, collections.deque), _sequence_edge),
+    (lambda kind: issubclass(kind, tuple), _tuple_subclass_edge),  # (a named tuple: its fields by name)
     (lambda kind: kind.__name__ == "ndarray" and kind.__module__ == "numpy", lambda p, c, m: _array_edge(p, c)),
     (lambda kind: kind is types.CellType, _cell_edge),
     (lambda kind: kind in (set, frozenset), lambda parent, child, mode: ("set element", "", None)),

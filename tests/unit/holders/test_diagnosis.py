@@ -788,6 +788,23 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
             )
         ),
     ),
+    "a deque filling": (
+        diagnosis.deque_filling,
+        "agent.buffer is a collections.deque, which keeps every entry appended until it holds its maxlen of them",
+        _group(
+            HolderPath(
+                Root("fixture", "fixture 'agent' (session scope)", "fixture", "agent"),
+                (attr("buffer", "deque"), item("16", "Transition"), attr("obs")),
+            )
+        ),
+        # a list the fixture's value keeps: not a deque
+        _group(
+            HolderPath(
+                Root("fixture", "fixture 'agent' (session scope)", "fixture", "agent"),
+                (attr("buffer", "list"), item("16", "Transition"), attr("obs")),
+            )
+        ),
+    ),
     "a memoizing wrapper": (
         diagnosis.memoizing_wrapper,
         "a memoizing wrapper keeps every result it returned in a dict it closes over ('cache')",
@@ -1336,3 +1353,16 @@ def test_a_callable_object_kept_as_a_tensors_hook_is_a_hook_bound_to_the_tensor(
     found = diagnosis.diagnose(tracker)  # type: ignore[arg-type]
     assert found[0].startswith("a hook registered on a tensor"), found
     assert "handle.remove()" in found[0]
+
+
+def test_copies_of_a_model_appended_to_a_list_are_models_kept_in_a_registry() -> None:
+    # lisa-lab/pylearn2#1567: copy.deepcopy(model) appended at each improvement, a Sequential's layer
+    snapshots = _group(
+        HolderPath(
+            Root("fixture", "fixture 'saver' (session scope)", "fixture", "saver"),
+            (attr("snapshots", "list"), item("4", "Sequential"), attr("0", "Linear"), attr("weight", "Parameter")),
+        )
+    )
+    found = diagnosis.diagnose(snapshots)  # type: ignore[arg-type]
+    assert found[0].startswith("saver.snapshots keeps every model put in it"), found
+    assert "copy.deepcopy(model)" in found[0]

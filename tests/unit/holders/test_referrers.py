@@ -8,7 +8,7 @@ import functools
 import gc
 import sys
 import types
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy
 import pytest
@@ -48,6 +48,14 @@ MODEL = Model()
 MODEL.history.extend(torch.ones(1) for _ in range(4))
 
 
+class Transition(NamedTuple):
+    obs: torch.Tensor
+    reward: float
+
+
+REPLAY = [Transition(torch.ones(1), 1.0)]
+
+
 @pytest.mark.parametrize(
     ("target", "expected"),
     [
@@ -55,8 +63,9 @@ MODEL.history.extend(torch.ones(1) for _ in range(4))
         (lambda: MODEL.encoder[0].weight, f"{HERE}.MODEL.encoder[0].weight"),
         (lambda: MODEL.running, f"{HERE}.MODEL.running"),
         (lambda: Model.shared, f"{HERE}.Model.shared"),
+        (lambda: REPLAY[0].obs, f"{HERE}.REPLAY[0].obs"),
     ],
-    ids=["list index", "submodule and parameter", "buffer", "class attribute"],
+    ids=["list index", "submodule and parameter", "buffer", "class attribute", "named tuple field"],
 )
 def test_attributes_modules_and_indexes(target: Any, expected: str) -> None:
     assert holder_of(target) == expected
