@@ -166,6 +166,25 @@ LEAK_KINDS = {
         "held by test_it.NET[0].parametrizations.weight[*]._v",
         "NET[0].parametrizations.weight holds one parametrization more each time one is registered on NET[0].weight*",
     ),
+    "exception_given_a_tensor": (
+        """
+        ERRORS = []
+
+        class BadBatch(Exception):
+            def __init__(self, batch):
+                super().__init__("non-finite loss")
+                self.batch = batch
+
+        @pytest.mark.vram_budget
+        def test_it():
+            try:
+                raise BadBatch(torch.ones(1024))  # here
+            except BadBatch as error:
+                ERRORS.append(error)
+        """,
+        "held by test_it.ERRORS[*].batch",
+        "a stored exception keeps the tensors it was given (ERRORS[*].batch)*",
+    ),
     "last_traceback_of_a_console": (
         """
         import code

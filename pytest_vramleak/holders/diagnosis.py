@@ -552,6 +552,27 @@ def stored_exception(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
+def _exception_attribute(path: HolderPath) -> str | None:
+    """``errors[4].batch`` where the path goes from an exception into what it was given (an
+    attribute, its args), not through its traceback."""
+    for index, (edge, after) in enumerate(path.pairs()):
+        if edge.exception and after is not None and after.kind == "attribute":
+            return _spelled(path, index + 2)
+    return None
+
+
+def exception_arguments(group: Group, found: Sequence[str]) -> str | None:
+    """A stored exception that keeps the tensors it was given, as attributes or in its args."""
+    held = [at for path in group.holders if (at := _exception_attribute(path)) is not None]
+    if not held:
+        return None
+    return (
+        f"a stored exception keeps the tensors it was given ({held[0]}), for as long as it is kept: keep "
+        "str(error), or what the tensors tell (their shapes, .item()), instead of the exception, or give the "
+        "exception those rather than the tensors"
+    )
+
+
 def closure(group: Group, found: Sequence[str]) -> str | None:
     """A closure (not a hook's, nor a traceback's frame) that captured the tensor."""
     if (
@@ -1657,6 +1678,7 @@ RULES: list[Rule] = [
     collector_saved_garbage,
     rerunfailures_failure,
     stored_exception,
+    exception_arguments,
     kept_frame,
     exit_callback,
     signal_handler,

@@ -654,6 +654,15 @@ def holder_path(chain: Sequence[Any]) -> HolderPath:
         except Exception:
             kind, name, mode = "reference", type_name(child), None
         if kind is not None:
-            edges.append(Edge(kind, name, type_name(child), has_reset(child), hooks_state.get(id(child), "")))
+            edges.append(
+                Edge(
+                    kind,
+                    name,
+                    type_name(child),
+                    has_reset(child),
+                    hooks_state.get(id(child), ""),
+                    issubclass(type(child), BaseException),
+                )
+            )
         position += 1
     return HolderPath(root_of(chain[0]), tuple(edges))

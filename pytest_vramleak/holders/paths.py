@@ -163,6 +163,8 @@ class Edge:
     pack_hook: str = ""
     """Where the object it leads to is the state of a ``saved_tensors_hooks`` pack hook entered
     while a check ran (what the hook is bound to, or a container it stores in): the hook's name."""
+    exception: bool = False
+    """Whether the object it leads to is an exception."""
 
     def text(self) -> str:
         """How the edge reads after what it leaves: ``.cache``, ``['user-42']``, `` -> closure var 'seen'``."""

@@ -805,6 +805,20 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
             )
         ),
     ),
+    "an exception's arguments": (
+        diagnosis.exception_arguments,
+        "a stored exception keeps the tensors it was given (ERRORS[4].batch)",
+        _group(
+            module(
+                "test_it",
+                attr("ERRORS", "list"),
+                Edge("item", "4", "NonFiniteLossError", exception=True),
+                attr("batch"),
+            )
+        ),
+        # an object of a class named like an exception that is none
+        _group(module("test_it", attr("ERRORS", "list"), item("4", "NonFiniteLossError"), attr("batch"))),
+    ),
     "a memoizing wrapper": (
         diagnosis.memoizing_wrapper,
         "a memoizing wrapper keeps every result it returned in a dict it closes over ('cache')",
