@@ -185,6 +185,27 @@ LEAK_KINDS = {
         "held by test_it.ERRORS[*].batch",
         "a stored exception keeps the tensors it was given (ERRORS[*].batch)*",
     ),
+    "buffer_per_length": (
+        """
+        import itertools
+
+        class Rotary(torch.nn.Module):
+            def forward(self, x):
+                name = f"table_{x.shape[-1]}"
+                if not hasattr(self, name):
+                    self.register_buffer(name, torch.ones(x.shape[-1], 64))  # here
+                return x * getattr(self, name)[:, 0]
+
+        ROTARY = Rotary()
+        LENGTHS = itertools.count(512)
+
+        @pytest.mark.vram_budget
+        def test_it():
+            ROTARY(torch.ones(next(LENGTHS)))
+        """,
+        "held by test_it.ROTARY.table_*",
+        "ROTARY.table_* is named from a number (*)*keep one, for the largest value, and slice it*",
+    ),
     "last_traceback_of_a_console": (
         """
         import code

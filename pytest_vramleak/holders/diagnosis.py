@@ -1555,6 +1555,29 @@ def deque_filling(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
+_NUMBERED = re.compile(r"(.*_)(\d{2,})")
+"""An attribute named from a number, ``cos_sin_516``: its prefix and the number."""
+
+
+def attribute_per_value(group: Group, found: Sequence[str]) -> str | None:
+    """Tensors set as attributes (or buffers) named from a number that varies, one more for each value."""
+    numbered = [
+        (path, match)
+        for path in _named(group)
+        if path.edges and path.edges[-1].kind == "attribute" and (match := _NUMBERED.fullmatch(path.edges[-1].name))
+    ]
+    if found or not numbered:
+        return None
+    path, match = numbered[0]
+    owner = _spelled(path, len(path.edges) - 1)
+    return (
+        f"{owner}.{match[0]} is named from a number ({match[2]}): where the code makes the name from a value that "
+        f"varies (setattr or register_buffer(f'{match[1]}{{n}}', ...) for a sequence length, a step), each value adds "
+        f"one more attribute, and every one stays with {owner}: keep one, for the largest value, and slice it "
+        "(cache[:, :n]), or keep a bounded cache keyed by the value"
+    )
+
+
 def module_level_container(group: Group, found: Sequence[str]) -> str | None:
     """Entries a module-level container gained and never let go, where nothing more specific fits."""
     if (
@@ -1728,6 +1751,7 @@ RULES: list[Rule] = [
     accumulator_never_reset,
     tensors_kept_with_their_graphs,
     deque_filling,
+    attribute_per_value,
     fixture_state,
     module_level_container,
     what_keeps_it,

@@ -819,6 +819,13 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         # an object of a class named like an exception that is none
         _group(module("test_it", attr("ERRORS", "list"), item("4", "NonFiniteLossError"), attr("batch"))),
     ),
+    "an attribute per value": (
+        diagnosis.attribute_per_value,
+        "ROTARY.cos_sin_516 is named from a number (516)",
+        _group(module("test_it", attr("ROTARY", "Rotary"), attr("cos_sin_516"))),
+        # an attribute set again and again under one name
+        _group(module("test_it", attr("ROTARY", "Rotary"), attr("cos_sin"))),
+    ),
     "a memoizing wrapper": (
         diagnosis.memoizing_wrapper,
         "a memoizing wrapper keeps every result it returned in a dict it closes over ('cache')",
