@@ -56,8 +56,23 @@ def edge(kind: EdgeKind, name: str = "", to: str = "Tensor") -> Edge:
 
 
 PYTEST_SELF = "self (the TestModel instance pytest keeps until the session ends)"
+
+
 # Each rule: the words its diagnosis starts with, a group whose path it fits, and one whose path
 # looks alike (a name that reads the same, a near type) that it must not be given.
+def _spectral_norm_state(entry: str) -> HolderPath:
+    """The path to the state of ``NET[0]``'s weight's parametrization ``entry``."""
+    return module(
+        "test_it",
+        attr("NET", "Sequential"),
+        attr("0", "ParametrizedLinear"),
+        attr("parametrizations", "ModuleDict"),
+        attr("weight", "ParametrizationList"),
+        attr(entry, "_SpectralNorm"),
+        attr("_v"),
+    )
+
+
 EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
     "history": (
         diagnosis.kept_history,
@@ -764,29 +779,9 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
     "a parametrization registered again": (
         diagnosis.parametrization_stacked,
         "NET[0].parametrizations.weight holds one parametrization more each time one is registered on NET[0].weight",
-        _group(
-            module(
-                "test_it",
-                attr("NET", "Sequential"),
-                attr("0", "ParametrizedLinear"),
-                attr("parametrizations", "ModuleDict"),
-                attr("weight", "ParametrizationList"),
-                attr("1", "_SpectralNorm"),
-                attr("_v"),
-            )
-        ),
+        _group(_spectral_norm_state("1")),
         # the first parametrization of a tensor, registered once
-        _group(
-            module(
-                "test_it",
-                attr("NET", "Sequential"),
-                attr("0", "ParametrizedLinear"),
-                attr("parametrizations", "ModuleDict"),
-                attr("weight", "ParametrizationList"),
-                attr("0", "_SpectralNorm"),
-                attr("_v"),
-            )
-        ),
+        _group(_spectral_norm_state("0")),
     ),
     "a deque filling": (
         diagnosis.deque_filling,
