@@ -70,8 +70,7 @@ def test_json_report_schema(pytester: pytest.Pytester) -> None:
                         "diagnoses": [
                             "CACHE['user-42'] keeps these tensors: it hangs from module test_it, alive as long as the "
                             "process, and the code added this entry and never removed it: remove it (del, .pop(), "
-                            ".clear()) when done, or keep only what is needed (.item() for a number, .detach().cpu() "
-                            "for a value without its graph)"
+                            ".clear()) when done"
                         ],
                         "kind": "tensor",
                         "class": "",

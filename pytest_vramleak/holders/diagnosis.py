@@ -62,6 +62,7 @@ class Group(Protocol):
     kind: GroupKind
     dtype: str
     shape: tuple[int, ...]
+    device: str
     bytes: int
     count: int
     cls: str
@@ -1615,10 +1616,8 @@ _ROOT_LIFETIMES: dict[str, str] = {
     "mode stack": "it hangs from {label}, which torch keeps until the mode exits",
 }
 _LAST_EDGE_FIXES: dict[str, str] = {
-    "item": "the code added this entry and never removed it: remove it (del, .pop(), .clear()) when done, or keep "
-    "only what is needed (.item() for a number, .detach().cpu() for a value without its graph)",
-    "attribute": "the code set this attribute and never reset it: set it back to None (or del it) when done, or "
-    "keep only what is needed (.item() for a number, .detach() for a value without its graph)",
+    "item": "the code added this entry and never removed it: remove it (del, .pop(), .clear()) when done",
+    "attribute": "the code set this attribute and never reset it: set it back to None (or del it) when done",
     "local": "the frame keeps it until its function returns: del the local when done, or return it",
     "gradient": "a parameter's .grad keeps it: model.zero_grad(set_to_none=True) or del param.grad when done",
     "closure variable": "a function's closure captured it: capture only what the function needs, or drop the "
@@ -1679,7 +1678,26 @@ def what_keeps_it(group: Group, found: Sequence[str]) -> str | None:
         _LAST_EDGE_KINDS.get(last, ""), "drop this reference when done, or keep only what is needed"
     )
     what = f"what {holder} holds" if rest else holder  # (the held by line gives the rest of the path)
+    if _LAST_EDGE_KINDS.get(last) in ("item", "attribute"):
+        fix += _keep_less(group)
     return f"{what} keeps these tensors: {lifetime}, and {fix}"
+
+
+def _keep_less(group: Group) -> str:
+    """What to keep of the tensors instead, where the group says: a number of a tensor of one, a
+    value without its autograd graph, a copy off an accelerator; nothing where none applies."""
+    ways = [".item() for a number"] if group.shape == () else []
+    graph = bool(group.with_graph or group.graph_bytes)
+    accelerator = group.device.partition(":")[0] not in ("cpu", "meta")
+    if graph or accelerator:
+        ways.append(
+            (".detach()" if graph else "")
+            + (".cpu()" if accelerator else "")
+            + " for a value"
+            + (" without its graph" if graph else "")
+            + (" off the device" if accelerator else "")
+        )
+    return f", or keep only what is needed ({', '.join(ways)})" if ways else ""
 
 
 SOLE_RULES: list[Rule] = [kept_history_in_a_gradient, kept_history, torch_cache, checkpoint_hooks, open_figure]

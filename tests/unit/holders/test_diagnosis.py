@@ -1382,3 +1382,27 @@ def test_copies_of_a_model_appended_to_a_list_are_models_kept_in_a_registry() ->
     found = diagnosis.diagnose(snapshots)  # type: ignore[arg-type]
     assert found[0].startswith("saver.snapshots keeps every model put in it"), found
     assert "copy.deepcopy(model)" in found[0]
+
+
+@pytest.mark.parametrize(
+    ("fields", "advice"),
+    [
+        ({}, None),
+        ({"shape": ()}, "(.item() for a number)"),
+        ({"with_graph": 1, "count": 1}, "(.detach() for a value without its graph)"),
+        ({"device": "cuda:0"}, "(.cpu() for a value off the device)"),
+        ({"shape": (), "with_graph": 1, "count": 1, "device": "cuda"}, "(.item() for a number, .detach().cpu() for a"),
+    ],
+    ids=["a tensor on CPU", "a number", "with its graph", "on a GPU", "a loss on a GPU"],
+)
+def test_the_fallback_says_what_to_keep_instead_only_where_it_applies(fields: dict, advice: str | None) -> None:
+    from pytest_vramleak.holders.snapshot import TensorGroup
+
+    group = TensorGroup(**{"dtype": "float32", "shape": (2, 512), "device": "cpu", **fields})  # type: ignore[arg-type]
+    group.holders = [module("test_it", attr("CACHE", "dict"), item("'user-42'"))]
+    (found,) = diagnosis.diagnose(group)  # type: ignore[arg-type]
+    assert found.startswith("CACHE['user-42'] keeps these tensors"), found
+    if advice is None:
+        assert "keep only what is needed" not in found
+    else:
+        assert f"keep only what is needed {advice}" in found
