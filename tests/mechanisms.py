@@ -3065,15 +3065,7 @@ CATALOGUE: list[Mechanism] = [
 
 
 # What the plugin says today where it falls short, by entry and part.
-GAPS: dict[str, dict[Part, str]] = {
-    # The gradients' groups get the create_graph diagnosis; the largest group, the input the first
-    # graph saved (kept by that cycle through C++), is told only that a graph is kept and that C++ holds it.
-    "create_graph_hessian_vector_product": {
-        "diagnosis": "autograd graph kept alive: 64.5 KiB in 2 saved tensors behind a tensor that still has its "
-        "grad_fn ... | nothing in Python refers to these tensors the test made: PyTorch (or an extension) keeps them "
-        "in C++ ...",
-    },
-}
+GAPS: dict[str, dict[Part, str]] = {}
 
 
 def _compiled_graphs_hold_module_buffers() -> bool:

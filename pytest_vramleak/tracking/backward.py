@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .census import graph_nodes
+from .graph_sites import own_anomaly_paused
 
 _MODULES = ("torch.autograd.graph", "torch.autograd")
 _NAME = "_engine_run_backward"
@@ -100,6 +101,16 @@ class BackwardWatch:
         torch_function_off = sys.modules["torch"]._C.DisableTorchFunction  # tensor subclasses run no code of theirs
 
         def run_backward(t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
+            # (the arguments as torch's backward and grad pass them: tensors, grad_tensors,
+            # keep_graph, create_graph, inputs, allow_unreachable, accumulate_grad)
+            if self._wrapper is run_backward and (
+                kwargs["create_graph"] if "create_graph" in kwargs else args[2:3] == (True,)
+            ):
+                with own_anomaly_paused():
+                    return watched(t_outputs, *args, **kwargs)
+            return watched(t_outputs, *args, **kwargs)
+
+        def watched(t_outputs: Any, *args: Any, **kwargs: Any) -> Any:
             # torch.autograd.grad passes accumulate_grad=False: it writes no .grad. A wrapper left
             # in place after stop() (someone restored it over torch's own) only passes through.
             if self._wrapper is not run_backward or not kwargs.get("accumulate_grad", True):

@@ -11,7 +11,9 @@ that records sites, where the runs before it kept autograd graphs) anomaly mode 
 checks for NaN; once the run ends, the graphs it kept are walked, and each saved tensor that a node
 of that run made (its ``grad_fn``) is sited at that node's stack. A leaf has no such node: its
 Python object is the user's own, sited by the recorder. Anomaly mode prints nothing unless backward
-fails, and then the forward stack of the failing node, as it would for the user.
+fails, and then the forward stack of the failing node, as it would for the user. A backward pass
+that makes a graph runs with it off (:func:`own_anomaly_paused`): it would keep the forward graph
+behind each node it made.
 
 Anomaly mode asks ``torch.fx.traceback.format_stack`` for each node's stack, which formats every
 frame with its source line: under the tracing of that run, 5.6 ms a node 60 frames deep. While it
@@ -22,12 +24,13 @@ and it is put back after.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import re
 import sys
 import types
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .census import _graph_tensors, _torch, collections_paused, storage_facts, tensor_storages
@@ -36,6 +39,29 @@ from .sites import MAX_CALLERS, Site, SiteRecorder, frame_kind_of_file, user_sit
 
 _FRAME = re.compile(r'File "(.*)", line (\d+), in ')
 """A frame of the stack anomaly mode keeps (``traceback.format_list``'s form)."""
+
+
+_turned_on_here = False
+"""Whether anomaly mode is on because :class:`GraphSites` turned it on (not the user's)."""
+
+
+@contextlib.contextmanager
+def own_anomaly_paused() -> Iterator[None]:
+    """Anomaly mode off meanwhile, where :class:`GraphSites` turned it on: around a backward pass
+    that makes a graph (``create_graph=True``). Anomaly mode has each node made in backward keep the
+    forward node whose backward made it (``metadata['parent_']``), which keeps that forward graph
+    and all it saved alive: memory the test would not keep without it. Such a node gets no site
+    from its stack; what it saved is sited as the run's other tensors are."""
+    torch = _torch()
+    paused = _turned_on_here and torch.is_anomaly_enabled()
+    if paused:
+        check_nan = torch.is_anomaly_check_nan_enabled()
+        torch._C.set_anomaly_enabled(False, check_nan)
+    try:
+        yield
+    finally:
+        if paused:
+            torch._C.set_anomaly_enabled(True, check_nan)
 
 
 class GraphSites:
@@ -67,11 +93,15 @@ class GraphSites:
             self.stop()
             return
         self._turned_on = True
+        global _turned_on_here
+        _turned_on_here = True
 
     def stop(self) -> None:
         """Put anomaly mode, and the stack formatter it calls, back as they were."""
         if self._turned_on:
             self._turned_on = False
+            global _turned_on_here
+            _turned_on_here = False
             _torch()._C.set_anomaly_enabled(False, self._check_nan)
         if self._format_stack is not None:
             fx_traceback: Any = sys.modules["torch.fx.traceback"]

@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.fx.traceback as fx_traceback
 
-from pytest_vramleak.tracking.graph_sites import GraphSites
+from pytest_vramleak.tracking.backward import BackwardWatch
+from pytest_vramleak.tracking.graph_sites import GraphSites, own_anomaly_paused
 
 MODEL = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
 
@@ -107,3 +108,36 @@ def test_a_tensor_no_graph_saved_has_no_site_of_it(anomaly_mode_as_it_was: None)
     sites.capture([(weakref.ref(plain), 0)])
 
     assert site(sites, plain) is None
+
+
+def _second_order_step(x: torch.Tensor) -> torch.Tensor:
+    """A gradient taken with create_graph=True, as a gradient penalty or an L-BFGS step takes it."""
+    energy = (x.sin() * x).sum()
+    (grad,) = torch.autograd.grad(energy, x, create_graph=True)
+    return grad
+
+
+def test_a_backward_that_makes_a_graph_runs_without_the_plugins_anomaly_mode() -> None:
+    # TorchSim/torch-sim#559: under anomaly mode each node made in backward keeps the forward node
+    # that made it (metadata['parent_']), and with it a forward graph the test let go
+    x = torch.randn(64, requires_grad=True)
+    watch, sites = BackwardWatch(lambda tensors: None), GraphSites()
+    watch.start()
+    sites.start()
+    try:
+        assert torch.is_anomaly_enabled()
+        grad = _second_order_step(x)
+        with own_anomaly_paused():
+            assert not torch.is_anomaly_enabled()
+        assert torch.is_anomaly_enabled()
+    finally:
+        sites.stop()
+        watch.stop()
+    assert not torch.is_anomaly_enabled()
+    found = list(nodes(grad.grad_fn))
+    assert found and not any("parent_" in node.metadata for node in found)
+
+
+def test_the_users_own_anomaly_mode_is_never_paused() -> None:
+    with torch.autograd.set_detect_anomaly(True), own_anomaly_paused():
+        assert torch.is_anomaly_enabled()
