@@ -365,8 +365,9 @@ def numpy_array(group: Group, found: Sequence[str]) -> str | None:
     if not any(path.has("array base", "numpy memory") for path in group.holders):
         return None
     return (
-        "a numpy array made by tensor.numpy() shares the tensor's memory and keeps it alive: keep array.copy() "
-        "instead, or drop the array"
+        "a numpy array made by tensor.numpy() shares the tensor's memory and keeps it alive as long as the array "
+        "lives: drop the arrays when done (a list that gains one each run keeps them all), or keep only what is "
+        "needed of each (a summary, or a copy of the small part used: array[:k].copy())"
     )
 
 
