@@ -206,6 +206,22 @@ LEAK_KINDS = {
         "held by test_it.ROTARY.table_*",
         "ROTARY.table_* is named from a number (*)*keep one, for the largest value, and slice it*",
     ),
+    "distribution_kept_with_its_graph": (
+        """
+        from torch.distributions import Categorical
+
+        POLICY = torch.nn.Linear(64, 32)
+        DISTS = []
+
+        @pytest.mark.vram_budget
+        def test_it():
+            dist = Categorical(logits=POLICY(torch.ones(16, 64)))  # here
+            dist.sample()
+            DISTS.append(dist)
+        """,
+        "held by test_it.DISTS[*].*",
+        "DISTS[*] is a torch.distributions object, which keeps the parameters it was made from*",
+    ),
     "last_traceback_of_a_console": (
         """
         import code

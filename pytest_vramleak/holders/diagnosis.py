@@ -330,6 +330,26 @@ def saved_a_view_of_its_output(group: Group, found: Sequence[str]) -> str | None
     )
 
 
+def distribution_kept_with_its_graph(group: Group, found: Sequence[str]) -> str | None:
+    """A torch.distributions object kept with the autograd graph of the parameters it was made from."""
+    if group.grad_graph or not (group.graph_bytes or group.with_graph):
+        return None
+    kept = [
+        _spelled(path, index + 1)
+        for path in group.holders
+        for index, edge in enumerate(path.edges)
+        if edge.distribution
+    ]
+    if not kept:
+        return None
+    return (
+        f"{kept[0]} is a torch.distributions object, which keeps the parameters it was made from (logits, probs, "
+        "loc, scale) with the autograd graph that made them, so each one kept keeps its step's graph: where it is "
+        "kept for later, make it from detached parameters (Categorical(logits=logits.detach())), or keep only what "
+        "is needed of it (dist.log_prob(action).detach(), dist.entropy().item())"
+    )
+
+
 def graph_kept(group: Group, found: Sequence[str]) -> str | None:
     """A graph behind a stored tensor that still has its grad_fn (a loss stored with its graph)."""
     if group.grad_graph or not group.graph_bytes or _carried_by_loop(group) or found:
@@ -1709,6 +1729,7 @@ RULES: list[Rule] = [
     graph_carried_by_a_loop,
     pack_hook_kept_its_output,
     saved_a_view_of_its_output,
+    distribution_kept_with_its_graph,
     graph_kept,
     grad_fn_kept,
     numpy_array,

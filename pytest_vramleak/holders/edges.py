@@ -105,6 +105,12 @@ _PLAIN_TYPES = frozenset(
 )
 
 
+def _is_distribution(obj: Any) -> bool:
+    """Whether ``obj`` is a ``torch.distributions`` distribution (where that module is loaded)."""
+    distribution = getattr(sys.modules.get("torch.distributions.distribution"), "Distribution", None)
+    return distribution is not None and issubclass(type(obj), distribution)
+
+
 def has_reset(obj: Any) -> bool:
     """Whether ``obj``'s class, or one it derives from, defines ``reset`` (a metric, a meter),
     read from the classes' own dicts: no code of the object's or its class's runs."""
@@ -662,6 +668,7 @@ def holder_path(chain: Sequence[Any]) -> HolderPath:
                     has_reset(child),
                     hooks_state.get(id(child), ""),
                     issubclass(type(child), BaseException),
+                    _is_distribution(child),
                 )
             )
         position += 1

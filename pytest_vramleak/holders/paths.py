@@ -165,6 +165,8 @@ class Edge:
     while a check ran (what the hook is bound to, or a container it stores in): the hook's name."""
     exception: bool = False
     """Whether the object it leads to is an exception."""
+    distribution: bool = False
+    """Whether the object it leads to is a ``torch.distributions`` distribution."""
 
     def text(self) -> str:
         """How the edge reads after what it leaves: ``.cache``, ``['user-42']``, `` -> closure var 'seen'``."""

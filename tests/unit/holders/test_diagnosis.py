@@ -821,6 +821,22 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         # an attribute set again and again under one name
         _group(module("test_it", attr("ROTARY", "Rotary"), attr("cos_sin"))),
     ),
+    "a distribution kept with its graph": (
+        diagnosis.distribution_kept_with_its_graph,
+        "DISTS[4] is a torch.distributions object",
+        _group(
+            module(
+                "test_it", attr("DISTS", "list"), Edge("item", "4", "Categorical", distribution=True), attr("probs")
+            ),
+            kind="graph",
+            graph_bytes=1024,
+            graph_tensors=2,
+        ),
+        # a distribution made from detached parameters: no graph kept
+        _group(
+            module("test_it", attr("DISTS", "list"), Edge("item", "4", "Categorical", distribution=True), attr("probs"))
+        ),
+    ),
     "a memoizing wrapper": (
         diagnosis.memoizing_wrapper,
         "a memoizing wrapper keeps every result it returned in a dict it closes over ('cache')",
