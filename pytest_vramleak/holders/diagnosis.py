@@ -1515,11 +1515,8 @@ def _accumulated_state(path: HolderPath) -> str | None:
     """``METRIC.preds`` where the path goes from an object with a reset() method (an edge's, or
     the root's: a fixture's value) into a container it keeps as an attribute, then into an entry of it."""
     edges = path.edges
-    owners: list[tuple[str, bool]] = [(path.root.name or path.root.label, path.root.resets)]
-    owners += [(edge.name, edge.resets) for edge in edges[:-2]]
-    for index, (name, resets) in enumerate(owners):
-        if index + 1 >= len(edges):
-            break
+    owners = [(path.root.name or path.root.label, path.root.resets), *((edge.name, edge.resets) for edge in edges)]
+    for index, (name, resets) in enumerate(owners[: len(edges) - 1]):  # (each with a state and an entry after it)
         state, entry = edges[index], edges[index + 1]
         if (
             resets

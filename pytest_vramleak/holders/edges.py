@@ -16,7 +16,7 @@ import operator
 import re
 import sys
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
 from ..tracking import gc_functions as gc
@@ -352,10 +352,9 @@ def _dict_edge(parent: Any, child: Any, mode: Mode) -> Named:
 def _tuple_subclass_edge(parent: Any, child: Any, mode: Mode) -> Named | None:
     """A named tuple's field (``batch.obs``), read by position and the class's ``_fields``; another
     tuple subclass's entry by position (``[1]``)."""
-    matches = list(map(operator.is_, tuple.__iter__(parent), itertools.repeat(child)))
-    if True not in matches:
+    index = _position(tuple.__iter__(parent), child)
+    if index is None:
         return None
-    index = matches.index(True)
     classes = _MRO.__get__(type(parent))
     fields = next((space["_fields"] for cls in classes if "_fields" in (space := _CLASS_DICT.__get__(cls))), None)
     if type(fields) is tuple and index < len(fields) and type(fields[index]) is str:
@@ -374,10 +373,16 @@ def _sequence_edge(parent: Any, child: Any, mode: Mode) -> Named:
         for index, cell in enumerate(parent):
             if cell is child and index < len(names):
                 return "closure variable", names[index], "cell"
-    matches = list(map(operator.is_, parent, itertools.repeat(child)))
-    if True in matches:
-        return "item", str(matches.index(True)), None
+    position = _position(parent, child)
+    if position is not None:
+        return "item", str(position), None
     return "container item", type(parent).__name__, None
+
+
+def _position(items: Iterable[Any], child: Any) -> int | None:
+    """Where ``child`` itself (not an equal object: no ``__eq__`` runs) stands in ``items``; None where it does not."""
+    matches = list(map(operator.is_, items, itertools.repeat(child)))
+    return matches.index(True) if True in matches else None
 
 
 def _array_edge(parent: Any, child: Any) -> Named:

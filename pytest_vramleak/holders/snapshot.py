@@ -1147,8 +1147,8 @@ def _finish(groups: list[TensorGroup]) -> list[TensorGroup]:
         group.sort_sites()
         if KEEPS_ITS_OUTPUT in group.graph_hooks and group.held_from_cpp_alone:
             group.holders = [own_graph_path(user_hooks(group), through_checkpoint(group))]
-        elif saved_views_of_outputs(group) and group.held_from_cpp_alone:
-            group.holders = [own_view_path(saved_views_of_outputs(group))]
+        elif group.held_from_cpp_alone and (functions := saved_views_of_outputs(group)):
+            group.holders = [own_view_path(functions)]
         group.diagnoses = diagnose(group)
     return sorted(groups, key=lambda g: -g.total_bytes)
 
