@@ -1282,13 +1282,13 @@ CATALOGUE: list[Mechanism] = [
         def capture_activations(module, inputs, output):
             if not hasattr(module, "activations"):
                 module.activations = []
-            module.activations.append(inputs[0].detach())  # here
+            module.activations.append(inputs[0].detach())
 
         MODEL[0].register_forward_hook(capture_activations)
 
         def test_it():
             with torch.no_grad():
-                MODEL(torch.ones(32, 64))
+                MODEL(torch.ones(32, 64))  # here
         """,
         fixed="""
         MODEL = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU())

@@ -278,6 +278,34 @@ def test_a_gradient_is_allocated_where_backward_was_called(pytester: pytest.Pyte
         assert group["allocated_at"] == ["test_it.py:8 in test_keeps_models_and_optimizers()"], result.stdout.str()
 
 
+def test_a_storage_kept_without_its_tensors_is_allocated_where_they_were_made(pytester: pytest.Pytester) -> None:
+    # The exporter keeps storage objects after the tensors die. One tensor was only ever held by a
+    # dict, the other storage was last seen through a view: neither the `untyped_storage()` line
+    # nor the view's line allocated the memory.
+    pytester.makepyfile(
+        test_it="""
+        import torch
+        WRITTEN = {}
+
+        def export(tensors):
+            for t in tensors.values():
+                storage = t.untyped_storage()
+                WRITTEN.setdefault((storage.data_ptr(), storage.nbytes()), storage)
+
+        def test_export():
+            weights = {"a": torch.randn(64, 256), "b": torch.randn(32, 256)}
+            weights["a_view"] = weights["a"][:8]
+            export(weights)
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak", "--vramleak-report=r.json")
+    result.assert_outcomes(failed=1)
+    groups = read_report(pytester.path / "r.json")["test_export"]["tensors"]
+    assert len(groups) == 2, result.stdout.str()
+    for group in groups:
+        assert group["allocated_at"] == ["test_it.py:10 in test_export()"], result.stdout.str()
+
+
 def test_a_step_check_says_where_a_kept_view_was_made(pytester: pytest.Pytester) -> None:
     # A loop that caches rows of each batch keeps the batches' storages through views made on
     # another line: the step check names both lines, as a whole-test check does.

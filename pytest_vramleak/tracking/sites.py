@@ -709,6 +709,22 @@ def _sample(objects: list[Any], base: Any) -> list[tuple[int, Any]]:
     return taken
 
 
+ITEMS_NOTED = 64
+"""How many items of each list, tuple or dict a returning function holds :class:`StorageSites` notes."""
+
+
+def _with_items(values: list[Any]) -> Iterator[Any]:
+    """``values``, each followed by the first :data:`ITEMS_NOTED` items of it where it is a list,
+    tuple or dict (its values): exact built-in types only, whose iteration runs no user code."""
+    for value in values:
+        yield value
+        kind = type(value)
+        if kind is dict:
+            yield from itertools.islice(value.values(), ITEMS_NOTED)
+        elif kind is list or kind is tuple:
+            yield from value[:ITEMS_NOTED]
+
+
 def _own_storage(obj: Any) -> Any | None:
     """A tensor's (first) storage, or a storage object's own; None where it has none."""
     if not is_tensor_type(type(obj)):
@@ -725,9 +741,12 @@ class StorageSites:
     while its storage was allocated where the batch was made, by a tensor that may be gone by the
     time a leak is named. So while this recorder runs (in one run of a test already found
     leaking), each function of the user's code that returns has its local tensors (and what it
-    returns) noted: the first tensor seen with a storage is where that storage was made, as
-    tracemalloc recorded it. It runs as a trace function on the test's thread, for calls only
-    (line events off); where a tracer runs already (coverage, a debugger), it records nothing.
+    returns) noted, with those its local lists, tuples and dicts hold (the first
+    :data:`ITEMS_NOTED` of each): the first tensor seen with a storage is where that storage was
+    made, as tracemalloc recorded it, and a view seen stands for its base (``weights["a"][:8]``
+    was not made where ``weights["a"]`` was allocated). It runs as a trace function on the test's
+    thread, for calls only (line events off); where a tracer runs already (coverage, a debugger),
+    it records nothing.
     """
 
     def __init__(self) -> None:
@@ -773,12 +792,16 @@ class StorageSites:
         return self._on_return if self._tracing else None
 
     def _note(self, values: list[Any]) -> None:
-        for value in values:
+        import torch
+
+        base_of = torch._C.TensorBase._base.__get__  # (the C attribute: no subclass's code runs)
+        for value in _with_items(values):
             if not is_tensor_type(type(value)):
                 continue
-            import torch
-
             with torch._C.DisableTorchFunction():
+                base = base_of(value)
+                if base is not None:
+                    value = base
                 storages = tensor_storages(value)
             for storage in storages:
                 facts = storage_facts(storage)  # (None for torch.compile's fake tensors: reading their pointer warns)
