@@ -794,7 +794,7 @@ class StorageSites:
     def _note(self, values: list[Any]) -> None:
         import torch
 
-        base_of = torch._C.TensorBase._base.__get__  # (the C attribute: no subclass's code runs)
+        base_of: Any = vars(torch._C.TensorBase)["_base"].__get__  # (the C attribute: no subclass's code runs)
         for value in _with_items(values):
             if not is_tensor_type(type(value)):
                 continue
