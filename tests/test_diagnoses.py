@@ -506,6 +506,35 @@ def test_a_mutable_default_and_a_numpy_array_of_objects_are_named_with_their_fix
     )
 
 
+def test_records_kept_with_every_row_of_their_batch_are_told_the_list_not_a_small_view(
+    pytester: pytest.Pytester,
+) -> None:
+    # airctic/icevision#692: a metric keeps each prediction record, and each record its image, a
+    # row of the batch. Every row is kept, so a copy of each would save nothing.
+    pytester.makepyfile(
+        test_it="""
+        import torch
+
+        class Record:
+            def __init__(self, img, scores):
+                self.components = [img, scores]
+
+        RECORDS = []
+
+        def test_validation_epoch():
+            for _ in range(4):
+                images = torch.rand(8, 3, 32, 32)
+                RECORDS.extend(Record(img, img.mean((1, 2))) for img in images)
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["    diagnosis: what RECORDS[[]*[]] holds keeps these tensors: it hangs from module test_it*"]
+    )
+    result.stdout.no_fnmatch_line("*a view keeps its whole storage*")
+
+
 def test_a_figure_pyplot_keeps_open_is_named_with_its_fix(pytester: pytest.Pytester) -> None:
     # torchmetrics' plot tests: a tensor given as ticks is kept by the tick locator's numpy array,
     # a dozen levels below pyplot's table of open figures, and each run opens one more figure.

@@ -65,6 +65,7 @@ class Group(Protocol):
     device: str
     bytes: int
     count: int
+    viewed: int
     cls: str
     holders: list[HolderPath]
     graph_bytes: int
@@ -1386,6 +1387,8 @@ def small_view_of_a_large_storage(group: Group, found: Sequence[str]) -> str | N
     elements = group.count * item
     for size in group.shape:
         elements *= size
+    # (every row of a batch kept, each a view: together they view the whole storage)
+    elements = max(elements, group.viewed)
     if group.bytes < SMALL_VIEW_RATIO * elements or group.bytes - elements < 4096:
         return None
     return (
@@ -1661,17 +1664,22 @@ MAX_HOLDER_TEXT = 80
 """How much of a holder's path a fallback diagnosis quotes (its end, where it is longer)."""
 
 
-def _decisive_edge(path: HolderPath) -> int:
+def _decisive_edge(path: HolderPath, others: Sequence[HolderPath] = ()) -> int:
     """The index of the edge the fix is about: the last entry of a container on the path (what
     holds a kept model is the entry the model was added as, not its parameter's attribute), one
     the code can remove (a tuple's is part of what the entry before it holds: ``past_key_values[0][0]``
-    of an output kept in a dict), else the last edge (-1 where there is none)."""
+    of an output kept in a dict), else the last edge (-1 where there is none). Where ``others``,
+    the group's other paths, go the same way but by other entries of one container (``_records[135]``,
+    ``_records[143]``, each then ``.components[0].img``), that container's entry: it is the one
+    that gains them."""
     containers = path.type_names()  # (the class of what each edge leaves is the one before it)
     entries = [
         index for index, edge in enumerate(path.edges) if _LAST_EDGE_KINDS.get(edge.kind) in ("item", "dict key")
     ]
     removable = [index for index in entries if containers[index] != "tuple"]
-    return (removable or entries)[-1] if entries else len(path.edges) - 1
+    alike = [other for other in others if len(other.edges) == len(path.edges)]
+    varying = [index for index in removable if any(other.edges[index] != path.edges[index] for other in alike)]
+    return (varying or removable or entries)[-1] if entries else len(path.edges) - 1
 
 
 def _edges_text(edges: Sequence[Edge]) -> str:
@@ -1684,7 +1692,7 @@ def what_keeps_it(group: Group, found: Sequence[str]) -> str | None:
     path = next((path for path in group.holders if not path.opaque), None)
     if found or path is None or (not path.edges and path.root.kind == "frame local"):
         return None  # (a running function's own local: its business until it returns)
-    decisive = _decisive_edge(path)
+    decisive = _decisive_edge(path, [other for other in group.holders if other is not path and not other.opaque])
     holder = _edges_text(path.edges[: decisive + 1]) or path.root.label
     rest = path.edges[decisive + 1 :]
     root = path.root

@@ -178,6 +178,9 @@ class TensorGroup:
     named one by one, and the rest counted in where every one named carried one."""
     keys: list[StorageKey] = field(default_factory=list, repr=False)
     """The storages of the group (not in the JSON: they name memory, not what a reader can use)."""
+    viewed: int = field(default=0, repr=False)
+    """Of a group of tensors: the bytes of its storages that the tensors Python holds over them view,
+    each storage's views summed (at most its size): all of a batch where each of its rows is kept."""
     made_inside_library: bool | None = field(default=None, repr=False)
     """Whether library code (torch's own, as it traces or scripts) made these tensors, rather than
     a line of the user's; None where not recorded."""
@@ -870,6 +873,15 @@ def _other_views(finds: list[Found], primary: Found, orphans: set[int]) -> list[
     ]
 
 
+def _element_bytes(tensor: Any) -> int:
+    """The bytes of a tensor's own elements (0 where it will not say)."""
+    try:
+        with _torch()._C.DisableTorchFunction():
+            return int(tensor.numel()) * int(tensor.element_size())
+    except Exception:
+        return 0
+
+
 def _allocation_site(sites: SiteSource | None, found: Found, tensor: Any | None = None) -> str | None:
     """Where the storage was allocated, then, where the tensor kept is a view made elsewhere
     (``x.detach()`` in a hook, a slice), where that view was made."""
@@ -920,15 +932,15 @@ def describe(
             located, orphans, hooked = _find_storages(keys, device, known)
             primaries = [_primary(finds, orphans.ids) for finds in located.values()]
             views = [
-                (primary.tensor, _other_views(finds, primary, orphans.ids))
+                (primary, _other_views(finds, primary, orphans.ids))
                 for finds, primary in zip(located.values(), primaries, strict=True)
             ]
             located.clear()
             primaries.sort(key=lambda f: (f.via == "graph", grouping.order[f.key]))  # owners' groups first
             for found in primaries:
                 grouping.add(found)
-            for tensor, others in views:  # (where the groups have room left for chains)
-                grouping.add_views(tensor, others)
+            for found, others in views:  # (where the groups have room left for chains)
+                grouping.add_views(found, others)
             primaries.clear()
             views.clear()
         if name and targets:
@@ -1055,13 +1067,15 @@ class _Grouping:
             self.targets.append(found.tensor if found.via in ("gc", "storage") else found.owner)
             self.target_groups.append((group, found.via == "grad"))
 
-    def add_views(self, primary: Any, others: list[Any]) -> None:
-        """Name a storage through the other tensors Python holds over it (see :func:`_other_views`),
-        in its group, while the group has room for chains: which of them explains the storage is
-        the one gc lists first, and another may hold it longer (a hook per instance of a test's
-        class appends its own view of each output: the last run's instance holds one, every
-        earlier hook another)."""
-        group = self.owner_groups.get(id(primary))
+    def add_views(self, primary: Found, others: list[Any]) -> None:
+        """Count what the tensors Python holds over a storage view of it (``primary``'s, and those of
+        :func:`_other_views`) in its group's ``viewed``, and name the storage through the others,
+        while the group has room for chains: which of them explains the storage is the one gc lists
+        first, and another may hold it longer (a hook per instance of a test's class appends its
+        own view of each output: the last run's instance holds one, every earlier hook another)."""
+        group = self.owner_groups.get(id(primary.tensor))
+        if group is not None and primary.via == "gc":
+            group.viewed += min(primary.nbytes, sum(_element_bytes(tensor) for tensor in (primary.tensor, *others)))
         for tensor in others:
             if group is None or not self._has_room(group):
                 return
@@ -1216,6 +1230,7 @@ def merge_parts(groups: Sequence[TensorGroup]) -> list[TensorGroup]:
         whole.parts.append(group)
         whole.bytes += group.bytes
         whole.count += group.count
+        whole.viewed += group.viewed
         whole.graph_bytes += group.graph_bytes
         whole.graph_tensors += group.graph_tensors
         whole.with_graph += group.with_graph

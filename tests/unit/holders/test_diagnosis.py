@@ -1300,6 +1300,39 @@ def test_what_keeps_it_quotes_the_entry_the_code_can_remove_not_a_tuples() -> No
     assert found is not None and found.startswith("PAIRS[1][0] keeps these tensors")
 
 
+def test_what_keeps_it_quotes_the_entry_that_differs_between_the_groups_holders() -> None:
+    # airctic/icevision#692: a metric keeps whole records, each holding its image: the list of
+    # records gains them, not each record's list of components
+    def record(index: str) -> HolderPath:
+        return module(
+            "test_it",
+            attr("METRIC", "COCOMetric"),
+            attr("_records", "list"),
+            item(index, "Record"),
+            attr("components", "list"),
+            item("0", "ImageRecordComponent"),
+            attr("img"),
+        )
+
+    found = diagnosis.what_keeps_it(_group(record("135"), record("143"), count=2), [])  # type: ignore[arg-type]
+    assert found is not None and found.startswith("what METRIC._records[135] holds keeps these tensors")
+    # one holder alone: its last entry, as before
+    found = diagnosis.what_keeps_it(_group(record("135")), [])  # type: ignore[arg-type]
+    assert found is not None and found.startswith("what METRIC._records[135].components[0] holds")
+
+
+def test_views_that_together_cover_their_storage_are_not_a_small_view_of_it() -> None:
+    # every row of each batch kept: the 1 MiB the storages take is all viewed
+    held = module("test_it", attr("ROWS", "list"), item("0"))
+    small = _group(held, bytes=1 << 20)
+    assert diagnosis.small_view_of_a_large_storage(small, []) is not None  # type: ignore[arg-type]
+    covered = _group(held, bytes=1 << 20, viewed=1 << 20)
+    assert diagnosis.small_view_of_a_large_storage(covered, []) is None  # type: ignore[arg-type]
+    # rows of a batch of which only a few are kept are still told
+    few = _group(held, bytes=1 << 20, viewed=1 << 16)
+    assert diagnosis.small_view_of_a_large_storage(few, []) is not None  # type: ignore[arg-type]
+
+
 def test_a_tensor_a_picklers_memo_holds_itself_is_told_the_memo() -> None:
     # the C Pickler's memo read as a reference: the tensor pickled can be what it leads to
     held = module("test_it", attr("PICKLER", "Pickler"), edge("reference", "Pickler"))
