@@ -222,6 +222,21 @@ LEAK_KINDS = {
         "held by test_it.DISTS[*].*",
         "DISTS[*] is a torch.distributions object, which keeps the parameters it was made from*",
     ),
+    "tensor_written_into_with_a_graph": (
+        """
+        # dmlc/dgl#698, pytorch/pytorch#1111: a feature bank each step writes encoder outputs into
+        ENCODER = torch.nn.Linear(64, 32)
+        BANK = torch.zeros(4096, 32)
+        STEP = iter(range(64))
+
+        @pytest.mark.vram_budget
+        def test_it():
+            step = next(STEP)
+            BANK[step * 64 : (step + 1) * 64] = ENCODER(torch.ones(64, 64))  # here
+        """,
+        "held by test_it.BANK",
+        "BANK was written into with values that carry their autograd graph (its grad_fn is CopySlices*",
+    ),
     "last_traceback_of_a_console": (
         """
         import code

@@ -73,6 +73,7 @@ class Group(Protocol):
     graph_hooks: set[str]
     nodes: int
     with_graph: int
+    grad_fn: str
     hook: str
     grad_graph: bool
     made_inside_library: bool | None
@@ -348,6 +349,39 @@ def distribution_kept_with_its_graph(group: Group, found: Sequence[str]) -> str 
         "loc, scale) with the autograd graph that made them, so each one kept keeps its step's graph: where it is "
         "kept for later, make it from detached parameters (Categorical(logits=logits.detach())), or keep only what "
         "is needed of it (dist.log_prob(action).detach(), dist.entropy().item())"
+    )
+
+
+IN_PLACE_WRITES = frozenset(
+    {
+        "CopySlices",
+        "CopyBackwards",
+        "IndexPutBackward0",
+        "IndexCopyBackward0",
+        "IndexAddBackward0",
+        "IndexFillBackward1",
+        "MaskedScatterBackward0",
+        "MaskedFillBackward1",
+        "ScatterBackward0",
+        "ScatterAddBackward0",
+        "PutBackward0",
+    }
+)
+"""The grad_fn classes of a tensor last written into (``bank[ids] = out``, ``.copy_()``, ``index_put_``)
+by a value that carries a graph (the ``1`` variants: where the value written is a tensor)."""
+
+
+def written_with_a_graph(group: Group, found: Sequence[str]) -> str | None:
+    """A kept tensor written into, in place, with values that carry their autograd graph (a feature bank, a memory)."""
+    if group.grad_graph or group.grad_fn not in IN_PLACE_WRITES or not group.graph_bytes:
+        return None
+    path = next((path for path in group.holders if not path.opaque), None)
+    name = _spelled(path, len(path.edges)) if path is not None else "the tensor"
+    return (
+        f"{name} was written into with values that carry their autograd graph (its grad_fn is {group.grad_fn}: "
+        f"tensor[index] = value, .copy_(), index_put_()), so it keeps every write's graph, "
+        f"{format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors, as long as it lives: write "
+        "value.detach(), or write under torch.no_grad()"
     )
 
 
@@ -1735,6 +1769,7 @@ RULES: list[Rule] = [
     pack_hook_kept_its_output,
     saved_a_view_of_its_output,
     distribution_kept_with_its_graph,
+    written_with_a_graph,
     graph_kept,
     grad_fn_kept,
     numpy_array,

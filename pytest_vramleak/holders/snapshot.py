@@ -178,6 +178,8 @@ class TensorGroup:
     named one by one, and the rest counted in where every one named carried one."""
     keys: list[StorageKey] = field(default_factory=list, repr=False)
     """The storages of the group (not in the JSON: they name memory, not what a reader can use)."""
+    grad_fn: str = field(default="", repr=False)
+    """The class of the grad_fn of the first of the group's tensors that has one (``CopySlices``)."""
     viewed: int = field(default=0, repr=False)
     """Of a group of tensors: the bytes of its storages that the tensors Python holds over them view,
     each storage's views summed (at most its size): all of a batch where each of its rows is kept."""
@@ -1021,6 +1023,7 @@ class _Grouping:
             group = self._group(found, tensor_key(found.owner), "graph", tensor_class(found.owner))
             self.owner_groups[id(found.owner)] = group
             group.count += 1
+            group.grad_fn = group.grad_fn or _grad_fn_name(found.owner)
             self.targets.append(found.owner)
             self.target_groups.append((group, False))
         group.graph_bytes += found.nbytes
@@ -1047,8 +1050,10 @@ class _Grouping:
             return
         self.counted.add(id(found.tensor))
         group.count += 1
-        if found.via == "gc" and _has_graph(found.tensor):
+        grad_fn = _grad_fn_name(found.tensor) if found.via == "gc" else ""
+        if grad_fn:
             group.with_graph += 1
+            group.grad_fn = group.grad_fn or grad_fn
         self.owner_groups.setdefault(id(found.tensor), group)
         if found.via == "grad" and not group.grad_graph:
             group.grad_graph = _has_graph(found.tensor)
@@ -1169,12 +1174,19 @@ def _finish(groups: list[TensorGroup]) -> list[TensorGroup]:
 
 def _has_graph(tensor: Any) -> bool:
     """Whether a tensor has a grad_fn, read without running code of a tensor subclass."""
+    return bool(_grad_fn_name(tensor))
+
+
+def _grad_fn_name(tensor: Any) -> str:
+    """The class of a tensor's grad_fn (``CopySlices``), read without running code of a tensor
+    subclass; empty where it has none."""
     torch = _torch()
     try:
         with torch._C.DisableTorchFunction():
-            return torch._C.TensorBase.grad_fn.__get__(tensor) is not None
+            grad_fn = torch._C.TensorBase.grad_fn.__get__(tensor)
     except Exception:
-        return False
+        return ""
+    return "" if grad_fn is None else type(grad_fn).__name__
 
 
 def held_in_cpp_groups(tensors: Sequence[Any], refs: Sequence[Any]) -> list[TensorGroup] | None:
@@ -1231,6 +1243,7 @@ def merge_parts(groups: Sequence[TensorGroup]) -> list[TensorGroup]:
         whole.bytes += group.bytes
         whole.count += group.count
         whole.viewed += group.viewed
+        whole.grad_fn = whole.grad_fn or group.grad_fn
         whole.graph_bytes += group.graph_bytes
         whole.graph_tensors += group.graph_tensors
         whole.with_graph += group.with_graph

@@ -98,6 +98,13 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         _group(module("test_it", attr("LOSSES", "list"), item("0")), graph_bytes=1024, graph_tensors=4),
         _group(module("test_it", attr("LOSSES", "list"), item("0"))),
     ),
+    "a tensor written into with values that carry their graph": (
+        diagnosis.written_with_a_graph,
+        "BANK was written into with values that carry their autograd graph (its grad_fn is CopySlices: "
+        "tensor[index] = value, .copy_(), index_put_()), so it keeps every write's graph, 1.0 KiB in 4 saved tensors",
+        _group(module("test_it", attr("BANK")), graph_bytes=1024, graph_tensors=4, grad_fn="CopySlices"),
+        _group(module("test_it", attr("BANK")), graph_bytes=1024, graph_tensors=4, grad_fn="AddBackward0"),
+    ),
     "graph kept through torch.utils.checkpoint": (
         diagnosis.graph_kept,
         "autograd graph kept alive: 1.0 KiB in 4 saved tensors behind a tensor that still has its grad_fn, a graph "
