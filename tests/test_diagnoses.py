@@ -575,6 +575,47 @@ def test_a_figure_pyplot_keeps_open_is_named_with_its_fix(pytester: pytest.Pytes
     result.stdout.no_fnmatch_line("*held outside Python's gc*")
 
 
+def test_a_holder_the_walk_from_the_users_modules_reaches_is_named_though_another_is_not(
+    pytester: pytest.Pytester,
+) -> None:
+    # optuna/optuna#5183: each trial's model is a dozen levels below the test's STUDY. The walk
+    # from the user's modules reaches it; one held as deep below json is beyond every walk, and
+    # what the first walk found must not be lost for it.
+    pytester.makepyfile(
+        test_it="""
+        import json
+        import torch
+
+        class Node:
+            __slots__ = ("child",)
+
+            def __init__(self, child):
+                self.child = child
+
+        def deep(value):
+            for _ in range(12):
+                value = Node(value)
+            return value
+
+        STUDY = []
+
+        def test_keeps_deep():
+            STUDY.append(deep(torch.ones(256)))
+            json.__dict__.setdefault("_kept_by_test_it", []).append(deep(torch.ones(128)))
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak", "--vramleak-fail-on=any")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "float32[[]256[]] on cpu: 1 tensor*",
+            "    held by test_it.STUDY[[]*[]].child.child.child.child.child.child.child.child.child.child.child.child",
+            "float32[[]128[]] on cpu: 1 tensor*",
+            "    held by <Node 8 levels up, where the search for holders stopped>.child.child*",
+        ]
+    )
+
+
 def test_a_holder_deeper_than_the_search_is_not_said_to_be_held_outside_gc(pytester: pytest.Pytester) -> None:
     # Twelve objects deep below a module no test owns (json): the search backwards stops at its
     # depth and the walk forwards from every module gives up before; where it stopped is said,

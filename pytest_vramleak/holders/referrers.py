@@ -794,22 +794,25 @@ def _meet_forward(
     # one (a tick locator's array over a tensor) is a dozen levels from the module that keeps
     # them, beyond the backward search, and a walk from every module gives up before.
     figures = pyplot_figures()
-    ignore.update((id(users), id(others), id(by_storage), id(figures)))
+    ignore.update((id(users), id(others), id(by_storage), id(figures), id(forward)))
     groups = [(users, ignore | others), (starts, ignore), (everything, ignore)]
     if figures:
         groups.insert(1, (figures, ignore | _with_namespaces(module_roots)))
     # pytest's and pluggy's running frames last: what a hook wrapper holds for a moment is also
-    # reachable from where it lives (a logger from logging), by the name the user knows
+    # reachable from where it lives (a logger from logging), by the name the user knows. Each walk
+    # looks for what the walks before it did not reach, and keeps what they did.
     for group, skip in groups:
-        forward = _search_forward(
-            remaining | meeting.keys(),
+        reached = _search_forward(
+            (remaining | meeting.keys()) - forward.keys(),
             group,
             skip,
             exclude_types,
             by_storage,
             covers=covers,
-            needed=unrooted,
+            needed=unrooted & ~_covered(forward, covers),
         )
+        forward.update(reached)
+        reached.clear()
         if _covered(forward, covers) & unrooted == unrooted:
             break
     _join(forward, remaining, meeting, search.held_by, chains_by_target)
