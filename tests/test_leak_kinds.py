@@ -237,6 +237,23 @@ LEAK_KINDS = {
         "held by test_it.BANK",
         "BANK was written into with values that carry their autograd graph (its grad_fn is CopySlices*",
     ),
+    "value_a_console_echoed": (
+        """
+        import code
+
+        ENCODER = torch.nn.Linear(256, 256)
+
+        def encode():
+            return ENCODER(torch.ones(512, 256)).sum()  # here
+
+        @pytest.mark.vram_budget
+        def test_it():
+            # A console (or a doctest) echoes the value of an expression: sys.displayhook keeps it in builtins._
+            code.InteractiveInterpreter({"encode": encode}).runsource("encode()")
+        """,
+        "held by builtins._",
+        "builtins._ is where sys.displayhook keeps the last value an interactive console or a doctest echoed*",
+    ),
     "last_traceback_of_a_console": (
         """
         import code

@@ -128,6 +128,12 @@ def _sys_last(path: HolderPath) -> bool:
     return path.root.kind == "module" and path.root.name == "sys" and first is not None and first.name in _SYS_LAST
 
 
+def _echoed(path: HolderPath) -> bool:
+    """``builtins._``: where ``sys.displayhook`` keeps the last value a console or a doctest echoed."""
+    first = _first_edge(path)
+    return path.root.kind == "module" and path.root.name == "builtins" and _is_attribute(first, "_")
+
+
 def in_gc_garbage(path: HolderPath) -> bool:
     """``gc.garbage``: where the collector puts what it finds unreachable, rather than free it, while
     ``gc.DEBUG_SAVEALL`` is on."""
@@ -136,9 +142,9 @@ def in_gc_garbage(path: HolderPath) -> bool:
 
 
 def kept_by_the_interpreter(path: HolderPath) -> bool:
-    """Whether the path starts at what the interpreter keeps of errors and garbage (``sys.last_traceback``,
-    ``gc.garbage``), not at a module's own state."""
-    return _sys_last(path) or in_gc_garbage(path)
+    """Whether the path starts at what the interpreter keeps of errors, garbage and echoed values
+    (``sys.last_traceback``, ``gc.garbage``, ``builtins._``), not at a module's own state."""
+    return _sys_last(path) or in_gc_garbage(path) or _echoed(path)
 
 
 def _carried_by_loop(group: Group) -> bool:
@@ -549,6 +555,17 @@ def last_error(group: Group, found: Sequence[str]) -> str | None:
         "sys.last_traceback / sys.last_value keep the last reported error's frames and their local tensors "
         "(pytest sets them for a failed test, interactive consoles for an error they print): delete them "
         "when done, or call traceback.clear_frames(sys.last_traceback)"
+    )
+
+
+def echoed_value(group: Group, found: Sequence[str]) -> str | None:
+    """builtins._, where sys.displayhook keeps the last value a console or a doctest echoed."""
+    if not any(_echoed(path) for path in group.holders):
+        return None
+    return (
+        "builtins._ is where sys.displayhook keeps the last value an interactive console or a doctest echoed (an "
+        "expression whose value is printed), until another is echoed: assign such a value to a name, or echo only "
+        "what is needed of it (.item(), tuple(t.shape)), or set builtins._ = None when done"
     )
 
 
@@ -1769,6 +1786,7 @@ RULES: list[Rule] = [
     pack_hook_kept_its_output,
     saved_a_view_of_its_output,
     distribution_kept_with_its_graph,
+    echoed_value,
     written_with_a_graph,
     graph_kept,
     grad_fn_kept,

@@ -105,6 +105,12 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         _group(module("test_it", attr("BANK")), graph_bytes=1024, graph_tensors=4, grad_fn="CopySlices"),
         _group(module("test_it", attr("BANK")), graph_bytes=1024, graph_tensors=4, grad_fn="AddBackward0"),
     ),
+    "a value a console or a doctest echoed": (
+        diagnosis.echoed_value,
+        "builtins._ is where sys.displayhook keeps the last value an interactive console or a doctest echoed",
+        _group(module("builtins", attr("_"))),
+        _group(module("builtins", attr("_kept"))),
+    ),
     "graph kept through torch.utils.checkpoint": (
         diagnosis.graph_kept,
         "autograd graph kept alive: 1.0 KiB in 4 saved tensors behind a tensor that still has its grad_fn, a graph "
