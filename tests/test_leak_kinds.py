@@ -254,6 +254,29 @@ LEAK_KINDS = {
         "held by builtins._",
         "builtins._ is where sys.displayhook keeps the last value an interactive console or a doctest echoed*",
     ),
+    "running_statistic_set_with_its_graph": (
+        """
+        # pytorch/pytorch#20275: a batch norm that sets its running mean from the batch's, autograd on
+        class MeanOnlyBatchNorm(torch.nn.Module):
+            def __init__(self, features):
+                super().__init__()
+                self.register_buffer("running_mean", torch.zeros(features))
+
+            def forward(self, x):
+                mean = x.mean(dim=0)
+                self.running_mean = 0.9 * self.running_mean + 0.1 * mean
+                return x - mean
+
+        MODEL = torch.nn.Sequential(torch.nn.Linear(64, 256), MeanOnlyBatchNorm(256))
+
+        @pytest.mark.vram_budget
+        def test_it():
+            MODEL(torch.ones(32, 64))  # here
+        """,
+        "held by test_it.MODEL[1].running_mean",
+        "autograd graph kept alive: * behind MODEL[1].running_mean, a tensor that still has its grad_fn: a state "
+        "set from a computation made with autograd on*self.running_mean = value.detach(), self.running_mean += x.detach()*",
+    ),
     "last_traceback_of_a_console": (
         """
         import code

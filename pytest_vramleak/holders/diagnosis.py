@@ -391,6 +391,17 @@ def written_with_a_graph(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
+def _attribute_state(group: Group) -> HolderPath | None:
+    """The path of a group of one tensor held as an attribute (``MODEL[1].running_mean``), through
+    no container's entry: state an object keeps and sets again, not values a list gains."""
+    path = next((path for path in group.holders if not path.opaque), None)
+    if group.count != 1 or path is None or not path.edges or path.edges[-1].kind != "attribute":
+        return None
+    if any(_LAST_EDGE_KINDS.get(edge.kind) in ("item", "dict key") for edge in path.edges):
+        return None
+    return path
+
+
 def graph_kept(group: Group, found: Sequence[str]) -> str | None:
     """A graph behind a stored tensor that still has its grad_fn (a loss stored with its graph)."""
     if group.grad_graph or not group.graph_bytes or _carried_by_loop(group) or found:
@@ -401,6 +412,21 @@ def graph_kept(group: Group, found: Sequence[str]) -> str | None:
             "behind a tensor that still has its grad_fn, a graph that goes through a torch.utils.checkpoint "
             "region, whose saved-tensor hooks keep the region's inputs (and RNG state) to recompute it in "
             "backward: store loss.item() or out.detach() instead, or run backward() before the graph is dropped"
+        )
+    state = _attribute_state(group)
+    if state is not None:
+        name = state.edges[-1].name
+        keep = (
+            f"keep a number instead (self.{name} += loss.item())"
+            if group.shape == ()
+            else f"set it from detached values (self.{name} = value.detach(), self.{name} += x.detach())"
+        )
+        return (
+            f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors "
+            f"behind {_spelled(state, len(state.edges))}, a tensor that still has its grad_fn: a state set from a "
+            "computation made with autograd on (a running statistic, a hidden state, a running total) keeps that "
+            "computation's graph, and where each update reads the last value, the graph of every update before it: "
+            f"{keep}, or update it under torch.no_grad()"
         )
     return (
         f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors "

@@ -111,6 +111,17 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         _group(module("builtins", attr("_"))),
         _group(module("builtins", attr("_kept"))),
     ),
+    "graph kept by state set again from itself": (
+        diagnosis.graph_kept,
+        "autograd graph kept alive: 1.0 KiB in 4 saved tensors behind MODEL[1].running_mean, a tensor that still has "
+        "its grad_fn: a state set from a computation made with autograd on",
+        _group(
+            module("test_it", attr("MODEL", "Sequential"), attr("1", "MeanOnlyBatchNorm"), attr("running_mean")),
+            graph_bytes=1024,
+            graph_tensors=4,
+        ),
+        _group(module("test_it", attr("MODEL", "Sequential"), attr("1", "MeanOnlyBatchNorm"), attr("running_mean"))),
+    ),
     "graph kept through torch.utils.checkpoint": (
         diagnosis.graph_kept,
         "autograd graph kept alive: 1.0 KiB in 4 saved tensors behind a tensor that still has its grad_fn, a graph "
