@@ -275,7 +275,7 @@ LEAK_KINDS = {
         """,
         "held by test_it.MODEL[1].running_mean",
         "autograd graph kept alive: * behind MODEL[1].running_mean, a tensor that still has its grad_fn: a state "
-        "set from a computation made with autograd on*self.running_mean = value.detach(), self.running_mean += x.detach()*",
+        "set from a computation made with autograd on*self.running_mean = h.detach(), self.running_mean += x.detach()*",
     ),
     "last_traceback_of_a_console": (
         """
@@ -352,7 +352,8 @@ LEAK_KINDS = {
                 LOSSES.append((batch @ weight).relu().sum())  # here
         """,
         "held by test_it.LOSSES[*]",
-        "autograd graph kept alive: * in * saved tensors*store loss.item() or tensor.detach() instead*, or run the step, or the update, under torch.no_grad()",
+        "autograd graph kept alive: * in * saved tensors behind tensors that still have their grad_fn, kept in LOSSES "
+        "(LOSSES[*], ...)*store loss.item() or tensor.detach() instead, and empty LOSSES when done",
     ),
 }
 

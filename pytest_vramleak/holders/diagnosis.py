@@ -391,15 +391,47 @@ def written_with_a_graph(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
-def _attribute_state(group: Group) -> HolderPath | None:
-    """The path of a group of one tensor held as an attribute (``MODEL[1].running_mean``), through
-    no container's entry: state an object keeps and sets again, not values a list gains."""
-    path = next((path for path in group.holders if not path.opaque), None)
-    if group.count != 1 or path is None or not path.edges or path.edges[-1].kind != "attribute":
+def _attribute_state(group: Group) -> tuple[str, str] | None:
+    """Where every tensor of the group is held by one attribute (``MODEL[1].running_mean``), or by
+    entries of the tuple it holds (an LSTM's ``MODEL.hidden``, ``(h, c)``), through no container's
+    entry before it: state an object keeps and sets again, not values a list gains. The attribute
+    as the code spells it, and its name."""
+    named = _named(group)
+    if not named or len(named) != group.count:
         return None
-    if any(_LAST_EDGE_KINDS.get(edge.kind) in ("item", "dict key") for edge in path.edges):
+    path = named[0]
+    containers = path.type_names()
+    end = len(path.edges)
+    while end > 0 and path.edges[end - 1].kind == "item" and containers[end - 1] == "tuple":
+        end -= 1
+    if end == 0 or path.edges[end - 1].kind != "attribute":
         return None
-    return path
+    if any(_LAST_EDGE_KINDS.get(edge.kind) in ("item", "dict key") for edge in path.edges[: end - 1]):
+        return None
+    if any(other.root != path.root or other.edges[:end] != path.edges[:end] for other in named):
+        return None
+    return _spelled(path, end), path.edges[end - 1].name
+
+
+def _gained_entries(group: Group) -> tuple[str, str] | None:
+    """Where the group's holders are entries of one container that differ between them
+    (``RUN.history.rows[40]``, ``[41]``): the container and the first entry, as the code spells them."""
+    named = _named(group)
+    if len(named) < 2 or named[0].root.kind not in ("module", "fixture", "parametrize"):
+        return None  # (a root the code does not spell, a frame's local: the holder line says it)
+    path = named[0]
+    decisive = _decisive_edge(path, named[1:])
+    if (
+        decisive < 0
+        or _LAST_EDGE_KINDS.get(path.edges[decisive].kind) not in ("item", "dict key")
+        or path.type_names()[decisive] == "tuple"
+    ):
+        return None
+    if not any(
+        len(other.edges) == len(path.edges) and other.edges[decisive] != path.edges[decisive] for other in named
+    ):
+        return None
+    return _spelled(path, decisive), _spelled(path, decisive + 1)
 
 
 def graph_kept(group: Group, found: Sequence[str]) -> str | None:
@@ -415,18 +447,27 @@ def graph_kept(group: Group, found: Sequence[str]) -> str | None:
         )
     state = _attribute_state(group)
     if state is not None:
-        name = state.edges[-1].name
+        spelled, name = state
         keep = (
             f"keep a number instead (self.{name} += loss.item())"
             if group.shape == ()
-            else f"set it from detached values (self.{name} = value.detach(), self.{name} += x.detach())"
+            else f"set it from detached values (self.{name} = h.detach(), self.{name} += x.detach())"
         )
         return (
             f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors "
-            f"behind {_spelled(state, len(state.edges))}, a tensor that still has its grad_fn: a state set from a "
+            f"behind {spelled}, a tensor that still has its grad_fn: a state set from a "
             "computation made with autograd on (a running statistic, a hidden state, a running total) keeps that "
             "computation's graph, and where each update reads the last value, the graph of every update before it: "
             f"{keep}, or update it under torch.no_grad()"
+        )
+    gained = _gained_entries(group)
+    if gained is not None:
+        container, entry = gained
+        return (
+            f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors "
+            f"behind tensors that still have their grad_fn, kept in {container} ({entry}, ...): each keeps the graph "
+            "of the step that made it (a loss or an output stored, logged or collected as it was computed): store "
+            f"loss.item() or tensor.detach() instead, and empty {container} when done"
         )
     return (
         f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors "

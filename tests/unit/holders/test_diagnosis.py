@@ -122,6 +122,51 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         ),
         _group(module("test_it", attr("MODEL", "Sequential"), attr("1", "MeanOnlyBatchNorm"), attr("running_mean"))),
     ),
+    "graph kept by entries a container gains": (
+        diagnosis.graph_kept,
+        "autograd graph kept alive: 1.0 KiB in 4 saved tensors behind tensors that still have their grad_fn, kept in "
+        "RUN.history.rows (RUN.history.rows[40], ...): each keeps the graph of the step that made it",
+        _group(
+            module(
+                "test_it",
+                attr("RUN", "Run"),
+                attr("history", "History"),
+                attr("rows", "list"),
+                item("40", "dict"),
+                item("'loss'"),
+            ),
+            module(
+                "test_it",
+                attr("RUN", "Run"),
+                attr("history", "History"),
+                attr("rows", "list"),
+                item("41", "dict"),
+                item("'loss'"),
+            ),
+            graph_bytes=1024,
+            graph_tensors=4,
+            count=2,
+        ),
+        _group(
+            module(
+                "test_it",
+                attr("RUN", "Run"),
+                attr("history", "History"),
+                attr("rows", "list"),
+                item("40", "dict"),
+                item("'loss'"),
+            ),
+            module(
+                "test_it",
+                attr("RUN", "Run"),
+                attr("history", "History"),
+                attr("rows", "list"),
+                item("41", "dict"),
+                item("'loss'"),
+            ),
+            count=2,
+        ),
+    ),
     "graph kept through torch.utils.checkpoint": (
         diagnosis.graph_kept,
         "autograd graph kept alive: 1.0 KiB in 4 saved tensors behind a tensor that still has its grad_fn, a graph "
