@@ -2083,6 +2083,56 @@ CATALOGUE: list[Mechanism] = [
         holder="*OPTIMIZER.state*",
         diagnosis=("optimizer", "state"),
     ),
+    # discuss.pytorch.org/t/194782 (a growing architecture: layers appended to a ModuleList and their
+    # parameters given to the optimizer with add_param_group; model and optimizer kept for the session)
+    Mechanism(
+        name="model_grown_with_add_param_group",
+        kind="optimizer state",
+        source="discuss.pytorch.org/t/194782",
+        leak="""
+        class Growing(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layers = torch.nn.ModuleList([torch.nn.Linear(128, 128)])
+
+            def forward(self, x):
+                return torch.stack([layer(x) for layer in self.layers]).sum(0)
+
+            def grow(self, optimizer):
+                self.layers.append(torch.nn.Linear(128, 128))
+                optimizer.add_param_group({"params": list(self.layers[-1].parameters())})
+
+        MODEL = Growing()
+        OPTIMIZER = torch.optim.Adam(MODEL.parameters())
+
+        def test_it():
+            MODEL.grow(OPTIMIZER)
+            MODEL(torch.ones(4, 128)).pow(2).mean().backward()
+            OPTIMIZER.step()  # here
+        """,
+        fixed="""
+        class Growing(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layers = torch.nn.ModuleList([torch.nn.Linear(128, 128)])
+
+            def forward(self, x):
+                return torch.stack([layer(x) for layer in self.layers]).sum(0)
+
+            def grow(self, optimizer):
+                self.layers.append(torch.nn.Linear(128, 128))
+                optimizer.add_param_group({"params": list(self.layers[-1].parameters())})
+
+        def test_it():
+            model = Growing()
+            optimizer = torch.optim.Adam(model.parameters())
+            model.grow(optimizer)
+            model(torch.ones(4, 128)).pow(2).mean().backward()
+            optimizer.step()
+        """,
+        holder="*OPTIMIZER.state*",
+        diagnosis=("add_param_group", "function-scoped fixture"),
+    ),
     # pytorch/pytorch#40157 and #33101 (a slice of a tensor is a view on its whole storage; what
     # torch.load returns for a saved slice, and any slice of what it loads, keeps all of it)
     Mechanism(

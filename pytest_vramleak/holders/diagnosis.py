@@ -1178,7 +1178,7 @@ def _optimizer_state(path: HolderPath) -> int | None:
 
 
 def optimizer_state(group: Group, found: Sequence[str]) -> str | None:
-    """An optimizer's per-parameter state (Adam's moments), kept for parameters it no longer steps or by a registry of optimizers."""
+    """An optimizer's per-parameter state (Adam's moments), kept for parameters added or replaced, or by a registry of optimizers."""
     for path in group.holders:
         index = _optimizer_state(path)
         if index is None:
@@ -1192,9 +1192,11 @@ def optimizer_state(group: Group, found: Sequence[str]) -> str | None:
                 "(accelerator.free_memory(), or clear the registry)"
             )
         return (
-            "optimizer.state keeps each parameter's state (Adam's exp_avg and exp_avg_sq), keyed by the parameter "
-            "itself, for as long as the optimizer lives: a parameter replaced in param_groups (densified, pruned, "
-            "resized) leaves the old parameter and its state behind: move its state to the new parameter "
+            "optimizer.state keeps the state of each parameter it stepped (Adam's exp_avg and exp_avg_sq), keyed by "
+            "the parameter itself, for as long as the optimizer lives: parameters added to it (add_param_group, as "
+            "a model grows) and parameters replaced in its param_groups (densified, pruned, resized) all stay, with "
+            "their state: make a model that grows, and its optimizer, in the test or a function-scoped fixture, not "
+            "once for the session; move a replaced parameter's state to the new one "
             "(optimizer.state[new] = optimizer.state.pop(old)), or make a new optimizer"
         )
     return None

@@ -968,7 +968,9 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
     ),
     "optimizer state": (
         diagnosis.optimizer_state,
-        "optimizer.state keeps each parameter's state",
+        "optimizer.state keeps the state of each parameter it stepped (Adam's exp_avg and exp_avg_sq), keyed by the "
+        "parameter itself, for as long as the optimizer lives: parameters added to it (add_param_group, as a model "
+        "grows) and parameters replaced",
         _group(
             module(
                 "test_it",
