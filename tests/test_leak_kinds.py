@@ -546,6 +546,29 @@ def test_compiled_code_in_checked_tests_is_not_blamed_slowed_or_warned_about(pyt
     assert torch.overrides._get_current_function_mode_stack() == modes_before  # nothing left behind the session
 
 
+def test_a_fake_tensor_beside_a_leak_is_named_without_a_warning(pytester: pytest.Pytester) -> None:
+    # torch.compile's caches keep fake tensors (e3nn's tests keep them by the hundred): they say
+    # they are on the CPU, and reading their data pointer warns, once a process (so a process of its own)
+    pytester.makepyfile(
+        test_it="""
+        import torch
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        KEPT = []
+
+        def test_keeps_a_fake_tensor_and_a_real_one():
+            with FakeTensorMode():
+                KEPT.append(torch.ones(4))
+            KEPT.append(torch.ones(256))
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["    held by test_it.KEPT[[]*[]]"])
+    result.stdout.no_fnmatch_line("*Warning*")
+    result.stdout.no_fnmatch_line("*warnings summary*")
+
+
 def test_a_failed_tests_frames_are_freed_before_the_next_checked_test(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_it="""

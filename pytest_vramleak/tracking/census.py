@@ -241,9 +241,18 @@ def _storages_worth_reading(torch: Any, storages: list[Any], pointers: set[int])
 
 def _tensors_worth_reading(torch: Any, tensors: list[Any], pointers: set[int]) -> list[bool]:
     """Whether each tensor is over a storage at ``pointers``, has an autograd graph or a gradient,
-    or is a meta tensor (whose data pointer is never read: reading it warns)."""
+    or is over the meta device (a meta tensor, or a fake tensor of ``torch.compile``'s, which says
+    it is on another: their data pointer is never read, since reading it warns) or has no storage
+    to read."""
     base = torch._C.TensorBase
     meta = list(map(base.is_meta.__get__, tensors))
+    plain = (torch.Tensor, torch.nn.Parameter)
+    for index, tensor in enumerate(tensors):
+        if not meta[index] and type(tensor) not in plain:
+            try:
+                meta[index] = base.untyped_storage(tensor).device.type == "meta"
+            except Exception:  # (a wrapper without a storage: read the general way)
+                meta[index] = True
     real = list(itertools.compress(tensors, map(operator.not_, meta))) if any(meta) else tensors
     over = map(pointers.__contains__, map(torch.UntypedStorage.data_ptr, map(base.untyped_storage, real)))
     graph = map(operator.is_not, map(base.grad_fn.__get__, real), itertools.repeat(None))
