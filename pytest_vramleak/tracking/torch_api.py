@@ -93,6 +93,23 @@ def not_compiled(function: Any) -> Any:
         return function
 
 
+def skips_compiling(code: Any) -> bool:
+    """Tell torch's compiler, where it is loaded and can be told, to run frames of ``code`` as they
+    are, never compiling them (a trace function's: its calls of Python functions must be wrapped
+    with :func:`not_compiled` still); whether it was told."""
+    import sys
+
+    if "torch._dynamo" not in sys.modules:
+        return True  # (nothing compiles a frame: the compiler is not loaded)
+    try:
+        from torch._dynamo.eval_frame import skip_code
+
+        skip_code(code)
+    except Exception:  # a torch without it
+        return False
+    return True
+
+
 def _minor(version: str) -> tuple[int, int] | None:
     parts = version.split("+")[0].split(".")
     try:

@@ -75,3 +75,34 @@ def test_alike_tensors_share_one_group_object() -> None:
     assert len(groups) == 200
     assert len({id(group) for group in groups}) == 2
     assert groups[0] == (torch.Tensor, torch.float32, torch.Size([4]), torch.device("cpu"))
+
+
+def test_the_storage_recorders_trace_function_runs_unwrapped_where_the_compiler_skips_it() -> None:
+    # it runs for every call the test makes: torch.compiler.disable's wrapper around it cost a
+    # compiling test (e3nn's) seconds; its frames are left to run as they are instead
+    import torch._dynamo  # noqa: F401  (loaded: what start() must keep off the trace function)
+
+    from pytest_vramleak.tracking.sites import StorageSites
+
+    recorder = StorageSites()
+    before = sys.gettrace()
+    tracemalloc.start(1)
+    try:
+        sys.settrace(None)
+        recorder.start()
+        try:
+            assert sys.gettrace() == recorder._call  # the method itself, not a wrapper
+            kept = torch.ones(3)  # a function of this file returns below: its tensors are noted
+            _made_here(kept)
+        finally:
+            recorder.stop()
+        assert sys.gettrace() is None
+        facts = kept.untyped_storage()
+        assert recorder.site_of(kept, facts) is not None
+    finally:
+        tracemalloc.stop()
+        sys.settrace(before)
+
+
+def _made_here(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
