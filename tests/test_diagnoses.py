@@ -575,6 +575,25 @@ def test_a_figure_pyplot_keeps_open_is_named_with_its_fix(pytester: pytest.Pytes
     result.stdout.no_fnmatch_line("*held outside Python's gc*")
 
 
+DEEP_NODES = textwrap.dedent(
+    """
+    import json
+    import torch
+
+    class Node:
+        __slots__ = ("child",)
+
+        def __init__(self, child):
+            self.child = child
+
+    def deep(value):  # twelve objects above the value
+        for _ in range(12):
+            value = Node(value)
+        return value
+    """
+)
+
+
 def test_a_holder_the_walk_from_the_users_modules_reaches_is_named_though_another_is_not(
     pytester: pytest.Pytester,
 ) -> None:
@@ -582,27 +601,16 @@ def test_a_holder_the_walk_from_the_users_modules_reaches_is_named_though_anothe
     # from the user's modules reaches it; one held as deep below json is beyond every walk, and
     # what the first walk found must not be lost for it.
     pytester.makepyfile(
-        test_it="""
-        import json
-        import torch
+        test_it=DEEP_NODES
+        + textwrap.dedent(
+            """
+            STUDY = []
 
-        class Node:
-            __slots__ = ("child",)
-
-            def __init__(self, child):
-                self.child = child
-
-        def deep(value):
-            for _ in range(12):
-                value = Node(value)
-            return value
-
-        STUDY = []
-
-        def test_keeps_deep():
-            STUDY.append(deep(torch.ones(256)))
-            json.__dict__.setdefault("_kept_by_test_it", []).append(deep(torch.ones(128)))
-        """
+            def test_keeps_deep():
+                STUDY.append(deep(torch.ones(256)))
+                json.__dict__.setdefault("_kept_by_test_it", []).append(deep(torch.ones(128)))
+            """
+        )
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak", "--vramleak-fail-on=any")
     result.assert_outcomes(failed=1)
@@ -621,22 +629,13 @@ def test_a_holder_deeper_than_the_search_is_not_said_to_be_held_outside_gc(pytes
     # depth and the walk forwards from every module gives up before; where it stopped is said,
     # not that nothing gc sees holds it.
     pytester.makepyfile(
-        test_it="""
-        import json
-        import torch
-
-        class Node:
-            __slots__ = ("child",)
-
-            def __init__(self, child):
-                self.child = child
-
-        def test_keeps_deep():
-            value = torch.ones(256)
-            for _ in range(12):
-                value = Node(value)
-            json.__dict__.setdefault("_kept_by_test_it", []).append(value)
-        """
+        test_it=DEEP_NODES
+        + textwrap.dedent(
+            """
+            def test_keeps_deep():
+                json.__dict__.setdefault("_kept_by_test_it", []).append(deep(torch.ones(256)))
+            """
+        )
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--vramleak", "--vramleak-fail-on=any")
     result.assert_outcomes(failed=1)

@@ -55,6 +55,18 @@ def edge(kind: EdgeKind, name: str = "", to: str = "Tensor") -> Edge:
     return Edge(kind, name, to)
 
 
+def _logged_row(index: str) -> HolderPath:
+    """A loss a logger's history keeps in its row ``index`` (wandb/wandb#354)."""
+    return module(
+        "test_it",
+        attr("RUN", "Run"),
+        attr("history", "History"),
+        attr("rows", "list"),
+        item(index, "dict"),
+        item("'loss'"),
+    )
+
+
 PYTEST_SELF = "self (the TestModel instance pytest keeps until the session ends)"
 
 
@@ -127,43 +139,15 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         "autograd graph kept alive: 1.0 KiB in 4 saved tensors behind tensors that still have their grad_fn, kept in "
         "RUN.history.rows (RUN.history.rows[40], ...): each keeps the graph of the step that made it",
         _group(
-            module(
-                "test_it",
-                attr("RUN", "Run"),
-                attr("history", "History"),
-                attr("rows", "list"),
-                item("40", "dict"),
-                item("'loss'"),
-            ),
-            module(
-                "test_it",
-                attr("RUN", "Run"),
-                attr("history", "History"),
-                attr("rows", "list"),
-                item("41", "dict"),
-                item("'loss'"),
-            ),
+            _logged_row("40"),
+            _logged_row("41"),
             graph_bytes=1024,
             graph_tensors=4,
             count=2,
         ),
         _group(
-            module(
-                "test_it",
-                attr("RUN", "Run"),
-                attr("history", "History"),
-                attr("rows", "list"),
-                item("40", "dict"),
-                item("'loss'"),
-            ),
-            module(
-                "test_it",
-                attr("RUN", "Run"),
-                attr("history", "History"),
-                attr("rows", "list"),
-                item("41", "dict"),
-                item("'loss'"),
-            ),
+            _logged_row("40"),
+            _logged_row("41"),
             count=2,
         ),
     ),
