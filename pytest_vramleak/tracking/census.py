@@ -246,8 +246,10 @@ def _tensors_worth_reading(torch: Any, tensors: list[Any], pointers: set[int]) -
     to read."""
     base = torch._C.TensorBase
     meta = list(map(base.is_meta.__get__, tensors))
-    plain = (torch.Tensor, torch.nn.Parameter)
-    for index, tensor in enumerate(tensors):
+    plain = {torch.Tensor, torch.nn.Parameter}
+    # (a subclass's storage is asked for its device; where every tensor is plain, as most often, no
+    # loop over them runs in Python)
+    for index, tensor in enumerate(tensors) if not set(map(type, tensors)) <= plain else ():
         if not meta[index] and type(tensor) not in plain:
             try:
                 meta[index] = base.untyped_storage(tensor).device.type == "meta"
