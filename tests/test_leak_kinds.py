@@ -340,6 +340,35 @@ LEAK_KINDS = {
         "held by test_it.KEEP['future'].value()",
         None,
     ),
+    "state_in_a_dict_set_from_itself": (
+        """
+        W = torch.nn.Linear(64, 64)
+        STATE = {"h": torch.zeros(32, 64)}
+
+        @pytest.mark.vram_budget
+        def test_it():
+            STATE["h"] = torch.tanh(W(torch.ones(32, 64)) + STATE["h"])  # here
+        """,
+        "held by test_it.STATE['h']",
+        "autograd graph kept alive: * behind STATE['h'], a tensor that still has its grad_fn, whose graph holds what "
+        "other runs of the test computed: a value computed from its own last value*STATE['h'] = value.detach()*",
+    ),
+    "loss_stored_in_a_dict_each_run": (
+        """
+        import itertools
+
+        W = torch.nn.Linear(64, 64)
+        STEPS = itertools.count()
+        LOSSES = {}
+
+        @pytest.mark.vram_budget
+        def test_it():
+            LOSSES[f"step-{next(STEPS)}"] = W(torch.ones(32, 64)).relu().sum()  # here
+        """,
+        "held by test_it.LOSSES['step-*']",
+        "autograd graph kept alive: * behind LOSSES['step-*'], a tensor that still has its grad_fn: a loss or an "
+        "output stored as it was computed keeps the graph of the step that made it (of that step only*",
+    ),
     "autograd_graph": (
         """
         LOSSES = []

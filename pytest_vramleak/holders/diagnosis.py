@@ -70,6 +70,7 @@ class Group(Protocol):
     holders: list[HolderPath]
     graph_bytes: int
     graph_tensors: int
+    graph_of_other_parts: int
     graph_hooks: set[str]
     nodes: int
     with_graph: int
@@ -77,6 +78,9 @@ class Group(Protocol):
     hook: str
     grad_graph: bool
     made_inside_library: bool | None
+
+    @property
+    def told_by_part(self) -> bool: ...
 
 
 Rule = Callable[[Group, Sequence[str]], "str | None"]
@@ -417,14 +421,15 @@ def _gained_entries(group: Group) -> tuple[str, str] | None:
     """Where the group's holders are entries of one container that differ between them
     (``RUN.history.rows[40]``, ``[41]``): the container and the first entry, as the code spells them."""
     named = _named(group)
-    if len(named) < 2 or named[0].root.kind not in ("module", "fixture", "parametrize"):
-        return None  # (a root the code does not spell, a frame's local: the holder line says it)
+    if len(named) < 2 or named[0].root.kind not in SPELLED_ROOTS:
+        return None  # (a root the code does not spell: the holder line says it)
     path = named[0]
     decisive = _decisive_edge(path, named[1:])
     if (
         decisive < 0
         or _LAST_EDGE_KINDS.get(path.edges[decisive].kind) not in ("item", "dict key")
         or path.type_names()[decisive] == "tuple"
+        or not _read_as_code(path.edges[:decisive])
     ):
         return None
     if not any(
@@ -432,6 +437,23 @@ def _gained_entries(group: Group) -> tuple[str, str] | None:
     ):
         return None
     return _spelled(path, decisive), _spelled(path, decisive + 1)
+
+
+def _held_as_code(group: Group) -> str | None:
+    """The holder of a group of one tensor as the code spells it (``CACHE['step-4']``,
+    ``T.stats['mean']``), where one path from a root of :data:`SPELLED_ROOTS` names it through
+    attributes and entries only."""
+    named = _named(group)
+    if group.count != 1 or len(named) != 1 or named[0].root.kind not in SPELLED_ROOTS:
+        return None
+    path = named[0]
+    return _spelled(path, len(path.edges)) if path.edges and _read_as_code(path.edges) else None
+
+
+def _read_as_code(edges: Sequence[Edge]) -> bool:
+    """Whether ``edges`` read as the code spells them: attributes and entries only (no closure
+    variable, no frame's local)."""
+    return all(edge.kind in ("attribute", "item") for edge in edges)
 
 
 def graph_kept(group: Group, found: Sequence[str]) -> str | None:
@@ -468,6 +490,24 @@ def graph_kept(group: Group, found: Sequence[str]) -> str | None:
             f"behind tensors that still have their grad_fn, kept in {container} ({entry}, ...): each keeps the graph "
             "of the step that made it (a loss or an output stored, logged or collected as it was computed): store "
             f"loss.item() or tensor.detach() instead, and empty {container} when done"
+        )
+    held = _held_as_code(group)
+    behind = f"behind {held}, a tensor" if held is not None else "behind a tensor"
+    if group.graph_of_other_parts:
+        detach = f"{held} = value.detach()" if held is not None else "state = value.detach()"
+        return (
+            f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors "
+            f"{behind} that still has its grad_fn, whose graph holds what other runs of the test computed: a value "
+            "computed from its own last value (a hidden state, a running statistic, a running total) chains each "
+            f"update's graph onto every one before it: set it from a detached value ({detach}), or make the update "
+            "under torch.no_grad()"
+        )
+    if group.told_by_part:
+        return (
+            f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors "
+            f"{behind} that still has its grad_fn: a loss or an output stored as it was computed keeps the graph of "
+            "the step that made it (of that step only: nothing other runs computed): store loss.item() or "
+            "tensor.detach() instead, or compute it under torch.no_grad()"
         )
     return (
         f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors "
@@ -984,12 +1024,16 @@ def done_task_result(group: Group, found: Sequence[str]) -> str | None:
 # Rules for mechanisms told by the objects on the path: their classes, the edges between them.
 
 
+SPELLED_ROOTS = ("module", "fixture", "parametrize", "frame local")
+"""Roots whose paths :func:`_spelled` reads as the code spells them."""
+
+
 def _spelled(path: HolderPath, stop: int) -> str:
     """How the path reads up to (not including) its edge ``stop``: ``ACCELERATOR._models`` from a
-    module's namespace, ``accelerator._models`` from a fixture's value (as the test names it),
+    module's namespace, ``accelerator._models`` from a fixture's value (as the test names it) or a frame's local,
     ``<label>._models`` from another root."""
     edges = path.edges[:stop]
-    if path.root.kind in ("fixture", "parametrize") and path.root.name:  # (as the test's code names it)
+    if path.root.kind in ("fixture", "parametrize", "frame local") and path.root.name:  # (as the code names it)
         return path.root.name + "".join(edge.text() for edge in edges)
     if path.root.kind != "module" or not edges or edges[0].kind != "attribute":
         return path.root.label + "".join(edge.text() for edge in edges)

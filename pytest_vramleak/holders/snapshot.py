@@ -194,6 +194,14 @@ class TensorGroup:
     caller split them (see :func:`describe`)."""
     parts: list[TensorGroup] = field(default_factory=list, repr=False)
     """For a group :func:`merge_parts` made: the groups of each part it merges."""
+    graph_of_other_parts: int = field(default=0, repr=False)
+    """Of ``graph_bytes``: the bytes of saved storages of another part than the group's (made by
+    another run of the test: a graph that chains onto what those runs computed)."""
+
+    @property
+    def told_by_part(self) -> bool:
+        """Whether the storages named were split by part (see ``graph_of_other_parts``)."""
+        return self.part is not None or any(piece.part is not None for piece in self.parts)
 
     @property
     def held_by(self) -> list[str]:
@@ -1030,6 +1038,8 @@ class _Grouping:
         group.graph_tensors += 1
         group.graph_hooks |= found.hooks
         group.keys.append(found.key)
+        if self.part is not None and self.part(found.key) != group.part:
+            group.graph_of_other_parts += found.nbytes
         site = _allocation_site(self.sites, found, found.owner)
         if site is None:
             return
@@ -1246,6 +1256,7 @@ def merge_parts(groups: Sequence[TensorGroup]) -> list[TensorGroup]:
         whole.grad_fn = whole.grad_fn or group.grad_fn
         whole.graph_bytes += group.graph_bytes
         whole.graph_tensors += group.graph_tensors
+        whole.graph_of_other_parts += group.graph_of_other_parts
         whole.with_graph += group.with_graph
         whole.graph_hooks |= group.graph_hooks
         whole.keys += group.keys

@@ -67,6 +67,11 @@ def _logged_row(index: str) -> HolderPath:
     )
 
 
+def _local_entry(name: str, index: str) -> HolderPath:
+    """Entry ``index`` of the list a test's frame keeps in its local ``name``."""
+    return HolderPath(Root("frame local", f"test_it:9 local {name!r}", "frame local", name=name), (item(index),))
+
+
 PYTEST_SELF = "self (the TestModel instance pytest keeps until the session ends)"
 
 
@@ -149,6 +154,43 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
             _logged_row("40"),
             _logged_row("41"),
             count=2,
+        ),
+    ),
+    "graph kept by a value stored as it was computed": (
+        diagnosis.graph_kept,
+        "autograd graph kept alive: 1.0 KiB in 4 saved tensors behind LOSSES['step-4'], a tensor that still has its "
+        "grad_fn: a loss or an output stored as it was computed keeps the graph of the step that made it",
+        _group(module("test_it", attr("LOSSES", "dict"), item("'step-4'")), graph_bytes=1024, graph_tensors=4, part=5),
+        _group(
+            module("test_it", attr("LOSSES", "dict"), item("'step-4'")),
+            graph_bytes=1024,
+            graph_tensors=4,
+            part=5,
+            graph_of_other_parts=512,
+        ),
+    ),
+    "graph kept by a value computed from its last value": (
+        diagnosis.graph_kept,
+        "autograd graph kept alive: 1.0 KiB in 4 saved tensors behind STATE['h'], a tensor that still has its "
+        "grad_fn, whose graph holds what other runs of the test computed",
+        _group(
+            module("test_it", attr("STATE", "dict"), item("'h'")),
+            graph_bytes=1024,
+            graph_tensors=4,
+            part=5,
+            graph_of_other_parts=512,
+        ),
+        _group(module("test_it", attr("STATE", "dict"), item("'h'")), graph_bytes=1024, graph_tensors=4, part=5),
+    ),
+    "graph kept by entries a frame's local gains": (
+        diagnosis.graph_kept,
+        "autograd graph kept alive: 1.0 KiB in 4 saved tensors behind tensors that still have their grad_fn, kept in "
+        "predictions (predictions[2], ...)",
+        _group(
+            *(_local_entry("predictions", index) for index in ("2", "3")), graph_bytes=1024, graph_tensors=4, count=2
+        ),
+        _group(
+            *(_local_entry("predictions", index) for index in ("2", "2")), graph_bytes=1024, graph_tensors=4, count=2
         ),
     ),
     "graph kept through torch.utils.checkpoint": (
