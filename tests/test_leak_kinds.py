@@ -369,6 +369,22 @@ LEAK_KINDS = {
         "autograd graph kept alive: * behind LOSSES['step-*'], a tensor that still has its grad_fn: a loss or an "
         "output stored as it was computed keeps the graph of the step that made it (of that step only*",
     ),
+    "gradient_of_an_input": (
+        """
+        IMAGES = [torch.rand(3, 32, 32) for _ in range(4)]
+        MODEL = torch.nn.Linear(3 * 32 * 32, 10)
+
+        @pytest.mark.vram_budget
+        def test_it():
+            # An attack takes the gradient of the images a module keeps, and leaves it in their .grad.
+            images = [image.requires_grad_() for image in IMAGES]
+            MODEL(torch.stack(images).flatten(1)).sum().backward()  # here
+            MODEL.zero_grad(set_to_none=True)
+        """,
+        "held by test_it.IMAGES[*].grad",
+        "backward() wrote a gradient into IMAGES[*], a tensor that is no parameter on which requires_grad was set*"
+        "set its .grad to None (and requires_grad_(False)) once read*",
+    ),
     "autograd_graph": (
         """
         LOSSES = []

@@ -866,6 +866,25 @@ def fixture_gradients(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
+def gradient_of_an_input(group: Group, found: Sequence[str]) -> str | None:
+    """A gradient backward() wrote into a tensor that is no parameter (an input attacked or explained)."""
+    if found or group.kind != "grad":
+        return None
+    path = next((path for path in _named(group) if path.edges and path.edges[-1].kind == "gradient"), None)
+    if path is None or len(path.edges) < 2 or path.type_names()[-2] in _PARAMETER_CLASSES:
+        return None  # (a tensor reached by no edge: its class is not on the path)
+    owner = _spelled(path, len(path.edges) - 1) if path.root.kind in SPELLED_ROOTS else "the tensor"
+    return (
+        f"backward() wrote a gradient into {owner}, a tensor that is no parameter on which requires_grad was set (an "
+        "input an attack, a saliency map or an input optimisation takes the gradient of), and its .grad lives as long "
+        "as it does: work on a copy (x = images[i].clone().detach().requires_grad_()), or set its .grad to None (and "
+        "requires_grad_(False)) once read; torch.autograd.grad(loss, inputs) gives the gradient without storing it"
+    )
+
+
+_PARAMETER_CLASSES = frozenset({"Parameter", "UninitializedParameter"})
+
+
 def fixture_state(group: Group, found: Sequence[str]) -> str | None:
     """Other state kept on a value a wider-scoped fixture shares between tests, where nothing more specific fits."""
     fixtures = _fixture_paths(group)
@@ -1922,6 +1941,7 @@ RULES: list[Rule] = [
     thread_frame,
     finalizer_keeps_its_object,
     fixture_gradients,
+    gradient_of_an_input,
     test_instance,
     test_class_attribute,
     record_property,

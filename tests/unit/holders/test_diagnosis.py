@@ -193,6 +193,15 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
             *(_local_entry("predictions", index) for index in ("2", "2")), graph_bytes=1024, graph_tensors=4, count=2
         ),
     ),
+    "a gradient of a tensor that is no parameter": (
+        diagnosis.gradient_of_an_input,
+        "backward() wrote a gradient into IMAGES[15], a tensor that is no parameter",
+        _group(module("test_it", attr("IMAGES", "list"), item("15"), edge("gradient", "grad")), kind="grad"),
+        _group(
+            module("test_it", attr("MODEL", "Linear"), attr("weight", "Parameter"), edge("gradient", "grad")),
+            kind="grad",
+        ),
+    ),
     "graph kept through torch.utils.checkpoint": (
         diagnosis.graph_kept,
         "autograd graph kept alive: 1.0 KiB in 4 saved tensors behind a tensor that still has its grad_fn, a graph "
