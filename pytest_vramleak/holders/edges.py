@@ -178,7 +178,29 @@ def key_text(key: Any) -> str:
         name = type.__dict__["__qualname__"].__get__(key)
         if type(name) is str:
             return name
-    return f"<{type_name(key)} key>"
+    name = _own_name(key)
+    return f"<{type_name(key)} {name!r}>" if name is not None else f"<{type_name(key)} key>"
+
+
+def _own_name(obj: Any) -> str | None:
+    """The ``name`` an object (not a tensor) keeps in its ``__dict__``, a slot or a field its class
+    defines in C (a ``torch.fx`` node's, ``relu_3``), read without running its code, where it is a
+    short string."""
+    if is_tensor_type(type(obj)):
+        return None  # (a tensor a dict is keyed by is named by the path to it, where one is asked for)
+    values = instance_dict(obj)
+    name = dict.get(values, "name") if values is not None else None
+    for klass in type(obj).__mro__ if name is None else ():  # (a slot, or a field of a class in C)
+        descriptor = type.__dict__["__dict__"].__get__(klass).get("name")
+        if descriptor is None:
+            continue
+        if type(descriptor) in (types.GetSetDescriptorType, types.MemberDescriptorType):
+            try:
+                name = descriptor.__get__(obj, type(obj))
+            except Exception:
+                return None
+        break
+    return name if type(name) is str and 0 < len(name) <= _MAX_KEY_TEXT else None
 
 
 def _frame_locals_view() -> type | None:

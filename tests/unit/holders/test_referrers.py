@@ -323,6 +323,16 @@ def test_key_text(key: Any, text: str) -> None:
     assert key_text(key) == text
 
 
+def test_key_text_of_an_object_with_a_name() -> None:
+    import torch.fx
+
+    graph = torch.fx.symbolic_trace(torch.nn.ReLU()).graph
+    node = next(node for node in graph.nodes if node.op == "call_function" or node.op == "call_module")
+    assert key_text(node) == f"<Node {node.name!r}>"
+    assert key_text(torch.nn.Parameter(torch.ones(1))) == "<Parameter key>"  # (whose class defines a name too)
+    assert key_text(object()) == "<object key>"
+
+
 def test_a_long_chain_is_shown_with_its_middle_left_out() -> None:
     from pytest_vramleak.holders.paths import MAX_STEPS_SHOWN, Edge, HolderPath, Root
 
