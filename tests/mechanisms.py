@@ -3111,6 +3111,65 @@ CATALOGUE: list[Mechanism] = [
         holder="<no Python reference: held from C++*",
         diagnosis=("create_graph=True", "torch.autograd.grad(loss, params, create_graph=True)"),
     ),
+    Mechanism(
+        name="current_one_held_beside_the_list_of_all",
+        kind="class attributes",
+        source="huggingface/accelerate#3391",
+        leak="""
+        from torch.utils.data import DataLoader, TensorDataset
+
+        class GradientState:  # a Borg: every instance shares the class's dict
+            _shared_state = {}
+
+            def __init__(self):
+                self.__dict__ = self._shared_state
+                if not self._shared_state:
+                    self.active_dataloader = None
+                    self.dataloader_references = [None]
+
+        class Shard(DataLoader):
+            def __iter__(self):
+                state = GradientState()
+                state.active_dataloader = self
+                state.dataloader_references.append(self)
+                yield from super().__iter__()
+                state.dataloader_references.remove(self)  # only where it was iterated to the end
+                state.active_dataloader = state.dataloader_references[-1]
+
+        def test_it():
+            loader = Shard(TensorDataset(torch.ones(256, 256)), batch_size=32)  # here
+            assert next(iter(loader))[0].shape == (32, 256)
+        """,
+        fixed="""
+        import weakref
+
+        from torch.utils.data import DataLoader, TensorDataset
+
+        class GradientState:  # a Borg: every instance shares the class's dict
+            _shared_state = {}
+
+            def __init__(self):
+                self.__dict__ = self._shared_state
+                if not self._shared_state:
+                    self.active_dataloader = None
+                    self.dataloader_references = [None]
+
+        class Shard(DataLoader):
+            def __iter__(self):
+                state = GradientState()
+                state.active_dataloader = weakref.ref(self)
+                state.dataloader_references.append(weakref.ref(self))
+                yield from super().__iter__()
+
+        def test_it():
+            loader = Shard(TensorDataset(torch.ones(256, 256)), batch_size=32)
+            assert next(iter(loader))[0].shape == (32, 256)
+        """,
+        # (the newest loader is also held as the active one, by the shorter path: what keeps them all
+        # is named from the run before)
+        holder="*GradientState._shared_state[[]'dataloader_references'[]][[]*[]].dataset.tensors[[]0[]] (an alike tensor run * left)",
+        diagnosis=("_shared_state", "class attribute", "clear it"),
+    ),
 ]
 
 

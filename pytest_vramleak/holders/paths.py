@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 RootKind = Literal[
     "module",  # a module in sys.modules
@@ -185,9 +185,21 @@ class HolderPath:
     edges: tuple[Edge, ...] = ()
     cycle: tuple[Edge, ...] | None = None
     """For a ``cycle`` root: the edges that lead from it back to itself."""
+    earlier_run: int = 0
+    """For a path found for an alike tensor an earlier run of the test left, not for the group's
+    own: that run (from 1), which :meth:`render` says."""
 
     def with_edge(self, edge: Edge) -> HolderPath:
         return HolderPath(self.root, (*self.edges, edge), self.cycle)
+
+    def way(self) -> tuple[Any, ...]:
+        """The path with the keys and indices of its entries left out: two paths the same way hold
+        entries of one container (``LOSSES[3]``, ``LOSSES[4]``)."""
+        return (
+            self.root.kind,
+            self.root.label,
+            tuple((edge.kind, "" if edge.kind == "item" else edge.name) for edge in self.edges),
+        )
 
     def parts(self) -> list[tuple[str, str]]:
         """``(text, kind)`` of the root, then of each edge: the form the JSON report and its graphs read."""
@@ -203,6 +215,8 @@ class HolderPath:
         if self.cycle is not None:
             loop = self.root.label + "".join(elided([edge.text() for edge in self.cycle]))
             text += f", on the reference cycle {loop} (back to the same {self.root.label})"
+        if self.earlier_run:
+            text += f" (an alike tensor run {self.earlier_run} left)"
         return text
 
     def __str__(self) -> str:

@@ -1286,7 +1286,34 @@ def _show_growing_run(runs: TestRuns, verdict: Verdict, named: NamedLeak) -> Non
         shown = [group for group in named.groups if group.part == growing]
         which = f"run {growing + 1} of {len(repetitions.runs)}, the last measured run that left any"
     if shown:  # (where a run's tensors were all set aside, what all runs keep stands)
+        for group in shown:
+            _hold_as_earlier_runs(group, named.groups)
         verdict.groups, verdict.shown = merge_parts(shown) + named.history, which
+
+
+def _hold_as_earlier_runs(group: Any, groups: list[Any]) -> None:
+    """Where the alike tensors the run before ``group``'s left are held no way ``group``'s are, put
+    one of their holders first (with its run): the newest object is often held twice, by what
+    keeps them all and by what points at the current one (``state['active_dataloader']``, beside
+    ``state['dataloader_references'][4]``), and the shortest path, the one named, may be the second."""
+    alike = (group.dtype, group.shape, group.device, group.kind, group.cls)
+    before = [
+        other
+        for other in groups
+        if (other.dtype, other.shape, other.device, other.kind, other.cls) == alike
+        and type(other.part) is int
+        and other.part < group.part
+        and other.holders
+    ]
+    if not before:
+        return
+    earlier = max(before, key=lambda other: other.part)
+    ways = {path.way() for path in group.holders}
+    if any(path.way() in ways for path in earlier.holders):
+        return
+    path = next((path for path in earlier.holders if not path.opaque), None)
+    if path is not None:
+        group.holders.insert(0, replace(path, earlier_run=earlier.part + 1))
 
 
 def _recording_run_text(repetitions: Repetitions) -> str:
