@@ -92,7 +92,15 @@ def summary_lines(
         ("test left tensors to the cycle collector", "tests left tensors to the cycle collector"),
         indent="",
     )
+    if cycles:
+        lines.append(f"    ({CYCLES_NAMED_BY})")
     return lines
+
+
+CYCLES_NAMED_BY = (
+    "--vramleak-strict-cycles fails such a test, and names each cycle, what on it held the tensors and where they "
+    "were made"
+)
 
 
 def _notes_shown(result: dict[str, Any]) -> list[str]:
