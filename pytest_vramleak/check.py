@@ -368,6 +368,11 @@ CPP_HELD = (
     "held by PyTorch itself in C++: nothing in Python refers to it, so nothing the test can free "
     "(--vramleak-fail-on=any counts it)"
 )
+FROZEN_CYCLES_HELD = (
+    "made by PyTorch's own code and held on reference cycles that nothing in Python refers to, while the suite had "
+    "frozen the heap (gc.freeze()): kept from C++, or garbage frozen with the heap that no collection frees "
+    "(--vramleak-fail-on=any counts it)"
+)
 OLDER_THREADS = "held by threads that were running before the test began"
 PYTEST_WARNINGS_KEPT = (
     "held only by the warnings pytest recorded, which it keeps with their arguments for the warnings summary "
@@ -464,6 +469,7 @@ def name_leak(
         (PYTEST_WARNINGS_KEPT, held_by_pytest_warnings),
     ]
     if not count_cpp_held:
+        keepers.append((FROZEN_CYCLES_HELD, lambda group: held_in_cpp_only(group) and group.on_frozen_cycles))
         keepers.append((CPP_HELD, held_in_cpp_only))
     if threads_before:
         keepers.append((OLDER_THREADS, lambda group: held_by_threads(group, threads_before)))

@@ -2533,6 +2533,56 @@ CATALOGUE: list[Mechanism] = [
     ),
     # gc.DEBUG_SAVEALL (part of gc.DEBUG_LEAK) left on after a leak hunt (sgl-project/sglang#9673 turned
     # it on in a server to list what was not reclaimed): every unreachable cycle goes to gc.garbage
+    # gc.freeze() after a first round, to make later collections cheap, freezes a client that lies on
+    # a reference cycle (it keeps its own bound method): garbage once the round returns, and never collected
+    Mechanism(
+        name="cycle_frozen_with_the_heap",
+        kind="garbage collector settings",
+        source="VectorInstitute/FL4Health#222",
+        leak="""
+        import gc
+
+        class Client:
+            def __init__(self):
+                self.state = torch.randn(4096)  # here
+                self.on_round_end = self.report  # a cycle: the client keeps its own bound method
+
+            def report(self):
+                return float(self.state.sum())
+
+        def run_round():
+            client = Client()
+            client.on_round_end()
+            gc.freeze()  # later collections are cheaper
+
+        def test_it():
+            run_round()
+        """,
+        fixed="""
+        import gc
+
+        class Client:
+            def __init__(self):
+                self.state = torch.randn(4096)
+                self.on_round_end = self.report  # a cycle: the client keeps its own bound method
+
+            def report(self):
+                return float(self.state.sum())
+
+        def run_round():
+            client = Client()
+            client.on_round_end()
+            gc.freeze()  # later collections are cheaper
+
+        def test_it():
+            try:
+                run_round()
+            finally:
+                gc.unfreeze()
+        """,
+        holder="<Client on a reference cycle frozen with the heap (gc.freeze()), or kept from outside Python's gc>.state",
+        diagnosis=("the heap was frozen (gc.freeze())", "gc.unfreeze()", "weakref.WeakMethod"),
+    ),
     Mechanism(
         name="gc_debug_saveall_left_on",
         kind="garbage collector settings",

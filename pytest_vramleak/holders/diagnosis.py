@@ -1631,6 +1631,19 @@ def cycle_kept_from_outside(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
+def cycle_frozen(group: Group, found: Sequence[str]) -> str | None:
+    """Tensors an object keeps that lies on a reference cycle nothing in Python reaches, while the suite froze the heap."""
+    if not group.holders or not all(path.root.kind == "frozen cycle" for path in group.holders):
+        return None
+    return (
+        "nothing in Python reaches the object that keeps these tensors: it lies on a reference cycle, and the heap "
+        "was frozen (gc.freeze()) as the test ran: a cycle frozen with it is never collected, even once garbage "
+        "(collections skip what gc.freeze() set aside), unless something outside Python's gc keeps it: call "
+        "gc.unfreeze() once what gc.freeze() was for is done, or break the cycle (an object keeping its own bound "
+        "method, self.callback = self.report, can keep weakref.WeakMethod(self.report) instead)"
+    )
+
+
 _CLASS_TYPES = frozenset({"type", "ABCMeta"})
 _METHOD_TYPES = frozenset({"function", _LRU_WRAPPER, "staticmethod", "classmethod", "property", "cached_property"})
 
@@ -1978,6 +1991,7 @@ RULES: list[Rule] = [
     autocast_region_left_open,
     held_in_cpp_for_the_test,
     cycle_kept_from_outside,
+    cycle_frozen,
     class_attribute,
     accumulator_never_reset,
     tensors_kept_with_their_graphs,

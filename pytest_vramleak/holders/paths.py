@@ -39,6 +39,7 @@ RootKind = Literal[
     "context",  # a thread's contextvars context, which its thread state keeps outside gc
     "thread",  # a thread started and not ended, which threading keeps in its table of them
     "kept cycle",  # the nearest owner on a reference cycle of holders nothing found refers to, kept from outside gc
+    "frozen cycle",  # as "kept cycle", found while the suite had frozen the heap (gc.freeze()): maybe garbage frozen
     "pyplot figure",  # a matplotlib figure pyplot made, which it keeps open until it is closed
     "signal handler",  # a handler given to signal.signal, which the signal module keeps outside gc
     "mode stack",  # a TorchFunctionMode or TorchDispatchMode entered and not exited, which torch keeps in C++
@@ -113,7 +114,16 @@ _EDGE_FORMS: dict[str, str] = {
 }
 
 OPAQUE_ROOTS: frozenset[RootKind] = frozenset(
-    {"held from C++", "autocast cache", "own graph", "outside gc", "search limit", "kept cycle", "changed"}
+    {
+        "held from C++",
+        "autocast cache",
+        "own graph",
+        "outside gc",
+        "search limit",
+        "kept cycle",
+        "frozen cycle",
+        "changed",
+    }
 )
 """Roots that name no holder in Python the test's code can reach."""
 LOCAL_ROOTS: frozenset[RootKind] = frozenset({"frame local", "thread local"})

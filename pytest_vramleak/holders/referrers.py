@@ -24,7 +24,7 @@ from typing import Any
 import objgraph
 
 from ..tracking import gc_functions as gc
-from ..tracking.census import is_tensor_type, whole_heap
+from ..tracking.census import frozen_by_the_suite, is_tensor_type, whole_heap
 from ..tracking.sites import code_folders, frame_kind_of_file, is_loaded_standard_library
 from .edges import (
     _MODULE_NAMESPACE,
@@ -477,14 +477,21 @@ def _kept_cycle_chains(held_by: dict[int, list[Any]], targets: list[Any]) -> dic
             objects[id(obj)] = obj
             holders_of.setdefault(id(obj), []).append(holder)
     found: dict[int, list[Any]] = {}
+    # (where the suite froze the heap, the cycle may be garbage frozen with it: no collection examines it)
+    frozen = frozen_by_the_suite()
+    kept = (
+        "frozen with the heap (gc.freeze()), or kept from outside Python's gc"
+        if frozen
+        else "kept from outside Python's gc"
+    )
     for target in targets:
         start = _nearest_owner(id(target), holders_of, objects)
         if start is None:
             continue
         chain = _walk_down([start], held_by, {id(target)}).get(id(target))
         if chain is not None:
-            label = f"<{type(start).__qualname__} on a reference cycle kept from outside Python's gc>"
-            found[id(target)] = [NamedRoot(label, start, role="kept cycle"), *chain]
+            label = f"<{type(start).__qualname__} on a reference cycle {kept}>"
+            found[id(target)] = [NamedRoot(label, start, role="frozen cycle" if frozen else "kept cycle"), *chain]
     objects.clear()
     holders_of.clear()
     return found

@@ -70,6 +70,7 @@ def whole_heap() -> Iterator[None]:
     The heap is unfrozen meanwhile and frozen again after; trackers that froze it index the
     tensors created since first, so their next measurement still finds every tensor.
     """
+    global _thawed_for_the_suite
     if not gc.frozen_by_anyone():
         yield
         return
@@ -77,12 +78,39 @@ def whole_heap() -> Iterator[None]:
     for tracker in freezers:
         tracker.index_young()
     gc.unfreeze()
+    outer = _thawed_for_the_suite
+    _thawed_for_the_suite = outer or not freezers
     try:
         yield
     finally:
+        _thawed_for_the_suite = outer
         gc.freeze()
+        note_frozen()
         for tracker in freezers:
             tracker.refrozen()
+
+
+_thawed_for_the_suite = False
+_frozen_as_noted = -1
+
+
+def note_frozen() -> None:
+    """Note how many objects are frozen now (see :func:`frozen_since_noted`)."""
+    global _frozen_as_noted
+    _frozen_as_noted = gc.get_freeze_count()
+
+
+def frozen_since_noted() -> bool:
+    """Whether the number of frozen objects changed since :func:`note_frozen` (someone froze or
+    thawed the heap: a walk of the frozen list)."""
+    return gc.get_freeze_count() != _frozen_as_noted
+
+
+def frozen_by_the_suite() -> bool:
+    """Whether the suite itself froze the heap (``gc.freeze()`` in a test or a conftest, no tracker
+    of this package's): inside :func:`whole_heap`, whether it was so as it began. Garbage frozen
+    with the heap is never collected: a reference cycle nothing refers to may be that garbage."""
+    return _thawed_for_the_suite or (gc.frozen_by_anyone() and not FREEZERS)
 
 
 @contextmanager

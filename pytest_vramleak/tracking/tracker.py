@@ -54,7 +54,7 @@ from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 from . import gc_functions as gc
-from .census import _torch, tensor_types, untyped_storage_types, whole_heap
+from .census import _torch, frozen_since_noted, tensor_types, untyped_storage_types, whole_heap
 from .freezing import HeapFreeze
 from .graphs import NODE_BYTES, KeptGraph, graph_clock, kept_graph, young_graph
 from .index import Index
@@ -336,8 +336,14 @@ class Tracker:
 
     def _scan(self, *, thaw: bool = False) -> bool:
         """Read every tensor and storage object in the unfrozen generations; with ``thaw``, say
-        whether the old sentinel is among them (someone unfroze the heap: see :meth:`begin`)."""
-        found = self.index.scan(self.freeze.markers(thaw))
+        whether the old sentinel is among them (someone unfroze the heap: see :meth:`begin`).
+        Where the suite freezes the heap itself, and froze more since it was last read whole,
+        the frozen objects are read too: a test that freezes what it keeps would hide it."""
+        if self.freeze.foreign and frozen_since_noted():
+            with whole_heap():
+                found = self.index.scan(self.freeze.markers(thaw))
+        else:
+            found = self.index.scan(self.freeze.markers(thaw))
         someone_froze, thawed = self.freeze.read(found, thaw)
         found.clear()
         if someone_froze:

@@ -743,6 +743,19 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         _group(root("kept cycle", "<Metric on a reference cycle kept from outside Python's gc>", attr("x"))),
         _group(root("outside gc", "<Metric held outside Python's gc>", attr("x"))),
     ),
+    "a cycle found while the suite had frozen the heap": (
+        diagnosis.cycle_frozen,
+        "nothing in Python reaches the object that keeps these tensors: it lies on a reference cycle, and the heap "
+        "was frozen (gc.freeze())",
+        _group(
+            root(
+                "frozen cycle",
+                "<Client on a reference cycle frozen with the heap (gc.freeze()), or kept from outside Python's gc>",
+                attr("state"),
+            )
+        ),
+        _group(root("kept cycle", "<Client on a reference cycle kept from outside Python's gc>", attr("state"))),
+    ),
     "held from C++, made by the test": (
         diagnosis.held_in_cpp_for_the_test,
         "nothing in Python refers to these tensors the test made",
