@@ -367,7 +367,7 @@ LEAK_KINDS = {
         """,
         "held by test_it.LOSSES['step-*']",
         "autograd graph kept alive: * behind LOSSES['step-*'], a tensor that still has its grad_fn: a loss or an "
-        "output stored as it was computed keeps the graph of the step that made it (of that step only*",
+        "output stored as it was computed keeps the graph of the step that made it: store loss.item()*",
     ),
     "gradient_of_an_input": (
         """

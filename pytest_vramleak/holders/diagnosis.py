@@ -506,8 +506,7 @@ def graph_kept(group: Group, found: Sequence[str]) -> str | None:
         return (
             f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors "
             f"{behind} that still has its grad_fn: a loss or an output stored as it was computed keeps the graph of "
-            "the step that made it (of that step only: nothing other runs computed): store loss.item() or "
-            "tensor.detach() instead, or compute it under torch.no_grad()"
+            "the step that made it: store loss.item() or tensor.detach() instead, or compute it under torch.no_grad()"
         )
     return (
         f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors "
