@@ -385,6 +385,24 @@ LEAK_KINDS = {
         "backward() wrote a gradient into IMAGES[*], a tensor that is no parameter on which requires_grad was set*"
         "set its .grad to None (and requires_grad_(False)) once read*",
     ),
+    "generator_kept_unfinished": (
+        """
+        STREAMS = []
+
+        def predictions(batches):
+            for batch in batches:
+                yield batch.argmax(-1)
+
+        @pytest.mark.vram_budget
+        def test_it():
+            stream = predictions([torch.ones(256, 64) for _ in range(4)])  # here
+            next(stream)
+            STREAMS.append(stream)  # resumed later, or never
+        """,
+        "held by test_it.STREAMS[*] local 'batches'[*]",
+        "an unfinished generator keeps the locals of its suspended frame (its inputs, what it computed last) for as "
+        "long as it lives, here STREAMS[*]: run it to its end, close() it when done with it, or drop it",
+    ),
     "autograd_graph": (
         """
         LOSSES = []

@@ -1423,14 +1423,15 @@ def mode_left_on_the_stack(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
-def _generator_kept(path: HolderPath) -> str | None:
-    """What keeps the unfinished generator the path goes into (``LOOP._iterator``), or None."""
+def _generator_kept(path: HolderPath) -> tuple[str, bool] | None:
+    """What keeps the unfinished generator the path goes into (``LOOP._iterator``), and whether
+    that is a DataLoader's iterator; or None."""
     if path.opaque or path.through_local():
         return None
     for index, (edge, after) in enumerate(path.pairs()):
         if edge.type_name == "generator" and after is not None and after.kind in ("suspended local", "reference"):
             loaders = [at for at, kept in enumerate(path.edges[:index]) if kept.type_name.endswith("DataLoaderIter")]
-            return _spelled(path, (loaders[0] if loaders else index) + 1)
+            return _spelled(path, (loaders[0] if loaders else index) + 1), bool(loaders)
     return None
 
 
@@ -1439,9 +1440,15 @@ def suspended_generator(group: Group, found: Sequence[str]) -> str | None:
     kept = [at for path in group.holders if (at := _generator_kept(path)) is not None]
     if not kept:
         return None
+    holder, loader = kept[0]
+    if not loader:
+        return (
+            "an unfinished generator keeps the locals of its suspended frame (its inputs, what it computed last) for "
+            f"as long as it lives, here {holder}: run it to its end, close() it when done with it, or drop it"
+        )
     return (
         "an unfinished generator keeps the locals of its suspended frame (a shuffle buffer, batches read ahead) for "
-        f"as long as the iterator that runs it lives, here {kept[0]}: drop the iterator when the epoch ends "
+        f"as long as the iterator that runs it lives, here {holder}: drop the iterator when the epoch ends "
         "(set it to None, and start a new iter(loader) for the next), or close() the generator"
     )
 

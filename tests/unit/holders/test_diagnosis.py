@@ -1141,6 +1141,17 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
         _group(module("test_it", attr("BATCHES", "cycle"), edge("reference", "cycle", "list"), item("0"))),
         _group(module("test_it", attr("SCHEDULE", "Cycle"), attr("items", "list"), item("0"))),
     ),
+    "a suspended generator a container keeps": (
+        diagnosis.suspended_generator,
+        "an unfinished generator keeps the locals of its suspended frame (its inputs, what it computed last) for as "
+        "long as it lives, here ACTIVE_STREAMS[4]: run it to its end, close() it",
+        _group(
+            module(
+                "test_it", attr("ACTIVE_STREAMS", "dict"), item("4", "generator"), edge("suspended local", "batches")
+            )
+        ),
+        _group(module("test_it", attr("ACTIVE_STREAMS", "dict"), item("4", "list"), item("0"))),
+    ),
     "a suspended generator": (
         diagnosis.suspended_generator,
         "an unfinished generator keeps the locals of its suspended frame (a shuffle buffer, batches read ahead) for "
