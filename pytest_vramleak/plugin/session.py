@@ -310,6 +310,27 @@ class VramleakSession(SessionState):
             runs.teardown_reported(item, report)
         return report
 
+    @pytest.hookimpl(wrapper=True, tryfirst=True, specname="pytest_runtest_makereport")
+    def pytest_runtest_makereport_of_a_leak_not_run_again(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        """A run that pytest-rerunfailures makes and whose leak fails its teardown is no failure a
+        run again would mend: memory kept once leaves nothing the second time, and the test would
+        pass. Outermost, after that plugin's own wrapper has set it, this marks the teardown's
+        failure as one it must not run again for (its ``_terminal_errors``, which ``--rerun-except``
+        sets on the same item)."""
+        report = yield
+        errors = getattr(item, "_terminal_errors", None)
+        if (
+            report.when == "teardown"
+            and report.failed
+            and call.excinfo is not None
+            and call.excinfo.errisinstance(VramLeak)
+            and type(errors) is dict
+        ):
+            errors["teardown"] = True
+        return report
+
     def _what_filled_the_memory(self, check: Check, error: BaseException, report: pytest.TestReport) -> None:
         """An out-of-memory error's report gets a section on what filled the memory."""
         if check.meter is None or not is_out_of_memory(error):
