@@ -347,6 +347,42 @@ def test_memory_kept_once_under_pytest_rerunfailures_fails_and_a_flaky_failure_s
     result.stdout.fnmatch_lines(["LEAKED test_it.py::test_leaves_gradients - VramLeak: kept 4.0 MiB on cpu*"])
 
 
+def test_a_fault_of_the_plugins_own_ends_its_check_and_the_session_goes_on(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(
+        """
+        from pytest_vramleak.plugin import runs
+
+        def _broken(*args, **kwargs):
+            raise RuntimeError("boom")
+
+        runs._name_kept = _broken  # (naming what the runs of a growing leak keep)
+        """
+    )
+    pytester.makepyfile(
+        test_it="""
+        import torch
+        CACHE = []
+
+        def test_leaks():
+            CACHE.append(torch.ones(1024, 1024))
+
+        def test_after():
+            torch.ones(4).sum()
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak")
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    result.assert_outcomes(passed=2)  # the test keeps its own outcome, and the next one runs
+    result.stdout.fnmatch_lines(
+        [
+            "2 checked tests: 2 passed; none leaked or went over budget, 1 unchecked",
+            "test_it.py::test_leaks: undecided: vramleak failed (a fault of its own, to report with this line) "
+            "while naming what holds the memory the runs kept: RuntimeError: boom; memory left after each run so "
+            "far: 4.0 MiB, 8.0 MiB, 12.0 MiB, 16.0 MiB",
+        ]
+    )
+
+
 def test_a_gc_callback_of_the_suites_is_not_run_by_the_plugins_own_collections(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_it="""

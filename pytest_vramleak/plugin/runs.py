@@ -354,6 +354,10 @@ def _warnings_dropped() -> Iterator[None]:
         yield
 
 
+OWN_FAULT = "vramleak failed (a fault of its own, to report with this line)"
+"""How a check that the plugin's own error ended says so: the test keeps its outcome."""
+
+
 def _drop_warning(*_: Any, **__: Any) -> None:
     """A ``warnings.showwarning`` that shows nothing."""
 
@@ -396,6 +400,8 @@ def _run_checked(item: pytest.Item, nextitem: pytest.Item | None, runs: TestRuns
         # A timeout's signal handler (pytest-timeout's) raises this wherever the process is: here,
         # in the plugin's own work. The runs end, torn down as usual, and the record says so.
         runs.cut_short, verdict = "undecided: " + cut_short(error, _timeout(item), doing), None
+    except Exception as error:  # a fault of the plugin's own: this check ends, the session goes on
+        runs.cut_short, verdict = f"undecided: {OWN_FAULT} while {doing}: {type(error).__name__}: {error}", None
     if random_state is not None:  # the tests after it draw the numbers they would without the plugin
         random_state.restore()
     if run.parent is not nextitem:
