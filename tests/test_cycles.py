@@ -115,6 +115,34 @@ def test_strict_cycles_fails_tests_that_leave_tensors_to_the_cycle_collector(pyt
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(failed=1)
 
 
+def test_a_class_made_at_run_time_is_named_as_the_cycle_it_is(pytester: pytest.Pytester) -> None:
+    # facebookresearch/higher#15: a class defined in a function, one per call, keeps the model
+    pytester.makepyfile(
+        test_it="""
+        import torch
+
+        def patched(module):
+            class Patched(type(module)):
+                original = module
+
+            return Patched
+
+        def test_patches():
+            for _ in range(3):
+                patched(torch.nn.Linear(256, 256))
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak", "--vramleak-strict-cycles")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "    held by patched.<locals>.Patched.original.weight, on the reference cycle patched.<locals>.Patched -> *",
+            "    diagnosis: these tensors lived on a reference cycle: patched.<locals>.Patched is a class made while "
+            "the test ran*keep the tensor or model on an instance instead of the class*",
+        ]
+    )
+
+
 @pytest.mark.parametrize("refreeze", [False, True], ids=["as-timed", "every-observation-refreezes"])
 def test_a_strict_cycles_failure_names_each_cycle_its_holder_and_where_the_tensor_was_made(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, refreeze: bool

@@ -1274,6 +1274,14 @@ MAX_CYCLE_CANDIDATES = 64
 """How many holders of a tensor, nearest first, are tried as a point of its reference cycle."""
 
 
+def _class_qualname(obj: Any) -> str | None:
+    """The qualified name of ``obj`` where it is a class, read from C; else None."""
+    if not issubclass(type(obj), type):
+        return None
+    name = type.__dict__["__qualname__"].__get__(obj)
+    return name if type(name) is str else None
+
+
 def cycle_holding(garbage: Sequence[Any], target: Any) -> HolderPath | None:
     """How a reference cycle kept ``target`` until a collection freed it, read from that collection's
     garbage (``gc.DEBUG_SAVEALL``): the path from the nearest object on a cycle to the target, as
@@ -1315,8 +1323,9 @@ def cycle_holding(garbage: Sequence[Any], target: Any) -> HolderPath | None:
         tried += 1
         loop = None if namespace else loop_through(path[0])  # an object's __dict__ is named as the object
         if loop is not None:
-            name = type_name(path[0])
-            return HolderPath(Root("cycle", name, name), holder_path(path).edges, holder_path(loop).edges)
+            kind = type_name(path[0])
+            name = _class_qualname(path[0]) or kind  # (a class is named as itself: a class is on a cycle of its own)
+            return HolderPath(Root("cycle", name, kind), holder_path(path).edges, holder_path(loop).edges)
         for parent in parents.get(id(path[0]), ()):
             if id(parent) not in seen:
                 seen.add(id(parent))

@@ -1320,5 +1320,20 @@ def describe_cycle_garbage(
         if site and (text := describe_stack(site)) not in group.allocated_at:
             group.allocated_at.append(text)
     for group in groups.values():
-        group.diagnoses = [CYCLE_DIAGNOSIS]
+        group.diagnoses = [_cycle_diagnosis(group)]
     return sorted(groups.values(), key=lambda group: -group.bytes)
+
+
+def _cycle_diagnosis(group: TensorGroup) -> str:
+    """Why a group lived on a reference cycle, and how to break it: a class made while the test ran
+    keeps what its attributes hold on a cycle no code can break (its ``__mro__`` starts with itself)."""
+    path = group.holders[0] if group.holders else None
+    if path is None or path.root.kind != "cycle" or path.root.type_name not in ("type", "ABCMeta"):
+        return CYCLE_DIAGNOSIS
+    return (
+        f"these tensors lived on a reference cycle: {path.root.label} is a class made while the test ran (a class "
+        "defined in a function, one per call), and a class always lies on a cycle of its own (its __mro__ starts "
+        "with itself), so what its attributes hold waits for Python's cycle collector (on a GPU, a collection the "
+        "test does not control): keep the tensor or model on an instance instead of the class, hold it through "
+        "weakref.ref, or define the class once, outside the function"
+    )
