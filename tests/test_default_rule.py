@@ -224,6 +224,39 @@ def test_doctests_are_not_run_again(pytester: pytest.Pytester) -> None:
         assert "doctests are not run again (doctest clears a doctest's globals after it runs)" in entry["notes"]
 
 
+def test_what_a_fixture_puts_in_doctest_namespace_is_named_with_the_entry_to_delete(pytester: pytest.Pytester) -> None:
+    # abalkin/pytest-leaks#34: an autouse fixture that fills doctest_namespace for every test
+    pytester.makeconftest(
+        """
+        import pytest, torch
+
+        @pytest.fixture(autouse=True)
+        def add_model(doctest_namespace):
+            doctest_namespace["model"] = torch.nn.Linear(1024, 1024)
+        """
+    )
+    pytester.makepyfile(
+        helpers='''
+        def describe(m):
+            """
+            >>> describe(model)
+            (1024, 1024)
+            """
+            return tuple(m.weight.shape)
+        '''
+    )
+    pytester.makepyfile(test_after="def test_after():\n    pass\n")  # (the doctest is not the session's last)
+    result = pytester.runpytest("-p", "no:cacheprovider", "--doctest-modules", "--vramleak")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "    held by fixture 'doctest_namespace' (session scope)[[]'model'[]].weight",
+            "    diagnosis: doctest_namespace is pytest's own session-scoped dict of the names doctests see*have that "
+            "fixture yield, then delete what it put there (del doctest_namespace[[]'model'[]])",
+        ]
+    )
+
+
 def test_a_leaking_test_is_counted_once(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_it="""

@@ -889,6 +889,13 @@ def fixture_state(group: Group, found: Sequence[str]) -> str | None:
     fixtures = _fixture_paths(group)
     if found or not fixtures or fixture_gradients(group, found) is not None:
         return None
+    if fixtures[0].root.name == "doctest_namespace":
+        entry = _spelled(fixtures[0], 1) if fixtures[0].edges else "doctest_namespace[name]"
+        return (
+            "doctest_namespace is pytest's own session-scoped dict of the names doctests see: what a fixture puts "
+            "in it (an autouse fixture of a conftest, for every test) stays for the session: have that fixture "
+            f"yield, then delete what it put there (del {entry})"
+        )
     return (
         f"state kept on a value that {fixtures[0].root.label} shares between tests (a cached result, lazily made "
         "state): clear it at the end of the test or in the fixture's teardown, or make the fixture function-scoped"

@@ -193,6 +193,22 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
             *(_local_entry("predictions", index) for index in ("2", "2")), graph_bytes=1024, graph_tensors=4, count=2
         ),
     ),
+    "what a fixture put in doctest_namespace": (
+        diagnosis.fixture_state,
+        "doctest_namespace is pytest's own session-scoped dict of the names doctests see",
+        _group(
+            HolderPath(
+                Root("fixture", "fixture 'doctest_namespace' (session scope)", "fixture", name="doctest_namespace"),
+                (item("'model'", "Linear"), attr("weight", "Parameter")),
+            )
+        ),
+        _group(
+            HolderPath(
+                Root("fixture", "fixture 'cache' (session scope)", "fixture", name="cache"),
+                (item("'model'", "Linear"), attr("weight", "Parameter")),
+            )
+        ),
+    ),
     "a gradient of a tensor that is no parameter": (
         diagnosis.gradient_of_an_input,
         "backward() wrote a gradient into IMAGES[15], a tensor that is no parameter",
