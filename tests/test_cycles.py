@@ -115,6 +115,38 @@ def test_strict_cycles_fails_tests_that_leave_tensors_to_the_cycle_collector(pyt
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(failed=1)
 
 
+def test_an_output_a_custom_function_stores_on_ctx_is_named_through_its_grad_fn(pytester: pytest.Pytester) -> None:
+    # pytorch/pytorch#25340: ctx.y = y, not ctx.save_for_backward(y)
+    pytester.makepyfile(
+        test_it="""
+        import torch
+
+        class KeepsOutput(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                y = x * 2
+                ctx.y = y
+                return y
+
+            @staticmethod
+            def backward(ctx, g):
+                return g * 2
+
+        def test_applies():
+            KeepsOutput.apply(torch.ones(512, 512, requires_grad=True))
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "--vramleak", "--vramleak-strict-cycles")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "    held by Tensor, on the reference cycle Tensor.grad_fn.y (back to the same Tensor)",
+            "    diagnosis: these tensors lived on a reference cycle: a custom autograd.Function's forward stored its "
+            "output on ctx (ctx.y), and ctx is the output's grad_fn (KeepsOutputBackward)*ctx.save_for_backward(...)*",
+        ]
+    )
+
+
 def test_a_class_made_at_run_time_is_named_as_the_cycle_it_is(pytester: pytest.Pytester) -> None:
     # facebookresearch/higher#15: a class defined in a function, one per call, keeps the model
     pytester.makepyfile(

@@ -511,6 +511,8 @@ def _object_edge(parent: Any, child: Any, mode: Mode) -> Named:
     hooks = _tensor_hooks(parent, child)
     if hooks is not None:
         return "tensor hooks", hooks, None
+    if _is_grad_fn_of(parent, child):  # (a custom autograd.Function's ctx: its backward node, in Python)
+        return "attribute", "grad_fn", None
     namespace = instance_dict(parent)
     if child is namespace:
         return None, "", ("module-attr" if _is_nn_module(parent) else "attr")
@@ -542,6 +544,19 @@ def _tensor_hooks(parent: Any, child: Any) -> str | None:
         except Exception:  # (a torch without it)
             continue
     return None
+
+
+def _is_grad_fn_of(parent: Any, child: Any) -> bool:
+    """Whether ``child`` is the autograd node tensor ``parent`` was made by, read from C with torch
+    function handling off (a subclass's handler is the user's code)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not is_tensor_type(type(parent)):
+        return False
+    try:
+        with torch._C.DisableTorchFunction():
+            return torch._C.TensorBase.grad_fn.__get__(parent) is child
+    except Exception:
+        return False
 
 
 _FUTURE_FIELDS = ("_result", "_exception")

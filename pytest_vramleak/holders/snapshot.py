@@ -1328,6 +1328,19 @@ def _cycle_diagnosis(group: TensorGroup) -> str:
     """Why a group lived on a reference cycle, and how to break it: a class made while the test ran
     keeps what its attributes hold on a cycle no code can break (its ``__mro__`` starts with itself)."""
     path = group.holders[0] if group.holders else None
+    loop = (path.cycle or ()) if path is not None else ()
+    if len(loop) >= 2 and loop[0].kind == "attribute" and loop[0].name == "grad_fn" and loop[1].kind == "attribute":
+        stored = (
+            f"stored its output on ctx (ctx.{loop[1].name})"
+            if len(loop) == 2
+            else f"keeps ctx.{loop[1].name}, which leads back to its output ({''.join(e.text() for e in loop[1:])})"
+        )
+        return (
+            f"these tensors lived on a reference cycle: a custom autograd.Function's forward {stored}, and ctx is the "
+            f"output's grad_fn ({loop[0].type_name}), so the output and ctx keep each other until Python's cycle "
+            "collector runs: save tensors with ctx.save_for_backward(...) instead (what it saves keeps no cycle), "
+            "and keep on ctx nothing that leads back to the output"
+        )
     if path is None or path.root.kind != "cycle" or path.root.type_name not in ("type", "ABCMeta"):
         return CYCLE_DIAGNOSIS
     return (
