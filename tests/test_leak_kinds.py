@@ -801,7 +801,7 @@ def test_values_pytest_keeps_are_named_as_the_user_wrote_them(pytester: pytest.P
     result.stdout.fnmatch_lines(
         [
             "*held by fixture 'model' (module scope).weight.grad",
-            "*diagnosis: backward() through the model fixture 'model' (module scope) keeps for many tests made its gradients*",
+            "*diagnosis: backward() gave the model that fixture 'model' (module scope) keeps for many tests its gradients*",
         ]
     )
     result.stdout.no_fnmatch_line("*local 'item'*")

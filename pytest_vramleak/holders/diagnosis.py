@@ -859,7 +859,7 @@ def fixture_gradients(group: Group, found: Sequence[str]) -> str | None:
     if not gradients:
         return None
     return (
-        f"backward() through the model {fixtures[0].root.label} keeps for many tests made its gradients, which stay "
+        f"backward() gave the model that {fixtures[0].root.label} keeps for many tests its gradients, which stay "
         "with the model: call model.zero_grad(set_to_none=True) at the end of the test or in the fixture's teardown, "
         "or give each test its own model (a function-scoped fixture)"
     )

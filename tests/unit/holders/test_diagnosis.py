@@ -439,7 +439,7 @@ EVERY_DIAGNOSIS: dict[str, tuple[Rule, str, object, object]] = {
     ),
     "fixture gradients": (
         diagnosis.fixture_gradients,
-        "backward() through the model fixture 'model' (module scope)",
+        "backward() gave the model that fixture 'model' (module scope) keeps for many tests its gradients",
         _group(
             root("fixture", "fixture 'model' (module scope)", attr("weight", "Parameter"), edge("gradient", "grad")),
             kind="grad",
