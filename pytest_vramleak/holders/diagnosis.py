@@ -1213,8 +1213,8 @@ def _model_in_a_container(path: HolderPath) -> tuple[str, str] | None:
 def models_kept_in_a_registry(group: Group, found: Sequence[str]) -> str | None:
     """Models kept as entries of a container (an Accelerator's prepared models, adapters in a ModuleDict) with their parameters."""
     held = [at for path in group.holders if (at := _model_in_a_container(path)) is not None]
-    if not held:
-        return None
+    if not held or any(_class_attribute(path) is not None or path.root.kind in _TEARDOWN for path in group.holders):
+        return None  # (a class's own container: the class attribute's diagnosis says how to let it go)
     container, submodule = held[0]
     if submodule:
         return (

@@ -1601,3 +1601,19 @@ def test_the_fallback_says_what_to_keep_instead_only_where_it_applies(fields: di
         assert "keep only what is needed" not in found
     else:
         assert f"keep only what is needed {advice}" in found
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        root("test class", "TestKeeps", attr("shared", "list"), item("4", "Linear"), attr("weight", "Parameter")),
+        module(
+            "test_it", attr("Keeper", "type"), attr("shared", "list"), item("4", "Linear"), attr("weight", "Parameter")
+        ),
+    ],
+)
+def test_models_a_class_attribute_keeps_are_told_once_as_the_class_attribute(path: HolderPath) -> None:
+    group = _group(path)
+    findings = diagnosis.diagnose(group)  # type: ignore[arg-type]
+    assert len(findings) == 1 and "is a class attribute" in findings[0], findings
+    assert diagnosis.models_kept_in_a_registry(group, []) is None  # type: ignore[arg-type]
