@@ -257,6 +257,44 @@ def test_what_a_fixture_puts_in_doctest_namespace_is_named_with_the_entry_to_del
     )
 
 
+@pytest.mark.parametrize("reset_as_each_test_sets_up", [True, False])
+def test_what_the_suite_frees_as_the_next_test_sets_up_is_not_kept(
+    pytester: pytest.Pytester, reset_as_each_test_sets_up: bool
+) -> None:
+    # pyro's conftest clears its parameter store as each test sets up, not as it tears down
+    pytester.syspathinsert()
+    pytester.makepyfile(store="STORE = {}\n")
+    hook = "def pytest_runtest_setup(item):\n    store.STORE.clear()\n" if reset_as_each_test_sets_up else ""
+    pytester.makeconftest("import store\n\n\n" + hook)
+    pytester.makepyfile(
+        test_it="""
+        import torch
+        import store
+
+        def test_fills_the_store():
+            store.STORE["w"] = torch.ones(1024, 512)
+
+        def test_after():
+            pass
+        """
+    )
+    path = pytester.path / "r.json"
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak", f"--vramleak-report={path}"
+    )
+    records = {record["nodeid"].rsplit("::", 1)[1]: record for record in json.loads(path.read_text())["tests"]}
+    record = records["test_fills_the_store"]
+    if not reset_as_each_test_sets_up:  # kept until the session ends: kept once, over the floor
+        result.assert_outcomes(failed=1, passed=1)
+        assert record["verdict"] == "leaked" and record["pattern"] == "kept_once"
+        return
+    result.assert_outcomes(passed=2)
+    assert record["verdict"] == "passed"
+    assert any(
+        note.startswith("2.0 MiB that the first run kept was freed as the next run set up") for note in record["notes"]
+    ), record["notes"]
+
+
 def test_a_leaking_test_is_counted_once(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_it="""

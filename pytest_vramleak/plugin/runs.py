@@ -108,6 +108,12 @@ class TestRuns:
     """Nothing in Python referred to any tensor the runs kept before the run that records sites."""
     first_kept: list[int] | None = None
     """The sizes of the storages the first run kept, where it may run again (sorted)."""
+    first_kept_refs: list[StorageRef] | None = None
+    """What the first run kept, where it runs again: weak references, dropped as the second run's
+    body begins (see :meth:`body_begins`)."""
+    freed_as_set_up: int = 0
+    """Bytes of what the first run kept that the second run's set-up freed: state the suite
+    resets as each test sets up (a ``pytest_runtest_setup`` hook, a fixture)."""
     between: list[tuple[int, int, str]] = field(default_factory=list)
     """What died between the runs, each storage's clock of birth, bytes and device (a run again
     collects every generation as it begins: :meth:`Tracker.collect_between_runs`)."""
@@ -182,6 +188,15 @@ class TestRuns:
     def first_engine(self) -> LeakCheck | None:
         """The first run's check (None where no run was checked)."""
         return self.checks[0].engine if self.checks else None
+
+    def body_begins(self) -> None:
+        """A run's body begins, its set-up done: where it is the second run, note how much of what
+        the first kept its set-up freed (see ``freed_as_set_up``)."""
+        refs, self.first_kept_refs = self.first_kept_refs, None
+        if refs is not None and len(self.checks) == 1:
+            self.freed_as_set_up = sum(ref.nbytes for ref in refs if ref() is None)
+        if refs is not None:
+            refs.clear()
 
     def made_recording_sites(self, born: int) -> bool:
         """Whether a storage first seen at ``born`` was made by the run that recorded sites after
@@ -459,6 +474,8 @@ def _after_first_run(item: pytest.Item, runs: TestRuns, reports: list[pytest.Tes
         runs.as_in = _kept_as_in_an_earlier_case(item, runs)
         runs.known_once = None if runs.as_in else _known_kept_once(item, runs, seconds)
         repetitions.planned = 1 if runs.as_in or runs.known_once else 1 + _confirming_runs(item, runs, first.engine)
+        if repetitions.planned > 1 and first.engine.readings.names_each_storage:
+            runs.first_kept_refs = _tracker(item).alive_since(first.engine.result.device, runs.first_begin)
 
 
 MANY_KEPT = NAMED_EACH
@@ -533,6 +550,8 @@ def _judge_runs(item: pytest.Item, runs: TestRuns, seconds: float) -> Verdict | 
         _set_aside_as_in(runs, verdict)
     if verdict.failing:
         _credit_cycles_first(item, runs, verdict)
+    if verdict.failing and verdict.decision.pattern == "kept_once" and runs.freed_as_set_up:
+        _set_aside_freed_as_set_up(runs, verdict)
     if runs.known_once:
         verdict.notes.append(runs.known_once)
     if runs.sites_unknown:
@@ -685,6 +704,26 @@ def _set_aside_as_in(runs: TestRuns, verdict: Verdict) -> None:
     verdict.set_aside_notes.append(
         f"{format_size(kept)} held by PyTorch itself in C++, as the runs of {runs.as_in} showed for the same storages "
         "(nothing in Python refers to them; this case was not run again; --vramleak-fail-on=any counts it): not counted"
+    )
+
+
+def _set_aside_freed_as_set_up(runs: TestRuns, verdict: Verdict) -> None:
+    """What the first run kept, where the second run's set-up freed all of it: state the suite
+    resets as each test sets up (pyro's conftest clears its parameter store in a
+    ``pytest_runtest_setup`` hook), which never outlives the next test's set-up."""
+    kept = runs.repetitions.runs[0].leaked_bytes if runs.repetitions.runs else 0
+    if kept <= 0 or runs.freed_as_set_up < kept:
+        return
+    adjust = list(verdict.adjust) or [0]
+    adjust[0] += kept
+    verdict.adjust = adjust
+    engine = verdict.first.engine
+    assert engine is not None
+    verdict.decision = _decide(runs, engine.result, adjust)
+    verdict.set_aside_notes.append(
+        f"{format_size(kept)} that the first run kept was freed as the next run set up (a pytest_runtest_setup "
+        "hook or a fixture that resets state before each test): it lives until the next test sets up, "
+        "not kept past it: not counted"
     )
 
 

@@ -279,6 +279,9 @@ class VramleakSession(SessionState):
         check = current_check(item)
         if check is None or check.engine is None or check.error or check.budget is None:
             return (yield)
+        runs = current_runs(item)
+        if runs is not None:
+            runs.body_begins()
         try:
             check.engine.start()
             check.started = True
