@@ -268,7 +268,8 @@ def create_graph_cycle(group: Group, found: Sequence[str]) -> str | None:
         "backward(create_graph=True) gave these gradients autograd graphs of their own, and a gradient's graph "
         "refers back to its parameter: a reference cycle (PyTorch's documentation warns of it) that keeps the "
         "gradients and every graph behind them alive: take the gradients with torch.autograd.grad(loss, params, "
-        "create_graph=True) instead, or set each parameter's .grad to None after use"
+        "create_graph=True) instead, or set each parameter's .grad to None after use (where .grad is set by hand "
+        "from such a gradient, p.grad = g, set it from g.detach())"
     )
 
 
