@@ -295,6 +295,33 @@ def test_what_the_suite_frees_as_the_next_test_sets_up_is_not_kept(
     ), record["notes"]
 
 
+def test_what_the_suite_frees_of_the_last_test_as_a_test_sets_up_hides_none_of_its_leak(
+    pytester: pytest.Pytester,
+) -> None:
+    # pyro's conftest clears its parameter store as each test sets up: the last test's parameters,
+    # freed after the check began, offset what the test kept
+    pytester.syspathinsert()
+    pytester.makepyfile(store="STORE = {}\n")
+    pytester.makeconftest("import store\n\n\ndef pytest_runtest_setup(item):\n    store.STORE.clear()\n")
+    pytester.makepyfile(
+        test_it="""
+        import torch
+        import store
+
+        GROWING = []
+
+        def test_earlier():
+            store.STORE["a"] = torch.ones(1024)
+
+        def test_grows():
+            GROWING.append(torch.ones(256))
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", "no:randomly", "--vramleak")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(["LEAKED test_it.py::test_grows - VramLeak: memory grew 1.0 KiB per run*"])
+
+
 def test_a_leaking_test_is_counted_once(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_it="""

@@ -189,6 +189,13 @@ class TestRuns:
         """The first run's check (None where no run was checked)."""
         return self.checks[0].engine if self.checks else None
 
+    def set_up_by_the_plugin(self) -> None:
+        """This plugin's own part of a run's set-up is done (it dropped the last failure's
+        traceback, collected what earlier runs left on cycles, let the last run's class instance
+        go): what it freed of what the first run kept is not the suite's reset."""
+        if self.first_kept_refs is not None and len(self.checks) == 1:
+            self.first_kept_refs = [ref for ref in self.first_kept_refs if ref() is not None]
+
     def body_begins(self) -> None:
         """A run's body begins, its set-up done: where it is the second run, note how much of what
         the first kept its set-up freed (see ``freed_as_set_up``)."""

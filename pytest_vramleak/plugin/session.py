@@ -212,6 +212,22 @@ class VramleakSession(SessionState):
             # A run again gets a fresh instance of the test's class, as every test does; the last
             # run's goes as this run sets up, inside its check, as a test's own would after it.
             fresh_instance(item)
+        runs.set_up_by_the_plugin()
+
+    @pytest.hookimpl(specname="pytest_runtest_setup")
+    def pytest_runtest_setup_after_the_suites_hooks(self, item: pytest.Item) -> None:
+        """Heard after a conftest's ``pytest_runtest_setup`` (this object is registered before any
+        conftest) and before pytest's own, which sets up the test's fixtures: what older than the
+        test the suite's hooks freed (the last test's state, reset as each test sets up: pyro
+        clears its parameter store so) is not the test's doing, and hides none of its leak. What
+        earlier runs of the same test left still offsets a run again's."""
+        check = current_check(item)
+        engine = check.engine if check is not None else None
+        if engine is None or self.tracker is None or not engine.readings.names_each_storage:
+            return
+        runs = current_runs(item)
+        again = runs is not None and runs.repetitions.started > 1 and runs.first_begin
+        self.tracker.suite_set_up(runs.first_begin if again and runs is not None else engine.begin_clock)
 
     def _track_for_steps(self, check: Check, meter: Meter) -> None:
         """A test checked only through the vramleak fixture is tracked from its set-up to the end of

@@ -125,6 +125,11 @@ class Ledger:
         young, self.young_tensors = self.young_tensors, []
         return young
 
+    def forget_offsets_born_before(self, clock: int) -> None:
+        """Older storages born before ``clock`` that died so far offset nothing: the suite's own
+        set-up hooks freed them (state a conftest resets as each test sets up), not the test."""
+        self.freed = [(at, ref) for at, ref in self.freed if ref.born >= clock]
+
     def close_offsets(self, since: int) -> None:
         """From now on older storages that die offset nothing, nor did those noted from position
         ``since`` of :attr:`freed` on (see :meth:`Tracker._someone_thawed`)."""

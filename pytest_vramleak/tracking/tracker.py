@@ -297,6 +297,13 @@ class Tracker:
         freed: Counter[str] = self.ledger.older_garbage - before
         return freed
 
+    def suite_set_up(self, clock: int) -> None:
+        """The suite's own set-up hooks ran: older storages born before ``clock`` that they freed
+        offset nothing (see :meth:`Ledger.forget_offsets_born_before`)."""
+        if self.ledger.begun and self.ledger.offsets_open:
+            self.index.process_dead()
+            self.ledger.forget_offsets_born_before(clock)
+
     def settled_already(self) -> bool:
         """Whether the last :meth:`settle` freed no storage and nothing was read since (the clock
         has not moved): a collection now would free no storage either, its garbage holding none."""
