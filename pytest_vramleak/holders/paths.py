@@ -7,6 +7,7 @@ report writes it out (:meth:`HolderPath.render`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -203,11 +204,12 @@ class HolderPath:
         return HolderPath(self.root, (*self.edges, edge), self.cycle)
 
     def way(self) -> tuple[Any, ...]:
-        """The path with the keys and indices of its entries left out: two paths the same way hold
-        entries of one container (``LOSSES[3]``, ``LOSSES[4]``)."""
+        """The path with the keys and indices of its entries, and the numbers in its root's label,
+        left out: two paths the same way hold entries of one container (``LOSSES[3]``,
+        ``LOSSES[4]``), or go alike from roots numbered apart (``pyplot figure 8``, ``10``)."""
         return (
             self.root.kind,
-            self.root.label,
+            re.sub(r"\d+", "", self.root.label),
             tuple((edge.kind, "" if edge.kind == "item" else edge.name) for edge in self.edges),
         )
 

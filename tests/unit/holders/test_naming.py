@@ -72,3 +72,17 @@ def test_a_sample_named_in_two_groups_counts_nothing_in() -> None:
     assert (held.count, saved.count, held.sites_not_looked_up) == (half, half, 0)
     whole_graph = TensorGroup("float32", (4,), "cpu", count=ALIKE_SAMPLED, keys=list(sample), kind="graph")
     assert not _count_in([whole_graph], alike)
+
+
+def test_paths_the_same_way_differ_only_in_entries_and_the_numbers_of_their_roots() -> None:
+    from pytest_vramleak.holders.paths import Edge, HolderPath, Root
+
+    def figure(number: int, *edges: Edge) -> HolderPath:
+        return HolderPath(Root("pyplot figure", f"pyplot figure {number} (open)", "Figure"), edges)
+
+    locs = (Edge("attribute", "_localaxes", "list"), Edge("item", "0", "Axes"), Edge("attribute", "locs", "ndarray"))
+    assert figure(8, *locs).way() == figure(10, *locs).way()
+    state = HolderPath(Root("module", "test_it", "module", name="test_it"), (Edge("attribute", "STATE", "dict"),))
+    assert state.with_edge(Edge("item", "'a'")).way() == state.with_edge(Edge("item", "'b'")).way()
+    assert state.with_edge(Edge("item", "'a'")).way() != state.with_edge(Edge("attribute", "a")).way()
+    assert figure(8, *locs).way() != figure(8, *locs[:2]).way()
