@@ -32,6 +32,7 @@ from .holders.naming import (
     held_by_the_failure,
     held_by_threads,
     held_by_torch_cache,
+    held_in_cpp_on_frozen_cycles,
     held_in_cpp_only,
     kept_by_pytest_lists,
     name_storages,
@@ -469,7 +470,7 @@ def name_leak(
         (PYTEST_WARNINGS_KEPT, held_by_pytest_warnings),
     ]
     if not count_cpp_held:
-        keepers.append((FROZEN_CYCLES_HELD, lambda group: held_in_cpp_only(group) and group.on_frozen_cycles))
+        keepers.append((FROZEN_CYCLES_HELD, held_in_cpp_on_frozen_cycles))
         keepers.append((CPP_HELD, held_in_cpp_only))
     if threads_before:
         keepers.append((OLDER_THREADS, lambda group: held_by_threads(group, threads_before)))

@@ -1633,14 +1633,14 @@ def held_in_cpp_for_the_test(group: Group, found: Sequence[str]) -> str | None:
     )
 
 
-def _all_from(group: Group, kind: str) -> bool:
+def all_from(group: Group, kind: str) -> bool:
     """Whether the group has holder paths, each from a root of ``kind``."""
     return bool(group.holders) and all(path.root.kind == kind for path in group.holders)
 
 
 def cycle_kept_from_outside(group: Group, found: Sequence[str]) -> str | None:
     """Tensors an object keeps that lies on a reference cycle nothing in Python reaches, kept from outside gc."""
-    if not _all_from(group, "kept cycle"):
+    if not all_from(group, "kept cycle"):
         return None
     return (
         "nothing in Python reaches the object that keeps these tensors: it lies on a reference cycle that something "
@@ -1652,7 +1652,7 @@ def cycle_kept_from_outside(group: Group, found: Sequence[str]) -> str | None:
 
 def cycle_frozen(group: Group, found: Sequence[str]) -> str | None:
     """Tensors an object keeps that lies on a reference cycle nothing in Python reaches, while the suite froze the heap."""
-    if not _all_from(group, "frozen cycle"):
+    if not all_from(group, "frozen cycle"):
         return None
     return (
         "nothing in Python reaches the object that keeps these tensors: it lies on a reference cycle, and the heap "

@@ -9,7 +9,7 @@ from typing import Any
 from ..tracking.census import StorageKey, _torch, collections_paused, storage_key
 from ..tracking.sites import SiteSource, groups_of
 from ..tracking.tracker import NODE_BYTES, StorageRef, Tracker
-from .diagnosis import diagnose, held_by_torch_cache
+from .diagnosis import all_from, diagnose, held_by_torch_cache
 from .edges import NamedRoot
 from .paths import PYTEST_LISTS
 from .snapshot import TensorGroup, describe, describe_history
@@ -20,6 +20,7 @@ __all__ = [
     "held_in_cpp_only",
     "held_by_pytest_warnings",
     "held_by_the_failure",
+    "held_in_cpp_on_frozen_cycles",
     "kept_by_pytest_lists",
     "name_storages",
 ]
@@ -191,6 +192,12 @@ def held_in_cpp_only(group: TensorGroup) -> bool:
     return group.kind == "storage" or group.made_inside_library is True
 
 
+def held_in_cpp_on_frozen_cycles(group: TensorGroup) -> bool:
+    """Whether the group is PyTorch's as :func:`held_in_cpp_only` says, each holder a reference
+    cycle found while the suite had frozen the heap (garbage frozen with it, or kept from C++)."""
+    return held_in_cpp_only(group) and all_from(group, "frozen cycle")
+
+
 def held_by_threads(group: TensorGroup, threads: set[int]) -> bool:
     """Whether only the frames of ``threads`` (by ident) hold the group."""
     return bool(group.holders) and all(
@@ -201,13 +208,13 @@ def held_by_threads(group: TensorGroup, threads: set[int]) -> bool:
 def held_by_the_failure(group: TensorGroup) -> bool:
     """Whether only the frames of the test's own failure hold the group (kept with its traceback,
     by pytest or a plugin: a failing test is judged on what remains once its traceback is let go)."""
-    return bool(group.holders) and all(path.root.kind == "failure" for path in group.holders)
+    return all_from(group, "failure")
 
 
 def held_by_pytest_warnings(group: TensorGroup) -> bool:
     """Whether only the warnings pytest recorded hold the group (a warning the test raised with a
     tensor among its arguments, kept for the warnings summary: pytest's, as its log records are)."""
-    return bool(group.holders) and all(path.root.kind == "pytest warnings" for path in group.holders)
+    return all_from(group, "pytest warnings")
 
 
 def kept_by_pytest_lists(group: TensorGroup) -> bool:

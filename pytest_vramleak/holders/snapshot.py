@@ -231,12 +231,6 @@ class TensorGroup:
         return bool(self.holders) and all(path.root.kind == "held from C++" and not path.edges for path in self.holders)
 
     @property
-    def on_frozen_cycles(self) -> bool:
-        """Whether every holder path found for the group starts at a reference cycle nothing in
-        Python refers to, found while the suite had frozen the heap (see ``unreached_from_python``)."""
-        return bool(self.holders) and all(path.root.kind == "frozen cycle" for path in self.holders)
-
-    @property
     def unreached_from_python(self) -> bool:
         """Whether nothing Python reaches holds the group: held from C++, or by a reference cycle
         that is kept from outside gc (see :func:`~pytest_vramleak.holders.referrers.find_chains`)."""
