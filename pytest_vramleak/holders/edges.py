@@ -130,16 +130,23 @@ def is_ndarray(obj: Any) -> bool:
 
 def instance_dict(obj: Any) -> dict[str, Any] | None:
     """``obj.__dict__`` read through its C descriptor, never through ``__getattribute__``."""
+    value = _c_field(obj, "__dict__")
+    return value if type(value) is dict else None
+
+
+def _c_field(obj: Any, name: str) -> Any:
+    """``obj``'s field ``name`` read through the descriptor in C (a slot, a getter) that the
+    nearest class of its MRO to define ``name`` has; None where that class defines it otherwise
+    (in Python: a property would run the object's code), none does, or reading fails."""
     for klass in type(obj).__mro__:
-        descriptor = type.__dict__["__dict__"].__get__(klass).get("__dict__")
+        descriptor = type.__dict__["__dict__"].__get__(klass).get(name)
         if descriptor is None:
             continue
         if type(descriptor) in (types.GetSetDescriptorType, types.MemberDescriptorType):
             try:
-                value = descriptor.__get__(obj, type(obj))
+                return descriptor.__get__(obj, type(obj))
             except Exception:
                 return None
-            return value if type(value) is dict else None
         return None
     return None
 
@@ -190,16 +197,8 @@ def _own_name(obj: Any) -> str | None:
         return None  # (a tensor a dict is keyed by is named by the path to it, where one is asked for)
     values = instance_dict(obj)
     name = dict.get(values, "name") if values is not None else None
-    for klass in type(obj).__mro__ if name is None else ():  # (a slot, or a field of a class in C)
-        descriptor = type.__dict__["__dict__"].__get__(klass).get("name")
-        if descriptor is None:
-            continue
-        if type(descriptor) in (types.GetSetDescriptorType, types.MemberDescriptorType):
-            try:
-                name = descriptor.__get__(obj, type(obj))
-            except Exception:
-                return None
-        break
+    if name is None:  # (a slot, or a field of a class in C)
+        name = _c_field(obj, "name")
     return name if type(name) is str and 0 < len(name) <= _MAX_KEY_TEXT else None
 
 
@@ -508,11 +507,9 @@ def _lru_edge(parent: Any, child: Any, mode: Mode) -> Named:
 
 def _object_edge(parent: Any, child: Any, mode: Mode) -> Named:
     """An object's attribute (read from its ``__dict__`` or slots), a tensor's hooks, or a reference unnamed."""
-    hooks = _tensor_hooks(parent, child)
-    if hooks is not None:
-        return "tensor hooks", hooks, None
-    if _is_grad_fn_of(parent, child):  # (a custom autograd.Function's ctx: its backward node, in Python)
-        return "attribute", "grad_fn", None
+    field = _tensor_field(parent, child)
+    if field is not None:
+        return field
     namespace = instance_dict(parent)
     if child is namespace:
         return None, "", ("module-attr" if _is_nn_module(parent) else "attr")
@@ -532,31 +529,28 @@ _TENSOR_HOOKS = ("_backward_hooks", "_post_accumulate_grad_hooks")
 """The hooks dicts a tensor keeps in C: ``register_hook``'s and ``register_post_accumulate_grad_hook``'s."""
 
 
-def _tensor_hooks(parent: Any, child: Any) -> str | None:
-    """The name of the hooks dict a tensor keeps in C that ``child`` is, or None."""
+def _tensor_field(parent: Any, child: Any) -> Named | None:
+    """The edge from tensor ``parent`` to what it keeps in C that ``child`` is: a hooks dict, or
+    the autograd node it was made by (a custom ``autograd.Function``'s ctx: its backward node, in
+    Python), read with torch function handling off (a subclass's handler is the user's code); None
+    where ``child`` is neither, or ``parent`` no tensor."""
     torch = sys.modules.get("torch")
     if torch is None or not is_tensor_type(type(parent)):
         return None
+    base = torch._C.TensorBase
     for name in _TENSOR_HOOKS:
         try:
-            if getattr(torch._C.TensorBase, name).__get__(parent) is child:
-                return name
+            if getattr(base, name).__get__(parent) is child:
+                return "tensor hooks", name, None
         except Exception:  # (a torch without it)
             continue
-    return None
-
-
-def _is_grad_fn_of(parent: Any, child: Any) -> bool:
-    """Whether ``child`` is the autograd node tensor ``parent`` was made by, read from C with torch
-    function handling off (a subclass's handler is the user's code)."""
-    torch = sys.modules.get("torch")
-    if torch is None or not is_tensor_type(type(parent)):
-        return False
     try:
         with torch._C.DisableTorchFunction():
-            return torch._C.TensorBase.grad_fn.__get__(parent) is child
+            if base.grad_fn.__get__(parent) is child:
+                return "attribute", "grad_fn", None
     except Exception:
-        return False
+        pass
+    return None
 
 
 _FUTURE_FIELDS = ("_result", "_exception")
