@@ -461,10 +461,10 @@ def graph_kept(group: Group, found: Sequence[str]) -> str | None:
     """A graph behind a stored tensor that still has its grad_fn (a loss stored with its graph)."""
     if group.grad_graph or not group.graph_bytes or _carried_by_loop(group) or found:
         return None
+    kept = f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors"
     if through_checkpoint(group):
         return (
-            f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors "
-            "behind a tensor that still has its grad_fn, a graph that goes through a torch.utils.checkpoint "
+            f"{kept} behind a tensor that still has its grad_fn, a graph that goes through a torch.utils.checkpoint "
             "region, whose saved-tensor hooks keep the region's inputs (and RNG state) to recompute it in "
             "backward: store loss.item() or out.detach() instead, or run backward() before the graph is dropped"
         )
@@ -477,8 +477,7 @@ def graph_kept(group: Group, found: Sequence[str]) -> str | None:
             else f"set it from detached values (self.{name} = h.detach(), self.{name} += x.detach())"
         )
         return (
-            f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors "
-            f"behind {spelled}, a tensor that still has its grad_fn: a state set from a "
+            f"{kept} behind {spelled}, a tensor that still has its grad_fn: a state set from a "
             "computation made with autograd on (a running statistic, a hidden state, a running total) keeps that "
             "computation's graph, and where each update reads the last value, the graph of every update before it: "
             f"{keep}, or update it under torch.no_grad()"
@@ -487,8 +486,7 @@ def graph_kept(group: Group, found: Sequence[str]) -> str | None:
     if gained is not None:
         container, entry = gained
         return (
-            f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors "
-            f"behind tensors that still have their grad_fn, kept in {container} ({entry}, ...): each keeps the graph "
+            f"{kept} behind tensors that still have their grad_fn, kept in {container} ({entry}, ...): each keeps the graph "
             "of the step that made it (a loss or an output stored, logged or collected as it was computed): store "
             f"loss.item() or tensor.detach() instead, and empty {container} when done"
         )
@@ -497,21 +495,18 @@ def graph_kept(group: Group, found: Sequence[str]) -> str | None:
     if group.graph_of_other_parts:
         detach = f"{held} = value.detach()" if held is not None else "state = value.detach()"
         return (
-            f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors "
-            f"{behind} that still has its grad_fn, whose graph holds what other runs of the test computed: a value "
+            f"{kept} {behind} that still has its grad_fn, whose graph holds what other runs of the test computed: a value "
             "computed from its own last value (a hidden state, a running statistic, a running total) chains each "
             f"update's graph onto every one before it: set it from a detached value ({detach}), or make the update "
             "under torch.no_grad()"
         )
     if group.told_by_part:
         return (
-            f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors "
-            f"{behind} that still has its grad_fn: a loss or an output stored as it was computed keeps the graph of "
+            f"{kept} {behind} that still has its grad_fn: a loss or an output stored as it was computed keeps the graph of "
             "the step that made it: store loss.item() or tensor.detach() instead, or compute it under torch.no_grad()"
         )
     return (
-        f"autograd graph kept alive: {format_size(group.graph_bytes)} in {group.graph_tensors} saved tensors "
-        "behind a tensor that still has its grad_fn (a loss or output stored with its graph, or a state computed "
+        f"{kept} behind a tensor that still has its grad_fn (a loss or output stored with its graph, or a state computed "
         "from its own last value, a hidden state, a running statistic, a buffer written in place, whose graph "
         "chains onto every step's before it); store loss.item() or tensor.detach() instead (self.hidden = "
         "h.detach(), buffer[i] = value.detach()), or run the step, or the update, under torch.no_grad()"
@@ -1050,7 +1045,9 @@ def done_task_result(group: Group, found: Sequence[str]) -> str | None:
 # Rules for mechanisms told by the objects on the path: their classes, the edges between them.
 
 
-SPELLED_ROOTS = ("module", "fixture", "parametrize", "frame local")
+NAMED_ROOTS = ("fixture", "parametrize", "frame local")
+"""Roots the code names by a name of its own (a fixture's, a parametrize argument's, a local's)."""
+SPELLED_ROOTS = ("module", *NAMED_ROOTS)
 """Roots whose paths :func:`_spelled` reads as the code spells them."""
 
 
@@ -1059,7 +1056,7 @@ def _spelled(path: HolderPath, stop: int) -> str:
     module's namespace, ``accelerator._models`` from a fixture's value (as the test names it) or a frame's local,
     ``<label>._models`` from another root."""
     edges = path.edges[:stop]
-    if path.root.kind in ("fixture", "parametrize", "frame local") and path.root.name:  # (as the code names it)
+    if path.root.kind in NAMED_ROOTS and path.root.name:  # (as the code names it)
         return path.root.name + "".join(edge.text() for edge in edges)
     if path.root.kind != "module" or not edges or edges[0].kind != "attribute":
         return path.root.label + "".join(edge.text() for edge in edges)
