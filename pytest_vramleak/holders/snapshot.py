@@ -199,6 +199,12 @@ class TensorGroup:
     another run of the test: a graph that chains onto what those runs computed)."""
 
     @property
+    def alike(self) -> tuple[Any, ...]:
+        """What groups of different parts share where they hold alike tensors (dtype, shape,
+        device, kind, class): what :func:`merge_parts` joins them by."""
+        return self.dtype, self.shape, self.device, self.kind, self.cls
+
+    @property
     def told_by_part(self) -> bool:
         """Whether the storages named were split by part (see ``graph_of_other_parts``)."""
         return self.part is not None or any(piece.part is not None for piece in self.parts)
@@ -1236,7 +1242,7 @@ def merge_parts(groups: Sequence[TensorGroup]) -> list[TensorGroup]:
     keeps its parts (``parts``), and the chains and sites of the earliest parts first."""
     merged: dict[tuple[Any, ...], TensorGroup] = {}
     for group in sorted(groups, key=lambda g: (g.part is None, g.part if type(g.part) is int else 0)):
-        key = (group.dtype, group.shape, group.device, group.kind, group.cls)
+        key = group.alike
         whole = merged.get(key)
         if whole is None:
             whole = merged[key] = TensorGroup(

@@ -28,7 +28,7 @@ from ..holders.referrers import (
     traceback_frames,
     without_python_holders,
 )
-from ..holders.snapshot import held_in_cpp_groups, merge_parts
+from ..holders.snapshot import TensorGroup, held_in_cpp_groups, merge_parts
 from ..judging.outcome import step_verdict, verdict_with_steps
 from ..judging.repeats import (
     RUNS_NOT_USED,
@@ -202,8 +202,6 @@ class TestRuns:
         refs, self.first_kept_refs = self.first_kept_refs, None
         if refs is not None and len(self.checks) == 1:
             self.freed_as_set_up = sum(ref.nbytes for ref in refs if ref() is None)
-        if refs is not None:
-            refs.clear()
 
     def made_recording_sites(self, born: int) -> bool:
         """Whether a storage first seen at ``born`` was made by the run that recorded sites after
@@ -1343,19 +1341,15 @@ def _show_growing_run(runs: TestRuns, verdict: Verdict, named: NamedLeak) -> Non
         verdict.groups, verdict.shown = merge_parts(shown) + named.history, which
 
 
-def _hold_as_earlier_runs(group: Any, groups: list[Any]) -> None:
+def _hold_as_earlier_runs(group: TensorGroup, groups: list[TensorGroup]) -> None:
     """Where the alike tensors the run before ``group``'s left are held no way ``group``'s are, put
     one of their holders first (with its run): the newest object is often held twice, by what
     keeps them all and by what points at the current one (``state['active_dataloader']``, beside
     ``state['dataloader_references'][4]``), and the shortest path, the one named, may be the second."""
-    alike = (group.dtype, group.shape, group.device, group.kind, group.cls)
     before = [
         other
         for other in groups
-        if (other.dtype, other.shape, other.device, other.kind, other.cls) == alike
-        and type(other.part) is int
-        and other.part < group.part
-        and other.holders
+        if other.alike == group.alike and type(other.part) is int and other.part < group.part and other.holders
     ]
     if not before:
         return

@@ -226,8 +226,8 @@ class VramleakSession(SessionState):
         if engine is None or self.tracker is None or not engine.readings.names_each_storage:
             return
         runs = current_runs(item)
-        again = runs is not None and runs.repetitions.started > 1 and runs.first_begin
-        self.tracker.suite_set_up(runs.first_begin if again and runs is not None else engine.begin_clock)
+        again = runs is not None and runs.repetitions.started > 1
+        self.tracker.suite_set_up((runs.first_begin if runs is not None and again else 0) or engine.begin_clock)
 
     def _track_for_steps(self, check: Check, meter: Meter) -> None:
         """A test checked only through the vramleak fixture is tracked from its set-up to the end of

@@ -50,7 +50,7 @@ import itertools
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, NamedTuple
 
 from . import gc_functions as gc
@@ -346,10 +346,7 @@ class Tracker:
         whether the old sentinel is among them (someone unfroze the heap: see :meth:`begin`).
         Where the suite freezes the heap itself, and froze more since it was last read whole,
         the frozen objects are read too: a test that freezes what it keeps would hide it."""
-        if self.freeze.foreign and frozen_since_noted():
-            with whole_heap():
-                found = self.index.scan(self.freeze.markers(thaw))
-        else:
+        with whole_heap() if self.freeze.foreign and frozen_since_noted() else nullcontext():
             found = self.index.scan(self.freeze.markers(thaw))
         someone_froze, thawed = self.freeze.read(found, thaw)
         found.clear()
